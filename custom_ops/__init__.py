@@ -1,0 +1,1 @@
+"""specport.custom_ops"""

@@ -1,0 +1,1 @@
+"""specport.exporter"""

@@ -1,0 +1,3 @@
+from specport.cli import main
+
+raise SystemExit(main())
