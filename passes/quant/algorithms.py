@@ -1,0 +1,430 @@
+"""Weight quantization algorithms: pure numpy on one weight matrix at a time.
+
+Every function takes an ONNX-layout weight `w` [K, N] (the graph computes `x @ w`, K input
+channels, N outputs) and returns a `BlockQuant`: integer codes per output row and block of K,
+with one scale and one zero point per (row, block). That is the layout of onnxruntime's
+`com.microsoft.MatMulNBits` (B [N, n_blocks, blob], scales [N * n_blocks]), so packing is a
+reshape; `dequantize` is the numpy reference the graph must reproduce:
+``w_hat[k, n] = (q[n, k] - zero[n, k // g]) * scale[n, k // g]``.
+
+Calibration-based algorithms (GPTQ, learned clipping) need only the Gram matrix of the layer's
+input activations, H = sum_rows x^T x [K, K]: the output error of a weight change dW is
+trace(dW^T H dW), so no activation rows are kept per layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from specport.errors import QuantizationError
+
+logger = logging.getLogger(__name__)
+
+GROUP_SIZES = (16, 32, 64, 128, 256)
+
+
+@dataclass
+class BlockQuant:
+    """Blockwise-quantized weight. q [N, K_pad] codes in [0, 2^bits); scale, zero [N, n_blocks].
+
+    `zero` is float for HQQ (continuous zero points), integer-valued otherwise. `k` is the
+    true K (K_pad = n_blocks * group_size; the padding rows hold the zero point, value 0).
+    """
+
+    q: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray
+    bits: int
+    group_size: int
+    k: int
+    symmetric: bool
+
+    @property
+    def n_blocks(self) -> int:
+        return self.scale.shape[1]
+
+    @property
+    def integer_zero(self) -> bool:
+        return bool(np.all(self.zero == np.round(self.zero)))
+
+
+def check_group_size(k: int, group_size: int, allow_pad: bool = True) -> None:
+    """Raise QuantizationError when `group_size` is unsupported or (without padding) does not divide K."""
+    if group_size not in GROUP_SIZES:
+        raise QuantizationError(
+            f"group size {group_size} is not supported; use one of {', '.join(map(str, GROUP_SIZES))}"
+        )
+    if not allow_pad and k % group_size:
+        raise QuantizationError(
+            f"group size {group_size} does not divide the input dimension K={k}; choose a group "
+            f"size that divides {k} (or use the MatMulNBits form, which pads K)"
+        )
+
+
+def _blocks(w: np.ndarray, group_size: int) -> tuple[np.ndarray, int]:
+    """[K, N] -> [N, n_blocks, g] float64 with zero padding of K; also returns n_blocks."""
+    k, n = w.shape
+    nb = -(-k // group_size)
+    wt = np.zeros((n, nb * group_size), dtype=np.float64)
+    wt[:, :k] = w.T
+    return wt.reshape(n, nb, group_size), nb
+
+
+def _params(
+    wb: np.ndarray, bits: int, symmetric: bool, ratio: np.ndarray | float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and integer zero for blocks wb [..., g], range shrunk by `ratio` [...] (clipping)."""
+    qmax = 2**bits - 1
+    r = np.asarray(ratio, dtype=np.float64)
+    if symmetric:
+        # Signed extreme mapped to -2^(b-1): uses the full [-8, 7] code range like onnxruntime.
+        mx, mn = wb.max(-1), wb.min(-1)
+        extreme = np.where(np.abs(mx) > np.abs(mn), mx, mn) * r
+        scale = extreme / -(2 ** (bits - 1))
+        zero = np.full(scale.shape, 2.0 ** (bits - 1))
+    else:
+        mn, mx = wb.min(-1) * r, wb.max(-1) * r
+        scale = (mx - mn) / qmax
+        zero = np.where(
+            scale == 0, 2.0 ** (bits - 1), np.round(-mn / np.where(scale == 0, 1, scale))
+        )
+        zero = np.clip(zero, 0, qmax)
+    scale = np.where(scale == 0, 1.0, scale)
+    return scale, zero
+
+
+def _codes(wb: np.ndarray, scale: np.ndarray, zero: np.ndarray, bits: int) -> np.ndarray:
+    return np.clip(np.round(wb / scale[..., None] + zero[..., None]), 0, 2**bits - 1)
+
+
+def _pack_result(
+    q: np.ndarray, scale: np.ndarray, zero: np.ndarray, bits: int, g: int, k: int, sym: bool
+) -> BlockQuant:
+    n, nb = scale.shape
+    q = q.reshape(n, nb * g).astype(np.uint8)
+    return BlockQuant(q, scale.astype(np.float32), zero.astype(np.float32), bits, g, k, sym)
+
+
+def dequantize(bq: BlockQuant) -> np.ndarray:
+    """Numpy reference of the MatMulNBits dequantization: BlockQuant -> w_hat [K, N] float32."""
+    n, nb = bq.scale.shape
+    q = bq.q.reshape(n, nb, bq.group_size).astype(np.float32)
+    w = (q - bq.zero[..., None]) * bq.scale[..., None]
+    return w.reshape(n, -1)[:, : bq.k].T.copy()
+
+
+def quantize_rtn(
+    w: np.ndarray,
+    bits: int = 4,
+    group_size: int = 32,
+    symmetric: bool = False,
+    clip_ratio: np.ndarray | float = 1.0,
+) -> BlockQuant:
+    """Round-to-nearest blockwise quantization of w [K, N]; clip_ratio [N, n_blocks] or scalar."""
+    check_group_size(w.shape[0], group_size)
+    wb, _ = _blocks(w, group_size)
+    scale, zero = _params(wb, bits, symmetric, clip_ratio)
+    return _pack_result(
+        _codes(wb, scale, zero, bits), scale, zero, bits, group_size, w.shape[0], symmetric
+    )
+
+
+def quantize_hqq(
+    w: np.ndarray,
+    bits: int = 4,
+    group_size: int = 32,
+    iters: int = 40,
+    lp_norm: float = 0.7,
+    beta: float = 10.0,
+    kappa: float = 1.01,
+) -> BlockQuant:
+    """Half-quadratic quantization (Badri & Shaji 2023): calibration-free, float zero points.
+
+    Minimises ||w - dequant(quant(w))||_p^p (p < 1, robust to outliers) over the zero point by
+    alternating a proximal shrinkage step on the error with a closed-form zero update. The
+    scale is refined once at the end by least squares given the codes, which the original
+    keeps fixed; the best iterate by L2 block error is kept.
+    """
+    check_group_size(w.shape[0], group_size)
+    wb, _ = _blocks(w, group_size)
+    qmax = 2**bits - 1
+    mn, mx = wb.min(-1, keepdims=True), wb.max(-1, keepdims=True)
+    scale = np.where(mx - mn == 0, 1.0, (mx - mn) / qmax)
+    zero = -mn / scale
+    best_err = np.full(scale.shape, np.inf)
+    best_scale, best_zero = scale.copy(), zero.copy()
+
+    def shrink(x: np.ndarray, b: float) -> np.ndarray:
+        return np.sign(x) * np.maximum(
+            np.abs(x) - (1.0 / b) * np.power(np.abs(x) + 1e-8, lp_norm - 1), 0
+        )
+
+    def track(s: np.ndarray, z: np.ndarray) -> None:
+        q = np.clip(np.round(wb / s + z), 0, qmax)
+        err = ((wb - (q - z) * s) ** 2).sum(-1, keepdims=True)
+        better = err < best_err
+        best_err[better] = err[better]
+        best_scale[better] = np.broadcast_to(s, better.shape)[better]
+        best_zero[better] = np.broadcast_to(z, better.shape)[better]
+
+    for _ in range(iters):
+        q = np.clip(np.round(wb / scale + zero), 0, qmax)
+        w_r = (q - zero) * scale
+        w_e = shrink(wb - w_r, beta)
+        zero = np.mean(q - (wb - w_e) / scale, axis=-1, keepdims=True)
+        beta *= kappa
+        track(scale, zero)
+    # Least-squares refit of (scale, offset) given the best codes.
+    scale, zero = best_scale, best_zero
+    q = np.clip(np.round(wb / scale + zero), 0, qmax)
+    qm = q.mean(-1, keepdims=True)
+    wm = wb.mean(-1, keepdims=True)
+    var = ((q - qm) ** 2).sum(-1, keepdims=True)
+    s_ls = np.where(
+        var > 0, ((q - qm) * (wb - wm)).sum(-1, keepdims=True) / np.where(var > 0, var, 1), scale
+    )
+    s_ls = np.where(np.abs(s_ls) < 1e-12, scale, s_ls)
+    z_ls = qm - wm / s_ls
+    track(s_ls, z_ls)
+    scale, zero = best_scale[..., 0], best_zero[..., 0]
+    q = _codes(wb, scale, zero, bits)
+    return _pack_result(q, scale, zero, bits, group_size, w.shape[0], False)
+
+
+def search_clip(
+    w: np.ndarray,
+    h: np.ndarray | None,
+    bits: int = 4,
+    group_size: int = 32,
+    symmetric: bool = False,
+    ratios: np.ndarray | None = None,
+) -> np.ndarray:
+    """Learned clipping: per (row, block) range-shrink ratio minimising the output error.
+
+    The error of block b of row n for ratio r is dW^T H_bb dW with H_bb the block's diagonal
+    block of the activation Gram matrix h [K, K] (cross-block terms are ignored, as in AWQ's
+    clip search); with h None it is the plain weight MSE. Returns ratios [N, n_blocks].
+    """
+    k, n = w.shape
+    wb, nb = _blocks(w, group_size)
+    if ratios is None:
+        ratios = np.linspace(1.0, 0.5, 21)
+    kp = nb * group_size
+    hp = np.zeros((kp, kp))
+    if h is not None:
+        hp[:k, :k] = h
+    best = np.full((n, nb), np.inf)
+    best_r = np.ones((n, nb))
+    for r in ratios:
+        scale, zero = _params(wb, bits, symmetric, r)
+        dw = (_codes(wb, scale, zero, bits) - zero[..., None]) * scale[..., None] - wb  # [N, nb, g]
+        if h is None:
+            err = (dw**2).sum(-1)
+        else:
+            err = np.empty((n, nb))
+            for b in range(nb):
+                sl = slice(b * group_size, (b + 1) * group_size)
+                hb = hp[sl, sl]
+                err[:, b] = np.einsum("ng,gh,nh->n", dw[:, b], hb, dw[:, b])
+        better = err < best
+        best[better] = err[better]
+        best_r[better] = r
+    return best_r
+
+
+def quantize_clip(
+    w: np.ndarray,
+    h: np.ndarray | None,
+    bits: int = 4,
+    group_size: int = 32,
+    symmetric: bool = False,
+) -> BlockQuant:
+    """RTN with the learned clip ratios of `search_clip`."""
+    ratio = search_clip(w, h, bits, group_size, symmetric)
+    return quantize_rtn(w, bits, group_size, symmetric, ratio)
+
+
+def quantize_gptq(
+    w: np.ndarray,
+    h: np.ndarray,
+    bits: int = 4,
+    group_size: int = 32,
+    symmetric: bool = False,
+    damp: float = 0.01,
+    block: int = 128,
+    mse_clip: bool = True,
+) -> BlockQuant:
+    """GPTQ (Frantar et al. 2022): quantize input channels in order, spreading each channel's
+    rounding error onto the not-yet-quantized channels through the inverse Hessian.
+
+    h [K, K] is X^T X of the layer's calibration inputs. Group parameters are chosen when the
+    first channel of a group is reached, from the already-updated weights (with an MSE clip
+    search when `mse_clip`).
+    """
+    k, n = w.shape
+    check_group_size(k, group_size)
+    if h.shape != (k, k):
+        raise QuantizationError(f"GPTQ Hessian has shape {h.shape}, expected ({k}, {k})")
+    W = w.T.astype(np.float64).copy()  # [N, K]
+    H = h.astype(np.float64).copy()
+    dead = np.diag(H) == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    H[np.diag_indices(k)] += damp * np.mean(np.diag(H))
+    try:
+        L = np.linalg.cholesky(H)
+        Hinv = np.linalg.inv(L).T @ np.linalg.inv(L)
+        U = np.linalg.cholesky(Hinv).T  # upper Cholesky factor of H^-1
+    except np.linalg.LinAlgError as e:
+        raise QuantizationError(
+            "GPTQ Hessian is not positive definite even after dampening; use more calibration text"
+        ) from e
+    nb = -(-k // group_size)
+    scale = np.ones((n, nb))
+    zero = np.zeros((n, nb))
+    Q = np.zeros((n, nb * group_size))
+    qmax = 2**bits - 1
+    for b0 in range(0, k, block):
+        b1 = min(b0 + block, k)
+        W1 = W[:, b0:b1].copy()
+        Err = np.zeros_like(W1)
+        U1 = U[b0:b1, b0:b1]
+        for j in range(b1 - b0):
+            col = b0 + j
+            if col % group_size == 0:
+                g = col // group_size
+                # Group params from the current (error-compensated) weights of the whole group.
+                cur = np.concatenate([W1[:, j:], W[:, b1:]], axis=1)[:, :group_size]
+                wg, _ = _blocks(cur.T, group_size)
+                if mse_clip:
+                    r = search_clip(cur.T, None, bits, group_size, symmetric)
+                else:
+                    r = 1.0
+                s, z = _params(wg, bits, symmetric, r)
+                scale[:, g], zero[:, g] = s[:, 0], z[:, 0]
+            g = col // group_size
+            x = W1[:, j]
+            q = np.clip(np.round(x / scale[:, g] + zero[:, g]), 0, qmax)
+            Q[:, col] = q
+            deq = (q - zero[:, g]) * scale[:, g]
+            e = (x - deq) / U1[j, j]
+            W1[:, j:] -= np.outer(e, U1[j, j:])
+            Err[:, j] = e
+        W[:, b1:] -= Err @ U[b0:b1, b1:]
+    # Padding columns hold the zero point (dequantize to 0).
+    for col in range(k, nb * group_size):
+        Q[:, col] = zero[:, col // group_size]
+    return _pack_result(Q, scale, zero, bits, group_size, k, symmetric)
+
+
+# ---------------------------------------------------------------------------- int8 per channel
+
+
+def quantize_int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output channel: w [K, N] -> (q int8 [K, N], scale [N]); w ~ q * scale."""
+    amax = np.abs(w).max(axis=0)
+    scale = np.where(amax == 0, 1.0, amax / 127.0).astype(np.float32)
+    q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def quantize_activation_uint8(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
+    """Static per-tensor asymmetric uint8 params covering [lo, hi] (always including 0)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    scale = (hi - lo) / 255.0 if hi > lo else 1.0
+    zp = int(np.clip(np.round(-lo / scale), 0, 255))
+    return np.float32(scale), np.uint8(zp)
+
+
+def fake_quant_uint8(x: np.ndarray, scale: float, zp: int) -> np.ndarray:
+    return (np.clip(np.round(x / scale) + zp, 0, 255) - zp) * scale
+
+
+# ------------------------------------------------------------------------------- SmoothQuant
+
+
+def smoothquant_scales(act_absmax: np.ndarray, w_absmax: np.ndarray, alpha: float) -> np.ndarray:
+    """s_j = max|X_j|^alpha / max|W_j|^(1-alpha) per input channel j (Xiao et al. 2022).
+
+    The graph computes (x / s) @ (diag(s) w): exact in real arithmetic, while moving
+    activation outliers into the weights, which tolerate them better.
+    """
+    a = np.maximum(act_absmax.astype(np.float64), 1e-5)
+    wm = np.maximum(w_absmax.astype(np.float64), 1e-5)
+    s = a**alpha / wm ** (1.0 - alpha)
+    return np.clip(s, 1e-4, 1e4).astype(np.float32)
+
+
+def w8a8_error(x: np.ndarray, w: np.ndarray, s: np.ndarray | None) -> float:
+    """Relative output error of per-tensor uint8 activations x int8 per-channel weights."""
+    xs = x if s is None else x / s
+    ws = w if s is None else w * s[:, None]
+    qw, sw = quantize_int8_per_channel(ws)
+    sa, za = quantize_activation_uint8(xs.min(), xs.max())
+    y = x @ w
+    yq = fake_quant_uint8(xs, float(sa), int(za)) @ (qw.astype(np.float32) * sw)
+    return float(np.sum((y - yq) ** 2) / max(np.sum(y**2), 1e-20))
+
+
+def search_smoothquant(
+    x: np.ndarray,
+    weights: list[np.ndarray],
+    act_absmax: np.ndarray,
+    alphas: tuple[float, ...] = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
+    error: Callable[[np.ndarray, np.ndarray, np.ndarray | None], float] = w8a8_error,
+) -> tuple[float | None, np.ndarray | None, float]:
+    """Choose alpha for one activation shared by `weights` (e.g. q/k/v) on sample rows x [R, K].
+
+    Returns (alpha, s, error); alpha None means smoothing does not help and s is None.
+    """
+    w_absmax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
+    best: tuple[float | None, np.ndarray | None, float] = (
+        None,
+        None,
+        sum(error(x, w, None) for w in weights),
+    )
+    for a in alphas:
+        s = smoothquant_scales(act_absmax, w_absmax, a)
+        err = sum(error(x, w, s) for w in weights)
+        if err < best[2]:
+            best = (a, s, err)
+    return best
+
+
+# ------------------------------------------------------------------------------ MatMulNBits
+
+
+def pack_matmul_nbits(bq: BlockQuant) -> dict[str, np.ndarray]:
+    """BlockQuant -> onnxruntime MatMulNBits initializers.
+
+    B uint8 [N, n_blocks, g*bits/8] (two 4-bit codes per byte, low nibble first);
+    scales float32 [N * n_blocks]; zero_points either uint8 packed per row
+    [N * ceil(n_blocks*bits/8)] (integer zeros) or float32 [N * n_blocks] (HQQ), or absent for
+    symmetric 4-bit (implicit 8).
+    """
+    n, nb = bq.scale.shape
+    q = bq.q.reshape(n, nb, bq.group_size)
+    out: dict[str, np.ndarray] = {"scales": bq.scale.reshape(-1).astype(np.float32)}
+    if bq.bits == 4:
+        b = (q[..., 0::2] & 0xF) | ((q[..., 1::2] & 0xF) << 4)
+    elif bq.bits == 8:
+        b = q
+    else:
+        raise QuantizationError(f"MatMulNBits packing supports 4 or 8 bits, not {bq.bits}")
+    out["B"] = np.ascontiguousarray(b.astype(np.uint8))
+    if bq.symmetric and bq.integer_zero and np.all(bq.zero == 2 ** (bq.bits - 1)):
+        return out
+    if bq.integer_zero:
+        z = bq.zero.astype(np.uint8)
+        if bq.bits == 4:
+            if nb % 2:
+                z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
+            z = (z[:, 0::2] & 0xF) | ((z[:, 1::2] & 0xF) << 4)
+        out["zero_points"] = z.reshape(-1).astype(np.uint8)
+    else:
+        out["zero_points"] = bq.zero.reshape(-1).astype(np.float32)
+    return out
