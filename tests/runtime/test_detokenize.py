@@ -102,11 +102,12 @@ def test_random_valid_texts(sp_tokenizer: Tokenizer, bytelevel_tokenizer: Tokeni
 
 
 def test_special_tokens_skipped_midstream(sp_tokenizer: Tokenizer):
-    ids = (
-        sp_tokenizer.encode("Once upon").ids
-        + [2, 1]
-        + sp_tokenizer.encode("a time", add_special_tokens=False).ids
-    )
+    ids = [
+        *sp_tokenizer.encode("Once upon").ids,
+        2,
+        1,
+        *sp_tokenizer.encode("a time", add_special_tokens=False).ids,
+    ]
     _check_roundtrip(sp_tokenizer, ids)
     kept = "".join(_stream(sp_tokenizer, ids, skip_special_tokens=False))
     assert kept == sp_tokenizer.decode(ids, skip_special_tokens=False)
