@@ -150,6 +150,9 @@ def atomic_artifact_dir(out: Path, overwrite: bool = True) -> Iterator[Path]:
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; an artifact is meant to be shared
     try:
         yield tmp
         if out.exists():

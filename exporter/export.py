@@ -1,0 +1,193 @@
+"""Export a source model to an artifact: load, trace to ONNX, rewrite, verify, write atomically.
+
+The order matters: passes run before verification so the numbers in the manifest describe the
+graph that ships, not an intermediate one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from specport import artifact as art
+from specport.errors import ExportError
+from specport.exporter import source as src_mod
+from specport.exporter.verify import verify_export
+from specport.exporter.wrapper import (
+    FlatKVWrapper,
+    dynamic_shapes,
+    example_inputs,
+    kv_input_names,
+    kv_output_names,
+    probe_kv_shapes,
+)
+from specport.progress import Stages
+
+logger = logging.getLogger(__name__)
+
+OPSET = 23
+
+
+def export_model(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    tokenizer: str | os.PathLike[str] | None = None,
+    target: str = "cpu",
+    fuse: bool = True,
+    passes: list[str] | None = None,
+    skip_verify: bool = False,
+    layers: int | None = None,
+    progress: bool | None = None,
+) -> art.Manifest:
+    """Export `model` (HF dir, cached hub id, or llama2c .bin) to the artifact directory `out`.
+
+    Raises ExportError when verification against PyTorch is over tolerance (unless skipped).
+    """
+    stages = Stages(total=5, show=progress)
+    stages.start("resolving source model")
+    source = src_mod.resolve(model, tokenizer)
+    stages.start("loading PyTorch weights")
+    torch_model = src_mod.load_model(source, num_layers=layers)
+    config = torch_model.config
+    norm = source.arch.normalize(config)
+    kv_shapes = probe_kv_shapes(torch_model)
+    num_layers = len(kv_shapes)
+    norm["num_layers"] = num_layers
+
+    stages.start("exporting to ONNX (torch.onnx.export, dynamo)")
+    ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"])
+
+    stages.start("rewriting the graph")
+    pass_reports, kv_layout, target_used = _apply_passes(ir_model, target, fuse, passes, norm, kv_shapes)
+
+    with art.atomic_artifact_dir(Path(out)) as tmp:
+        ir.save(ir_model, tmp / art.MODEL_NAME, external_data=art.DATA_NAME)
+        del ir_model
+        tok_info = _copy_tokenizer(source.path, tmp)
+        extra = source.arch.extra_weights(source.path, config)
+        extra_files: dict[str, Any] = {}
+        if extra:
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in extra.items()}, str(tmp / "mtp_source.safetensors"))
+            extra_files["mtp_source_weights"] = {"file": "mtp_source.safetensors", "tensors": len(extra)}
+
+        stages.start("verifying against PyTorch")
+        if skip_verify:
+            verify: dict[str, Any] = {"skipped": True}
+        else:
+            import onnxruntime as ort
+
+            session = ort.InferenceSession(str(tmp / art.MODEL_NAME), providers=["CPUExecutionProvider"])
+            verify = verify_export(session, torch_model, kv_shapes, norm["vocab_size"], atol=source.arch.atol, rtol=source.arch.rtol)
+            del session
+            if not verify["ok"]:
+                raise ExportError(
+                    f"exported graph disagrees with PyTorch: max |logits diff| = {verify['max_abs_logits']:.3g} "
+                    f"(tolerance {source.arch.atol} + {source.arch.rtol}·max|logits|). This is a bug in the "
+                    "export or a pass; re-run with --no-fuse to isolate it, or --skip-verify to keep the artifact anyway."
+                )
+        manifest = art.Manifest(
+            architecture=norm["model_type"],
+            config=norm,
+            io=_io_signature(tmp / art.MODEL_NAME),
+            kv=kv_layout,
+            source=source.describe() | ({"layers_kept": layers} if layers else {}),
+            opset=OPSET,
+            dtype="float32",
+            target=target_used,
+            tokenizer=tok_info,
+            passes=pass_reports,
+            verify=verify,
+            extra={"export": {"seconds": stages.done()}, **extra_files},
+        )
+        art.write_manifest(tmp, manifest)
+    logger.info("artifact written to %s", out)
+    return manifest
+
+
+def trace_to_onnx(torch_model: Any, kv_shapes: list[tuple[int, int, int]], vocab_size: int) -> ir.Model:
+    import torch
+
+    num_layers = len(kv_shapes)
+    # torch's exporter logs one line per optional op library it cannot find (torchvision).
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    wrapper = FlatKVWrapper(torch_model, num_layers).eval()
+    args = example_inputs(vocab_size, kv_shapes)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.onnx.export(
+                wrapper,
+                args,
+                dynamic_shapes=dynamic_shapes(num_layers),
+                dynamo=True,
+                opset_version=OPSET,
+                input_names=["input_ids", "attention_mask", "position_ids", *kv_input_names(num_layers)],
+                output_names=["logits", *kv_output_names(num_layers)],
+                verbose=False,
+            )
+        except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
+            raise ExportError(f"torch.onnx.export failed for {type(torch_model).__name__}: {e}") from e
+    logger.info("traced in %.1fs", time.perf_counter() - t0)
+    model = program.model
+    model.producer_name = "specport"
+    return model
+
+
+def _apply_passes(
+    model: ir.Model,
+    target: str,
+    fuse: bool,
+    passes: list[str] | None,
+    config: dict[str, Any],
+    kv_shapes: list[tuple[int, int, int]],
+) -> tuple[list[dict[str, Any]], art.KVLayout, str]:
+    layout = art.KVLayout(
+        layout="concat",
+        inputs=[[f"past_key_values.{i}.key", f"past_key_values.{i}.value"] for i in range(len(kv_shapes))],
+        outputs=[[f"present.{i}.key", f"present.{i}.value"] for i in range(len(kv_shapes))],
+        num_heads=[h for h, _, _ in kv_shapes],
+        key_dim=[k for _, k, _ in kv_shapes],
+        value_dim=[v for _, _, v in kv_shapes],
+    )
+    if not fuse and not passes:
+        return [], layout, "neutral"
+    try:
+        from specport.passes.pipelines import pipeline_for
+    except ImportError:
+        logger.info("no pass pipelines available; exporting unfused")
+        return [], layout, "neutral"
+    pipeline = pipeline_for(target, passes)
+    result = pipeline(model)
+    return result.report.get("passes", []), layout, target
+
+
+def _copy_tokenizer(source_dir: Path, out: Path) -> dict[str, Any]:
+    from specport.exporter.tokenizer_files import copy_tokenizer
+
+    return copy_tokenizer(source_dir, out)
+
+
+def _io_signature(model_path: Path) -> dict[str, list[dict[str, Any]]]:
+    import onnx
+
+    proto = onnx.load(str(model_path), load_external_data=False)
+
+    def describe(values: Any) -> list[dict[str, Any]]:
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            dims = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
+            out.append({"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, "shape": dims})
+        return out
+
+    return {"inputs": describe(proto.graph.input), "outputs": describe(proto.graph.output)}

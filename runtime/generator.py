@@ -1,0 +1,165 @@
+"""The prefill/decode loop: owns the KV state and the step timing, not how tokens are chosen.
+
+A `Generator` runs a batch of prompts (left-padded) through prefill, then one token per step
+until every row has stopped. Choosing tokens is the `select` callable's job (a Sampler), and
+what happens to each new token (streaming, stop strings) is the `on_step` callback's. Timing
+separates time inside onnxruntime from wall time so framework overhead is a measured number.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specport.artifact import Manifest
+from specport.errors import ContextLengthError, InputError
+from specport.runtime.kv import make_kv_state
+
+logger = logging.getLogger(__name__)
+
+# select(logits [B, V], step_index) -> ids [B]
+Select = Callable[[np.ndarray, int], np.ndarray]
+# on_step(new_ids [B], active [B] bool) -> rows that must stop now (e.g. a stop string matched)
+OnStep = Callable[[np.ndarray, np.ndarray], "np.ndarray | None"]
+
+
+@dataclass
+class GenerationOutput:
+    tokens: list[list[int]]  # new tokens per row (EOS included when it ended the row)
+    finish_reasons: list[str]  # "eos" | "length" | "stop" | "context"
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def greedy_select(logits: np.ndarray, step: int) -> np.ndarray:
+    return np.argmax(logits, axis=-1).astype(np.int64)
+
+
+class Generator:
+    """Batch generation over a session whose graph follows the manifest's I/O contract."""
+
+    def __init__(self, session: Any, manifest: Manifest) -> None:
+        self.session = session
+        self.manifest = manifest
+        self.context_length = manifest.context_length
+        self._output_names = [o.name for o in session.get_outputs()]
+
+    def check_fits(self, prompt_lengths: Sequence[int]) -> None:
+        longest = max(prompt_lengths)
+        if longest >= self.context_length:
+            raise ContextLengthError(
+                f"prompt has {longest} tokens but the model's context window is {self.context_length} "
+                f"(and at least one new token must fit). Shorten the prompt to at most {self.context_length - 1} tokens."
+            )
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        select: Select = greedy_select,
+        eos_ids: Sequence[int] = (),
+        on_step: OnStep | None = None,
+        pad_id: int = 0,
+    ) -> GenerationOutput:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise InputError("every prompt needs at least one token.")
+        if max_new_tokens < 1:
+            raise InputError("--max-new-tokens must be at least 1.")
+        vocab = self.manifest.vocab_size
+        for p in prompts:
+            bad = [t for t in p if not 0 <= int(t) < vocab]
+            if bad:
+                raise InputError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1}).")
+        lengths = [len(p) for p in prompts]
+        self.check_fits(lengths)
+        batch, longest = len(prompts), max(lengths)
+        # Never run past the context window: the last position must stay < context_length.
+        budget = min(max_new_tokens, self.context_length - longest)
+
+        ids = np.full((batch, longest), pad_id, dtype=np.int64)
+        mask = np.zeros((batch, longest), dtype=np.int64)
+        for row, p in enumerate(prompts):
+            ids[row, longest - len(p) :] = p
+            mask[row, longest - len(p) :] = 1
+        positions = np.where(mask > 0, np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
+        next_pos = positions[:, -1] + 1
+
+        kv = make_kv_state(self.manifest, batch)
+        eos = np.array(sorted(set(int(e) for e in eos_ids)), dtype=np.int64)
+        out_tokens: list[list[int]] = [[] for _ in range(batch)]
+        reasons = ["length"] * batch
+        active = np.ones(batch, dtype=bool)
+        ort_seconds = 0.0
+        decode_ort = 0.0
+
+        t_start = time.perf_counter()
+        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **kv.feeds()}
+        t0 = time.perf_counter()
+        outputs = self.session.run(self._output_names, feeds)
+        ort_seconds += time.perf_counter() - t0
+        kv.update(outputs)
+        new = select(outputs[0][:, -1, :], 0)
+        t_first = time.perf_counter()
+        steps = 0
+        while True:
+            self._record(new, active, out_tokens, reasons, eos)
+            if on_step is not None:
+                stop_rows = on_step(new, active.copy())
+                if stop_rows is not None:
+                    for r in np.flatnonzero(stop_rows & active):
+                        reasons[r] = "stop"
+                        active[r] = False
+            active &= ~np.isin(new, eos) if eos.size else active
+            steps += 1
+            if not active.any() or steps >= budget:
+                if steps >= budget and budget < max_new_tokens:
+                    for r in np.flatnonzero(active):
+                        reasons[r] = "context"
+                break
+            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+            feeds = {
+                "input_ids": np.where(active, new, pad_id)[:, None].astype(np.int64),
+                "attention_mask": mask,
+                "position_ids": next_pos[:, None].copy(),
+                **kv.feeds(),
+            }
+            next_pos = next_pos + 1
+            t0 = time.perf_counter()
+            outputs = self.session.run(self._output_names, feeds)
+            dt = time.perf_counter() - t0
+            ort_seconds += dt
+            decode_ort += dt
+            kv.update(outputs)
+            new = select(outputs[0][:, -1, :], steps)
+        t_end = time.perf_counter()
+
+        produced = sum(len(t) for t in out_tokens)
+        decode_steps = steps - 1
+        decode_wall = t_end - t_first
+        metrics = {
+            "batch": batch,
+            "prompt_tokens": int(sum(lengths)),
+            "new_tokens": int(produced),
+            "ttft_ms": round((t_first - t_start) * 1e3, 3),
+            "prefill_tok_per_s": round(sum(lengths) / max(t_first - t_start, 1e-9), 2),
+            "decode_steps": decode_steps,
+            "decode_tok_per_s": round(batch * decode_steps / decode_wall, 2) if decode_steps else None,
+            "tpot_ms": round(decode_wall / decode_steps * 1e3, 4) if decode_steps else None,
+            "decode_ort_s": round(decode_ort, 6),
+            "decode_wall_s": round(decode_wall, 6),
+            "framework_overhead_pct": round(100 * (1 - decode_ort / decode_wall), 2) if decode_steps else None,
+            "total_s": round(t_end - t_start, 6),
+        }
+        return GenerationOutput(out_tokens, reasons, metrics)
+
+    @staticmethod
+    def _record(new: np.ndarray, active: np.ndarray, out: list[list[int]], reasons: list[str], eos: np.ndarray) -> None:
+        for r in np.flatnonzero(active):
+            tok = int(new[r])
+            out[r].append(tok)
+            if eos.size and tok in eos:
+                reasons[r] = "eos"

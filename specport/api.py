@@ -1,0 +1,194 @@
+"""The Python API: everything the CLI does, callable from code.
+
+    import specport
+    model = specport.load("out/llama")           # checks schema and hashes
+    result = model.generate("Once upon a time", max_new_tokens=32)
+    print(result.text, result.metrics["decode_tok_per_s"])
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specport import artifact as art
+from specport.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationResult:
+    """One row's result; `Model.generate_batch` returns one per prompt."""
+
+    tokens: list[int]  # new token ids
+    text: str
+    finish_reason: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "text": self.text, "finish_reason": self.finish_reason, "metrics": self.metrics}
+
+
+class Model:
+    """A loaded artifact: manifest, onnxruntime session, tokenizer, and generation."""
+
+    def __init__(self, path: Path, manifest: art.Manifest, session: Any, provider: str, tokenizer: Any | None) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.session = session  # the plain onnxruntime.InferenceSession
+        self.provider = provider
+        self.tokenizer = tokenizer
+
+    # ---- tokens <-> text -------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        from specport.runtime.tokenizer import encode_prompt
+
+        return encode_prompt(self.tokenizer, text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    # ---- generation ------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        max_new_tokens: int = 64,
+        greedy: bool | None = None,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+        stop: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+    ) -> GenerationResult:
+        """Generate for one prompt (text or ids). `on_text` receives text as it is produced."""
+        if (prompt is None) == (prompt_ids is None):
+            raise InputError("give exactly one of prompt (text) or prompt_ids.")
+        prompts = [prompt] if prompt is not None else None
+        ids = [list(prompt_ids)] if prompt_ids is not None else None
+        stream = (lambda row, piece: on_text(piece)) if on_text else None
+        return self.generate_batch(
+            prompts,
+            prompt_ids=ids,
+            max_new_tokens=max_new_tokens,
+            greedy=greedy,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+            ignore_eos=ignore_eos,
+            stop=stop,
+            on_text=stream,
+        )[0]
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str] | None = None,
+        *,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+        max_new_tokens: int = 64,
+        greedy: bool | None = None,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+        stop: Sequence[str] = (),
+        on_text: Callable[[int, str], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Generate for several prompts at once (left padding, per-row stopping)."""
+        from specport.runtime.generator import Generator
+        from specport.runtime.sampler import Sampler, SamplingConfig
+        from specport.runtime.streaming import TextStreams
+
+        if prompt_ids is not None:
+            rows = [[int(t) for t in p] for p in prompt_ids]
+        elif prompts is not None:
+            rows = [self.encode(p) for p in prompts]
+        else:
+            raise InputError("give prompts (text) or prompt_ids.")
+        if greedy is None:
+            greedy = temperature == 1.0 and top_k == 0 and top_p == 1.0 and min_p == 0.0 and seed is None
+        config = SamplingConfig(
+            greedy=greedy,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+        )
+        config.validate()
+        sampler = Sampler(config, self.manifest.vocab_size)
+        history = [np.asarray(r, dtype=np.int64) for r in rows]
+        needs_history = repetition_penalty != 1.0
+
+        def select(logits: np.ndarray, step: int) -> np.ndarray:
+            return sampler(logits, history if needs_history else None)
+
+        streams = TextStreams(self.tokenizer, len(rows), list(stop), on_text)
+
+        def on_step(new: np.ndarray, active: np.ndarray) -> np.ndarray | None:
+            if needs_history:
+                for r in np.flatnonzero(active):
+                    history[r] = np.append(history[r], new[r])
+            return streams.push(new, active)
+
+        eos = [] if ignore_eos else self.manifest.eos_token_ids
+        gen = Generator(self.session, self.manifest)
+        out = gen.generate(rows, max_new_tokens, select=select, eos_ids=eos, on_step=on_step)
+        texts = streams.finish()
+        out.metrics["provider"] = self.provider
+        results = []
+        for r, toks in enumerate(out.tokens):
+            text = texts[r] if self.tokenizer is not None else ""
+            results.append(GenerationResult(toks, text, out.finish_reasons[r], dict(out.metrics), rows[r]))
+        return results
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    provider: str = "auto",
+    threads: int = 0,
+    graph_optimization: str = "all",
+    check_hashes: bool = True,
+) -> Model:
+    """Open an artifact: validate manifest and file hashes, start an onnxruntime session."""
+    from specport.runtime.session import SessionConfig, make_session
+    from specport.runtime.tokenizer import load_tokenizer
+
+    directory = Path(path)
+    manifest = art.read_manifest(directory, check_hashes=check_hashes)
+    session, used = make_session(
+        directory / manifest.model_file,
+        SessionConfig(provider=provider, intra_op_threads=threads, graph_optimization=graph_optimization),
+    )
+    tokenizer = load_tokenizer(directory, manifest.tokenizer)
+    return Model(directory, manifest, session, used, tokenizer)
+
+
+def export(model: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any) -> art.Manifest:
+    """Export a source model to an artifact directory; see `specport.exporter.export.export_model`."""
+    from specport.exporter.export import export_model
+
+    return export_model(model, out, **kwargs)
