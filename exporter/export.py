@@ -65,7 +65,9 @@ def export_model(
     ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"])
 
     stages.start("rewriting the graph")
-    pass_reports, kv_layout, target_used = _apply_passes(ir_model, target, fuse, passes, norm, kv_shapes)
+    pass_reports, kv_layout, target_used = _apply_passes(
+        ir_model, target, fuse, passes, norm, kv_shapes
+    )
 
     with art.atomic_artifact_dir(Path(out)) as tmp:
         ir.save(ir_model, tmp / art.MODEL_NAME, external_data=art.DATA_NAME)
@@ -76,8 +78,13 @@ def export_model(
         if extra:
             from safetensors.torch import save_file
 
-            save_file({k: v.contiguous() for k, v in extra.items()}, str(tmp / "mtp_source.safetensors"))
-            extra_files["mtp_source_weights"] = {"file": "mtp_source.safetensors", "tensors": len(extra)}
+            save_file(
+                {k: v.contiguous() for k, v in extra.items()}, str(tmp / "mtp_source.safetensors")
+            )
+            extra_files["mtp_source_weights"] = {
+                "file": "mtp_source.safetensors",
+                "tensors": len(extra),
+            }
 
         stages.start("verifying against PyTorch")
         if skip_verify:
@@ -85,8 +92,17 @@ def export_model(
         else:
             import onnxruntime as ort
 
-            session = ort.InferenceSession(str(tmp / art.MODEL_NAME), providers=["CPUExecutionProvider"])
-            verify = verify_export(session, torch_model, kv_shapes, norm["vocab_size"], atol=source.arch.atol, rtol=source.arch.rtol)
+            session = ort.InferenceSession(
+                str(tmp / art.MODEL_NAME), providers=["CPUExecutionProvider"]
+            )
+            verify = verify_export(
+                session,
+                torch_model,
+                kv_shapes,
+                norm["vocab_size"],
+                atol=source.arch.atol,
+                rtol=source.arch.rtol,
+            )
             del session
             if not verify["ok"]:
                 raise ExportError(
@@ -113,7 +129,9 @@ def export_model(
     return manifest
 
 
-def trace_to_onnx(torch_model: Any, kv_shapes: list[tuple[int, int, int]], vocab_size: int) -> ir.Model:
+def trace_to_onnx(
+    torch_model: Any, kv_shapes: list[tuple[int, int, int]], vocab_size: int
+) -> ir.Model:
     import torch
 
     num_layers = len(kv_shapes)
@@ -131,12 +149,19 @@ def trace_to_onnx(torch_model: Any, kv_shapes: list[tuple[int, int, int]], vocab
                 dynamic_shapes=dynamic_shapes(num_layers),
                 dynamo=True,
                 opset_version=OPSET,
-                input_names=["input_ids", "attention_mask", "position_ids", *kv_input_names(num_layers)],
+                input_names=[
+                    "input_ids",
+                    "attention_mask",
+                    "position_ids",
+                    *kv_input_names(num_layers),
+                ],
                 output_names=["logits", *kv_output_names(num_layers)],
                 verbose=False,
             )
         except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
-            raise ExportError(f"torch.onnx.export failed for {type(torch_model).__name__}: {e}") from e
+            raise ExportError(
+                f"torch.onnx.export failed for {type(torch_model).__name__}: {e}"
+            ) from e
     logger.info("traced in %.1fs", time.perf_counter() - t0)
     model = program.model
     model.producer_name = "specport"
@@ -153,7 +178,10 @@ def _apply_passes(
 ) -> tuple[list[dict[str, Any]], art.KVLayout, str]:
     layout = art.KVLayout(
         layout="concat",
-        inputs=[[f"past_key_values.{i}.key", f"past_key_values.{i}.value"] for i in range(len(kv_shapes))],
+        inputs=[
+            [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+            for i in range(len(kv_shapes))
+        ],
         outputs=[[f"present.{i}.key", f"present.{i}.value"] for i in range(len(kv_shapes))],
         num_heads=[h for h, _, _ in kv_shapes],
         key_dim=[k for _, k, _ in kv_shapes],
@@ -187,7 +215,13 @@ def _io_signature(model_path: Path) -> dict[str, list[dict[str, Any]]]:
         for v in values:
             t = v.type.tensor_type
             dims = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
-            out.append({"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, "shape": dims})
+            out.append(
+                {
+                    "name": v.name,
+                    "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
+                    "shape": dims,
+                }
+            )
         return out
 
     return {"inputs": describe(proto.graph.input), "outputs": describe(proto.graph.output)}

@@ -41,7 +41,9 @@ def _config_hash(path: Path) -> str:
     return hashlib.sha256(cfg.read_bytes()).hexdigest() if cfg.exists() else ""
 
 
-def resolve(model: str | os.PathLike[str], tokenizer: str | os.PathLike[str] | None = None) -> Source:
+def resolve(
+    model: str | os.PathLike[str], tokenizer: str | os.PathLike[str] | None = None
+) -> Source:
     """Turn what the user typed into a `Source`, or raise with a message that says what to do."""
     text = str(model)
     p = Path(text).expanduser()
@@ -54,7 +56,9 @@ def resolve(model: str | os.PathLike[str], tokenizer: str | os.PathLike[str] | N
             f"{p} is a file, not a model. Pass a Hugging Face model directory (with config.json) "
             "or a llama2c checkpoint (.bin, with --tokenizer tokenizer.bin)."
         )
-    looks_like_path = text.startswith((".", "/", "~")) or text.endswith((".bin", ".json")) or os.sep * 2 in text
+    looks_like_path = (
+        text.startswith((".", "/", "~")) or text.endswith((".bin", ".json")) or os.sep * 2 in text
+    )
     if not looks_like_path and text.count("/") <= 1:
         cached = _from_hub_cache(text)
         if cached is not None:
@@ -64,7 +68,9 @@ def resolve(model: str | os.PathLike[str], tokenizer: str | os.PathLike[str] | N
             "specport does not download. Download it first (e.g. `huggingface-cli download "
             f"{text}`) on a machine with network, or pass the path of a local model directory."
         )
-    raise ModelNotFoundError(f"model path not found: {p}. Check the path (it must be a directory with config.json or a llama2c .bin).")
+    raise ModelNotFoundError(
+        f"model path not found: {p}. Check the path (it must be a directory with config.json or a llama2c .bin)."
+    )
 
 
 def _from_hub_cache(repo_id: str) -> Path | None:
@@ -86,16 +92,22 @@ def read_config(path: Path) -> tuple[Any, type[ArchConfig]]:
     try:
         raw = json.loads(cfg_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidModelError(f"{cfg_path} is not valid JSON ({e}). Repair or re-download the model's config.json.") from e
+        raise InvalidModelError(
+            f"{cfg_path} is not valid JSON ({e}). Repair or re-download the model's config.json."
+        ) from e
     if not isinstance(raw, dict) or "model_type" not in raw:
-        raise InvalidModelError(f"{cfg_path} has no 'model_type'; it is not a transformers config. Re-download the model.")
+        raise InvalidModelError(
+            f"{cfg_path} has no 'model_type'; it is not a transformers config. Re-download the model."
+        )
     arch = lookup(raw["model_type"])
     from transformers import AutoConfig
 
     try:
         return AutoConfig.from_pretrained(str(path), local_files_only=True), arch
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds here
-        raise InvalidModelError(f"could not read {cfg_path}: {e}. Repair or re-download the model's config.json.") from e
+        raise InvalidModelError(
+            f"could not read {cfg_path}: {e}. Repair or re-download the model's config.json."
+        ) from e
 
 
 def _from_dir(path: Path, kind: str, original: str) -> Source:
@@ -110,7 +122,9 @@ def _from_llama2c(checkpoint: Path, tokenizer: Path | None) -> Source:
         guess = checkpoint.parent / "tokenizer.bin"
         tokenizer = guess if guess.exists() else None
         if tokenizer is None:
-            logger.warning("no --tokenizer given for %s; the artifact will need --prompt-ids", checkpoint)
+            logger.warning(
+                "no --tokenizer given for %s; the artifact will need --prompt-ids", checkpoint
+            )
     tmp = tempfile.TemporaryDirectory(prefix="specport-llama2c-")
     hf_dir = save_llama2c_as_hf(checkpoint, tokenizer, Path(tmp.name))
     config, arch = read_config(hf_dir)
@@ -131,7 +145,9 @@ def load_model(source: Source, num_layers: int | None = None) -> Any:
     if num_layers is not None:
         total = int(getattr(source.config, source.arch.layers_attr))
         if not 1 <= num_layers <= total:
-            raise InvalidModelError(f"--layers {num_layers} is out of range: the model has {total} layers (use 1..{total}).")
+            raise InvalidModelError(
+                f"--layers {num_layers} is out of range: the model has {total} layers (use 1..{total})."
+            )
         kwargs[source.arch.layers_attr] = num_layers
     try:
         model = AutoModelForCausalLM.from_pretrained(

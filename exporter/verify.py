@@ -28,7 +28,9 @@ class VerifyCase:
     logits_scale: float
 
 
-def _feeds(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: list[np.ndarray], num_layers: int) -> dict[str, np.ndarray]:
+def _feeds(
+    ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: list[np.ndarray], num_layers: int
+) -> dict[str, np.ndarray]:
     feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
     feeds.update(dict(zip(kv_input_names(num_layers), past)))
     return feeds
@@ -59,21 +61,33 @@ def verify_export(
     wrapper = FlatKVWrapper(model, num_layers).eval()
     cases: list[VerifyCase] = []
 
-    def run_both(name: str, ids: np.ndarray, mask: np.ndarray, past: list[np.ndarray]) -> list[np.ndarray]:
+    def run_both(
+        name: str, ids: np.ndarray, mask: np.ndarray, past: list[np.ndarray]
+    ) -> list[np.ndarray]:
         pos = positions_from_mask(mask, ids.shape[1])
         ort_out = session.run(None, _feeds(ids, mask, pos, past, num_layers))
         with torch.no_grad():
             ref = wrapper(
-                torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(pos), *[torch.from_numpy(p) for p in past]
+                torch.from_numpy(ids),
+                torch.from_numpy(mask),
+                torch.from_numpy(pos),
+                *[torch.from_numpy(p) for p in past],
             )
-        valid = mask[:, -ids.shape[1]:].astype(bool)  # logits at pad positions are meaningless
+        valid = mask[:, -ids.shape[1] :].astype(bool)  # logits at pad positions are meaningless
         ref_logits = ref[0].numpy()
         diff = np.abs(ort_out[0] - ref_logits)[valid]
         kv_diff = max(
             float((np.abs(o - r.numpy()) * mask[:, None, :, None]).max(initial=0.0))
             for o, r in zip(ort_out[1:], ref[1:])
         )
-        cases.append(VerifyCase(name, float(diff.max(initial=0.0)), kv_diff, float(np.abs(ref_logits[valid]).max(initial=1.0))))
+        cases.append(
+            VerifyCase(
+                name,
+                float(diff.max(initial=0.0)),
+                kv_diff,
+                float(np.abs(ref_logits[valid]).max(initial=1.0)),
+            )
+        )
         return ort_out
 
     empty = [np.zeros((1, h, 0, d), np.float32) for h, kd, vd in kv_shapes for d in (kd, vd)]

@@ -60,7 +60,9 @@ def probe_kv_shapes(model: torch.nn.Module) -> list[tuple[int, int, int]]:
     family whose config spells head counts differently.
     """
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([[1, 2]]), past_key_values=DynamicCache(), use_cache=True)
+        out = model(
+            input_ids=torch.tensor([[1, 2]]), past_key_values=DynamicCache(), use_cache=True
+        )
     shapes = []
     for layer in out.past_key_values.layers:
         k, v = layer.keys, layer.values
@@ -78,14 +80,22 @@ def example_inputs(
     pos = torch.arange(past, past + seq).unsqueeze(0).expand(batch, seq).contiguous()
     flat: list[torch.Tensor] = []
     for heads, kd, vd in kv:
-        flat += [torch.randn(batch, heads, past, kd, generator=g), torch.randn(batch, heads, past, vd, generator=g)]
+        flat += [
+            torch.randn(batch, heads, past, kd, generator=g),
+            torch.randn(batch, heads, past, vd, generator=g),
+        ]
     return (ids, mask, pos, *flat)
 
 
 def dynamic_shapes(num_layers: int) -> dict[str, Any]:
     from torch.export import Dim
 
-    b, s, p, t = Dim("batch"), Dim("sequence_length"), Dim("past_sequence_length"), Dim("total_sequence_length")
+    b, s, p, t = (
+        Dim("batch"),
+        Dim("sequence_length"),
+        Dim("past_sequence_length"),
+        Dim("total_sequence_length"),
+    )
     kv = tuple({0: b, 2: p} for _ in range(2 * num_layers))
     return {
         "input_ids": {0: b, 1: s},

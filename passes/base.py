@@ -26,7 +26,9 @@ def op_counts(model: ir.Model) -> dict[str, int]:
     graphs: list[Any] = [model.graph, *model.functions.values()]
     for graph in graphs:
         for node in ir.traversal.RecursiveGraphIterator(graph):
-            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            key = (
+                node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            )
             counts[key] += 1
     return dict(sorted(counts.items()))
 

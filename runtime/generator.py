@@ -73,7 +73,9 @@ class Generator:
         for p in prompts:
             bad = [t for t in p if not 0 <= int(t) < vocab]
             if bad:
-                raise InputError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1}).")
+                raise InputError(
+                    f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})."
+                )
         lengths = [len(p) for p in prompts]
         self.check_fits(lengths)
         batch, longest = len(prompts), max(lengths)
@@ -147,17 +149,27 @@ class Generator:
             "ttft_ms": round((t_first - t_start) * 1e3, 3),
             "prefill_tok_per_s": round(sum(lengths) / max(t_first - t_start, 1e-9), 2),
             "decode_steps": decode_steps,
-            "decode_tok_per_s": round(batch * decode_steps / decode_wall, 2) if decode_steps else None,
+            "decode_tok_per_s": round(batch * decode_steps / decode_wall, 2)
+            if decode_steps
+            else None,
             "tpot_ms": round(decode_wall / decode_steps * 1e3, 4) if decode_steps else None,
             "decode_ort_s": round(decode_ort, 6),
             "decode_wall_s": round(decode_wall, 6),
-            "framework_overhead_pct": round(100 * (1 - decode_ort / decode_wall), 2) if decode_steps else None,
+            "framework_overhead_pct": round(100 * (1 - decode_ort / decode_wall), 2)
+            if decode_steps
+            else None,
             "total_s": round(t_end - t_start, 6),
         }
         return GenerationOutput(out_tokens, reasons, metrics)
 
     @staticmethod
-    def _record(new: np.ndarray, active: np.ndarray, out: list[list[int]], reasons: list[str], eos: np.ndarray) -> None:
+    def _record(
+        new: np.ndarray,
+        active: np.ndarray,
+        out: list[list[int]],
+        reasons: list[str],
+        eos: np.ndarray,
+    ) -> None:
         for r in np.flatnonzero(active):
             tok = int(new[r])
             out[r].append(tok)

@@ -37,7 +37,9 @@ def resolve(name: str) -> list[str]:
         for short in AUTO_ORDER:
             if short in have:
                 return _with_cpu_fallback(short)
-        raise ProviderError("onnxruntime offers no usable execution provider; reinstall onnxruntime.")
+        raise ProviderError(
+            "onnxruntime offers no usable execution provider; reinstall onnxruntime."
+        )
     if key not in PROVIDERS:
         raise ProviderError(
             f"unknown provider {name!r}. Choose one of: auto, {', '.join(PROVIDERS)} "
@@ -48,7 +50,9 @@ def resolve(name: str) -> list[str]:
             "cuda": "install onnxruntime-gpu (and a CUDA driver) to use it",
             "cann": "install onnxruntime built with the CANN provider on an Ascend machine to use it",
         }.get(key, "")
-        raise ProviderError(f"provider {key!r} is not available in this onnxruntime (installed: {', '.join(have)}); {hint}.")
+        raise ProviderError(
+            f"provider {key!r} is not available in this onnxruntime (installed: {', '.join(have)}); {hint}."
+        )
     return _with_cpu_fallback(key)
 
 

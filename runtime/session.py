@@ -29,17 +29,26 @@ class SessionConfig:
     log_severity: int = 3
 
 
-_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 
 
-def make_session(model_path: str | os.PathLike[str], config: SessionConfig | None = None) -> tuple[Any, str]:
+def make_session(
+    model_path: str | os.PathLike[str], config: SessionConfig | None = None
+) -> tuple[Any, str]:
     """Return (InferenceSession, short provider name actually in use)."""
     import onnxruntime as ort
 
     config = config or SessionConfig()
     providers = prov.resolve(config.provider)
     so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[config.graph_optimization])
+    so.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, _LEVELS[config.graph_optimization]
+    )
     if config.intra_op_threads:
         so.intra_op_num_threads = config.intra_op_threads
     so.enable_mem_pattern = config.enable_mem_pattern

@@ -53,7 +53,9 @@ class TextStreams:
                     self.pending[r] = ""
                     self.stopped[r] = True
                     return True
-            keep = max((k for s in self.stop for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+            keep = max(
+                (k for s in self.stop for k in range(1, len(s)) if buf.endswith(s[:k])), default=0
+            )
         else:
             keep = 0
         self._emit(r, buf[: len(buf) - keep])

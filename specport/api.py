@@ -1,9 +1,9 @@
 """The Python API: everything the CLI does, callable from code.
 
-    import specport
-    model = specport.load("out/llama")           # checks schema and hashes
-    result = model.generate("Once upon a time", max_new_tokens=32)
-    print(result.text, result.metrics["decode_tok_per_s"])
+import specport
+model = specport.load("out/llama")           # checks schema and hashes
+result = model.generate("Once upon a time", max_new_tokens=32)
+print(result.text, result.metrics["decode_tok_per_s"])
 """
 
 from __future__ import annotations
@@ -34,13 +34,20 @@ class GenerationResult:
     prompt_ids: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "text": self.text, "finish_reason": self.finish_reason, "metrics": self.metrics}
+        return {
+            "tokens": self.tokens,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "metrics": self.metrics,
+        }
 
 
 class Model:
     """A loaded artifact: manifest, onnxruntime session, tokenizer, and generation."""
 
-    def __init__(self, path: Path, manifest: art.Manifest, session: Any, provider: str, tokenizer: Any | None) -> None:
+    def __init__(
+        self, path: Path, manifest: art.Manifest, session: Any, provider: str, tokenizer: Any | None
+    ) -> None:
         self.path = path
         self.manifest = manifest
         self.session = session  # the plain onnxruntime.InferenceSession
@@ -127,7 +134,9 @@ class Model:
         else:
             raise InputError("give prompts (text) or prompt_ids.")
         if greedy is None:
-            greedy = temperature == 1.0 and top_k == 0 and top_p == 1.0 and min_p == 0.0 and seed is None
+            greedy = (
+                temperature == 1.0 and top_k == 0 and top_p == 1.0 and min_p == 0.0 and seed is None
+            )
         config = SamplingConfig(
             greedy=greedy,
             temperature=temperature,
@@ -161,7 +170,9 @@ class Model:
         results = []
         for r, toks in enumerate(out.tokens):
             text = texts[r] if self.tokenizer is not None else ""
-            results.append(GenerationResult(toks, text, out.finish_reasons[r], dict(out.metrics), rows[r]))
+            results.append(
+                GenerationResult(toks, text, out.finish_reasons[r], dict(out.metrics), rows[r])
+            )
         return results
 
 
@@ -181,13 +192,17 @@ def load(
     manifest = art.read_manifest(directory, check_hashes=check_hashes)
     session, used = make_session(
         directory / manifest.model_file,
-        SessionConfig(provider=provider, intra_op_threads=threads, graph_optimization=graph_optimization),
+        SessionConfig(
+            provider=provider, intra_op_threads=threads, graph_optimization=graph_optimization
+        ),
     )
     tokenizer = load_tokenizer(directory, manifest.tokenizer)
     return Model(directory, manifest, session, used, tokenizer)
 
 
-def export(model: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any) -> art.Manifest:
+def export(
+    model: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any
+) -> art.Manifest:
     """Export a source model to an artifact directory; see `specport.exporter.export.export_model`."""
     from specport.exporter.export import export_model
 

@@ -175,7 +175,9 @@ def read_manifest(directory: str | os.PathLike[str], check_hashes: bool = True) 
     """
     d = Path(directory)
     if not d.exists():
-        raise ArtifactError(f"artifact not found: {d}. Create one with `specport export MODEL --out {d}`.")
+        raise ArtifactError(
+            f"artifact not found: {d}. Create one with `specport export MODEL --out {d}`."
+        )
     if d.is_file() and d.suffix == ".onnx":
         raise ArtifactError(
             f"{d} is a bare ONNX file; specport runs artifact directories. "
@@ -190,10 +192,14 @@ def read_manifest(directory: str | os.PathLike[str], check_hashes: bool = True) 
     try:
         data = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{mpath} is not valid JSON ({e}); the artifact is corrupt, re-export it.") from e
+        raise ArtifactError(
+            f"{mpath} is not valid JSON ({e}); the artifact is corrupt, re-export it."
+        ) from e
     version = data.get("schema_version")
     if not isinstance(version, int):
-        raise ArtifactError(f"{mpath} has no schema_version; the artifact is corrupt, re-export it.")
+        raise ArtifactError(
+            f"{mpath} has no schema_version; the artifact is corrupt, re-export it."
+        )
     if version > SCHEMA_VERSION:
         raise ArtifactError(
             f"{d} uses manifest schema {version}, newer than this specport understands "
@@ -202,7 +208,9 @@ def read_manifest(directory: str | os.PathLike[str], check_hashes: bool = True) 
     try:
         manifest = Manifest.from_json(data)
     except (TypeError, KeyError) as e:
-        raise ArtifactError(f"{mpath} is missing required fields ({e}); re-export the artifact.") from e
+        raise ArtifactError(
+            f"{mpath} is missing required fields ({e}); re-export the artifact."
+        ) from e
     if check_hashes:
         verify_files(d, manifest)
     return manifest
@@ -214,7 +222,9 @@ def verify_files(directory: Path, manifest: Manifest) -> None:
     for name, digest in manifest.files.items():
         p = directory / name
         if not p.exists():
-            raise ArtifactError(f"artifact file missing: {p}. The artifact is incomplete; re-export or re-download it.")
+            raise ArtifactError(
+                f"artifact file missing: {p}. The artifact is incomplete; re-export or re-download it."
+            )
         if sha256_file(p) != digest:
             raise ArtifactError(
                 f"artifact file {p} does not match its sha256 in {MANIFEST_NAME} "

@@ -19,7 +19,17 @@ from specport import __version__
 from specport.errors import SpecportError
 
 # Subcommand modules in specport/commands/, in --help order; each has add_parser() and run().
-COMMANDS = ["demo", "export", "inspect", "generate", "optimize", "quantize", "eval", "bench", "train_mtp"]
+COMMANDS = [
+    "demo",
+    "export",
+    "inspect",
+    "generate",
+    "optimize",
+    "quantize",
+    "eval",
+    "bench",
+    "train_mtp",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export decoder-only LLMs to ONNX, optimize the graph, and run it with onnxruntime.",
     )
     parser.add_argument("--version", action="version", version=f"specport {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv for debug)")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv for debug)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
@@ -43,7 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     _quiet_third_party()
     try:
         return int(args.run(args) or 0)

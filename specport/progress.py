@@ -48,7 +48,9 @@ class Stages:
         return self.timings
 
 
-def bar(items: Iterable[T], desc: str, total: int | None = None, show: bool | None = None) -> Iterator[T]:
+def bar(
+    items: Iterable[T], desc: str, total: int | None = None, show: bool | None = None
+) -> Iterator[T]:
     """tqdm on stderr when shown, the bare iterable otherwise."""
     if not enabled(show):
         yield from items

@@ -17,4 +17,8 @@ def cache_dir() -> Path:
 
 def shared_dir() -> Path:
     """The development data folder (real checkpoints, text); tests skip when it is absent."""
-    return Path(os.environ.get("SPECPORT_SHARED", str(Path(__file__).resolve().parents[1].parent / "shared")))
+    return Path(
+        os.environ.get(
+            "SPECPORT_SHARED", str(Path(__file__).resolve().parents[1].parent / "shared")
+        )
+    )

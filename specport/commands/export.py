@@ -8,16 +8,29 @@ from specport.cli import emit_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="export a Hugging Face model or llama2c checkpoint to an artifact")
+    p = sub.add_parser(
+        "export", help="export a Hugging Face model or llama2c checkpoint to an artifact"
+    )
     p.add_argument("model", help="Hugging Face model directory, cached hub id, or llama2c .bin")
     p.add_argument("--out", required=True, help="artifact directory to write (replaced atomically)")
     p.add_argument("--tokenizer", help="llama2c tokenizer .bin (for a llama2c checkpoint)")
-    p.add_argument("--target", default="cpu", choices=["cpu", "cuda", "cann", "neutral"], help="pass pipeline target (default cpu)")
-    p.add_argument("--no-fuse", action="store_true", help="skip fusion passes (plain exported graph)")
+    p.add_argument(
+        "--target",
+        default="cpu",
+        choices=["cpu", "cuda", "cann", "neutral"],
+        help="pass pipeline target (default cpu)",
+    )
+    p.add_argument(
+        "--no-fuse", action="store_true", help="skip fusion passes (plain exported graph)"
+    )
     p.add_argument("--passes", help="comma-separated pass names, overriding the target's pipeline")
-    p.add_argument("--layers", type=int, help="keep only the first N decoder layers (self-draft model)")
+    p.add_argument(
+        "--layers", type=int, help="keep only the first N decoder layers (self-draft model)"
+    )
     p.add_argument("--quant", help="quantize after export: w8a8|w8a16|w4a16|w4a8")
-    p.add_argument("--skip-verify", action="store_true", help="do not compare against PyTorch after export")
+    p.add_argument(
+        "--skip-verify", action="store_true", help="do not compare against PyTorch after export"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=run)
 
@@ -42,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
         "artifact": str(args.out),
         "architecture": manifest.architecture,
         "target": manifest.target,
-        "verify": {k: manifest.verify.get(k) for k in ("ok", "max_abs_logits", "max_abs_kv", "skipped") if k in manifest.verify},
+        "verify": {
+            k: manifest.verify.get(k)
+            for k in ("ok", "max_abs_logits", "max_abs_kv", "skipped")
+            if k in manifest.verify
+        },
         "passes": [p.get("name") for p in manifest.passes],
         "seconds": manifest.extra.get("export", {}).get("seconds"),
     }
@@ -50,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
         emit_json(summary)
     else:
         v = manifest.verify
-        err = "skipped" if v.get("skipped") else f"max |logits diff| vs PyTorch {v.get('max_abs_logits', float('nan')):.2e}"
+        err = (
+            "skipped"
+            if v.get("skipped")
+            else f"max |logits diff| vs PyTorch {v.get('max_abs_logits', float('nan')):.2e}"
+        )
         print(f"exported {manifest.architecture} to {args.out} ({err})")
     return 0

@@ -16,7 +16,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt", help="prompt text (tokenized with the artifact's tokenizer)")
     src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,403,407")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--greedy", action="store_true", help="argmax decoding (the default when no sampling option is given)")
+    p.add_argument(
+        "--greedy",
+        action="store_true",
+        help="argmax decoding (the default when no sampling option is given)",
+    )
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -26,13 +30,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     add_runtime_options(p)
-    p.add_argument("--json", action="store_true", help='print {"tokens", "text", "metrics"} instead of streaming')
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"tokens", "text", "metrics"} instead of streaming',
+    )
     p.set_defaults(run=run)
 
 
 def add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", default="auto", help="auto|cpu|cuda|cann (default auto)")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = onnxruntime default)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="intra-op threads (0 = onnxruntime default)"
+    )
 
 
 def parse_ids(text: str) -> list[int]:
@@ -48,9 +58,13 @@ def parse_ids(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from specport import api
 
-    sampling = any([args.temperature != 1.0, args.top_k, args.top_p != 1.0, args.min_p, args.seed is not None])
+    sampling = any(
+        [args.temperature != 1.0, args.top_k, args.top_p != 1.0, args.min_p, args.seed is not None]
+    )
     if args.greedy and sampling:
-        raise InputError("--greedy cannot be combined with --temperature/--top-k/--top-p/--min-p/--seed.")
+        raise InputError(
+            "--greedy cannot be combined with --temperature/--top-k/--top-p/--min-p/--seed."
+        )
     model = api.load(args.artifact, provider=args.provider, threads=args.threads)
     ids = parse_ids(args.prompt_ids) if args.prompt_ids else None
 

@@ -36,7 +36,11 @@ def summarize(manifest: Any) -> dict[str, Any]:
         "passes": [p.get("name") for p in manifest.passes],
         "quant": manifest.quant,
         "mtp": manifest.mtp,
-        "verify": {k: manifest.verify.get(k) for k in ("ok", "max_abs_logits", "skipped") if k in manifest.verify},
+        "verify": {
+            k: manifest.verify.get(k)
+            for k in ("ok", "max_abs_logits", "skipped")
+            if k in manifest.verify
+        },
         "tokenizer": manifest.tokenizer.get("kind"),
         "files": {name: digest[:12] for name, digest in manifest.files.items()},
         "source": manifest.source,
@@ -56,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
         if key == "files":
             value = ", ".join(f"{n} ({d})" for n, d in value.items())
         elif isinstance(value, list):
-            value = ", ".join(str(v) for v in value) if len(value) < 12 else f"{', '.join(map(str, value[:6]))}, ... ({len(value)})"
+            value = (
+                ", ".join(str(v) for v in value)
+                if len(value) < 12
+                else f"{', '.join(map(str, value[:6]))}, ... ({len(value)})"
+            )
         print(f"{key:<{width}}  {value}")
     print("all file hashes match")
     return 0

@@ -1,0 +1,133 @@
+"""The built-in end-to-end demo: train (once) -> export -> verify -> generate, all offline.
+
+Each stage reports what a new user wants to see: how long export took, how far the ONNX graph
+is from PyTorch, how fast it generates. Later stages (fusion, quantization, speculation) add
+rows when those parts of specport are present.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specport import settings
+
+logger = logging.getLogger(__name__)
+
+
+def run_demo(
+    out: Path | None = None,
+    max_new_tokens: int = 48,
+    progress: bool = True,
+    stream: Callable[[str], None] | None = None,
+    retrain: bool = False,
+) -> dict[str, Any]:
+    """Run the demo pipeline; returns a JSON-able report."""
+    from specport import api
+    from specport.samples.demo_model import DEMO_PROMPT, ensure_demo_model
+
+    out = Path(out) if out else settings.cache_dir() / "demo-artifact"
+    report: dict[str, Any] = {"prompt": DEMO_PROMPT}
+
+    t0 = time.perf_counter()
+    model_dir = ensure_demo_model(progress=progress, force=retrain)
+    report["model_dir"] = str(model_dir)
+    report["model_seconds"] = round(time.perf_counter() - t0, 2)
+
+    t0 = time.perf_counter()
+    manifest = api.export(model_dir, out / "fp32", progress=progress)
+    report["export_seconds"] = round(time.perf_counter() - t0, 2)
+    report["verify_max_abs_logits"] = manifest.verify.get("max_abs_logits")
+    report["passes"] = [p.get("name") for p in manifest.passes]
+
+    model = api.load(out / "fp32")
+    if stream is not None:
+        stream(DEMO_PROMPT)
+    result = model.generate(DEMO_PROMPT, max_new_tokens=max_new_tokens, on_text=stream)
+    if stream is not None:
+        stream("\n")
+    report["text"] = result.text
+    report["generate"] = _speed(result.metrics)
+    report["artifact"] = str(out / "fp32")
+    report["stages"] = [{"stage": "fp32", **report["generate"]}]
+    report["stages"] += _optional_stages(api, model, out, max_new_tokens, result.tokens, progress)
+    return report
+
+
+def _speed(metrics: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "ttft_ms",
+        "decode_tok_per_s",
+        "prefill_tok_per_s",
+        "framework_overhead_pct",
+        "new_tokens",
+    )
+    return {k: metrics.get(k) for k in keys}
+
+
+def _optional_stages(
+    api: Any, model: Any, out: Path, max_new_tokens: int, reference: list[int], progress: bool
+) -> list[dict[str, Any]]:
+    """Stages from later parts of specport, each skipped (with a log line) when unavailable."""
+    from specport.samples.demo_model import DEMO_PROMPT
+
+    rows: list[dict[str, Any]] = []
+    quantize = getattr(api, "quantize", None)
+    if quantize is not None:
+        try:
+            qdir = out / "w4"
+            quantize(out / "fp32", qdir, scheme="w4a16", progress=progress)
+            qmodel = api.load(qdir)
+            q = qmodel.generate(DEMO_PROMPT, max_new_tokens=max_new_tokens)
+            agree = sum(a == b for a, b in zip(q.tokens, reference)) / max(len(reference), 1)
+            rows.append(
+                {"stage": "w4a16", **_speed(q.metrics), "token_agreement_vs_fp32": round(agree, 3)}
+            )
+        except Exception as e:  # noqa: BLE001 - an optional stage must not sink the demo
+            logger.warning("quantization stage skipped: %s", e)
+    if hasattr(model, "generate") and "speculative" in model.generate.__code__.co_varnames:
+        try:
+            s = model.generate(
+                DEMO_PROMPT, max_new_tokens=max_new_tokens, speculative="ngram", num_draft=4
+            )
+            rows.append(
+                {
+                    "stage": "speculative-ngram",
+                    **_speed(s.metrics),
+                    "mean_accepted_length": s.metrics.get("mean_accepted_length"),
+                    "tokens_equal_plain": s.tokens == reference,
+                }
+            )
+        except Exception as e:  # noqa: BLE001
+            logger.warning("speculative stage skipped: %s", e)
+    return rows
+
+
+def print_report(report: dict[str, Any]) -> None:
+    w = sys.stdout.write
+    w("\n")
+    w(f"model        {report['model_dir']} ({report['model_seconds']:.1f}s)\n")
+    w(
+        f"export       {report['export_seconds']:.1f}s, passes: {', '.join(report['passes']) or 'none'}\n"
+    )
+    w(f"verify       max |logits - PyTorch| = {report['verify_max_abs_logits']:.2e}\n")
+    w(f"{'stage':<20}{'TTFT ms':>10}{'decode tok/s':>14}{'overhead %':>12}\n")
+    for row in report["stages"]:
+        extra = ""
+        if "token_agreement_vs_fp32" in row:
+            extra = f"  agreement {row['token_agreement_vs_fp32']:.0%}"
+        if "mean_accepted_length" in row:
+            extra = (
+                f"  accepted/step {row['mean_accepted_length']}  exact={row['tokens_equal_plain']}"
+            )
+        w(
+            f"{row['stage']:<20}{row['ttft_ms'] or 0:>10.2f}{row['decode_tok_per_s'] or 0:>14.1f}"
+            f"{row['framework_overhead_pct'] or 0:>12.1f}{extra}\n"
+        )
+    w(
+        f'artifact     {report["artifact"]}  (try: specport generate {report["artifact"]} --prompt "...")\n'
+    )

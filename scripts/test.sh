@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install specport with its dev tools, lint, type-check, then run the whole test suite.
+# Usage: bash scripts/test.sh [extra pytest args]   (e.g. -m "not slow" for the quick subset)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q --disable-pip-version-check torch==2.13.0
+python -m pip install -q --disable-pip-version-check -e ".[dev,genai]"
+ruff check .
+ruff format --check .
+mypy specport exporter passes runtime custom_ops samples
+python -m pytest -n 2 --dist loadfile -q "$@"
