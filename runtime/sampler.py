@@ -263,6 +263,10 @@ def sample_from_probs(
     probs = np.asarray(probs)
     n_rows, n = probs.shape
     u = rng.random(n_rows)
+    if n <= _BLOCK:  # short rows (candidate sets, small vocabularies): one vectorized pass
+        cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
+        ids = np.sum(cdf <= (u * cdf[:, -1])[:, None], axis=-1)
+        return np.minimum(ids, n - 1).astype(np.int64)
     out = np.empty(n_rows, dtype=np.int64)
     starts = np.arange(0, n, _BLOCK)
     for row in range(n_rows):

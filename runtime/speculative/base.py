@@ -1,0 +1,92 @@
+"""The hand-off between a proposer and the verifier.
+
+A proposer only says which tokens it guesses (and, if it is a model, with which
+probabilities); the verifier only sees that and the target's logits. Keeping the contract this
+small is what lets the generator swap n-gram, MTP and draft-model proposers freely.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+PAD = -1  # filler in `Drafts.tokens` past a row's length
+
+
+@dataclass
+class Drafts:
+    """Draft tokens for a batch, right-padded with -1 to a common width K."""
+
+    tokens: np.ndarray  # [B, K] int64, PAD past lengths[b]
+    lengths: np.ndarray  # [B] int64, 0 <= lengths[b] <= K
+    probs: np.ndarray | None = None  # [B, K, V] draft distributions, None for deterministic drafts
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(len(self.lengths), -1)
+        self.lengths = np.asarray(self.lengths, dtype=np.int64)
+        if self.lengths.ndim != 1 or self.tokens.shape[0] != self.lengths.shape[0]:
+            raise ValueError(
+                f"tokens {self.tokens.shape} and lengths {self.lengths.shape} disagree on batch"
+            )
+        if np.any(self.lengths < 0) or np.any(self.lengths > self.tokens.shape[1]):
+            raise ValueError(f"lengths {self.lengths.tolist()} outside [0, {self.tokens.shape[1]}]")
+        if self.probs is not None and self.probs.shape[:2] != self.tokens.shape:
+            raise ValueError(f"probs {self.probs.shape} do not match tokens {self.tokens.shape}")
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def width(self) -> int:
+        """K: the number of draft slots the target has to score (plus one bonus position)."""
+        return int(self.tokens.shape[1])
+
+    def row(self, b: int) -> list[int]:
+        """Row b's draft tokens without padding."""
+        return self.tokens[b, : self.lengths[b]].tolist()
+
+    @classmethod
+    def from_lists(cls, rows: list[list[int]], probs: np.ndarray | None = None) -> Drafts:
+        """Pack ragged rows (e.g. from a proposer) into a padded batch."""
+        width = max((len(r) for r in rows), default=0)
+        tokens = np.full((len(rows), width), PAD, dtype=np.int64)
+        for b, r in enumerate(rows):
+            tokens[b, : len(r)] = r
+        return cls(tokens, np.array([len(r) for r in rows], dtype=np.int64), probs)
+
+    @classmethod
+    def empty(cls, batch_size: int) -> Drafts:
+        """No drafts for anyone (a plain decode step)."""
+        return cls(np.zeros((batch_size, 0), dtype=np.int64), np.zeros(batch_size, np.int64))
+
+    @classmethod
+    def make_dummy(cls, batch_size: int, width: int, vocab_size: int, seed: int = 0) -> Drafts:
+        """Random full-width drafts with random draft distributions, for tests."""
+        rng = np.random.default_rng(seed)
+        logits = rng.standard_normal((batch_size, width, vocab_size))
+        probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+        tokens = np.array(
+            [
+                [rng.choice(vocab_size, p=probs[b, k]) for k in range(width)]
+                for b in range(batch_size)
+            ],
+            dtype=np.int64,
+        ).reshape(batch_size, width)
+        return cls(tokens, np.full(batch_size, width, dtype=np.int64), probs)
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Guesses the next tokens of each sequence; the generator verifies them."""
+
+    name: str
+
+    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
+        """Up to ``num_draft`` drafts per row, given every row's tokens so far."""
+        ...

@@ -1,0 +1,90 @@
+"""Prompt-lookup (n-gram) drafting: copy what followed the last time this suffix appeared.
+
+Free to run (no model) and strong whenever the output repeats the prompt or itself: code
+edits, summaries, retrieval answers, and a small model's loops. The draft is deterministic, so
+it carries no probabilities (``Drafts.probs is None``) and the verifier treats it as one-hot.
+
+Search cost per row is O(L * max_n) vectorized numpy on the L-token context: for each n the
+candidate end positions are narrowed with one comparison, longest n first.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from specport.errors import InputError
+from specport.runtime.speculative.base import Drafts
+
+logger = logging.getLogger(__name__)
+
+
+class NgramProposer:
+    """Drafts the continuation of the most recent earlier match of the longest suffix n-gram.
+
+    The match is searched with n from ``max_n`` down to ``min_n``; the first n that matches
+    anywhere wins and, among its matches, the most recent one. If the copied span runs into
+    the end of the context, the copy continues into the draft itself (the text is assumed to
+    keep repeating with the same period), so a loop of period 1 still drafts ``max_draft``.
+    """
+
+    name = "ngram"
+
+    def __init__(self, min_n: int = 1, max_n: int = 4, max_draft: int = 5) -> None:
+        if not (1 <= min_n <= max_n):
+            raise InputError(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        if max_draft < 1:
+            raise InputError(f"max_draft must be >= 1, got {max_draft}")
+        self.min_n = min_n
+        self.max_n = max_n
+        self.max_draft = max_draft
+
+    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
+        """One draft row per context row (possibly empty when nothing matches)."""
+        k = min(int(num_draft), self.max_draft)
+        if k <= 0:
+            return Drafts.empty(len(context))
+        return Drafts.from_lists([self.propose_one(row, k) for row in context])
+
+    def propose_one(self, tokens: list[int] | np.ndarray, num_draft: int) -> list[int]:
+        """Draft for one sequence."""
+        arr = np.asarray(tokens, dtype=np.int64)
+        match = find_suffix_match(arr, self.min_n, self.max_n)
+        if match is None:
+            return []
+        end, _n = match
+        # Token j of the draft continues at source position end+1+j; positions past the
+        # context map back into the draft with the match's period.
+        length = arr.shape[0]
+        draft: list[int] = []
+        for j in range(num_draft):
+            src = end + 1 + j
+            draft.append(int(arr[src]) if src < length else draft[src - length])
+        return draft
+
+
+def find_suffix_match(
+    tokens: np.ndarray,  # [L] int64
+    min_n: int,
+    max_n: int,
+) -> tuple[int, int] | None:
+    """(end, n): the last position ``end < L-1`` where the context's final n tokens also end,
+    for the largest n in [min_n, max_n] that occurs; None if no suffix of length min_n recurs.
+    """
+    length = tokens.shape[0]
+    if length < min_n + 1:
+        return None
+    # cand[e] is True while tokens[e-j] == tokens[L-1-j] for all j < n (e in [0, L-2]).
+    cand = tokens[: length - 1] == tokens[length - 1]
+    best: tuple[int, int] | None = None
+    for n in range(1, min(max_n, length - 1) + 1):
+        if n > 1:
+            cand[n - 1 :] &= tokens[: length - n] == tokens[length - n]
+            cand[n - 2] = False  # the n-gram would start before position 0
+        hits = np.flatnonzero(cand)
+        if hits.size == 0:
+            break
+        if n >= min_n:
+            best = (int(hits[-1]), n)
+    return best
