@@ -3,7 +3,8 @@
 Contract (heads-first layout, as the exported graph has it after RoPE):
     GroupQueryAttention(query [B, H, S, Dh], key [B, Hkv, S, Dh], value [B, Hkv, S, Dv],
                         past_key [B, Hkv, P, Dh], past_value [B, Hkv, P, Dv],
-                        attention_mask int64 [B, P+S]; scale, sliding_window)
+                        attention_mask int64 [B, P+S]; scale, sliding_window,
+                        num_heads, kv_num_heads)
         -> (output [B, H, S, Dv], present_key [B, Hkv, P+S, Dh], present_value [B, Hkv, P+S, Dv])
     H % Hkv == 0 (Hkv == H: MHA, Hkv == 1: MQA). Query i sits at absolute slot P+i and sees key
     slot j iff j <= P+i, attention_mask[b, j] == 1, and (sliding_window <= 0 or P+i-j < window).
@@ -37,7 +38,7 @@ def gqa_reference(
     scale: float | None = None,
     sliding_window: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    b, h, s, dh = query.shape
+    _b, h, s, dh = query.shape
     hkv = key.shape[1]
     pk = np.concatenate([past_key, key], axis=2)
     pv = np.concatenate([past_value, value], axis=2)
@@ -45,7 +46,7 @@ def gqa_reference(
     g = h // hkv
     k = np.repeat(pk, g, axis=1).astype(np.float64)
     v = np.repeat(pv, g, axis=1).astype(np.float64)
-    scale = 1.0 / np.sqrt(dh) if not scale else scale
+    scale = scale if scale else 1.0 / np.sqrt(dh)
     scores = np.einsum("bhsd,bhtd->bhst", query.astype(np.float64), k) * scale
     qpos = np.arange(t - s, t)[:, None]
     kpos = np.arange(t)[None, :]
@@ -63,8 +64,18 @@ def gqa_reference(
 
 @script(OPSET, default_opset=op)
 def GroupQueryAttention(
-    query, key, value, past_key, past_value, attention_mask, scale: float, sliding_window: int = 0
+    query,
+    key,
+    value,
+    past_key,
+    past_value,
+    attention_mask,
+    scale: float,
+    sliding_window: int = 0,
+    num_heads: int = 0,
+    kv_num_heads: int = 0,
 ):
+    # num_heads / kv_num_heads are informative (read by the lowerings); the body infers them.
     present_key = op.Concat(past_key, key, axis=2)
     present_value = op.Concat(past_value, value, axis=2)
     qshape = op.Shape(query)
@@ -109,7 +120,10 @@ GROUP_QUERY_ATTENTION = register(
         "GroupQueryAttention",
         GroupQueryAttention,
         gqa_reference,
-        {"cpu": "com.microsoft.GroupQueryAttention", "cann": "function body",
-         "torch_npu": "npu_fused_infer_attention_score"},
+        {
+            "cpu": "com.microsoft.GroupQueryAttention",
+            "cann": "function body",
+            "torch_npu": "npu_fused_infer_attention_score",
+        },
     )
 )

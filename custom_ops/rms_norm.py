@@ -34,7 +34,6 @@ def skip_rms_norm_reference(
     return rms_norm_reference(s, scale, epsilon), s
 
 
-
 @script(OPSET, default_opset=op)
 def RMSNorm(X, scale, epsilon: float = 1e-6):
     ms = op.ReduceMean(op.Mul(X, X), op.Constant(value_ints=[-1]), keepdims=1)
@@ -57,8 +56,11 @@ RMS_NORM = register(
         "RMSNorm",
         RMSNorm,
         rms_norm_reference,
-        {"cpu": "com.microsoft.SimplifiedLayerNormalization", "cann": "function body",
-         "torch_npu": "npu_rms_norm"},
+        {
+            "cpu": "com.microsoft.SimplifiedLayerNormalization",
+            "cann": "function body",
+            "torch_npu": "npu_rms_norm",
+        },
     )
 )
 SKIP_RMS_NORM = register(
@@ -66,7 +68,10 @@ SKIP_RMS_NORM = register(
         "SkipRMSNorm",
         SkipRMSNorm,
         skip_rms_norm_reference,
-        {"cpu": "com.microsoft.SkipSimplifiedLayerNormalization", "cann": "function body",
-         "torch_npu": "npu_rms_norm (after add)"},
+        {
+            "cpu": "com.microsoft.SkipSimplifiedLayerNormalization",
+            "cann": "function body",
+            "torch_npu": "npu_rms_norm (after add)",
+        },
     )
 )

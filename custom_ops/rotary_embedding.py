@@ -50,6 +50,10 @@ ROTARY_EMBEDDING = register(
         "RotaryEmbedding",
         RotaryEmbedding,
         rotary_reference,
-        {"cpu": "ai.onnx.RotaryEmbedding-23", "cann": "function body", "torch_npu": "npu_rotary_mul"},
+        {
+            "cpu": "ai.onnx.RotaryEmbedding-23",
+            "cann": "function body",
+            "torch_npu": "npu_rotary_mul",
+        },
     )
 )

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 from onnx import helper
 
@@ -28,9 +27,7 @@ def single_op_model(
     for name, arr in inputs.items():
         dims = [f"{name}_{i}" for i in range(arr.ndim)]
         vis.append(
-            helper.make_tensor_value_info(
-                name, helper.np_dtype_to_tensor_dtype(arr.dtype), dims
-            )
+            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), dims)
         )
     outs = [f"out{i}" for i in range(n_outputs)]
     node = helper.make_node(op_type, list(inputs), outs, domain=domain, **(attrs or {}))

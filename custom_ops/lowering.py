@@ -1,0 +1,219 @@
+"""Lower `specport` ops to a target's native ops.
+
+Targets:
+    neutral    keep specport ops; attach their function bodies (runs in any ORT).
+    cpu, cuda  com.microsoft contrib ops (SimplifiedLayerNormalization, SkipSimplified-
+               LayerNormalization, SkipLayerNormalization, GroupQueryAttention) and
+               ai.onnx RotaryEmbedding-23. `rms_norm="standard"` picks RMSNormalization-23.
+    cann       inline the function bodies (standard ops only), then `cann.check_ops`.
+    torch_npu  not a graph rewrite: see `torch_npu.kernel_table`.
+
+Each lowering keeps value names of graph outputs (present.{i}.key stays present.{i}.key), so the
+graph's I/O contract does not change.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir.passes.common import InlinePass, NameFixPass, RemoveUnusedOpsetsPass
+
+from specport.custom_ops._base import DOMAIN, attach_functions, detach_functions
+from specport.errors import PassError
+
+logger = logging.getLogger(__name__)
+
+MS = "com.microsoft"
+TARGETS = ("neutral", "cpu", "cuda", "cann")
+
+Builder = Callable[[ir.tape.Tape, ir.Node, dict[str, Any]], list[ir.Value] | None]
+
+
+def _const(tape: ir.tape.Tape, value: Any, dtype: Any = np.int64) -> ir.Value:
+    return tape.op("Constant", [], {"value": ir.tensor(np.asarray(value, dtype=dtype))})
+
+
+def _attr(node: ir.Node, name: str, default: Any) -> Any:
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def _rms_norm(tape, node, opts):
+    eps = _attr(node, "epsilon", 1e-6)
+    x, scale = node.inputs
+    if opts.get("rms_norm") == "standard":
+        return [tape.op("RMSNormalization", [x, scale], {"epsilon": eps, "axis": -1})]
+    attrs = {"epsilon": eps, "axis": -1, "stash_type": 1}
+    return [tape.op("SimplifiedLayerNormalization", [x, scale], attrs, domain=MS)]
+
+
+def _skip_rms_norm(tape, node, opts):
+    eps = _attr(node, "epsilon", 1e-6)
+    outs = tape.op_multi_out(
+        "SkipSimplifiedLayerNormalization",
+        list(node.inputs),
+        {"epsilon": eps},
+        num_outputs=4,
+        domain=MS,
+    )
+    return [outs[0], outs[3]]
+
+
+def _skip_layer_norm(tape, node, opts):
+    eps = _attr(node, "epsilon", 1e-5)
+    outs = tape.op_multi_out(
+        "SkipLayerNormalization", list(node.inputs), {"epsilon": eps}, num_outputs=4, domain=MS
+    )
+    return [outs[0], outs[3]]
+
+
+def _rotary(tape, node, opts):
+    x, cos, sin = node.inputs
+    half = cos.shape[-1] if cos.shape is not None and cos.shape.rank() else None
+    head = x.shape[-1] if x.shape is not None and x.shape.rank() == 4 else None
+    if not isinstance(half, int) or not isinstance(head, int):
+        return None  # shapes unknown: keep the function body (still correct)
+    attrs = {} if 2 * half == head else {"rotary_embedding_dim": 2 * half}
+    return [tape.op("RotaryEmbedding", [x, cos, sin], attrs)]
+
+
+def _gqa(tape, node, opts):
+    """specport.GroupQueryAttention (BNSH) -> com.microsoft.GroupQueryAttention (BSD).
+
+    ORT's kernel refuses batch > 1 with several new tokens on top of a past ("batch_size must
+    be 1 when sequence_length > 1 and past context is given"): batched speculative verification
+    does exactly that. Unless `gqa_fallback="none"`, the lowering wraps the node in an `If` whose
+    other branch is the portable function body, so every shape stays correct.
+    """
+    if opts.get("gqa_fallback", "if") == "none":
+        return _gqa_native(tape, node, opts)
+    inner = ir.tape.Tape()
+    native = _gqa_native(inner, node, opts)
+    if native is None:
+        return None
+    fast = ir.Graph([], native, nodes=inner.nodes, name=f"{node.name}_native")
+    slow_tape = ir.tape.Tape()
+    slow_outs = slow_tape.op_multi_out(
+        node.op_type,
+        list(node.inputs),
+        {k: a.value for k, a in node.attributes.items()},
+        num_outputs=3,
+        domain=DOMAIN,
+    )
+    slow = ir.Graph([], slow_outs, nodes=slow_tape.nodes, name=f"{node.name}_portable")
+    q, past_k = node.inputs[0], node.inputs[3]
+    one = _const(tape, [1])
+    zero = _const(tape, [0])
+    batched = tape.op("Greater", [tape.op("Shape", [q], {"start": 0, "end": 1}), one])
+    multi = tape.op("Greater", [tape.op("Shape", [q], {"start": 2, "end": 3}), one])
+    has_past = tape.op("Greater", [tape.op("Shape", [past_k], {"start": 2, "end": 3}), zero])
+    cond = tape.op("And", [batched, tape.op("And", [multi, has_past])])
+    cond = tape.op("Squeeze", [cond])
+    return list(
+        tape.op_multi_out(
+            "If", [cond], {"then_branch": slow, "else_branch": fast}, num_outputs=3
+        )
+    )
+
+
+def _gqa_native(tape, node, opts):
+    """seqlens_k = T-1 for every row and total_sequence_length = T (T = mask width): the cache
+    is contiguous [0, T) per row; left padding is masked through attention_bias [B, 1, S, T].
+    """
+    q, k, v, past_k, past_v, mask = node.inputs
+    h = _attr(node, "num_heads", 0)
+    hkv = _attr(node, "kv_num_heads", 0)
+    if not h or not hkv:
+        return None
+    scale = _attr(node, "scale", 0.0)
+    window = _attr(node, "sliding_window", 0)
+    perm = {"perm": [0, 2, 1, 3]}
+    flat = _const(tape, [0, 0, -1])
+    q3 = tape.op("Reshape", [tape.op("Transpose", [q], perm), flat])
+    k3 = tape.op("Reshape", [tape.op("Transpose", [k], perm), flat])
+    v3 = tape.op("Reshape", [tape.op("Transpose", [v], perm), flat])
+    total64 = tape.op("Shape", [mask], {"start": 1, "end": 2})  # [1]
+    batch = tape.op("Shape", [mask], {"start": 0, "end": 1})  # [1]
+    total32 = tape.op("Cast", [total64], {"to": ir.DataType.INT32})
+    total_scalar = tape.op("Squeeze", [total32])
+    seqlens = tape.op("Expand", [tape.op("Sub", [total32, _const(tape, [1], np.int32)]), batch])
+    real = tape.op("Equal", [mask, _const(tape, 1)])
+    bias = tape.op(
+        "Where", [real, _const(tape, 0.0, np.float32), _const(tape, -3.4e38, np.float32)]
+    )
+    bias = tape.op("Unsqueeze", [bias, _const(tape, [1, 2])])  # [B, 1, 1, T]
+    qlen = tape.op("Shape", [q], {"start": 2, "end": 3})
+    bias_shape = tape.op("Concat", [batch, _const(tape, [1]), qlen, total64], {"axis": 0})
+    bias = tape.op("Expand", [bias, bias_shape])  # [B, 1, S, T]
+    attrs: dict[str, Any] = {"num_heads": h, "kv_num_heads": hkv}
+    if scale:
+        attrs["scale"] = float(scale)
+    if window and window > 0:
+        attrs["local_window_size"] = int(window)  # ORT: keys (q-L, q]; HF: q-k < window
+    outs = tape.op_multi_out(
+        "GroupQueryAttention",
+        [q3, k3, v3, past_k, past_v, seqlens, total_scalar, None, None, None, bias],
+        attrs,
+        num_outputs=3,
+        domain=MS,
+    )
+    out4 = tape.op("Reshape", [outs[0], _const(tape, [0, 0, h, -1])])
+    return [tape.op("Transpose", [out4], perm), outs[1], outs[2]]
+
+
+NATIVE: dict[str, Builder] = {
+    "RMSNorm": _rms_norm,
+    "SkipRMSNorm": _skip_rms_norm,
+    "SkipLayerNorm": _skip_layer_norm,
+    "RotaryEmbedding": _rotary,
+    "GroupQueryAttention": _gqa,
+}
+
+
+def _lower_native(model: ir.Model, opts: dict[str, Any]) -> dict[str, Any]:
+    graph = model.graph
+    lowered: Counter[str] = Counter()
+    kept: dict[str, str] = {}
+    for node in list(graph):
+        if node.domain != DOMAIN:
+            continue
+        builder = NATIVE.get(node.op_type)
+        tape = ir.tape.Tape()
+        new_outputs = builder(tape, node, opts) if builder else None
+        if new_outputs is None:
+            kept[node.name or node.op_type] = "needed static shapes/attributes are unknown"
+            continue
+        ir.convenience.replace_nodes_and_values(
+            graph, node, [node], tape.nodes, list(node.outputs), new_outputs
+        )
+        lowered[node.op_type] += 1
+    if any(n.domain == MS for n in graph):
+        model.opset_imports[MS] = 1
+    return {"lowered": dict(lowered), "kept_as_function": kept}
+
+
+def lower_model(model: ir.Model, target: str, **opts: Any) -> dict[str, Any]:
+    """Lower specport ops in `model` (in place) for `target`; returns a report dict."""
+    if target not in TARGETS:
+        raise PassError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
+    report: dict[str, Any] = {"target": target}
+    if target in ("cpu", "cuda"):
+        report.update(_lower_native(model, opts))
+    if target == "cann":
+        attach_functions(model)
+        before = Counter(n.op_type for n in model.graph if n.domain == DOMAIN)
+        InlinePass()(model)
+        report["inlined"] = dict(before)
+        from specport.custom_ops.cann import check_ops
+
+        report["cann"] = check_ops(model)
+    attach_functions(model)  # what is left (neutral, or kept) needs its body
+    detach_functions(model)
+    RemoveUnusedOpsetsPass()(model)
+    NameFixPass()(model)
+    return report
