@@ -183,3 +183,40 @@ def test_sample_from_probs_across_blocks():
     expected = n * probs[0, ids]
     chi2 = float(np.sum((counts[ids] - expected) ** 2 / expected))
     assert chi2 < 18.47  # chi-square 0.999 quantile, 4 dof
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplingConfig(greedy=False, temperature=0.7, top_k=20),
+        SamplingConfig(greedy=False, temperature=1.3, top_p=0.85),
+        SamplingConfig(greedy=False, temperature=0.9, top_k=100, top_p=0.9, min_p=0.02),
+        SamplingConfig(greedy=False, min_p=0.05, repetition_penalty=1.3),
+    ],
+)
+def test_probs_match_hugging_face_processors(cfg: SamplingConfig):
+    """Same distribution as transformers' logits processors, applied in generate()'s order."""
+    torch = pytest.importorskip("torch")
+    lp = pytest.importorskip("transformers.generation.logits_process")
+    rng = np.random.default_rng(6)
+    vocab = 2000
+    logits = (rng.standard_normal((3, vocab)) * 3).astype(np.float32)
+    history = [rng.integers(0, vocab, size=30) for _ in range(3)]
+    procs = []
+    if cfg.repetition_penalty != 1.0:
+        procs.append(lp.RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty))
+    procs.append(lp.TemperatureLogitsWarper(cfg.temperature))
+    if cfg.top_k:
+        procs.append(lp.TopKLogitsWarper(cfg.top_k))
+    if cfg.top_p < 1.0:
+        procs.append(lp.TopPLogitsWarper(cfg.top_p))
+    if cfg.min_p:
+        procs.append(lp.MinPLogitsWarper(cfg.min_p))
+    scores = torch.from_numpy(logits.copy())
+    ids = torch.from_numpy(np.stack(history))
+    for proc in procs:
+        scores = proc(ids, scores)
+    ref = torch.softmax(scores.double(), dim=-1).numpy()
+    ours = Sampler(cfg, vocab).probs(logits, history)
+    np.testing.assert_array_equal(ours > 0, ref > 0)
+    np.testing.assert_allclose(ours, ref, atol=1e-6)
