@@ -163,6 +163,8 @@ def trace_to_onnx(
                 f"torch.onnx.export failed for {type(torch_model).__name__}: {e}"
             ) from e
     logger.info("traced in %.1fs", time.perf_counter() - t0)
+    if program is None:
+        raise ExportError("torch.onnx.export returned no program; upgrade torch (>= 2.6).")
     model = program.model
     model.producer_name = "specport"
     return model

@@ -39,7 +39,7 @@ class TextStreams:
         hit = np.zeros(len(self.text), dtype=bool)
         for r in np.flatnonzero(active & ~self.stopped):
             self.pending[r] += self.detok[r].add(int(new[r]))
-            if self._check(r):
+            if self._check(int(r)):
                 hit[r] = True
         return hit if hit.any() else None
 

@@ -207,3 +207,12 @@ def export(
     from specport.exporter.export import export_model
 
     return export_model(model, out, **kwargs)
+
+
+def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any) -> art.Manifest:
+    """Quantize an artifact into a new one; see `specport.passes.quant.apply.quantize_artifact`."""
+    from specport.passes.quant.apply import quantize_artifact
+
+    if not callable(kwargs.get("progress")):
+        kwargs.pop("progress", None)  # a bool asks for the default display, which is stderr
+    return quantize_artifact(src, out, **kwargs)
