@@ -1,0 +1,157 @@
+"""Draft-model proposer: a smaller artifact with the same vocabulary guesses the next K tokens.
+
+The draft keeps its own concat KV cache and the token list that cache describes. On every
+``propose`` it finds the longest common prefix between that list and the new context (the
+verifier may have rejected some of its drafts), trims its cache to it, feeds the rest of the
+context in one run and then drafts K tokens one run each. A self-draft (``specport export
+MODEL --layers N``: the first N layers of the target) is the cheapest way to get one.
+
+Greedy decoding drafts the argmax and carries no probabilities; when sampling, each draft is
+drawn from the draft's processed distribution q (same settings as the target's sampler) and q
+travels in ``Drafts.probs`` so rejection sampling stays lossless.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from specport.artifact import Manifest
+from specport.errors import InputError
+from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
+from specport.runtime.speculative.base import Drafts
+
+logger = logging.getLogger(__name__)
+
+
+class TrimmableKV:
+    """Concat-layout KV for one sequence that can be cut back to any length.
+
+    ``past`` holds per layer key and value [1, Hkv, T, D]; ``update(outputs, keep)`` takes the
+    graph's presents and keeps the first ``keep`` positions (rejected drafts are dropped).
+    """
+
+    def __init__(self, manifest: Manifest) -> None:
+        kv = manifest.kv
+        if kv.layout != "concat":
+            raise InputError(
+                f"speculative decoding needs the 'concat' KV layout, this artifact has {kv.layout!r}; "
+                "re-export it without the shared-KV pass."
+            )
+        self.names = [name for pair in kv.inputs for name in pair]
+        dtype = np.dtype(kv.dtype)
+        self.past: list[np.ndarray] = []
+        for heads, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim):
+            self.past.append(np.zeros((1, heads, 0, kd), dtype))
+            self.past.append(np.zeros((1, heads, 0, vd), dtype))
+
+    @property
+    def length(self) -> int:
+        return int(self.past[0].shape[2]) if self.past else 0
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        return dict(zip(self.names, self.past))
+
+    def update(self, presents: list[np.ndarray], keep: int | None = None) -> None:
+        """presents: [1, Hkv, P+S, D] per tensor in manifest order; keep: positions kept."""
+        if keep is None or keep >= presents[0].shape[2]:
+            self.past = list(presents)
+        else:
+            self.past = [np.ascontiguousarray(p[:, :, :keep]) for p in presents]
+
+    def trim(self, keep: int) -> None:
+        if keep < self.length:
+            self.past = [np.ascontiguousarray(p[:, :, :keep]) for p in self.past]
+
+
+def run_step(
+    session: Any,
+    output_names: list[str],
+    kv: TrimmableKV,
+    tokens: list[int],
+    start: int,
+) -> list[np.ndarray]:
+    """Feed ``tokens`` at positions start.. on top of ``kv`` (batch 1, no padding)."""
+    s = len(tokens)
+    feeds = {
+        "input_ids": np.asarray([tokens], dtype=np.int64),  # [1, S]
+        "attention_mask": np.ones((1, start + s), dtype=np.int64),  # [1, P+S]
+        "position_ids": np.arange(start, start + s, dtype=np.int64)[None, :],  # [1, S]
+        **kv.feeds(),
+    }
+    return session.run(output_names, feeds)
+
+
+class DraftModelProposer:
+    """Proposes with a draft artifact's session; batch 1 (one context row)."""
+
+    name = "draft"
+
+    def __init__(
+        self, session: Any, manifest: Manifest, target_vocab_size: int | None = None
+    ) -> None:
+        if target_vocab_size is not None and manifest.vocab_size != target_vocab_size:
+            raise InputError(
+                f"the draft model's vocabulary has {manifest.vocab_size} tokens but the target's has "
+                f"{target_vocab_size}; a draft must share the target's tokenizer. Export a draft from "
+                "the same model family (e.g. `specport export MODEL --layers 2 --out DRAFT`)."
+            )
+        self.session = session
+        self.manifest = manifest
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.n_kv = 2 * len(manifest.kv.inputs)
+        self.sampler: Sampler | None = None
+        self.rng = np.random.default_rng()
+        self.reset()
+
+    def configure(self, sampling: SamplingConfig | None) -> None:
+        """Greedy drafts (None or greedy config) or sampled drafts with probabilities."""
+        if sampling is None or sampling.greedy:
+            self.sampler = None
+        else:
+            self.sampler = Sampler(sampling, self.manifest.vocab_size)
+            seed = None if sampling.seed is None else sampling.seed + 7919
+            self.rng = np.random.default_rng(seed)
+
+    def reset(self) -> None:
+        self.kv = TrimmableKV(self.manifest)
+        self.tokens: list[int] = []  # the tokens whose keys/values ``kv`` holds
+
+    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
+        if len(context) != 1:
+            raise InputError(f"the draft-model proposer runs batch 1, got {len(context)} rows")
+        row = [int(t) for t in context[0]]
+        room = self.manifest.context_length - len(row)
+        k = min(int(num_draft), room)
+        if k <= 0 or not row:
+            return Drafts.empty(1)
+        common = 0
+        for a, b in zip(self.tokens, row):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(row) - 1)  # at least one token must be fed to get logits
+        self.kv.trim(common)
+        self.tokens = self.tokens[:common]
+        feed = row[common:]
+        drafts: list[int] = []
+        probs: list[np.ndarray] = []
+        for i in range(k):
+            outputs = run_step(self.session, self.output_names, self.kv, feed, len(self.tokens))
+            self.kv.update(outputs[1 : 1 + self.n_kv])
+            self.tokens += feed
+            logits = outputs[0][:, -1, :]  # [1, V]
+            if self.sampler is None:
+                tok = int(np.argmax(logits[0]))
+            else:
+                q = self.sampler.probs(logits, [np.asarray(self.tokens, dtype=np.int64)])  # [1, V]
+                tok = int(sample_from_probs(q, self.rng)[0])
+                probs.append(q[0])
+            drafts.append(tok)
+            feed = [tok]
+            if i + 1 < k and len(self.tokens) + 1 >= self.manifest.context_length:
+                break
+        q_arr = np.stack(probs)[None] if probs else None  # [1, K, V]
+        return Drafts.from_lists([drafts], q_arr)

@@ -1,0 +1,255 @@
+"""The speculative decoding loop: draft K tokens, score [last, drafts] in one run, keep a prefix.
+
+Each step feeds the last emitted token and up to K drafts (S = K+1) at positions P..P+K on
+top of the concat KV cache, verifies the drafts against the target's K+1 scores (greedy exact
+or lossless rejection sampling, ``runtime.speculative.verify``), emits ``accepted + 1`` tokens
+and cuts the presents back to ``P + accepted + 1`` positions (the rejected drafts' keys and
+values are dropped; with the shared layout this becomes moving the sequence length).
+
+The prompt is prefilled without its last token, so the first step already carries drafts and
+every method (n-gram, draft model, MTP graph) goes through the same loop. Greedy output is
+token-for-token the plain greedy output (up to float ties, where batched and single-token
+matmuls may round differently).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specport.artifact import Manifest
+from specport.errors import ContextLengthError, InputError
+from specport.runtime.sampler import Sampler, SamplingConfig
+from specport.runtime.speculative.base import Drafts, Proposer
+from specport.runtime.speculative.draft import DraftModelProposer, TrimmableKV, run_step
+from specport.runtime.speculative.metrics import SpecDecodingStats
+from specport.runtime.speculative.verify import VerifyResult, greedy_verify, rejection_verify
+
+logger = logging.getLogger(__name__)
+
+MAX_DRAFT = 16
+METHODS = ("ngram", "draft", "mtp")
+
+# on_token(token_id) -> True to stop generation here (e.g. a stop string matched)
+OnToken = Callable[[int], "bool | None"]
+
+
+@dataclass
+class SpeculativeOutput:
+    tokens: list[int]  # new tokens (EOS included when it ended generation)
+    finish_reason: str  # "eos" | "length" | "stop" | "context"
+    metrics: dict[str, Any] = field(default_factory=dict)
+    stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+
+
+def check_num_draft(num_draft: int, limit: int = MAX_DRAFT) -> int:
+    if (
+        isinstance(num_draft, bool)
+        or not isinstance(num_draft, (int, np.integer))
+        or not 1 <= num_draft <= limit
+    ):
+        raise InputError(f"--num-draft must be an integer in 1..{limit}, got {num_draft!r}.")
+    return int(num_draft)
+
+
+class SpeculativeGenerator:
+    """Batch-1 speculative generation over a session that follows the artifact I/O contract."""
+
+    def __init__(
+        self, session: Any, manifest: Manifest, proposer: Proposer, num_draft: int
+    ) -> None:
+        self.session = session
+        self.manifest = manifest
+        self.proposer = proposer
+        self.num_draft = check_num_draft(num_draft)
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.n_kv = 2 * len(manifest.kv.inputs)
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        eos_ids: Sequence[int] = (),
+        on_token: OnToken | None = None,
+    ) -> SpeculativeOutput:
+        prompt = [int(t) for t in prompt]
+        ctx_len, vocab = self.manifest.context_length, self.manifest.vocab_size
+        if not prompt:
+            raise InputError("the prompt needs at least one token.")
+        if max_new_tokens < 1:
+            raise InputError("--max-new-tokens must be at least 1.")
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InputError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1}).")
+        if len(prompt) >= ctx_len:
+            raise ContextLengthError(
+                f"prompt has {len(prompt)} tokens but the model's context window is {ctx_len} "
+                f"(and at least one new token must fit). Shorten the prompt to at most {ctx_len - 1} tokens."
+            )
+        sampling = sampling or SamplingConfig()
+        sampler = Sampler(sampling, vocab)
+        if hasattr(self.proposer, "configure"):
+            self.proposer.configure(sampling)
+        if hasattr(self.proposer, "reset"):
+            self.proposer.reset()
+        budget = min(max_new_tokens, ctx_len - len(prompt))
+        eos = {int(e) for e in eos_ids}
+        stats = SpecDecodingStats()
+        kv = TrimmableKV(self.manifest)
+        ort_s = propose_s = 0.0
+
+        t_start = time.perf_counter()
+        if len(prompt) > 1:  # prefill all but the last token; its logits are not needed
+            t0 = time.perf_counter()
+            outputs = run_step(self.session, self.output_names, kv, prompt[:-1], 0)
+            ort_s += time.perf_counter() - t0
+            kv.update(outputs[1 : 1 + self.n_kv])
+        t_prefill = time.perf_counter()
+        prefill_ort = ort_s
+
+        context = list(prompt)
+        out: list[int] = []
+        reason = "length"
+        t_first: float | None = None
+        done = False
+        while not done:
+            pos = kv.length  # == len(context) - 1: the last token is not in the cache yet
+            room = min(budget - len(out) - 1, ctx_len - 1 - pos)
+            k = min(self.num_draft, room)
+            t0 = time.perf_counter()
+            drafts = self.proposer.propose([context], k) if k > 0 else Drafts.empty(1)
+            if drafts.width > k:
+                drafts = Drafts(
+                    drafts.tokens[:, :k],
+                    np.minimum(drafts.lengths, k),
+                    None if drafts.probs is None else drafts.probs[:, :k],
+                )
+            propose_s += time.perf_counter() - t0
+            fed = [context[-1], *drafts.row(0)]
+            t0 = time.perf_counter()
+            outputs = run_step(self.session, self.output_names, kv, fed, pos)
+            ort_s += time.perf_counter() - t0
+            logits = outputs[0][:, : len(fed)]  # [1, S, V]
+            result = self._verify(drafts, logits, sampler, context)
+            kv.update(outputs[1 : 1 + self.n_kv], keep=pos + int(result.accepted[0]) + 1)
+            if hasattr(self.proposer, "observe"):
+                self.proposer.observe(dict(zip(self.output_names, outputs)), result)
+            stats.observe(drafts, result)
+            if t_first is None:
+                t_first = time.perf_counter()
+            for tok in result.tokens[0]:
+                out.append(tok)
+                context.append(tok)
+                if tok in eos:
+                    reason, done = "eos", True
+                elif on_token is not None and on_token(tok):
+                    reason, done = "stop", True
+                elif len(out) >= budget:
+                    reason, done = ("context" if budget < max_new_tokens else "length"), True
+                if done:
+                    break
+        t_end = time.perf_counter()
+        stats.log()
+        decode_wall = t_end - t_prefill
+        metrics: dict[str, Any] = {
+            "batch": 1,
+            "prompt_tokens": len(prompt),
+            "new_tokens": len(out),
+            "ttft_ms": round(((t_first or t_end) - t_start) * 1e3, 3),
+            "prefill_s": round(t_prefill - t_start, 6),
+            "decode_steps": stats.num_steps,
+            "decode_tok_per_s": round(len(out) / decode_wall, 2) if decode_wall > 0 else None,
+            "tpot_ms": round(decode_wall / len(out) * 1e3, 4) if out else None,
+            "decode_ort_s": round(ort_s - prefill_ort, 6),
+            "decode_wall_s": round(decode_wall, 6),
+            "propose_s": round(propose_s, 6),
+            "total_s": round(t_end - t_start, 6),
+            "speculative": {
+                "method": getattr(self.proposer, "name", "custom"),
+                "num_draft": self.num_draft,
+                **stats.as_dict(),
+            },
+        }
+        return SpeculativeOutput(out, reason, metrics, stats)
+
+    @staticmethod
+    def _verify(
+        drafts: Drafts, logits: np.ndarray, sampler: Sampler, context: list[int]
+    ) -> VerifyResult:
+        """logits: [1, S=K+1, V]. Greedy: exact argmax match; sampling: rejection sampling."""
+        cfg = sampler.config
+        if cfg.greedy and cfg.repetition_penalty == 1.0:
+            return greedy_verify(drafts, logits)
+        history = None
+        if cfg.repetition_penalty != 1.0:  # position i has seen the context and drafts[:i]
+            row = drafts.row(0)
+            history = [
+                np.asarray(context + row[:i], dtype=np.int64) for i in range(logits.shape[1])
+            ]
+        probs = sampler.probs(logits, history)  # [1, S, V]
+        if cfg.greedy:
+            return greedy_verify(drafts, probs)
+        return rejection_verify(drafts, probs, sampler.rng)
+
+
+def make_proposer(
+    method: str, model: Any, num_draft: int, draft_model: Any | None = None
+) -> Proposer:
+    """The proposer for ``method`` (``ngram`` | ``draft`` | ``mtp``), validated against the target."""
+    if method == "ngram":
+        from specport.runtime.speculative.ngram import NgramProposer
+
+        return NgramProposer(min_n=1, max_n=4, max_draft=num_draft)
+    if method == "draft":
+        if draft_model is None:
+            raise InputError(
+                "--speculative draft needs a draft model: pass --draft ARTIFACT (e.g. one made with "
+                "`specport export MODEL --layers 1 --out DRAFT`)."
+            )
+        return DraftModelProposer(
+            draft_model.session, draft_model.manifest, model.manifest.vocab_size
+        )
+    if method == "mtp":
+        from specport.runtime.speculative.mtp import MTPProposer
+
+        proposer = MTPProposer(model.manifest)
+        if num_draft > proposer.heads:
+            raise InputError(
+                f"--num-draft {num_draft} exceeds the artifact's {proposer.heads} MTP heads; "
+                f"use --num-draft 1..{proposer.heads}."
+            )
+        return proposer
+    raise InputError(
+        f"unknown --speculative method {method!r}; choose one of {', '.join(METHODS)}."
+    )
+
+
+def generate_speculative(
+    model: Any,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    method: str,
+    num_draft: int,
+    draft_model: Any | None = None,
+    sampling: SamplingConfig | None = None,
+    eos_ids: Sequence[int] = (),
+    on_token: OnToken | None = None,
+) -> tuple[list[int], str, dict[str, Any]]:
+    """Speculative generation for one prompt with a loaded ``specport.api.Model``.
+
+    ``method``: ``ngram`` | ``draft`` (needs ``draft_model``, same vocabulary) | ``mtp`` (needs
+    an artifact with MTP heads). Returns (new tokens, finish reason, metrics); metrics carry the
+    plain generator's timing keys plus ``speculative`` (acceptance counters).
+    """
+    num_draft = check_num_draft(num_draft)
+    proposer = make_proposer(method, model, num_draft, draft_model)
+    gen = SpeculativeGenerator(model.session, model.manifest, proposer, num_draft)
+    out = gen.generate(prompt_ids, max_new_tokens, sampling, eos_ids, on_token)
+    out.metrics["provider"] = getattr(model, "provider", None)
+    return out.tokens, out.finish_reason, out.metrics
