@@ -49,7 +49,8 @@ def _rms_norm(tape, node, opts):
     if opts.get("rms_norm") == "standard":
         return [tape.op("RMSNormalization", [x, scale], {"epsilon": eps, "axis": -1})]
     attrs = {"epsilon": eps, "axis": -1, "stash_type": 1}
-    return [tape.op("SimplifiedLayerNormalization", [x, scale], attrs, domain=MS)]
+    # ORT registers this contrib kernel in the ai.onnx domain (historical accident).
+    return [tape.op("SimplifiedLayerNormalization", [x, scale], attrs)]
 
 
 def _skip_rms_norm(tape, node, opts):
@@ -115,9 +116,7 @@ def _gqa(tape, node, opts):
     cond = tape.op("And", [batched, tape.op("And", [multi, has_past])])
     cond = tape.op("Squeeze", [cond])
     return list(
-        tape.op_multi_out(
-            "If", [cond], {"then_branch": slow, "else_branch": fast}, num_outputs=3
-        )
+        tape.op_multi_out("If", [cond], {"then_branch": slow, "else_branch": fast}, num_outputs=3)
     )
 
 
@@ -192,9 +191,40 @@ def _lower_native(model: ir.Model, opts: dict[str, Any]) -> dict[str, Any]:
             graph, node, [node], tape.nodes, list(node.outputs), new_outputs
         )
         lowered[node.op_type] += 1
-    if any(n.domain == MS for n in graph):
+    if any(n.domain == MS for n in graph.all_nodes()):
         model.opset_imports[MS] = 1
     return {"lowered": dict(lowered), "kept_as_function": kept}
+
+
+def unique_names(model: ir.Model) -> int:
+    """Give every value in the main graph and its subgraphs a distinct name (ONNX SSA rule).
+
+    onnx_ir's name fixer works per graph; If branches built by the GQA lowering reuse
+    counters like `val_3`, so walk all graphs and rename the later duplicates.
+    """
+    seen: set[str] = {v.name for v in model.graph.inputs if v.name}
+    seen |= {name for name in model.graph.initializers}
+    renamed = 0
+
+    def walk(graph: ir.Graph) -> None:
+        nonlocal renamed
+        for node in graph:
+            for out in node.outputs:
+                if out.name in seen or not out.name:
+                    base = out.name or "v"
+                    i = 0
+                    while f"{base}_{i}" in seen:
+                        i += 1
+                    if not out.is_graph_output() or graph is not model.graph:
+                        out.name = f"{base}_{i}"
+                        renamed += 1
+                seen.add(out.name)
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    walk(attr.value)
+
+    walk(model.graph)
+    return renamed
 
 
 def lower_model(model: ir.Model, target: str, **opts: Any) -> dict[str, Any]:
@@ -216,4 +246,5 @@ def lower_model(model: ir.Model, target: str, **opts: Any) -> dict[str, Any]:
     detach_functions(model)
     RemoveUnusedOpsetsPass()(model)
     NameFixPass()(model)
+    unique_names(model)
     return report

@@ -1,0 +1,56 @@
+"""Graph hygiene around the fusions: opset normalisation before, tidy-up after.
+
+`NormalizePass` upgrades any model to opset 23 (TorchScript exports come at 14-17) so fusion
+patterns and our function bodies see one opset, then runs onnxscript's optimizer (constant
+folding, no-op removal) without inlining functions. `CleanupPass` removes what lowering leaves:
+Transpose pairs that cancel, Reshape chains, dead nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+from onnxscript import optimizer, version_converter
+from onnxscript.rewriter import RewriteRuleSet
+from onnxscript.rewriter.rules.common import _basic_rules as basic
+
+from specport.custom_ops.lowering import unique_names
+from specport.passes.base import Pass
+
+logger = logging.getLogger(__name__)
+
+OPSET = 23
+
+
+class NormalizePass(Pass):
+    name = "normalize"
+
+    def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
+        before = model.opset_imports.get("", None)
+        details: dict[str, Any] = {"opset_before": before}
+        if before is not None and before < OPSET:
+            version_converter.convert_version(model, target_version=OPSET)
+        optimizer.optimize(model, inline=False)
+        details["opset_after"] = model.opset_imports.get("")
+        return True, details
+
+
+class CleanupPass(Pass):
+    name = "cleanup"
+
+    def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
+        rules = RewriteRuleSet(
+            [
+                basic.transpose_transpose_rule,
+                basic.reshape_reshape_rule,
+                basic.no_op_transpose_rule,
+                basic.unsqueeze_unsqueeze_rule,
+            ]
+        )
+        count = rules.apply_to_model(model)
+        RemoveUnusedNodesPass()(model)
+        unique_names(model)  # rewriter names can collide with If-branch names
+        return count > 0, {"rewrites": count}

@@ -1,0 +1,180 @@
+"""Fuse attention over a concatenated KV cache into specport.GroupQueryAttention.
+
+Matches what `torch.onnx.export(dynamo=True, opset_version=23)` emits for HF decoder attention:
+
+    present_k = Concat(past_key [B, Hkv, P, Dh], k_new [B, Hkv, S, Dh], axis=2)   (graph output)
+    k_rep     = Reshape(Expand(Unsqueeze(present_k, 2)))  [B, H, T, Dh]     (GQA/MQA only)
+    y         = Attention-23(q [B, H, S, Dh], k_rep, v_rep, mask)          [B, H, S, Dv]
+
+and rewrites it to one node that takes the spine's `attention_mask` [B, P+S] directly
+(causal + padding + optional sliding window are computed inside). The graph's inputs and
+outputs do not change (present.{i}.* keep their names), so the runtime needs no change.
+
+What is not matched, with the reason in the report: softcap (Gemma-2), 3-D packed Q/K/V,
+attention whose K/V are not a 2-input Concat of a past (no KV cache / other cache layouts),
+unknown head counts. Sliding window comes from the pass option `sliding_window` (int, or a list
+per attention node in graph order) or the model metadata key `sliding_window`; the exported
+mask is not reverse-engineered, so a model with a window and no option is reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
+
+from specport.custom_ops import DOMAIN
+from specport.passes.base import Pass
+
+logger = logging.getLogger(__name__)
+
+MASK_INPUT = "attention_mask"
+
+
+def _producer(v: ir.Value | None, op_type: str) -> ir.Node | None:
+    if v is None:
+        return None
+    node = v.producer()
+    return node if node is not None and node.op_type == op_type and node.domain == "" else None
+
+
+def _unrepeat(v: ir.Value) -> ir.Value:
+    """Undo the GQA head repeat Reshape(Expand(Unsqueeze(x, 2))) -> x; identity otherwise."""
+    reshape = _producer(v, "Reshape")
+    expand = _producer(reshape.inputs[0], "Expand") if reshape else None
+    unsq = _producer(expand.inputs[0], "Unsqueeze") if expand else None
+    if unsq is None:
+        return v
+    axes = unsq.inputs[1].const_value if len(unsq.inputs) > 1 and unsq.inputs[1] else None
+    if axes is None or axes.numpy().reshape(-1).tolist() not in ([2], [-3]):
+        return v
+    return unsq.inputs[0]
+
+
+def _concat_parts(v: ir.Value) -> tuple[ir.Node, ir.Value, ir.Value] | None:
+    node = _producer(v, "Concat")
+    if node is None or len(node.inputs) != 2:
+        return None
+    if node.attributes.get_int("axis", 0) not in (2, -2):
+        return None
+    return node, node.inputs[0], node.inputs[1]
+
+
+def _static(v: ir.Value, axis: int) -> int | None:
+    if v.shape is None or v.shape.rank() != 4:
+        return None
+    d = v.shape[axis]
+    return d if isinstance(d, int) else None
+
+
+class FuseAttentionPass(Pass):
+    """Attention-23 + concat KV cache -> specport.GroupQueryAttention (MHA/GQA/MQA)."""
+
+    name = "fuse_attention"
+
+    def __init__(self, sliding_window: int | list[int] | None = None) -> None:
+        self.sliding_window = sliding_window
+
+    def precondition(self, model: ir.Model) -> str | None:
+        names = {v.name for v in model.graph.inputs}
+        if MASK_INPUT not in names:
+            return f"graph has no '{MASK_INPUT}' input (not the spine I/O contract)"
+        if not any(n.op_type == "Attention" and n.domain == "" for n in model.graph):
+            return "no ai.onnx Attention node (decomposed MatMul/Softmax attention is not fused)"
+        return None
+
+    def _window(self, model: ir.Model, index: int) -> tuple[int, str]:
+        sw: Any = self.sliding_window
+        source = "option"
+        if sw is None and "sliding_window" in model.metadata_props:
+            sw, source = model.metadata_props["sliding_window"], "metadata"
+            sw = [int(x) for x in str(sw).split(",")] if "," in str(sw) else int(sw)
+        if sw is None:
+            return 0, "none given (assumed full attention)"
+        if isinstance(sw, list):
+            return int(sw[index]) if index < len(sw) else 0, source
+        return int(sw), source
+
+    def _match(self, node: ir.Node) -> dict[str, Any] | str:
+        if len(node.inputs) > 4 and any(v is not None for v in node.inputs[4:]):
+            return "Attention already takes past_key/past_value inputs"
+        if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            return "Attention present/qk outputs are used"
+        if node.attributes.get_float("softcap", 0.0):
+            return "softcap is not supported by the fused op"
+        q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
+        if q.shape is None or q.shape.rank() != 4:
+            return "query is not 4-D [B, H, S, Dh] (3-D packed form not supported)"
+        kparts = _concat_parts(_unrepeat(k))
+        vparts = _concat_parts(_unrepeat(v))
+        if kparts is None or vparts is None:
+            return "K/V are not Concat(past, new, axis=2) (no concat KV cache)"
+        num_heads = _static(q, 1)
+        kv_heads = _static(kparts[1], 1)
+        head_dim = _static(q, 3)
+        if not num_heads or not kv_heads or num_heads % kv_heads:
+            return f"head counts unknown or incompatible (H={num_heads}, Hkv={kv_heads})"
+        scale = node.attributes.get_float("scale", 0.0)
+        if not scale:
+            if not head_dim:
+                return "no scale attribute and head dim unknown"
+            scale = 1.0 / math.sqrt(head_dim)
+        return {
+            "q": q,
+            "k_concat": kparts,
+            "v_concat": vparts,
+            "num_heads": num_heads,
+            "kv_heads": kv_heads,
+            "scale": scale,
+        }
+
+    def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
+        graph = model.graph
+        mask = next(v for v in graph.inputs if v.name == MASK_INPUT)
+        fused: list[dict[str, Any]] = []
+        rejected: list[dict[str, str]] = []
+        attn_nodes = [n for n in graph if n.op_type == "Attention" and n.domain == ""]
+        for index, node in enumerate(attn_nodes):
+            m = self._match(node)
+            if isinstance(m, str):
+                rejected.append({"node": node.name or "", "reason": m})
+                continue
+            window, wsource = self._window(model, index)
+            (ck, past_k, new_k), (cv, past_v, new_v) = m["k_concat"], m["v_concat"]
+            attrs = {
+                "scale": float(m["scale"]),
+                "sliding_window": int(window),
+                "num_heads": int(m["num_heads"]),
+                "kv_num_heads": int(m["kv_heads"]),
+            }
+            gqa = ir.node(
+                "GroupQueryAttention",
+                [m["q"], new_k, new_v, past_k, past_v, mask],
+                attributes=attrs,
+                domain=DOMAIN,
+                num_outputs=3,
+                name=f"{node.name or 'attention'}_gqa",
+            )
+            old = [node.outputs[0], ck.outputs[0], cv.outputs[0]]
+            graph.insert_after(node, gqa)
+            for o, n in zip(old, gqa.outputs):
+                n.type, n.shape = o.type, o.shape
+            ir.convenience.replace_all_uses_with(old, list(gqa.outputs), replace_graph_outputs=True)
+            names = [o.name for o in old]
+            graph.remove(node, safe=True)
+            for o, name in zip(old, names):
+                o.name = f"{name}__unfused"
+            for n, name in zip(gqa.outputs, names):
+                n.name = name
+            fused.append({"node": gqa.name, **attrs, "window_source": wsource})
+        if fused:
+            RemoveUnusedNodesPass()(model)
+            TopologicalSortPass()(model)
+            model.opset_imports[DOMAIN] = 1
+        details: dict[str, Any] = {"matched": len(fused), "fused": fused}
+        if rejected:
+            details["rejected"] = rejected
+        return bool(fused), details

@@ -1,0 +1,101 @@
+"""Per-target pass pipelines and `optimize_model`, the one call the API and CLI use.
+
+    neutral  normalize -> fuse_rms_norm -> fuse_skip_norm -> fuse_rotary -> fuse_attention
+             -> lower(neutral: specport ops + function bodies)
+    cpu/cuda same fusions -> lower(com.microsoft contrib ops) -> cleanup
+    cann     same fusions -> lower(inline function bodies: standard ops) -> cleanup
+
+`passes=[...]` picks a subset by name, in pipeline order ("lower" and "normalize" are always
+kept: a fused-but-unlowered graph would carry ops the target cannot run).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+from specport.custom_ops.lowering import TARGETS, unique_names
+from specport.errors import PassError
+from specport.passes.base import Pass, Pipeline
+from specport.passes.cleanup import CleanupPass, NormalizePass
+from specport.passes.fuse_attention import FuseAttentionPass
+from specport.passes.fuse_rms_norm import FuseRMSNormPass
+from specport.passes.fuse_rotary import FuseRotaryPass
+from specport.passes.fuse_skip_norm import FuseSkipNormPass
+from specport.passes.lower import LowerPass
+
+logger = logging.getLogger(__name__)
+
+FUSIONS = ("fuse_rms_norm", "fuse_skip_norm", "fuse_rotary", "fuse_attention")
+ALWAYS = ("normalize", "lower")
+
+
+def _make(name: str, target: str, options: dict[str, Any]) -> Pass:
+    if name == "normalize":
+        return NormalizePass()
+    if name == "fuse_rms_norm":
+        return FuseRMSNormPass()
+    if name == "fuse_skip_norm":
+        return FuseSkipNormPass()
+    if name == "fuse_rotary":
+        return FuseRotaryPass()
+    if name == "fuse_attention":
+        return FuseAttentionPass(sliding_window=options.get("sliding_window"))
+    if name == "lower":
+        lower_opts = {k: options[k] for k in ("rms_norm", "gqa_fallback") if k in options}
+        return LowerPass(target, **lower_opts)
+    if name == "cleanup":
+        return CleanupPass()
+    raise PassError(f"unknown pass {name!r}: choose from {', '.join(all_pass_names())}")
+
+
+def all_pass_names() -> list[str]:
+    return ["normalize", *FUSIONS, "lower", "cleanup"]
+
+
+def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -> Pipeline:
+    """The pipeline for `target` (neutral/cpu/cuda/cann); `passes` restricts it by name.
+
+    Options: `sliding_window` (int or per-attention list), `rms_norm` ("contrib"|"standard"),
+    `gqa_fallback` ("if"|"none").
+    """
+    if target not in TARGETS:
+        raise PassError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
+    names = all_pass_names()
+    if target == "neutral":
+        names.remove("cleanup")
+    if passes is not None:
+        unknown = [p for p in passes if p not in all_pass_names()]
+        if unknown:
+            raise PassError(
+                f"unknown pass(es) {unknown}: choose from {', '.join(all_pass_names())}"
+            )
+        names = [n for n in names if n in passes or n in ALWAYS]
+    return Pipeline([_make(n, target, options) for n in names], name=f"optimize[{target}]")
+
+
+def optimize_model(
+    model: onnx.ModelProto | ir.Model | str | Path,
+    target: str = "cpu",
+    passes: list[str] | None = None,
+    **options: Any,
+) -> tuple[ir.Model, dict[str, Any]]:
+    """Fuse and lower `model` for `target`. Returns (onnx_ir model, report).
+
+    A path is loaded with its external data; an `onnx.ModelProto` is converted (not mutated).
+    Patterns that do not match leave the graph as it was; the report says which and why.
+    """
+    if isinstance(model, (str, Path)):
+        model = ir.load(str(model))
+    elif isinstance(model, onnx.ModelProto):
+        model = ir.serde.deserialize_model(model)
+    pipeline = pipeline_for(target, passes, **options)
+    result = pipeline(model)
+    unique_names(result.model)
+    report = dict(result.report)
+    report["target"] = target
+    return result.model, report
