@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 from onnxscript import optimizer, version_converter
@@ -25,6 +26,23 @@ logger = logging.getLogger(__name__)
 OPSET = 23
 
 
+REDUCE_OPS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2")
+
+
+def _reduce_axes_to_input(model: ir.Model) -> int:
+    """Opset 18 moved Reduce* `axes` from attribute to input; finish what the converter left."""
+    moved = 0
+    for node in list(model.graph.all_nodes()):
+        if node.op_type in REDUCE_OPS and node.domain == "" and "axes" in node.attributes:
+            axes = list(node.attributes.pop("axes").value)
+            const = ir.node("Constant", [], {"value": ir.tensor(np.asarray(axes, np.int64))})
+            node.graph.insert_before(node, const)
+            node.resize_inputs(2)
+            node.replace_input_with(1, const.outputs[0])
+            moved += 1
+    return moved
+
+
 class NormalizePass(Pass):
     name = "normalize"
 
@@ -33,6 +51,7 @@ class NormalizePass(Pass):
         details: dict[str, Any] = {"opset_before": before}
         if before is not None and before < OPSET:
             version_converter.convert_version(model, target_version=OPSET)
+            details["reduce_axes_moved"] = _reduce_axes_to_input(model)
         optimizer.optimize(model, inline=False)
         details["opset_after"] = model.opset_imports.get("")
         return True, details

@@ -20,13 +20,17 @@ logger = logging.getLogger(__name__)
 
 
 def _same_shape(a: ir.Value, b: ir.Value) -> bool:
-    if a.shape is None or b.shape is None:
+    """Residual addends: equal known shapes; with shapes unknown, two computed activations
+    (a constant addend is a bias, not a residual)."""
+    if a.const_value is not None or b.const_value is not None:
         return False
-    return (
-        a.shape.rank() == b.shape.rank()
-        and a.shape.rank() >= 2
-        and all(x == y for x, y in zip(a.shape.dims, b.shape.dims))
-    )
+    if a.shape is None or b.shape is None:
+        return True
+    if a.shape.rank() != b.shape.rank() or a.shape.rank() < 2:
+        return False
+    # Symbolic dims from different exporters rarely share names: compare static dims only.
+    pairs = zip(a.shape.dims, b.shape.dims)
+    return all(x == y for x, y in pairs if isinstance(x, int) and isinstance(y, int))
 
 
 class SkipRMSNormFusion(ReasonedRule):
@@ -37,7 +41,7 @@ class SkipRMSNormFusion(ReasonedRule):
 
     def check(self, context, a, b, s, y, **_):
         if not _same_shape(a, b):
-            return self.fail("addends differ in shape (not a residual add) or shape unknown", s)
+            return self.fail("addends differ in rank or static dims (not a residual add)", s)
         return orp.MatchResult()
 
     def rewrite(self, op, a, b, w, y, **_):
@@ -58,7 +62,7 @@ class SkipLayerNormFusion(ReasonedRule):
         if node.attributes.get_int("axis", -1) not in (-1, (a.shape.rank() - 1) if a.shape else -1):
             return self.fail("LayerNormalization not over the last axis", y)
         if not _same_shape(a, b):
-            return self.fail("addends differ in shape (not a residual add) or shape unknown", s)
+            return self.fail("addends differ in rank or static dims (not a residual add)", s)
         return orp.MatchResult()
 
     def rewrite(self, op, a, b, g, beta, y, **_):

@@ -1,0 +1,217 @@
+"""`quantize_artifact`: artifact in, quantized artifact out (the API and CLI call this).
+
+Schemes:
+  w4a16  4-bit blockwise weights, MatMulNBits (float activations)
+  w4a8   same weights, MatMulNBits accuracy_level=4 (int8 activations inside the kernel)
+  w8a16  8-bit blockwise weights, MatMulNBits
+  w8a8   int8 per-channel weights + static uint8 activations in QDQ form, SmoothQuant
+Algorithms (weight-only schemes): rtn, hqq (no calibration); gptq, clip, default (GPTQ with
+MSE-clipped group ranges; calibrated); ort-default / ort-hqq run onnxruntime's own
+MatMulNBitsQuantizer on the same graph, as baselines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from specport.artifact import (
+    DATA_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    atomic_artifact_dir,
+    read_manifest,
+    write_manifest,
+)
+from specport.errors import QuantizationError
+from specport.passes.base import PassResult
+from specport.passes.quant import calibration as C
+from specport.passes.quant.embedding import QuantizeEmbeddingPass
+from specport.passes.quant.graph import find_weight_matmuls
+from specport.passes.quant.mixed import plan_mixed_precision
+from specport.passes.quant.w8a8 import QuantizeW8A8Pass
+from specport.passes.quant.weight_only import NEEDS_CALIB, QuantizeWeightsNBitsPass
+
+logger = logging.getLogger(__name__)
+
+SCHEMES = ("w8a8", "w8a16", "w4a16", "w4a8")
+ALGOS = ("rtn", "hqq", "gptq", "clip", "default", "ort-default", "ort-hqq")
+
+Progress = Callable[[str, int, int], None]
+
+
+def _check(scheme: str, algo: str, group_size: int, calib_files: Sequence[Any], mixed: str) -> None:
+    if scheme not in SCHEMES:
+        raise QuantizationError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    if algo not in ALGOS:
+        raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
+    if group_size not in (16, 32, 64, 128, 256):
+        raise QuantizationError(f"group size {group_size} is not supported; use 32, 64 or 128")
+    if mixed not in ("auto", "off"):
+        raise QuantizationError(f"--mixed-precision must be auto or off, not {mixed!r}")
+    needs = scheme == "w8a8" or algo in NEEDS_CALIB or mixed == "auto"
+    if needs and not calib_files:
+        what = (
+            "w8a8 (static activation ranges)"
+            if scheme == "w8a8"
+            else (f"algorithm {algo!r}" if algo in NEEDS_CALIB else "--mixed-precision auto")
+        )
+        raise QuantizationError(
+            f"{what} needs calibration text; pass --calib FILE (documents separated by blank lines)"
+        )
+    if algo.startswith("ort-") and (scheme not in ("w4a16", "w4a8") or mixed == "auto"):
+        raise QuantizationError(f"{algo} is a baseline for w4a16/w4a8 without mixed precision")
+
+
+def _calibrate(
+    model_path: Path,
+    manifest: Manifest,
+    src: Path,
+    calib_files: Sequence[str | os.PathLike[str]],
+    max_docs: int,
+    progress: Progress | None,
+) -> dict[str, C.ActStats]:
+    docs = C.read_documents(calib_files)[:max_docs]
+    bos = manifest.config.get("bos_token_id")
+    context = int(manifest.config.get("context_length") or 512)
+    tok = src / "tokenizer.json"
+    if not tok.is_file():
+        raise QuantizationError(
+            f"{src} has no tokenizer.json; calibration needs the artifact's tokenizer"
+        )
+    seqs = C.tokenize(docs, tok, bos, context)
+    names = sorted({s.x.name for s in find_weight_matmuls(ir.load(model_path)) if s.x.name})
+    cb = (lambda i, n: progress("calibrate", i, n)) if progress else None
+    return C.capture(model_path, names, seqs, progress=cb)
+
+
+def _run_ort_baseline(
+    model_path: Path, out_model: Path, algo: str, group_size: int, accuracy_level: int | None
+) -> dict[str, Any]:
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        HQQWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    proto = onnx.load(str(model_path))
+    if algo == "ort-hqq":
+        cfg: Any = HQQWeightOnlyQuantConfig(block_size=group_size, bits=4)
+    else:
+        cfg = DefaultWeightOnlyQuantConfig(
+            block_size=group_size, is_symmetric=False, accuracy_level=accuracy_level
+        )
+    q = MatMulNBitsQuantizer(proto, algo_config=cfg)
+    q.process()
+    onnx.save(q.model.model, str(out_model), save_as_external_data=True, location=DATA_NAME)
+    return {"name": f"onnxruntime.{type(cfg).__name__}", "modified": True, "group_size": group_size}
+
+
+def quantize_artifact(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    scheme: str = "w4a16",
+    group_size: int = 32,
+    algo: str = "default",
+    calib_files: Sequence[str | os.PathLike[str]] = (),
+    mixed_precision: str = "off",
+    progress: Progress | None = None,
+    calib_docs: int = 300,
+    lm_head_bits: int = 8,
+    embedding_bits: int = 0,
+    form: str = "matmulnbits",
+) -> Manifest:
+    """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
+
+    The manifest's `quant` records the recipe, per-layer precision and the calibration hash,
+    and each pass report is appended to `passes`.
+    """
+    src_p, out_p = Path(src), Path(out)
+    if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
+        algo = "hqq"  # the best calibration-free algorithm
+        logger.info("no calibration text: using hqq")
+    _check(scheme, algo, group_size, calib_files, mixed_precision)
+    manifest = read_manifest(src_p)
+    model_path = src_p / manifest.model_file
+    stats = None
+    if calib_files and not algo.startswith("ort-"):
+        stats = _calibrate(model_path, manifest, src_p, calib_files, calib_docs, progress)
+    bits = 8 if scheme == "w8a16" else 4
+    accuracy_level = 4 if scheme == "w4a8" else None
+    reports: list[dict[str, Any]] = []
+    per_layer: dict[str, Any] = {}
+    with atomic_artifact_dir(out_p) as tmp:
+        if algo.startswith("ort-"):
+            reports.append(
+                _run_ort_baseline(
+                    model_path, tmp / manifest.model_file, algo, group_size, accuracy_level
+                )
+            )
+        else:
+            model = ir.load(model_path)
+            passes: list[Any] = []
+            plan: dict[str, int] | None = None
+            if mixed_precision == "auto" and scheme != "w8a8":
+                assert stats is not None
+                plan, plan_report = plan_mixed_precision(model, stats, bits, group_size, algo)
+                reports.append(plan_report)
+            if scheme == "w8a8":
+                assert stats is not None
+                passes.append(
+                    QuantizeW8A8Pass(stats, lm_head_bits=lm_head_bits, group_size=group_size)
+                )
+            else:
+                passes.append(
+                    QuantizeWeightsNBitsPass(
+                        bits,
+                        group_size,
+                        "rtn" if algo == "default" and bits == 8 else algo,
+                        stats=stats,
+                        form=form,
+                        accuracy_level=accuracy_level,
+                        lm_head_bits=lm_head_bits,
+                        plan=plan,
+                    )
+                )
+            if embedding_bits:
+                passes.append(QuantizeEmbeddingPass(bits=embedding_bits, group_size=group_size))
+            for p in passes:
+                if progress:
+                    progress(p.name, 0, 1)
+                result: PassResult = p(model)
+                reports.append(result.report)
+                per_layer.update(result.report.get("layers", {}))
+            ir.save(model, tmp / manifest.model_file, external_data=DATA_NAME)
+        for f in src_p.iterdir():
+            if f.is_file() and f.name not in (MANIFEST_NAME, manifest.model_file, DATA_NAME):
+                shutil.copyfile(f, tmp / f.name)
+        manifest.passes = [*manifest.passes, *reports]
+        manifest.quant = {
+            "scheme": scheme,
+            "algorithm": algo,
+            "group_size": group_size,
+            "form": "qdq" if scheme == "w8a8" else form,
+            "lm_head_bits": lm_head_bits,
+            "embedding_bits": embedding_bits,
+            "mixed_precision": mixed_precision,
+            "layers": {
+                k: v.get("bits") if isinstance(v, dict) else v for k, v in per_layer.items()
+            },
+            "calibration": None
+            if not calib_files
+            else {
+                "files": [Path(f).name for f in calib_files],
+                "sha256": C.files_sha256(calib_files),
+                "docs": calib_docs,
+            },
+        }
+        write_manifest(tmp, manifest)
+    logger.info("quantized %s -> %s (%s, %s)", src_p, out_p, scheme, algo)
+    return manifest

@@ -1,0 +1,181 @@
+"""Calibration: text -> token sequences -> statistics of the inputs of every weight MatMul.
+
+The statistics come from the fp32 ONNX model itself (the artifact alone is enough): a copy of
+the graph exposes the MatMul inputs as extra outputs and onnxruntime runs each sequence as a
+prefill with past length 0. Per activation we keep what the algorithms need and nothing that
+grows with the data: the Gram matrix H = sum x^T x [K, K] (GPTQ, clip search), per-channel
+min / max / absmax [K] (static activation ranges, SmoothQuant) and a bounded random sample of
+rows (SmoothQuant alpha search, sensitivity).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from specport.errors import QuantizationError
+
+logger = logging.getLogger(__name__)
+
+
+def read_documents(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Documents are separated by blank lines; empty ones are dropped."""
+    docs: list[str] = []
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise QuantizationError(
+                f"calibration file not found: {path}; pass an existing text file to --calib"
+            )
+        for chunk in path.read_text(encoding="utf-8").split("\n\n"):
+            chunk = chunk.strip()
+            if chunk:
+                docs.append(chunk)
+    return docs
+
+
+def files_sha256(paths: Sequence[str | os.PathLike[str]]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(Path(p).read_bytes())
+    return h.hexdigest()
+
+
+def tokenize(
+    docs: Sequence[str], tokenizer_file: Path, bos_token_id: int | None, context: int
+) -> list[np.ndarray]:
+    """Each document -> int64 ids [T] with BOS prepended, truncated to `context`."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    out = []
+    for d in docs:
+        ids = tok.encode(d, add_special_tokens=False).ids
+        if bos_token_id is not None:
+            ids = [bos_token_id, *ids]
+        out.append(np.asarray(ids[:context], dtype=np.int64))
+    return out
+
+
+@dataclass
+class ActStats:
+    """Running statistics of one activation tensor x [rows, K]."""
+
+    k: int
+    h: np.ndarray  # [K, K] float64, sum of x^T x
+    lo: np.ndarray  # [K] per-channel min
+    hi: np.ndarray  # [K] per-channel max
+    rows: int = 0
+    sample: list[np.ndarray] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, k: int) -> ActStats:
+        return cls(k, np.zeros((k, k)), np.full(k, np.inf), np.full(k, -np.inf))
+
+    @property
+    def absmax(self) -> np.ndarray:
+        return np.maximum(np.abs(self.lo), np.abs(self.hi))
+
+    @property
+    def hessian(self) -> np.ndarray:
+        return self.h / max(self.rows, 1)
+
+    def rows_sample(self) -> np.ndarray:
+        return (
+            np.concatenate(self.sample, axis=0)
+            if self.sample
+            else np.zeros((0, self.k), np.float32)
+        )
+
+    def update(self, x: np.ndarray, rng: np.random.Generator, keep: int) -> None:
+        x = x.reshape(-1, self.k)
+        x64 = x.astype(np.float64)
+        self.h += x64.T @ x64
+        self.lo = np.minimum(self.lo, x.min(0))
+        self.hi = np.maximum(self.hi, x.max(0))
+        self.rows += x.shape[0]
+        have = sum(s.shape[0] for s in self.sample)
+        if have < keep:
+            take = min(keep - have, x.shape[0])
+            idx = rng.choice(x.shape[0], size=take, replace=False)
+            self.sample.append(x[idx].astype(np.float32))
+
+
+def prefill_feeds(sess: ort.InferenceSession, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Feeds for one sequence ids [S] with an empty cache (past length 0), batch 1."""
+    s = ids.shape[0]
+    feeds: dict[str, np.ndarray] = {}
+    for inp in sess.get_inputs():
+        if inp.name == "input_ids":
+            feeds[inp.name] = ids[None, :]
+        elif inp.name == "attention_mask":
+            feeds[inp.name] = np.ones((1, s), dtype=np.int64)
+        elif inp.name == "position_ids":
+            feeds[inp.name] = np.arange(s, dtype=np.int64)[None, :]
+        elif inp.name.startswith("past_key_values."):
+            shape = inp.shape
+            if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
+                raise QuantizationError(
+                    f"cannot build an empty KV cache for input {inp.name} with shape {shape}"
+                )
+            dtype = np.float16 if "float16" in inp.type else np.float32
+            feeds[inp.name] = np.zeros((1, shape[1], 0, shape[3]), dtype=dtype)
+        else:
+            raise QuantizationError(
+                f"unexpected model input {inp.name!r}; calibration expects the spine contract"
+            )
+    return feeds
+
+
+def capture(
+    model_path: Path,
+    tensor_names: Sequence[str],
+    sequences: Sequence[np.ndarray],
+    keep_rows: int = 2048,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, ActStats]:
+    """Run the fp32 model on `sequences` and gather ActStats for each tensor in `tensor_names`."""
+    if not sequences:
+        raise QuantizationError(
+            "calibration produced no sequences; pass a non-empty text file to --calib"
+        )
+    proto = onnx.load(str(model_path), load_external_data=True)
+    known = {o.name for o in proto.graph.output}
+    for name in tensor_names:
+        if name not in known:
+            proto.graph.output.append(
+                onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+            )
+    with tempfile.TemporaryDirectory(prefix="specport-calib-") as tmp:
+        path = Path(tmp) / "calib.onnx"
+        onnx.save(proto, str(path), save_as_external_data=True, location="calib.onnx.data")
+        del proto
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        names = list(tensor_names)
+        stats: dict[str, ActStats] = {}
+        rng = np.random.default_rng(seed)
+        per_seq = max(1, keep_rows // len(sequences) + 1)
+        for i, ids in enumerate(sequences):
+            outs = sess.run(names, prefill_feeds(sess, ids))
+            for name, x in zip(names, outs):
+                x = np.asarray(x, dtype=np.float32)
+                st = stats.get(name)
+                if st is None:
+                    st = stats[name] = ActStats.empty(x.shape[-1])
+                st.update(x, rng, min(keep_rows, per_seq * (i + 1)))
+            if progress is not None:
+                progress(i + 1, len(sequences))
+    logger.info("calibrated %d tensors on %d sequences", len(stats), len(sequences))
+    return stats

@@ -1,0 +1,106 @@
+"""Embedding quantization: Gather(E, ids) -> com.microsoft.GatherBlockQuantized.
+
+E [V, D] is quantized blockwise along D (quantize_axis=1) per row, gathered on axis 0.
+onnxruntime's layout for uint8 data: codes packed low nibble first along D, data [V, D*bits/8],
+scales [V, D/g], zero_points packed the same way [V, ceil(D/g*bits/8)]. Dequantization
+happens after the gather, so only the looked-up rows are expanded.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from specport.passes.base import Pass
+from specport.passes.quant import algorithms as A
+from specport.passes.quant.graph import add_initializer, remove_unused, replace_node
+
+logger = logging.getLogger(__name__)
+
+
+def _pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
+    """[V, M] codes -> [V, M*bits/8] uint8, low bits first (M padded to even for 4 bits)."""
+    codes = codes.astype(np.uint8)
+    if bits == 8:
+        return codes
+    if codes.shape[1] % 2:
+        codes = np.concatenate([codes, np.zeros((codes.shape[0], 1), np.uint8)], axis=1)
+    return ((codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+
+
+class QuantizeEmbeddingPass(Pass):
+    """Blockwise RTN (asymmetric) of constant Gather tables on axis 0."""
+
+    name = "quantize_embedding"
+
+    def __init__(self, bits: int = 8, group_size: int = 32) -> None:
+        self.bits, self.group_size = bits, group_size
+
+    def _sites(self, model: ir.Model) -> list[ir.Node]:
+        out = []
+        for node in model.graph:
+            if node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
+                continue
+            data = node.inputs[0]
+            if data is None or data.const_value is None or not data.is_initializer():
+                continue
+            if len(data.const_value.shape) != 2 or data.const_value.dtype != ir.DataType.FLOAT:
+                continue
+            if node.attributes.get_int("axis", 0) != 0:
+                continue
+            out.append(node)
+        return out
+
+    def precondition(self, model: ir.Model) -> str | None:
+        return None if self._sites(model) else "no Gather over a constant 2-D float table"
+
+    def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
+        graph = model.graph
+        layers: dict[str, Any] = {}
+        for node in self._sites(model):
+            data = node.inputs[0]
+            assert data is not None and data.const_value is not None
+            e = data.const_value.numpy().astype(np.float32)  # [V, D]
+            v, d = e.shape
+            if d % self.group_size:
+                layers[node.name or "gather"] = {
+                    "bits": 32,
+                    "reason": f"D={d} not a multiple of {self.group_size}",
+                }
+                continue
+            bq = A.quantize_rtn(e.T, self.bits, self.group_size, symmetric=False)  # rows = V
+            err = float(np.abs(A.dequantize(bq).T - e).max())
+            base = f"{data.name}.q{self.bits}"
+            dv = add_initializer(graph, f"{base}.data", _pack_rows(bq.q, self.bits))
+            sv = add_initializer(graph, f"{base}.scales", bq.scale.astype(np.float32))
+            zv = add_initializer(
+                graph, f"{base}.zero_points", _pack_rows(bq.zero.astype(np.uint8), self.bits)
+            )
+            attrs = {
+                "bits": self.bits,
+                "block_size": self.group_size,
+                "gather_axis": 0,
+                "quantize_axis": 1,
+            }
+            g = ir.node(
+                "GatherBlockQuantized",
+                [dv, node.inputs[1], sv, zv],
+                attrs,
+                domain="com.microsoft",
+                name=f"{node.name or 'gather'}/GatherBlockQuantized",
+            )
+            replace_node(graph, node, [g], g.outputs[0])
+            layers[node.name or "gather"] = {
+                "bits": self.bits,
+                "group_size": self.group_size,
+                "vocab": v,
+                "max_abs_error": err,
+            }
+        remove_unused(model)
+        if layers and model.opset_imports.get("com.microsoft", 0) < 1:
+            model.opset_imports["com.microsoft"] = 1
+        modified = any(x.get("bits") != 32 for x in layers.values())
+        return modified, {"layers": layers}

@@ -1,0 +1,124 @@
+"""Graph helpers shared by the quantization passes: find the MatMuls with constant weights,
+read their weights, add initializers and swap nodes, all on onnx_ir models in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WeightSite:
+    """A MatMul(x, W) whose W [K, N] is a constant (directly or as Transpose(W^T) of one).
+
+    `transposed` is True for the tied LM head pattern MatMul(x, Transpose(E)), E [N, K].
+    `lm_head` marks the MatMul that produces the graph output `logits`.
+    """
+
+    node: ir.Node
+    x: ir.Value  # [..., K]
+    weight: ir.Value  # initializer: [K, N], or [N, K] when transposed
+    transposed: bool
+    k: int
+    n: int
+    lm_head: bool
+
+    @property
+    def name(self) -> str:
+        return self.node.name or self.weight.name or "matmul"
+
+    def weight_array(self) -> np.ndarray:
+        """W [K, N] float32."""
+        w = np.asarray(self.weight.const_value.numpy(), dtype=np.float32)  # type: ignore[union-attr]
+        return np.ascontiguousarray(w.T) if self.transposed else w
+
+
+def _const(value: ir.Value | None) -> bool:
+    return value is not None and value.const_value is not None and value.is_initializer()
+
+
+def _feeds_logits(node: ir.Node, graph: ir.Graph) -> bool:
+    """True when `node` reaches a graph output through at most 4 single-user shape/cast ops."""
+    cur = node
+    for _ in range(5):
+        if any(o.is_graph_output() for o in cur.outputs):
+            return True
+        users = [u for o in cur.outputs for u, _ in o.uses()]
+        if len(users) != 1 or users[0].op_type not in ("Reshape", "Cast", "Identity", "Add"):
+            return False
+        cur = users[0]
+    return False
+
+
+def find_weight_matmuls(model: ir.Model) -> list[WeightSite]:
+    """All MatMuls of the main graph whose right input is a 2-D float constant."""
+    graph = model.graph
+    sites: list[WeightSite] = []
+    for node in graph:
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+            continue
+        x, b = node.inputs[0], node.inputs[1]
+        if x is None or b is None:
+            continue
+        transposed = False
+        weight = b
+        if not _const(b):
+            prod = b.producer()
+            if prod is None or prod.op_type != "Transpose" or not _const(prod.inputs[0]):
+                continue
+            perm = prod.attributes.get_ints("perm", None)
+            if perm is not None and list(perm) != [1, 0]:
+                continue
+            weight, transposed = prod.inputs[0], True
+        assert weight is not None
+        shape = weight.const_value.shape  # type: ignore[union-attr]
+        if len(shape) != 2 or weight.const_value.dtype != ir.DataType.FLOAT:  # type: ignore[union-attr]
+            continue
+        k, n = (int(shape[1]), int(shape[0])) if transposed else (int(shape[0]), int(shape[1]))
+        sites.append(WeightSite(node, x, weight, transposed, k, n, _feeds_logits(node, graph)))
+    return sites
+
+
+def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """Register `array` as a new initializer with a name unique in the graph."""
+    base, i = name, 0
+    existing = set(graph.initializers)
+    while name in existing:
+        i += 1
+        name = f"{base}_{i}"
+    value = ir.Value(
+        name=name,
+        shape=ir.Shape(array.shape),
+        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+    )
+    value.const_value = ir.tensor(array, name=name)
+    graph.register_initializer(value)
+    return value
+
+
+def replace_node(
+    graph: ir.Graph, old: ir.Node, new_nodes: list[ir.Node], new_output: ir.Value
+) -> None:
+    """Insert `new_nodes` before `old`, route old's output users to `new_output`, drop `old`."""
+    graph.insert_before(old, new_nodes)
+    out = old.outputs[0]
+    new_output.shape = out.shape
+    new_output.type = out.type
+    name = out.name
+    ir.convenience.replace_all_uses_with(out, new_output, replace_graph_outputs=True)
+    graph.remove(old, safe=True)
+    out.name = f"{name}_replaced"
+    new_output.name = name
+
+
+def remove_unused(model: ir.Model) -> None:
+    """Drop nodes and initializers left without users (old fp32 weights, their Transposes)."""
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    RemoveUnusedNodesPass()(model)

@@ -1,0 +1,222 @@
+"""Weight-only blockwise quantization of MatMul weights (W4A16, W8A16, W4A8).
+
+Two output forms of the same BlockQuant:
+
+- `matmulnbits` (onnxruntime CPU/CUDA): MatMul(x, W) -> com.microsoft.MatMulNBits(x, B, scales,
+  zero_points) with attributes K, N, bits, block_size and optionally accuracy_level (4 = int8
+  activations computed inside the kernel: the W4A8 scheme). K need not be a multiple of the
+  block size (the kernel pads).
+- `qdq` (any ONNX runtime with opset 21 blocked quantization): MatMul(x, DequantizeLinear(Wq,
+  scale, zero, axis=0, block_size=g)) with Wq uint4 [K, N], scale/zero [ceil(K/g), N]. Zero
+  points must be integers here, so HQQ's float zeros are rounded.
+
+The tied LM head pattern MatMul(x, Transpose(E)) is handled by quantizing E^T; E itself stays
+for the embedding Gather (see embedding.py) and is dropped when nothing uses it any more.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from specport.errors import QuantizationError
+from specport.passes.base import Pass
+from specport.passes.quant import algorithms as A
+from specport.passes.quant.calibration import ActStats
+from specport.passes.quant.graph import (
+    WeightSite,
+    add_initializer,
+    find_weight_matmuls,
+    remove_unused,
+    replace_node,
+)
+
+logger = logging.getLogger(__name__)
+
+ALGOS = ("rtn", "hqq", "gptq", "clip", "default")
+NEEDS_CALIB = ("gptq", "clip", "default")
+
+
+def quantize_weight(
+    w: np.ndarray, algo: str, bits: int, group_size: int, symmetric: bool, stats: ActStats | None
+) -> A.BlockQuant:
+    """Dispatch one weight w [K, N] to an algorithm. `default` = GPTQ whose group ranges are
+    chosen by a weight-MSE clip search, followed by nothing else (the best measured combination)."""
+    h = stats.hessian if stats is not None else None
+    if algo in NEEDS_CALIB and h is None:
+        raise QuantizationError(f"algorithm {algo!r} needs calibration data; pass --calib FILE")
+    if algo == "rtn":
+        return A.quantize_rtn(w, bits, group_size, symmetric)
+    if algo == "hqq":
+        return A.quantize_hqq(w, bits, group_size)
+    if algo == "clip":
+        return A.quantize_clip(w, h, bits, group_size, symmetric)
+    if algo in ("gptq", "default"):
+        assert h is not None
+        return A.quantize_gptq(w, h, bits, group_size, symmetric, mse_clip=(algo == "default"))
+    raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
+
+
+def output_rel_error(w: np.ndarray, w_hat: np.ndarray, stats: ActStats | None) -> float:
+    """trace(dW^T H dW) / trace(W^T H W): relative output error on the calibration inputs
+    (weight-space relative error when there is no calibration)."""
+    dw = (w_hat - w).astype(np.float64)
+    if stats is None:
+        return float((dw**2).sum() / max((w.astype(np.float64) ** 2).sum(), 1e-30))
+    h = stats.hessian
+    num = np.einsum("kn,kj,jn->", dw, h, dw)
+    den = np.einsum("kn,kj,jn->", w.astype(np.float64), h, w.astype(np.float64))
+    return float(num / max(den, 1e-30))
+
+
+class QuantizeWeightsNBitsPass(Pass):
+    """Replace MatMuls with constant weights by blockwise-quantized ones.
+
+    `plan` maps a site name to its bits (4, 8, or 0 = keep fp32); sites absent from it use
+    `bits`, except the LM head which uses `lm_head_bits`.
+    """
+
+    name = "quantize_weights_nbits"
+
+    def __init__(
+        self,
+        bits: int = 4,
+        group_size: int = 32,
+        algo: str = "rtn",
+        symmetric: bool = False,
+        stats: dict[str, ActStats] | None = None,
+        form: str = "matmulnbits",
+        accuracy_level: int | None = None,
+        lm_head_bits: int = 8,
+        plan: dict[str, int] | None = None,
+    ) -> None:
+        if algo not in ALGOS:
+            raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
+        if form not in ("matmulnbits", "qdq"):
+            raise QuantizationError(f"unknown weight-only form {form!r}; use matmulnbits or qdq")
+        if algo in NEEDS_CALIB and not stats:
+            raise QuantizationError(f"algorithm {algo!r} needs calibration data; pass --calib FILE")
+        A.check_group_size(1, group_size)
+        self.bits, self.group_size, self.algo, self.symmetric = bits, group_size, algo, symmetric
+        self.stats = stats or {}
+        self.form, self.accuracy_level = form, accuracy_level
+        self.lm_head_bits, self.plan = lm_head_bits, plan or {}
+
+    def precondition(self, model: ir.Model) -> str | None:
+        return None if find_weight_matmuls(model) else "no MatMul with a constant 2-D float weight"
+
+    def bits_for(self, site: WeightSite) -> int:
+        if site.name in self.plan:
+            return self.plan[site.name]
+        return self.lm_head_bits if site.lm_head else self.bits
+
+    def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
+        graph = model.graph
+        layers: dict[str, dict[str, Any]] = {}
+        modified = False
+        for site in find_weight_matmuls(model):
+            bits = self.bits_for(site)
+            if bits not in (4, 8):
+                layers[site.name] = {"bits": 32, "reason": "kept in float by plan"}
+                continue
+            if self.form == "qdq" and bits != 4:
+                layers[site.name] = {"bits": 32, "reason": "qdq form supports 4 bits only"}
+                continue
+            w = site.weight_array()
+            stats = self.stats.get(site.x.name or "")
+            # 8-bit layers are promoted for accuracy: plain symmetric-free RTN is within noise there.
+            algo = self.algo if bits == 4 else ("rtn" if self.algo == "hqq" else self.algo)
+            bq = quantize_weight(w, algo, bits, self.group_size, self.symmetric, stats)
+            err = output_rel_error(w, A.dequantize(bq), stats)
+            if self.form == "matmulnbits":
+                self._emit_nbits(graph, site, bq)
+            else:
+                self._emit_qdq(graph, site, bq)
+            layers[site.name] = {
+                "bits": bits,
+                "algo": algo,
+                "group_size": self.group_size,
+                "k": site.k,
+                "n": site.n,
+                "lm_head": site.lm_head,
+                "rel_output_error": round(err, 8),
+            }
+            modified = True
+        remove_unused(model)
+        if modified:
+            _ensure_opset(
+                model, "com.microsoft", 1
+            ) if self.form == "matmulnbits" else _ensure_opset(model, "", 21)
+        details = {
+            "form": self.form,
+            "algo": self.algo,
+            "group_size": self.group_size,
+            "symmetric": self.symmetric,
+            "accuracy_level": self.accuracy_level,
+            "layers": layers,
+        }
+        return modified, details
+
+    def _emit_nbits(self, graph: ir.Graph, site: WeightSite, bq: A.BlockQuant) -> None:
+        packed = A.pack_matmul_nbits(bq)
+        base = f"{site.name}.q{bq.bits}"
+        b = add_initializer(graph, f"{base}.B", packed["B"])
+        s = add_initializer(graph, f"{base}.scales", packed["scales"])
+        inputs: list[ir.Value | None] = [site.x, b, s]
+        if "zero_points" in packed:
+            inputs.append(add_initializer(graph, f"{base}.zero_points", packed["zero_points"]))
+        attrs: dict[str, Any] = {
+            "K": site.k,
+            "N": site.n,
+            "bits": bq.bits,
+            "block_size": bq.group_size,
+        }
+        if self.accuracy_level:
+            attrs["accuracy_level"] = self.accuracy_level
+        node = ir.node(
+            "MatMulNBits", inputs, attrs, domain="com.microsoft", name=f"{site.name}/MatMulNBits"
+        )
+        replace_node(graph, site.node, [node], node.outputs[0])
+
+    def _emit_qdq(self, graph: ir.Graph, site: WeightSite, bq: A.BlockQuant) -> None:
+        k, g = bq.k, bq.group_size
+        zero = np.clip(np.round(bq.zero), 0, 15)
+        if not bq.integer_zero:
+            # Re-derive codes for rounded zeros so dequantization stays consistent.
+            w = site.weight_array()
+            wb = np.zeros((site.n, bq.n_blocks * g))
+            wb[:, :k] = w.T
+            wb = wb.reshape(site.n, bq.n_blocks, g)
+            q = np.clip(np.round(wb / bq.scale[..., None] + zero[..., None]), 0, 15).reshape(
+                site.n, -1
+            )
+        else:
+            q = bq.q.astype(np.float64)
+        base = f"{site.name}.q4"
+        qv = add_initializer(
+            graph, f"{base}.weight", np.ascontiguousarray(q[:, :k].T).astype(np.uint8)
+        )
+        qv.const_value = ir.tensor(qv.const_value.numpy(), dtype=ir.DataType.UINT4, name=qv.name)  # type: ignore[union-attr]
+        qv.type = ir.TensorType(ir.DataType.UINT4)
+        sv = add_initializer(
+            graph, f"{base}.scale", np.ascontiguousarray(bq.scale.T).astype(np.float32)
+        )
+        zv = add_initializer(graph, f"{base}.zero", np.ascontiguousarray(zero.T).astype(np.uint8))
+        zv.const_value = ir.tensor(zv.const_value.numpy(), dtype=ir.DataType.UINT4, name=zv.name)  # type: ignore[union-attr]
+        zv.type = ir.TensorType(ir.DataType.UINT4)
+        dq = ir.node(
+            "DequantizeLinear",
+            [qv, sv, zv],
+            {"axis": 0, "block_size": g},
+            name=f"{site.name}/DequantizeLinear",
+        )
+        mm = ir.node("MatMul", [site.x, dq.outputs[0]], name=f"{site.name}/MatMul")
+        replace_node(graph, site.node, [dq, mm], mm.outputs[0])
+
+
+def _ensure_opset(model: ir.Model, domain: str, version: int) -> None:
+    if model.opset_imports.get(domain, 0) < version:
+        model.opset_imports[domain] = version
