@@ -155,6 +155,7 @@ class SpeculativeGenerator:
                 if done:
                     break
         t_end = time.perf_counter()
+        self.last_kv = kv  # the cache after the final step (tests compare it to plain decoding)
         stats.log()
         decode_wall = t_end - t_prefill
         metrics: dict[str, Any] = {

@@ -1,0 +1,235 @@
+"""Speculative loop: greedy output equals plain greedy, sampling stays lossless, KV stays exact."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specport.errors import InputError
+from specport.runtime.sampler import SamplingConfig
+from specport.runtime.speculative.base import Drafts
+from specport.runtime.speculative.draft import DraftModelProposer, TrimmableKV, run_step
+from specport.runtime.speculative.loop import (
+    SpeculativeGenerator,
+    check_num_draft,
+    generate_speculative,
+)
+from specport.settings import shared_dir
+
+pytestmark = pytest.mark.slow  # the session fixture exports two tiny models (~10-30 s)
+
+
+def _export(tmp: Path, name: str, layers: int | None = None):
+    import specport
+    from specport.exporter.export import export_model
+    from tests.fixtures import build_tiny_model
+
+    src = tmp / "src"
+    if not src.exists():
+        build_tiny_model("llama", src)
+    out = tmp / name
+    export_model(src, out, fuse=False, layers=layers, skip_verify=True, progress=False)
+    return specport.load(out)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("spec_tiny")
+    return _export(tmp, "full"), _export(tmp, "l1", layers=1)
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        base = rng.integers(3, 256, size=int(rng.integers(1, 12))).tolist()
+        out.append(base * (1 + i % 3))  # some prompts repeat themselves: n-gram hits
+    return out
+
+
+class RandomProposer:
+    """Drafts random tokens: nearly every draft is rejected, exercising the KV trim."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, context, num_draft):
+        return Drafts.from_lists([self.rng.integers(3, 256, size=num_draft).tolist()])
+
+
+@pytest.mark.parametrize("method,k", [("ngram", 1), ("ngram", 4), ("draft", 2), ("draft", 5)])
+def test_greedy_equals_plain(tiny, method, k):
+    model, draft = tiny
+    for ids in _prompts(8):
+        plain = model.generate(prompt_ids=ids, max_new_tokens=24, ignore_eos=True)
+        toks, reason, metrics = generate_speculative(
+            model, ids, 24, method, k, draft, SamplingConfig(), (), None
+        )
+        assert toks == plain.tokens, (method, k, ids)
+        assert reason == "length"
+        spec = metrics["speculative"]
+        assert spec["steps"] >= 1 and 1.0 <= spec["mean_accepted_length"] <= k + 1
+        assert len(spec["accepted_per_position"]) <= k
+
+
+def test_self_draft_accepts_everything(tiny):
+    model, _ = tiny
+    ids = _prompts(1, seed=3)[0]
+    plain = model.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True)
+    toks, _, metrics = generate_speculative(
+        model, ids, 20, "draft", 4, model, SamplingConfig(), (), None
+    )
+    assert toks == plain.tokens
+    assert metrics["speculative"]["acceptance_rate"] == 1.0
+    assert metrics["speculative"]["mean_accepted_length"] > 4.0  # last step may be shortened
+
+
+def test_kv_after_rejections_equals_plain_state(tiny):
+    model, _ = tiny
+    ids = _prompts(2, seed=5)[1]
+    gen = SpeculativeGenerator(model.session, model.manifest, RandomProposer(), 4)
+    out = gen.generate(ids, 16)
+    plain = model.generate(prompt_ids=ids, max_new_tokens=16, ignore_eos=True)
+    assert out.tokens == plain.tokens
+    assert out.stats.num_accepted_tokens < out.stats.num_draft_tokens  # rejections happened
+    # Reference: the cache of prompt + all emitted tokens but the last, computed in one run.
+    ref = TrimmableKV(model.manifest)
+    names = [o.name for o in model.session.get_outputs()]
+    seq = ids + out.tokens[:-1]
+    outputs = run_step(model.session, names, ref, seq, 0)
+    presents = outputs[1 : 1 + len(gen.last_kv.past)]
+    assert gen.last_kv.length == len(seq)
+    for got, want in zip(gen.last_kv.past, presents):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_eos_stop_and_budget(tiny):
+    model, _ = tiny
+    ids = _prompts(1, seed=7)[0]
+    plain = model.generate(prompt_ids=ids, max_new_tokens=12, ignore_eos=True).tokens
+    eos = plain[5]
+    toks, reason, _ = generate_speculative(
+        model, ids, 12, "ngram", 3, None, SamplingConfig(), [eos], None
+    )
+    assert toks == plain[: plain.index(eos) + 1] and reason == "eos"
+    seen: list[int] = []
+    toks, reason, _ = generate_speculative(
+        model,
+        ids,
+        12,
+        "draft",
+        3,
+        model,
+        SamplingConfig(),
+        (),
+        lambda t: seen.append(t) or len(seen) == 4,
+    )
+    assert toks == plain[:4] == seen and reason == "stop"
+    toks, reason, _ = generate_speculative(
+        model, ids, 7, "draft", 5, model, SamplingConfig(), (), None
+    )
+    assert toks == plain[:7] and reason == "length"
+
+
+def test_rejection_sampling_preserves_distribution(tiny):
+    """Joint law of the first two sampled tokens equals the target's, over many seeds."""
+    model, draft = tiny
+    ids = [5, 17, 42]
+    cfg = dict(greedy=False, temperature=1.0, top_k=3)
+    names = [o.name for o in model.session.get_outputs()]
+    from specport.runtime.sampler import Sampler
+
+    sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
+    logits = run_step(model.session, names, TrimmableKV(model.manifest), ids, 0)[0]
+    p1 = sampler.probs(logits[:, -1])[0]
+    expected: dict[tuple[int, int], float] = {}
+    for t1 in np.flatnonzero(p1):
+        l2 = run_step(model.session, names, TrimmableKV(model.manifest), [*ids, int(t1)], 0)[0]
+        p2 = sampler.probs(l2[:, -1])[0]
+        for t2 in np.flatnonzero(p2):
+            expected[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    n = 1500
+    counts: Counter[tuple[int, int]] = Counter()
+    for seed in range(n):
+        toks, _, _ = generate_speculative(
+            model, ids, 2, "draft", 3, draft, SamplingConfig(**cfg, seed=seed), (), None
+        )
+        counts[(toks[0], toks[1])] += 1
+    assert set(counts) <= set(expected)
+    tv = 0.5 * sum(abs(counts[c] / n - p) for c, p in expected.items())
+    assert tv < 0.06, (tv, counts, expected)
+
+
+def test_sampling_is_seeded(tiny):
+    model, draft = tiny
+    cfg = SamplingConfig(greedy=False, temperature=0.8, seed=11)
+    a = generate_speculative(model, [5, 6, 7], 16, "draft", 3, draft, cfg, (), None)[0]
+    b = generate_speculative(model, [5, 6, 7], 16, "draft", 3, draft, cfg, (), None)[0]
+    assert a == b and len(a) == 16
+
+
+def test_bad_inputs(tiny):
+    model, draft = tiny
+    for k in (0, 17, -1, True, 2.5):
+        with pytest.raises(InputError, match="num-draft"):
+            check_num_draft(k)
+    other = dataclasses.replace(draft.manifest, config={**draft.manifest.config, "vocab_size": 300})
+    with pytest.raises(InputError, match="vocabulary"):
+        DraftModelProposer(draft.session, other, model.manifest.vocab_size)
+    with pytest.raises(InputError, match="--draft"):
+        generate_speculative(model, [1, 2], 4, "draft", 2, None, SamplingConfig(), (), None)
+    with pytest.raises(InputError, match="MTP"):
+        generate_speculative(model, [1, 2], 4, "mtp", 2, None, SamplingConfig(), (), None)
+    with pytest.raises(InputError, match="unknown"):
+        generate_speculative(model, [1, 2], 4, "medusa", 2, None, SamplingConfig(), (), None)
+    with pytest.raises(InputError):
+        generate_speculative(model, [], 4, "ngram", 2, None, SamplingConfig(), (), None)
+
+
+@pytest.fixture(scope="session")
+def stories(tmp_path_factory):
+    import specport
+    from specport.exporter.export import export_model
+
+    src = shared_dir() / "models" / "stories260K"
+    if not src.exists():
+        pytest.skip(f"stories260K not found under {shared_dir()} (set SPECPORT_SHARED)")
+    out = tmp_path_factory.mktemp("spec_stories") / "s260"
+    export_model(src, out, fuse=False, skip_verify=True, progress=False)
+    return specport.load(out)
+
+
+STORY_PROMPTS = [
+    "Once upon a time",
+    "Lily and Ben went to the park.",
+    "The cat sat on the mat. The cat sat on the mat. The cat",
+    "One day, a little boy named Tim",
+    "Tom had a red ball. He liked to play with his red ball. One day, Tom",
+    "Sue",
+]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_stories260k_ngram_greedy_equals_plain(stories, k):
+    for text in STORY_PROMPTS:
+        ids = stories.encode(text)
+        plain = stories.generate(prompt_ids=ids, max_new_tokens=80)
+        toks, reason, _ = generate_speculative(
+            stories,
+            ids,
+            80,
+            "ngram",
+            k,
+            None,
+            SamplingConfig(),
+            stories.manifest.eos_token_ids,
+            None,
+        )
+        assert toks == plain.tokens, text
+        assert reason == plain.finish_reason
