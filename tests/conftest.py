@@ -1,0 +1,31 @@
+"""Shared fixtures: the tiny-model zoo (session-cached exports) and the shared data folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fixtures import TinyZoo
+
+from specport.settings import shared_dir as _shared_dir
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The ../shared data folder (SPECPORT_SHARED); skips the test when it is absent."""
+    path = _shared_dir()
+    if not path.is_dir():
+        pytest.skip(f"shared data folder {path} is absent (set SPECPORT_SHARED to use it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> TinyZoo:
+    """Tiny models for every registry architecture; exports are cached for the session."""
+    return TinyZoo(tmp_path_factory.mktemp("tiny_zoo"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_artifact(tiny_zoo: TinyZoo) -> Path:
+    """An exported (unfused) tiny Llama artifact: the cheapest real artifact to test against."""
+    return tiny_zoo.artifact("llama", fuse=False)

@@ -1,0 +1,282 @@
+"""Tiny models for every registry architecture, built from configs in code (no downloads).
+
+Each builder returns a transformers config small enough to export in seconds (hidden 64, two
+decoder layers, vocab 256) but with `initializer_range=0.2`, so greedy decoding walks through
+varied tokens instead of repeating one: a token-exact comparison then means something.
+Family-specific features are switched on on purpose: Mistral's sliding window is shorter than
+the test sequences, Phi-3 uses partial rotary, Qwen2 has qkv biases, Qwen3 q/k norms, Gemma
+a large head_dim and scaled embeddings, and DeepSeek-V3 MLA + MoE with one MTP layer whose
+weights are written into the checkpoint (transformers drops them on load; the exporter keeps
+them as `mtp_source.safetensors`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HIDDEN = 64
+LAYERS = 2
+VOCAB = 256
+CONTEXT = 128
+INIT = 0.2  # large init: greedy output is varied, not one repeated token
+BOS, EOS = 1, 2
+SLIDING_WINDOW = 8  # shorter than prompt + 16 new tokens, so the window is exercised
+
+
+def _common() -> dict[str, Any]:
+    return {
+        "vocab_size": VOCAB,
+        "initializer_range": INIT,
+        "bos_token_id": BOS,
+        "eos_token_id": EOS,
+        "pad_token_id": 0,
+        "tie_word_embeddings": False,
+    }
+
+
+def _llama_like() -> dict[str, Any]:
+    return {
+        **_common(),
+        "hidden_size": HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": CONTEXT,
+    }
+
+
+def llama_config() -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**_llama_like())
+
+
+def mistral_config() -> Any:
+    from transformers import MistralConfig
+
+    return MistralConfig(**_llama_like(), sliding_window=SLIDING_WINDOW)
+
+
+def qwen2_config() -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**_llama_like())
+
+
+def qwen3_config() -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**_llama_like(), head_dim=16)
+
+
+def phi3_config() -> Any:
+    from transformers import Phi3Config
+
+    # Partial rotary: only half of each 16-dim head is rotated.
+    return Phi3Config(**_llama_like(), partial_rotary_factor=0.5)
+
+
+def gemma_config() -> Any:
+    from transformers import GemmaConfig
+
+    cfg = {**_llama_like(), "num_key_value_heads": 1, "head_dim": 32}
+    cfg["tie_word_embeddings"] = True  # Gemma always ties
+    # With tied embeddings and small weights the model echoes its last token; 0.5 is varied.
+    cfg["initializer_range"] = 0.5
+    return GemmaConfig(**cfg)
+
+
+def gpt2_config() -> Any:
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=HIDDEN,
+        n_layer=LAYERS,
+        n_head=4,
+        n_positions=CONTEXT,
+        initializer_range=INIT,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=0,
+    )
+
+
+def deepseek_v3_config() -> Any:
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        **_common(),
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        n_shared_experts=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,  # layer 0 dense MLP, layer 1 MoE
+        num_nextn_predict_layers=1,
+        max_position_embeddings=CONTEXT,
+    )
+
+
+TINY_CONFIGS: dict[str, Callable[[], Any]] = {
+    "llama": llama_config,
+    "mistral": mistral_config,
+    "qwen2": qwen2_config,
+    "qwen3": qwen3_config,
+    "phi3": phi3_config,
+    "gemma": gemma_config,
+    "gpt2": gpt2_config,
+    "deepseek_v3": deepseek_v3_config,
+}
+
+# Prompts used by the parity tests: different lengths so a batch needs left padding.
+SHORT_PROMPT = [BOS, 17, 93, 5]
+LONG_PROMPT = [BOS, 40, 41, 200, 7, 99, 123, 64, 3, 18]
+
+
+def load_kwargs(model_type: str) -> dict[str, Any]:
+    """The registry entry's `from_pretrained` kwargs (e.g. DeepSeek's batched_mm experts)."""
+    from specport.exporter.registry import lookup
+
+    return dict(lookup(model_type).load_kwargs)
+
+
+def build_tiny_model(model_type: str, out_dir: Path, seed: int = 0) -> Path:
+    """Write a randomly initialised tiny checkpoint of `model_type` to `out_dir`; return it.
+
+    For configs that announce MTP layers (DeepSeek-V3), the checkpoint also holds
+    `model.layers.{N}.*` (a full decoder layer plus enorm/hnorm/eh_proj/shared_head), the way
+    the published checkpoints do.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = TINY_CONFIGS[model_type]()
+    out_dir = Path(out_dir)
+    n_mtp = int(getattr(config, "num_nextn_predict_layers", 0) or 0)
+    torch.manual_seed(seed)
+    if n_mtp:
+        # Build with N + n_mtp layers so the extra layers get real (saved-format) weights.
+        config.num_hidden_layers = LAYERS + n_mtp
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **load_kwargs(model_type))
+    model.save_pretrained(str(out_dir))
+    if n_mtp:
+        _add_mtp_weights(out_dir, n_mtp, seed)
+    return out_dir
+
+
+def _add_mtp_weights(out_dir: Path, n_mtp: int, seed: int) -> None:
+    """Add the MTP-only tensors and set num_hidden_layers back to the main-model depth."""
+    from safetensors.torch import load_file, save_file
+
+    path = out_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    g = torch.Generator().manual_seed(seed + 1)
+    for j in range(n_mtp):
+        p = f"model.layers.{LAYERS + j}."
+        tensors[p + "enorm.weight"] = torch.ones(HIDDEN)
+        tensors[p + "hnorm.weight"] = torch.ones(HIDDEN)
+        tensors[p + "eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * INIT
+        tensors[p + "shared_head.norm.weight"] = torch.ones(HIDDEN)
+        tensors[p + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+        tensors[p + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    cfg_path = out_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["num_hidden_layers"] = LAYERS
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def load_reference(model_dir: Path, model_type: str) -> Any:
+    """The PyTorch model as the exporter loads it (float32, eval, registry load kwargs)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, local_files_only=True, **load_kwargs(model_type)
+    )
+    return model.eval()
+
+
+def hf_greedy(model: Any, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy `generate`, EOS ignored; returns only the new tokens."""
+    # `eos_token_id=None` as a generate() argument means "use the model's"; clear it instead.
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+    ids = torch.tensor([prompt_ids])
+    try:
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=0,
+            )
+    finally:
+        model.generation_config.eos_token_id = saved
+    return [int(t) for t in out[0, len(prompt_ids) :]]
+
+
+def has_pipelines() -> bool:
+    """True once `specport.passes.pipelines` (the fusion pipelines) exists."""
+    import importlib.util
+
+    return importlib.util.find_spec("specport.passes.pipelines") is not None
+
+
+class TinyZoo:
+    """Session cache of tiny source models, their PyTorch references and exported artifacts.
+
+    Exports take seconds each, so every (model_type, fuse) pair is exported at most once per
+    test session and shared by every test that asks for it.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._sources: dict[str, Path] = {}
+        self._refs: dict[str, Any] = {}
+        self._artifacts: dict[tuple[str, bool], Path] = {}
+        self.export_seconds: dict[tuple[str, bool], float] = {}
+
+    def source(self, model_type: str) -> Path:
+        """A saved tiny checkpoint directory (config.json + model.safetensors)."""
+        if model_type not in self._sources:
+            self._sources[model_type] = build_tiny_model(model_type, self.root / "src" / model_type)
+        return self._sources[model_type]
+
+    def reference(self, model_type: str) -> Any:
+        """The PyTorch model loaded from `source(model_type)`."""
+        if model_type not in self._refs:
+            self._refs[model_type] = load_reference(self.source(model_type), model_type)
+        return self._refs[model_type]
+
+    def artifact(self, model_type: str, fuse: bool = False) -> Path:
+        """An exported artifact of the tiny model (verified against PyTorch during export)."""
+        import time
+
+        from specport.exporter.export import export_model
+
+        key = (model_type, fuse)
+        if key not in self._artifacts:
+            out = self.root / "art" / f"{model_type}-{'fused' if fuse else 'plain'}"
+            t0 = time.perf_counter()
+            export_model(self.source(model_type), out, fuse=fuse, progress=False)
+            self.export_seconds[key] = time.perf_counter() - t0
+            self._artifacts[key] = out
+        return self._artifacts[key]
