@@ -1,0 +1,257 @@
+"""DeepSeek-V3-style multi-token-prediction (MTP) heads in torch, and the graph branch built on them.
+
+Head k takes the previous depth's hidden state h (the base model's LM-head input for k = 1)
+and the embedding of the token that follows it, and predicts the token after that::
+
+    x   = eh_proj(cat(enorm(embed(t)), hnorm(h)))      # [B, N, 2H] -> [B, N, H]
+    h'  = block(x)                                     # one decoder layer of the base family
+    p   = lm_head(norm(h'))                            # shared LM head (frozen), own final norm
+
+K heads chain: head k+1 gets h' of head k and the token head k drafted. Unlike DeepSeek-V3's
+training-time module, the block here attends to its own position only (no MTP KV cache):
+the base model's hidden state carries the context, the graph stays one fixed-size branch, and
+training and inference see exactly the same computation. Real DeepSeek-V3 MTP weights load
+into the same module (`load_deepseek_mtp`), run the same way.
+
+`MTPBranch` is what goes into the exported graph: from the verify run's [B, S] ids, logits and
+hidden states it computes the greedy accepted prefix, the bonus token and K new drafts.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specport.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H]
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(var + self.eps))
+
+
+def _decoder_parts(base: nn.Module) -> tuple[type[nn.Module], nn.Module, nn.Module]:
+    """(decoder layer class, rotary embedding, final norm) of a Llama-like HF causal LM."""
+    inner = getattr(base, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        raise InputError(
+            f"MTP heads need a rotary decoder-only model (model.layers + model.rotary_emb); "
+            f"{type(base).__name__} has a different layout. Use --speculative ngram|draft for it."
+        )
+    return type(inner.layers[0]), inner.rotary_emb, inner.norm
+
+
+class MTPHead(nn.Module):
+    """One MTP depth: hidden [B, N, H] + next-token embedding [B, N, H] -> hidden [B, N, H]."""
+
+    def __init__(
+        self, config: Any, layer_cls: type[nn.Module], final_norm: nn.Module, layer_idx: int
+    ) -> None:
+        super().__init__()
+        hidden = int(config.hidden_size)
+        eps = float(getattr(config, "rms_norm_eps", 1e-6))
+        self.enorm = RMSNorm(hidden, eps)
+        self.hnorm = RMSNorm(hidden, eps)
+        self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
+        self.block = layer_cls(config, layer_idx=layer_idx)
+        self.norm = copy.deepcopy(final_norm)
+        with torch.no_grad():  # start as "pass the hidden state through, plus a little token"
+            w = torch.zeros(hidden, 2 * hidden)
+            w[:, hidden:] = torch.eye(hidden)
+            w[:, :hidden] = torch.randn(hidden, hidden) * 0.02
+            self.eh_proj.weight.copy_(w)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [B, N, H]
+        embeds: torch.Tensor,  # [B, N, H]
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],  # cos, sin [1, 1, Dh]
+    ) -> torch.Tensor:  # [B, N, H]
+        b, n, h = hidden.shape
+        x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))
+        x = x.reshape(b * n, 1, h)  # every position attends to itself only
+        out = self.block(x, attention_mask=None, position_embeddings=position_embeddings)
+        if isinstance(out, tuple):
+            out = out[0]
+        return out.reshape(b, n, h)
+
+
+class MTPHeads(nn.Module):
+    """K chained heads sharing the frozen base model's embedding and LM head."""
+
+    def __init__(self, base: nn.Module, num_heads: int) -> None:
+        super().__init__()
+        if not 1 <= num_heads <= 8:
+            raise InputError(f"--heads must be in 1..8, got {num_heads}")
+        layer_cls, rotary, final_norm = _decoder_parts(base)
+        config = base.config
+        n_layers = int(config.num_hidden_layers)
+        self.heads = nn.ModuleList(
+            MTPHead(config, layer_cls, final_norm, n_layers + k) for k in range(num_heads)
+        )
+        last = base.model.layers[-1].state_dict()
+        for head in self.heads:  # warm start: the block begins as a copy of the last layer
+            head.block.load_state_dict(last, strict=False)
+        # Shared, frozen pieces are held outside the module tree so state_dict() is heads only.
+        self._shared = (base.get_input_embeddings(), base.get_output_embeddings(), rotary)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.heads)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [B, N] -> [B, N, H]
+        return self._shared[0](ids)
+
+    def lm_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:  # [B, N, H] -> [B, N, V]
+        return self._shared[1](self.heads[k].norm(hidden))
+
+    def position_embeddings(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = torch.zeros(1, 1, dtype=torch.long)
+        return self._shared[2](like, pos)
+
+    def step(
+        self, k: int, hidden: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head k on hidden [B, N, H] and the following tokens [B, N] -> (hidden', logits)."""
+        out = self.heads[k](hidden, self.embed(tokens), self.position_embeddings(hidden))
+        return out, self.lm_logits(k, out)
+
+
+class MTPBranch(nn.Module):
+    """forward(hidden [B,S,H], logits [B,S,V], input_ids [B,S]) -> accepted [B], bonus [B], drafts [B,K].
+
+    Position 0 of the run is the last accepted token, positions 1..S-1 the drafts. Greedy
+    verification: draft i is accepted while it equals the argmax at position i-1. The hidden
+    state at the accepted position and the bonus token (the argmax there) seed the heads.
+    """
+
+    def __init__(self, heads: MTPHeads) -> None:
+        super().__init__()
+        self.mtp = heads
+        # Register the shared modules here so the exporter sees their weights as parameters.
+        self.embed_tokens, self.lm_head, self.rotary_emb = heads._shared
+
+    def forward(
+        self, hidden: torch.Tensor, logits: torch.Tensor, input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        best = logits.argmax(dim=-1)  # [B, S]
+        miss = (input_ids[:, 1:] != best[:, :-1]).to(torch.int64)  # [B, S-1]
+        accepted = (torch.cumsum(miss, dim=1) == 0).to(torch.int64).sum(dim=1)  # [B]
+        idx = accepted.unsqueeze(1)  # [B, 1]
+        bonus = torch.gather(best, 1, idx)  # [B, 1]
+        h = torch.gather(hidden, 1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [B, 1, H]
+        tok = bonus
+        drafts = []
+        for k in range(self.mtp.num_heads):
+            h, head_logits = self.mtp.step(k, h, tok)
+            tok = head_logits.argmax(dim=-1)  # [B, 1]
+            drafts.append(tok)
+        return accepted, bonus.squeeze(1), torch.cat(drafts, dim=1)
+
+
+BRANCH_INPUTS = ("mtp_hidden", "mtp_logits", "mtp_input_ids")
+BRANCH_OUTPUTS = ("mtp_accepted", "mtp_bonus", "mtp_drafts")
+
+
+def export_branch(heads: MTPHeads, vocab_size: int) -> Any:
+    """The MTPBranch as an `onnx_ir.Model` with inputs BRANCH_INPUTS and outputs BRANCH_OUTPUTS."""
+    import warnings
+
+    from torch.export import Dim
+
+    from specport.errors import ExportError
+
+    branch = MTPBranch(heads).eval()
+    hidden_size = int(heads.heads[0].eh_proj.weight.shape[0])
+    g = torch.Generator().manual_seed(0)
+    b, s = 2, 4
+    args = (
+        torch.randn(b, s, hidden_size, generator=g),
+        torch.randn(b, s, vocab_size, generator=g),
+        torch.randint(0, vocab_size, (b, s), generator=g),
+    )
+    bd, sd = Dim("batch"), Dim("sequence_length")
+    shapes = {"hidden": {0: bd, 1: sd}, "logits": {0: bd, 1: sd}, "input_ids": {0: bd, 1: sd}}
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.onnx.export(
+                branch,
+                args,
+                dynamic_shapes=shapes,
+                dynamo=True,
+                opset_version=23,
+                input_names=list(BRANCH_INPUTS),
+                output_names=list(BRANCH_OUTPUTS),
+                verbose=False,
+            )
+        except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
+            raise ExportError(f"exporting the MTP branch failed: {e}") from e
+    return program.model
+
+
+def save_heads(heads: MTPHeads, directory: Path) -> Path:
+    from safetensors.torch import save_file
+
+    path = Path(directory) / "mtp_heads.safetensors"
+    save_file({k: v.detach().contiguous() for k, v in heads.state_dict().items()}, str(path))
+    return path
+
+
+def load_heads(base: nn.Module, path: Path) -> MTPHeads:
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    n = 1 + max(int(k.split(".")[1]) for k in state)
+    heads = MTPHeads(base, n)
+    heads.load_state_dict(state)
+    return heads.eval()
+
+
+def load_deepseek_mtp(base: nn.Module, weights: dict[str, torch.Tensor]) -> MTPHeads:
+    """Real DeepSeek-V3 MTP layers (`model.layers.{N+j}.*`, from mtp_source.safetensors) as heads.
+
+    enorm/hnorm/eh_proj map one to one, `shared_head.norm` is the head's final norm, the rest
+    is the decoder block. The embedding and LM head copies in the checkpoint equal the main
+    model's and are not duplicated.
+    """
+    first = int(base.config.num_hidden_layers)
+    depths = sorted({int(k.split(".")[2]) for k in weights})
+    heads = MTPHeads(base, len(depths))
+    state: dict[str, torch.Tensor] = {}
+    for j, layer in enumerate(depths):
+        if layer != first + j:
+            raise InputError(f"MTP layers are not contiguous after layer {first}: found {depths}")
+        prefix = f"model.layers.{layer}."
+        for key, value in weights.items():
+            if not key.startswith(prefix):
+                continue
+            name = key[len(prefix) :]
+            if name.startswith(("embed_tokens.", "shared_head.head.")):
+                continue
+            if name.startswith(("enorm.", "hnorm.", "eh_proj.")):
+                state[f"heads.{j}.{name}"] = value
+            elif name.startswith("shared_head.norm."):
+                state[f"heads.{j}.norm.{name[len('shared_head.norm.') :]}"] = value
+            else:
+                state[f"heads.{j}.block.{name}"] = value
+    missing, unexpected = heads.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise InputError(
+            f"DeepSeek MTP weights do not fit the MTP module: missing {missing}, unexpected {unexpected}"
+        )
+    return heads.eval()

@@ -1,0 +1,121 @@
+"""Insert the MTP branch into an exported decoder graph: verify and draft in one session run.
+
+Contract after the pass (inputs unchanged, outputs appended after the presents):
+
+* ``mtp_accepted`` int64 [B]: greedy accepted prefix length of the drafts in ``input_ids``
+  (position 0 is the last accepted token, positions 1..S-1 the drafts);
+* ``mtp_bonus`` int64 [B]: the target's argmax at the accepted position (the next token);
+* ``mtp_drafts`` int64 [B, K]: the K chained MTP heads' drafts that follow the bonus token.
+
+The branch (``specport.exporter.mtp_heads.MTPBranch`` exported on its own) has three inputs,
+``mtp_hidden`` [B, S, H], ``mtp_logits`` [B, S, V] and ``mtp_input_ids`` [B, S]. The pass
+connects them to the main graph: the hidden state is the first input of the LM-head MatMul
+(or Gemm) that produces ``logits``, found by walking back from the output, so it does not
+depend on how the rest of the graph was fused. Logits and presents are untouched, so the plain
+generator still runs the graph (the extra outputs are ignored) and a bare InferenceSession
+loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import onnx_ir as ir
+
+from specport.errors import PassError
+from specport.passes.base import Pass
+
+logger = logging.getLogger(__name__)
+
+BRANCH_INPUTS = ("mtp_hidden", "mtp_logits", "mtp_input_ids")
+BRANCH_OUTPUTS = ("mtp_accepted", "mtp_bonus", "mtp_drafts")
+_PASS_THROUGH = {"Identity", "Cast", "Reshape", "Slice"}
+
+
+def find_lm_head_input(model: ir.Model, logits_name: str = "logits") -> ir.Value:
+    """The [B, S, H] value the LM head multiplies into ``logits``."""
+    outputs = {v.name: v for v in model.graph.outputs}
+    if logits_name not in outputs:
+        raise PassError(
+            f"graph has no output {logits_name!r}; the MTP pass needs the exported decoder contract"
+        )
+    node = outputs[logits_name].producer()
+    seen = []
+    while node is not None and node.op_type in _PASS_THROUGH:
+        seen.append(node.op_type)
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    if node is None or node.op_type not in ("MatMul", "Gemm") or node.inputs[0] is None:
+        found = node.op_type if node is not None else "a graph input"
+        raise PassError(
+            f"cannot find the LM head: {logits_name!r} comes from {found} (via {seen or 'nothing'}), "
+            "not a MatMul/Gemm. Export the model unquantized, or apply the MTP pass before passes "
+            "that rewrite the LM head."
+        )
+    return node.inputs[0]
+
+
+class InsertMTPBranchPass(Pass):
+    """Splice an exported MTPBranch graph into the decoder graph (in place)."""
+
+    name = "insert_mtp_branch"
+
+    def __init__(self, branch: ir.Model, logits_name: str = "logits") -> None:
+        self.branch = branch
+        self.logits_name = logits_name
+
+    def precondition(self, model: ir.Model) -> str | None:
+        names = {v.name for v in model.graph.outputs}
+        if any(n in names for n in BRANCH_OUTPUTS):
+            return "graph already has an MTP branch"
+        if "input_ids" not in {v.name for v in model.graph.inputs}:
+            return "graph has no input_ids input"
+        branch_in = [v.name for v in self.branch.graph.inputs]
+        if sorted(branch_in) != sorted(BRANCH_INPUTS):
+            return f"branch inputs {branch_in} are not {list(BRANCH_INPUTS)}"
+        return None
+
+    def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
+        graph, branch = model.graph, self.branch.graph
+        main_values = {
+            "mtp_hidden": find_lm_head_input(model, self.logits_name),
+            "mtp_logits": next(v for v in graph.outputs if v.name == self.logits_name),
+            "mtp_input_ids": next(v for v in graph.inputs if v.name == "input_ids"),
+        }
+        for version_domain, version in self.branch.opset_imports.items():
+            have = model.opset_imports.get(version_domain)
+            if have is not None and have != version:
+                raise PassError(
+                    f"opset mismatch for domain {version_domain!r}: graph {have}, branch {version}"
+                )
+            model.opset_imports[version_domain] = version
+        for key, func in list(self.branch.functions.items()):
+            if key in model.functions:
+                raise PassError(f"function {key} exists in both the graph and the MTP branch")
+            model.functions[key] = func
+        inits = list(branch.initializers.values())
+        branch.initializers.clear()
+        for value in inits:
+            value.name = f"mtp.{value.name}"
+            graph.register_initializer(value)
+        nodes = list(branch)
+        for node in nodes:
+            branch.remove(node)
+        for node in nodes:
+            node.name = f"/mtp/{node.name or node.op_type}"
+            for out in node.outputs:
+                if out.name not in BRANCH_OUTPUTS:
+                    out.name = f"/mtp/{out.name}"
+            graph.append(node)
+        for value in list(branch.inputs):
+            value.replace_all_uses_with(main_values[value.name])
+        branch_outputs = list(branch.outputs)
+        branch.outputs.clear()
+        graph.outputs.extend(branch_outputs)
+        hidden = main_values["mtp_hidden"]
+        return True, {
+            "hidden_from": hidden.name,
+            "nodes_added": len(nodes),
+            "initializers_added": len(inits),
+            "outputs": [v.name for v in branch_outputs],
+        }
