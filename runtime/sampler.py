@@ -262,7 +262,7 @@ def sample_from_probs(
     """
     probs = np.asarray(probs)
     n_rows, n = probs.shape
-    u = rng.random(n_rows)
+    u = np.asarray(rng.random((n_rows,)), dtype=np.float64)
     if n <= _BLOCK:  # short rows (candidate sets, small vocabularies): one vectorized pass
         cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
         ids = np.sum(cdf <= (u * cdf[:, -1])[:, None], axis=-1)
