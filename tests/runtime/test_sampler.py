@@ -185,6 +185,7 @@ def test_sample_from_probs_across_blocks():
     assert chi2 < 18.47  # chi-square 0.999 quantile, 4 dof
 
 
+@pytest.mark.slow  # imports torch + transformers (~6 s cold)
 @pytest.mark.parametrize(
     "cfg",
     [
