@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fixtures import TinyZoo
 
 from specport.settings import shared_dir as _shared_dir
+from tests.fixtures import TinyZoo
 
 
 @pytest.fixture(scope="session")
