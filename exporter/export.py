@@ -6,6 +6,7 @@ graph that ships, not an intermediate one.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -18,7 +19,7 @@ import onnx_ir as ir
 from specport import artifact as art
 from specport.errors import ExportError
 from specport.exporter import source as src_mod
-from specport.exporter.verify import verify_export
+from specport.exporter.verify import compare, reference_cases
 from specport.exporter.wrapper import (
     FlatKVWrapper,
     dynamic_shapes,
@@ -54,7 +55,7 @@ def export_model(
     stages.start("resolving source model")
     source = src_mod.resolve(model, tokenizer)
     stages.start("loading PyTorch weights")
-    torch_model = src_mod.load_model(source, num_layers=layers)
+    torch_model = src_mod.load_model(source, num_layers=layers, progress=stages.show)
     config = torch_model.config
     norm = source.arch.normalize(config)
     kv_shapes = probe_kv_shapes(torch_model)
@@ -69,11 +70,20 @@ def export_model(
         ir_model, target, fuse, passes, norm, kv_shapes
     )
 
+    references = (
+        None if skip_verify else reference_cases(torch_model, kv_shapes, norm["vocab_size"])
+    )
+    extra = source.arch.extra_weights(source.path, config)
+    # From here on only the ONNX graph holds the weights: free the PyTorch copy before
+    # onnxruntime loads its own (peak memory stays near one copy of the weights).
+    del torch_model
+    gc.collect()
+
     with art.atomic_artifact_dir(Path(out)) as tmp:
         ir.save(ir_model, tmp / art.MODEL_NAME, external_data=art.DATA_NAME)
         del ir_model
+        gc.collect()
         tok_info = _copy_tokenizer(source.path, tmp)
-        extra = source.arch.extra_weights(source.path, config)
         extra_files: dict[str, Any] = {}
         if extra:
             from safetensors.torch import save_file
@@ -85,9 +95,10 @@ def export_model(
                 "file": "mtp_source.safetensors",
                 "tensors": len(extra),
             }
+            del extra
 
         stages.start("verifying against PyTorch")
-        if skip_verify:
+        if references is None:
             verify: dict[str, Any] = {"skipped": True}
         else:
             import onnxruntime as ort
@@ -95,15 +106,8 @@ def export_model(
             session = ort.InferenceSession(
                 str(tmp / art.MODEL_NAME), providers=["CPUExecutionProvider"]
             )
-            verify = verify_export(
-                session,
-                torch_model,
-                kv_shapes,
-                norm["vocab_size"],
-                atol=source.arch.atol,
-                rtol=source.arch.rtol,
-            )
-            del session
+            verify = compare(session, references, atol=source.arch.atol, rtol=source.arch.rtol)
+            del session, references
             if not verify["ok"]:
                 raise ExportError(
                     f"exported graph disagrees with PyTorch: max |logits diff| = {verify['max_abs_logits']:.3g} "

@@ -133,14 +133,17 @@ def _from_llama2c(checkpoint: Path, tokenizer: Path | None) -> Source:
     return src
 
 
-def load_model(source: Source, num_layers: int | None = None) -> Any:
+def load_model(source: Source, num_layers: int | None = None, progress: bool = False) -> Any:
     """Load the PyTorch model in float32, eval mode; truncated or corrupt weights -> clear error.
 
     `num_layers` keeps only the first N decoder layers (a self-draft model for speculation).
     """
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM
 
+    if not progress:
+        transformers.utils.logging.disable_progress_bar()
     kwargs = dict(source.arch.load_kwargs)
     if num_layers is not None:
         total = int(getattr(source.config, source.arch.layers_attr))
