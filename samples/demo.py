@@ -98,7 +98,9 @@ def _optional_stages(
                 {
                     "stage": "speculative-ngram",
                     **_speed(s.metrics),
-                    "mean_accepted_length": s.metrics.get("mean_accepted_length"),
+                    "mean_accepted_length": round(
+                        s.metrics.get("speculative", {}).get("mean_accepted_length", 0.0), 3
+                    ),
                     "tokens_equal_plain": s.tokens == reference,
                 }
             )

@@ -82,10 +82,32 @@ class Model:
         ignore_eos: bool = False,
         stop: Sequence[str] = (),
         on_text: Callable[[str], None] | None = None,
+        speculative: str | None = None,
+        num_draft: int = 4,
+        draft: Model | str | os.PathLike[str] | None = None,
     ) -> GenerationResult:
-        """Generate for one prompt (text or ids). `on_text` receives text as it is produced."""
+        """Generate for one prompt (text or ids). `on_text` receives text as it is produced.
+
+        `speculative` ("ngram" | "draft" | "mtp") drafts `num_draft` tokens per step and verifies
+        them in one run of this model; greedy output is token-for-token that of plain greedy.
+        """
         if (prompt is None) == (prompt_ids is None):
             raise InputError("give exactly one of prompt (text) or prompt_ids.")
+        if speculative is not None:
+            ids_one = list(prompt_ids) if prompt_ids is not None else self.encode(str(prompt))
+            return self._generate_speculative(
+                ids_one,
+                max_new_tokens=max_new_tokens,
+                sampling=self._sampling(
+                    greedy, temperature, top_k, top_p, min_p, repetition_penalty, seed
+                ),
+                ignore_eos=ignore_eos,
+                stop=stop,
+                on_text=on_text,
+                method=speculative,
+                num_draft=num_draft,
+                draft=draft,
+            )
         prompts = [prompt] if prompt is not None else None
         ids = [list(prompt_ids)] if prompt_ids is not None else None
         stream = (lambda row, piece: on_text(piece)) if on_text else None
@@ -124,7 +146,7 @@ class Model:
     ) -> list[GenerationResult]:
         """Generate for several prompts at once (left padding, per-row stopping)."""
         from specport.runtime.generator import Generator
-        from specport.runtime.sampler import Sampler, SamplingConfig
+        from specport.runtime.sampler import Sampler
         from specport.runtime.streaming import TextStreams
 
         if prompt_ids is not None:
@@ -133,20 +155,7 @@ class Model:
             rows = [self.encode(p) for p in prompts]
         else:
             raise InputError("give prompts (text) or prompt_ids.")
-        if greedy is None:
-            greedy = (
-                temperature == 1.0 and top_k == 0 and top_p == 1.0 and min_p == 0.0 and seed is None
-            )
-        config = SamplingConfig(
-            greedy=greedy,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            repetition_penalty=repetition_penalty,
-            seed=seed,
-        )
-        config.validate()
+        config = self._sampling(greedy, temperature, top_k, top_p, min_p, repetition_penalty, seed)
         sampler = Sampler(config, self.manifest.vocab_size)
         history = [np.asarray(r, dtype=np.int64) for r in rows]
         needs_history = repetition_penalty != 1.0
@@ -174,6 +183,82 @@ class Model:
                 GenerationResult(toks, text, out.finish_reasons[r], dict(out.metrics), rows[r])
             )
         return results
+
+    @staticmethod
+    def _sampling(
+        greedy: bool | None,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        repetition_penalty: float,
+        seed: int | None,
+    ) -> Any:
+        from specport.runtime.sampler import SamplingConfig
+
+        if greedy is None:
+            greedy = (
+                temperature == 1.0 and top_k == 0 and top_p == 1.0 and min_p == 0.0 and seed is None
+            )
+        config = SamplingConfig(
+            greedy=greedy,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+        )
+        config.validate()
+        return config
+
+    def _generate_speculative(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        sampling: Any,
+        ignore_eos: bool,
+        stop: Sequence[str],
+        on_text: Callable[[str], None] | None,
+        method: str,
+        num_draft: int,
+        draft: Model | str | os.PathLike[str] | None,
+    ) -> GenerationResult:
+        from specport.runtime.speculative.loop import generate_speculative
+        from specport.runtime.streaming import TextStreams
+
+        draft_model = (
+            load(draft, provider=self.provider) if isinstance(draft, (str, os.PathLike)) else draft
+        )
+        if method == "draft" and draft_model is None:
+            raise InputError(
+                "--speculative draft needs a draft artifact: pass --draft DIR (e.g. from `specport export MODEL --layers 2`)."
+            )
+        streams = TextStreams(
+            self.tokenizer, 1, list(stop), (lambda row, piece: on_text(piece)) if on_text else None
+        )
+        one = np.ones(1, dtype=bool)
+
+        def on_token(tok: int) -> bool:
+            hit = streams.push(np.array([tok], dtype=np.int64), one)
+            return bool(hit is not None and hit[0])
+
+        eos = [] if ignore_eos else self.manifest.eos_token_ids
+        tokens, reason, metrics = generate_speculative(
+            self,
+            prompt_ids,
+            max_new_tokens,
+            method,
+            num_draft,
+            draft_model,
+            sampling,
+            eos,
+            on_token,
+        )
+        text = streams.finish()[0] if self.tokenizer is not None else ""
+        metrics["provider"] = self.provider
+        return GenerationResult(list(tokens), text, reason, metrics, prompt_ids)
 
 
 def load(
@@ -209,7 +294,9 @@ def export(
     return export_model(model, out, **kwargs)
 
 
-def quantize(src: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any) -> art.Manifest:
+def quantize(
+    src: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any
+) -> art.Manifest:
     """Quantize an artifact into a new one; see `specport.passes.quant.apply.quantize_artifact`."""
     from specport.passes.quant.apply import quantize_artifact
 

@@ -29,6 +29,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument(
+        "--speculative", choices=["ngram", "draft", "mtp"], help="speculative decoding method"
+    )
+    p.add_argument("--num-draft", type=int, default=4, help="draft tokens per step (speculative)")
+    p.add_argument("--draft", help="draft artifact for --speculative draft (same vocabulary)")
     add_runtime_options(p)
     p.add_argument(
         "--json",
@@ -86,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         stop=args.stop,
         on_text=None if args.json else stream,
+        speculative=args.speculative,
+        num_draft=args.num_draft,
+        draft=args.draft,
     )
     if args.json:
         emit_json(result.to_json())
