@@ -4,6 +4,12 @@ A `Generator` runs a batch of prompts (left-padded) through prefill, then one to
 until every row has stopped. Choosing tokens is the `select` callable's job (a Sampler), and
 what happens to each new token (streaming, stop strings) is the `on_step` callback's. Timing
 separates time inside onnxruntime from wall time so framework overhead is a measured number.
+
+Two loops share that contract. Artifacts with the `concat` KV layout run the plain loop
+(session.run, present fed back as past). Artifacts with the `shared` layout run the bound loop
+(`runtime.iobinding.BoundSession`): KV written in place, only the last position's logits and the
+in-graph greedy token leave the graph, and `on_step` (detokenization, stop strings) runs in a
+worker thread while onnxruntime computes the next step (onnxruntime releases the GIL).
 """
 
 from __future__ import annotations
@@ -81,6 +87,12 @@ class Generator:
         batch, longest = len(prompts), max(lengths)
         # Never run past the context window: the last position must stay < context_length.
         budget = min(max_new_tokens, self.context_length - longest)
+        if self.manifest.kv.layout == "shared":
+            from specport.runtime.bound_loop import run_bound
+
+            return run_bound(
+                self, prompts, max_new_tokens, budget, select, eos_ids, on_step, pad_id
+            )
 
         ids = np.full((batch, longest), pad_id, dtype=np.int64)
         mask = np.zeros((batch, longest), dtype=np.int64)
@@ -139,27 +151,10 @@ class Generator:
             new = select(outputs[0][:, -1, :], steps)
         t_end = time.perf_counter()
 
-        produced = sum(len(t) for t in out_tokens)
-        decode_steps = steps - 1
-        decode_wall = t_end - t_first
-        metrics = {
-            "batch": batch,
-            "prompt_tokens": int(sum(lengths)),
-            "new_tokens": int(produced),
-            "ttft_ms": round((t_first - t_start) * 1e3, 3),
-            "prefill_tok_per_s": round(sum(lengths) / max(t_first - t_start, 1e-9), 2),
-            "decode_steps": decode_steps,
-            "decode_tok_per_s": round(batch * decode_steps / decode_wall, 2)
-            if decode_steps
-            else None,
-            "tpot_ms": round(decode_wall / decode_steps * 1e3, 4) if decode_steps else None,
-            "decode_ort_s": round(decode_ort, 6),
-            "decode_wall_s": round(decode_wall, 6),
-            "framework_overhead_pct": round(100 * (1 - decode_ort / decode_wall), 2)
-            if decode_steps
-            else None,
-            "total_s": round(t_end - t_start, 6),
-        }
+        metrics = step_metrics(
+            batch, lengths, out_tokens, steps, t_start, t_first, t_end, decode_ort
+        )
+        metrics["kv_layout"] = "concat"
         return GenerationOutput(out_tokens, reasons, metrics)
 
     @staticmethod
@@ -175,3 +170,35 @@ class Generator:
             out[r].append(tok)
             if eos.size and tok in eos:
                 reasons[r] = "eos"
+
+
+def step_metrics(
+    batch: int,
+    lengths: Sequence[int],
+    out_tokens: list[list[int]],
+    steps: int,
+    t_start: float,
+    t_first: float,
+    t_end: float,
+    decode_ort: float,
+) -> dict[str, Any]:
+    """The metrics both loops report; overhead = share of decode wall time outside onnxruntime."""
+    produced = sum(len(t) for t in out_tokens)
+    decode_steps = steps - 1
+    decode_wall = t_end - t_first
+    return {
+        "batch": batch,
+        "prompt_tokens": int(sum(lengths)),
+        "new_tokens": int(produced),
+        "ttft_ms": round((t_first - t_start) * 1e3, 3),
+        "prefill_tok_per_s": round(sum(lengths) / max(t_first - t_start, 1e-9), 2),
+        "decode_steps": decode_steps,
+        "decode_tok_per_s": round(batch * decode_steps / decode_wall, 2) if decode_steps else None,
+        "tpot_ms": round(decode_wall / decode_steps * 1e3, 4) if decode_steps else None,
+        "decode_ort_s": round(decode_ort, 6),
+        "decode_wall_s": round(decode_wall, 6),
+        "framework_overhead_pct": round(100 * (1 - decode_ort / decode_wall), 2)
+        if decode_steps
+        else None,
+        "total_s": round(t_end - t_start, 6),
+    }

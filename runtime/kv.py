@@ -1,7 +1,11 @@
-"""KV-cache state per layout, behind one small interface the generator uses.
+"""KV-cache state per layout, behind one small interface the generator (and speculative decoding) uses.
 
-`concat`: the graph returns present = past + new; we feed it back as the next past.
-Other layouts (a shared preallocated buffer written in place) plug in here.
+`concat`: the graph returns present = past + new; we feed it back as the next past (allocates
+every step: fine for unfused graphs, which are not the fast path).
+`shared`: one preallocated buffer [B, Hkv, T, Dh] per layer, bound as both past and present, so
+the fused attention writes the new positions in place. The state is then just the per-row
+lengths; `rollback(n)` (rejected draft tokens) only moves lengths back: the stale slots are
+overwritten by the next step.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from specport.artifact import Manifest
+from specport.errors import ArtifactError, ContextLengthError
 
 
 class KVState(Protocol):
@@ -30,18 +35,93 @@ class ConcatKV:
         for heads, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim):
             self.past.append(np.zeros((batch, heads, 0, kd), dtype))
             self.past.append(np.zeros((batch, heads, 0, vd), dtype))
+        self.first_output = 1  # outputs[0] is logits
 
     def feeds(self) -> dict[str, Any]:
         return dict(zip(self.names, self.past))
 
     def update(self, outputs: list[Any]) -> None:
-        self.past = list(outputs[1 : 1 + len(self.names)])
+        start = self.first_output
+        self.past = list(outputs[start : start + len(self.names)])
+
+    @property
+    def length(self) -> int:
+        return int(self.past[0].shape[2]) if self.past else 0
 
 
-def make_kv_state(manifest: Manifest, batch: int) -> KVState:
+class SharedKV:
+    """Preallocated per-layer buffers [B, Hkv, T, D] plus per-row lengths (tokens in cache).
+
+    The buffers are numpy arrays wrapped (not copied) as OrtValues, so `bind(binding)` makes
+    onnxruntime read past and write present in the same memory. `lengths[b]` counts row b's
+    valid slots; the graph derives slot positions from `seqlens_k = lengths_after_step - 1`.
+    """
+
+    def __init__(self, manifest: Manifest, batch: int, max_length: int) -> None:
+        kv = manifest.kv
+        limit = kv.max_length or manifest.context_length
+        if max_length > limit:
+            raise ContextLengthError(
+                f"a KV buffer of {max_length} positions exceeds the artifact's limit of {limit}; "
+                "shorten the prompt or --max-new-tokens."
+            )
+        self.batch, self.max_length = batch, max_length
+        self.input_names = [n for pair in kv.inputs for n in pair]
+        self.output_names = [n for pair in kv.outputs for n in pair]
+        dtype = np.dtype(kv.dtype)
+        self.buffers: list[np.ndarray] = []
+        for heads, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim):
+            self.buffers.append(np.zeros((batch, heads, max_length, kd), dtype))
+            self.buffers.append(np.zeros((batch, heads, max_length, vd), dtype))
+        self.lengths = np.zeros(batch, dtype=np.int64)
+        self._ortvalues: list[Any] = []
+
+    # -- binding ---------------------------------------------------------------------
+    def bind(self, binding: Any) -> None:
+        """Bind every buffer as input past and output present (same OrtValue, written in place)."""
+        import onnxruntime as ort
+
+        if not self._ortvalues:
+            self._ortvalues = [ort.OrtValue.ortvalue_from_numpy(b) for b in self.buffers]
+        for name_in, name_out, value in zip(self.input_names, self.output_names, self._ortvalues):
+            binding.bind_ortvalue_input(name_in, value)
+            binding.bind_ortvalue_output(name_out, value)
+
+    # -- lengths ---------------------------------------------------------------------
+    def step_lengths(self, new_tokens: np.ndarray | int) -> tuple[np.ndarray, int]:
+        """(seqlens_k int32 [B], total_sequence_length) for a step adding `new_tokens` per row."""
+        after = self.lengths + new_tokens
+        if int(after.max()) > self.max_length:
+            raise ContextLengthError(
+                f"KV buffer full ({self.max_length} positions); generation ran past its budget."
+            )
+        return (after - 1).astype(np.int32), int(after.max())
+
+    def advance(self, new_tokens: np.ndarray | int) -> None:
+        self.lengths = self.lengths + new_tokens
+
+    def rollback(self, n: np.ndarray | int) -> None:
+        """Forget the last `n` positions per row (e.g. rejected draft tokens); data is overwritten later."""
+        self.lengths = np.maximum(self.lengths - n, 0)
+
+    # -- KVState protocol (for callers that run without binding) --------------------
+    def feeds(self) -> dict[str, Any]:
+        return dict(zip(self.input_names, self.buffers))
+
+    def update(self, outputs: list[Any]) -> None:
+        raise ArtifactError(
+            "shared-layout KV must run through IO binding (runtime.iobinding.BoundSession)."
+        )
+
+
+def make_kv_state(
+    manifest: Manifest, batch: int, max_length: int | None = None
+) -> ConcatKV | SharedKV:
     layout = manifest.kv.layout
     if layout == "concat":
         return ConcatKV(manifest, batch)
-    from specport.errors import ArtifactError
-
+    if layout == "shared":
+        return SharedKV(
+            manifest, batch, max_length or (manifest.kv.max_length or manifest.context_length)
+        )
     raise ArtifactError(f"KV layout {layout!r} is not supported by this runtime; upgrade specport.")

@@ -1,4 +1,18 @@
-"""Create the onnxruntime session for an artifact, with options chosen on purpose."""
+"""Create the onnxruntime session for an artifact, with options chosen on purpose.
+
+Choices and why (measured on the 2-core benchmark machine, see `specport bench`):
+- intra_op_threads: 0 = one per core, which is what decode (GEMV-bound) wants.
+- allow_spinning: onnxruntime's pool threads busy-wait between ops by default. On a dedicated
+  machine that saves a wake-up per op; on an oversubscribed one (more runnable work than cores)
+  the spinning thread burns the time slice the other thread needs, and decode was ~2x slower.
+  `None` (auto) spins only when the 1-minute load average leaves a core free.
+- prepacking: MatMul weights repacked once at load for the GEMM kernel (faster prefill); off
+  keeps the memory-mapped weights as they are (lower RSS, same decode speed within noise).
+- graph_optimization "all": the CPU fusions (SkipSimplifiedLayerNorm, QuickGelu from
+  x*sigmoid(x), Split from paired Slices) matter for the fused graph.
+External weights (`model.onnx.data`) are memory-mapped by onnxruntime when it loads them; there
+is no switch for it.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +31,9 @@ logger = logging.getLogger(__name__)
 class SessionConfig:
     """Knobs that matter for LLM decode on onnxruntime.
 
-    intra_op_threads: 0 = one per physical core (onnxruntime's default heuristic).
+    intra_op_threads: 0 = one per core.
     graph_optimization: "all" | "extended" | "basic" | "disable".
+    allow_spinning: True / False, or None = auto (spin only if the machine has an idle core).
     """
 
     provider: str = "auto"
@@ -26,7 +41,22 @@ class SessionConfig:
     graph_optimization: str = "all"
     enable_mem_pattern: bool = True
     disable_prepacking: bool = False
+    allow_spinning: bool | None = None
     log_severity: int = 3
+
+    def resolved_spinning(self) -> bool:
+        if self.allow_spinning is not None:
+            return self.allow_spinning
+        return machine_has_idle_core()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "intra_op_threads": self.intra_op_threads or (os.cpu_count() or 1),
+            "graph_optimization": self.graph_optimization,
+            "prepacking": not self.disable_prepacking,
+            "allow_spinning": self.resolved_spinning(),
+        }
 
 
 _LEVELS = {
@@ -37,6 +67,36 @@ _LEVELS = {
 }
 
 
+def machine_has_idle_core() -> bool:
+    """True when the 1-minute load average leaves at least one core free (spinning then pays)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return True
+    return load + 1.0 <= (os.cpu_count() or 1)
+
+
+def session_options(config: SessionConfig) -> Any:
+    """onnxruntime.SessionOptions for `config` (also used to give peers the same settings)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, _LEVELS[config.graph_optimization]
+    )
+    so.intra_op_num_threads = config.intra_op_threads or (os.cpu_count() or 1)
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.enable_mem_pattern = config.enable_mem_pattern
+    so.log_severity_level = config.log_severity
+    if config.disable_prepacking:
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    spin = "1" if config.resolved_spinning() else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    return so
+
+
 def make_session(
     model_path: str | os.PathLike[str], config: SessionConfig | None = None
 ) -> tuple[Any, str]:
@@ -45,17 +105,8 @@ def make_session(
 
     config = config or SessionConfig()
     providers = prov.resolve(config.provider)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(
-        ort.GraphOptimizationLevel, _LEVELS[config.graph_optimization]
-    )
-    if config.intra_op_threads:
-        so.intra_op_num_threads = config.intra_op_threads
-    so.enable_mem_pattern = config.enable_mem_pattern
-    so.log_severity_level = config.log_severity
-    if config.disable_prepacking:
-        so.add_session_config_entry("session.disable_prepacking", "1")
+    so = session_options(config)
     session = ort.InferenceSession(str(Path(model_path)), sess_options=so, providers=providers)
     used = prov.check_session(session, config.provider.lower())
-    logger.info("session on %s (%s)", used, providers)
+    logger.info("session on %s (%s), options %s", used, providers, config.describe())
     return session, used

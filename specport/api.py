@@ -163,6 +163,11 @@ class Model:
         def select(logits: np.ndarray, step: int) -> np.ndarray:
             return sampler(logits, history if needs_history else None)
 
+        if config.greedy and not needs_history:
+            from specport.runtime.generator import greedy_select
+
+            select = greedy_select  # lets a fused graph pick the token in-graph (argmax there)
+
         streams = TextStreams(self.tokenizer, len(rows), list(stop), on_text)
 
         def on_step(new: np.ndarray, active: np.ndarray) -> np.ndarray | None:

@@ -1,0 +1,137 @@
+"""The generation loop for `shared`-layout artifacts: bound buffers, in-place KV, overlapped callbacks.
+
+Same contract as `Generator.generate` (it is called from there). What differs from the plain
+loop, and why:
+- prompts are right-padded (the fused attention derives each row's slots from `seqlens_k`), so a
+  row's positions never include padding and batched output equals one-by-one output;
+- greedy selection uses the graph's `next_token` output (argmax in onnxruntime), other
+  selectors get the bound logits buffer [B, V] (a view, valid until the next step);
+- `on_step` (detokenization, stop strings) for token t runs in a worker thread while
+  onnxruntime computes step t+1; a row stopped by it discards that one extra token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from specport.runtime.generator import (
+    GenerationOutput,
+    Generator,
+    OnStep,
+    Select,
+    greedy_select,
+    step_metrics,
+)
+from specport.runtime.iobinding import BoundSession
+
+
+def bound_session(gen: Generator, batch: int, max_length: int) -> BoundSession:
+    """Reuse the generator's bound buffers when they fit (same batch, long enough), else allocate."""
+    cached: BoundSession | None = getattr(gen, "_bound", None)
+    if cached is not None and cached.batch == batch and cached.kv.max_length >= max_length:
+        cached.reset()
+        return cached
+    fresh = BoundSession(gen.session, gen.manifest, batch, max_length)
+    gen._bound = fresh  # type: ignore[attr-defined]
+    return fresh
+
+
+def run_bound(
+    gen: Generator,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    budget: int,
+    select: Select,
+    eos_ids: Sequence[int],
+    on_step: OnStep | None,
+    pad_id: int,
+    overlap: bool = True,
+) -> GenerationOutput:
+    lengths = np.array([len(p) for p in prompts], dtype=np.int64)
+    batch, longest = len(prompts), int(lengths.max())
+    ids = np.full((batch, longest), pad_id, dtype=np.int64)
+    for row, p in enumerate(prompts):
+        ids[row, : len(p)] = p
+    bound = bound_session(gen, batch, longest + budget)
+    greedy = select is greedy_select and bound.has_next
+    eos = np.array(sorted(set(int(e) for e in eos_ids)), dtype=np.int64)
+    out_tokens: list[list[int]] = [[] for _ in range(batch)]
+    reasons = ["length"] * batch
+    active = np.ones(batch, dtype=bool)
+    worker = (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="specport-on-step")
+        if on_step and overlap
+        else None
+    )
+
+    def choose(logits: np.ndarray, next_ids: np.ndarray | None, step: int) -> np.ndarray:
+        if greedy and next_ids is not None:
+            return next_ids.copy()
+        return np.asarray(select(logits, step), dtype=np.int64)
+
+    def apply_stops(stop_rows: np.ndarray | None, rows: np.ndarray) -> None:
+        if stop_rows is not None:
+            for r in np.flatnonzero(stop_rows & rows):
+                reasons[r] = "stop"
+                active[r] = False
+
+    try:
+        t_start = time.perf_counter()
+        logits, next_ids = bound.prefill(ids, lengths)
+        prefill_ort = bound.ort_seconds
+        new = choose(logits, next_ids, 0)
+        t_first = time.perf_counter()
+        steps = 0
+        while True:
+            step_rows = active.copy()
+            Generator._record(new, active, out_tokens, reasons, eos)
+            pending: Future[Any] | None = None
+            if on_step is not None:
+                if worker is not None:
+                    pending = worker.submit(on_step, new.copy(), step_rows)
+                else:
+                    apply_stops(on_step(new, step_rows.copy()), step_rows)
+            if eos.size:
+                active &= ~np.isin(new, eos)
+            steps += 1
+            if not active.any() or steps >= budget:
+                if pending is not None:
+                    apply_stops(pending.result(), step_rows)
+                if steps >= budget and budget < max_new_tokens:
+                    for r in np.flatnonzero(active):
+                        reasons[r] = "context"
+                break
+            logits, next_ids = bound.decode(np.where(active, new, pad_id))
+            if pending is not None:
+                apply_stops(pending.result(), step_rows)
+                if not active.any():
+                    break
+            new = choose(logits, next_ids, steps)
+        t_end = time.perf_counter()
+    finally:
+        if worker is not None:
+            worker.shutdown(wait=True)
+    metrics = step_metrics(
+        batch,
+        lengths.tolist(),
+        out_tokens,
+        steps,
+        t_start,
+        t_first,
+        t_end,
+        bound.ort_seconds - prefill_ort,
+    )
+    metrics.update(
+        {
+            "kv_layout": "shared",
+            "io_binding": True,
+            "greedy_in_graph": greedy,
+            "overlapped_callbacks": worker is not None,
+        }
+    )
+    return GenerationOutput(out_tokens, reasons, metrics)

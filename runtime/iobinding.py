@@ -1,0 +1,131 @@
+"""Run a shared-KV graph through onnxruntime IO binding with buffers allocated once.
+
+Per step the Python side writes B token ids, B sequence lengths and one scalar into arrays that
+are already bound; onnxruntime writes K/V in place into the per-layer buffers, the last
+position's logits [B, V] and the greedy token [B] into preallocated outputs. Nothing of size
+O(layers x T) is allocated, concatenated or copied in Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from specport.artifact import Manifest
+from specport.errors import ArtifactError
+from specport.runtime.kv import SharedKV
+
+logger = logging.getLogger(__name__)
+
+
+def runtime_io(manifest: Manifest) -> dict[str, Any]:
+    """Names of the shared layout's extra inputs/outputs (defaults = the KVLayout contract)."""
+    io = dict(manifest.extra.get("runtime", {}))
+    io.setdefault("padding", "right")
+    io.setdefault("seqlens_input", "seqlens_k")
+    io.setdefault("total_length_input", "total_sequence_length")
+    io.setdefault("logits_index_input", "logits_index")
+    io.setdefault("next_token_output", "next_token")
+    return io
+
+
+class BoundSession:
+    """One generation's worth of bound buffers for a batch of `batch` rows and KV length `max_length`.
+
+    `prefill(ids [B, S], lengths [B])` and `decode(ids [B])` run one step and return
+    (logits [B, V] view, greedy ids [B] view or None); both views are overwritten by the next step.
+    """
+
+    def __init__(self, session: Any, manifest: Manifest, batch: int, max_length: int) -> None:
+        import onnxruntime as ort
+
+        if manifest.kv.layout != "shared":
+            raise ArtifactError("IO binding with in-place KV needs a `shared` KV layout artifact.")
+        self.session = session
+        self.io = runtime_io(manifest)
+        self.kv = SharedKV(manifest, batch, max_length)
+        self.batch = batch
+        self.ort_seconds = 0.0  # time inside onnxruntime since the last reset
+        self.input_names = {i.name for i in session.get_inputs()}
+        self.output_names = [o.name for o in session.get_outputs()]
+        for needed in (self.io["seqlens_input"], self.io["total_length_input"]):
+            if needed not in self.input_names:
+                raise ArtifactError(
+                    f"shared-layout graph has no {needed!r} input; re-export the artifact."
+                )
+        self.binding = session.io_binding()
+        self.kv.bind(self.binding)
+        self._ov = ort.OrtValue.ortvalue_from_numpy
+        self._values: dict[str, Any] = {}  # bound OrtValues must outlive the binding
+        # Inputs that keep one shape for the whole generation: bound once, updated in place.
+        self.seqlens = np.zeros(batch, dtype=np.int32)
+        self.total = np.zeros((), dtype=np.int32)
+        self.decode_ids = np.zeros((batch, 1), dtype=np.int64)
+        self._bind_in(self.io["seqlens_input"], self.seqlens)
+        self._bind_in(self.io["total_length_input"], self.total)
+        self.logits_index = np.zeros((batch, 1), dtype=np.int64)
+        self.has_index = self.io["logits_index_input"] in self.input_names
+        if self.has_index:
+            self._bind_in(self.io["logits_index_input"], self.logits_index)
+        vocab = manifest.vocab_size
+        self.has_next = self.io["next_token_output"] in self.output_names
+        self.logits = np.zeros((batch, 1, vocab), dtype=np.float32)
+        self.next_token = np.zeros((batch, 1), dtype=np.int64)
+        self._bind_out("logits", self.logits)
+        if self.has_next:
+            self._bind_out(self.io["next_token_output"], self.next_token)
+
+    def _bind_in(self, name: str, arr: np.ndarray) -> None:
+        value = self._ov(arr)
+        self._values[f"in:{name}"] = value
+        self.binding.bind_ortvalue_input(name, value)
+
+    def _bind_out(self, name: str, arr: np.ndarray) -> None:
+        value = self._ov(arr)
+        self._values[f"out:{name}"] = value
+        self.binding.bind_ortvalue_output(name, value)
+
+    def reset(self) -> None:
+        """Empty the cache for a new generation (buffers are kept; stale slots get overwritten)."""
+        self.kv.lengths[:] = 0
+        self.ort_seconds = 0.0
+
+    def _run(self) -> tuple[np.ndarray, np.ndarray | None]:
+        t0 = time.perf_counter()
+        self.session.run_with_iobinding(self.binding)
+        self.ort_seconds += time.perf_counter() - t0
+        return self.logits[:, 0, :], (self.next_token[:, 0] if self.has_next else None)
+
+    def prefill(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """ids [B, S] right-padded, lengths [B] real tokens per row (cache must be empty)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if self.kv.lengths.any():
+            raise ArtifactError(
+                "prefill on a non-empty KV state; use extend() for chunked prompts."
+            )
+        seqlens, total = self.kv.step_lengths(lengths)
+        if total != ids.shape[1]:
+            raise ArtifactError("prefill ids must be padded exactly to the longest prompt.")
+        self.seqlens[:] = seqlens
+        self.total[...] = total
+        self.logits_index[:, 0] = lengths - 1
+        self._bind_in("input_ids", ids)
+        out = self._run()
+        self.kv.advance(lengths)
+        self._bind_in("input_ids", self.decode_ids)
+        self.logits_index[:, 0] = 0
+        return out
+
+    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """ids [B]: one new token per row (finished rows may pass anything)."""
+        self.decode_ids[:, 0] = ids
+        seqlens, total = self.kv.step_lengths(1)
+        self.seqlens[:] = seqlens
+        self.total[...] = total
+        out = self._run()
+        self.kv.advance(1)
+        return out
