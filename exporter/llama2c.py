@@ -21,6 +21,7 @@ import logging
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ from specport.exporter.sp_tokenizer import (
 )
 
 logger = logging.getLogger(__name__)
+
+# transformers 5 moves rope_theta into rope_parameters but still accepts it as a keyword.
+_ROPE: dict[str, Any] = {"rope_theta": 10000.0}
 
 MAGIC_V1 = 0x616B3432  # "ak42" read as a little-endian uint32
 V1_HEADER_BYTES = 256
@@ -213,7 +217,7 @@ def llama2c_config(header: Llama2cHeader) -> LlamaConfig:
         max_position_embeddings=header.seq_len,
         hidden_act="silu",
         rms_norm_eps=1e-5,
-        rope_theta=10000.0,
+        **_ROPE,
         tie_word_embeddings=header.shared_classifier,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,

@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -36,6 +37,9 @@ from specport.exporter.sp_tokenizer import (
 from specport.samples.corpus import generate_corpus
 
 logger = logging.getLogger(__name__)
+
+# transformers 5 moves rope_theta into rope_parameters but still accepts it as a keyword.
+_ROPE: dict[str, Any] = {"rope_theta": 10000.0}
 
 PAD = "<pad>"
 SPECIAL_PIECES = [UNK, BOS, EOS, PAD]  # ids 0, 1, 2, 3
@@ -110,7 +114,7 @@ def model_config(cfg: DemoTrainConfig, tok: Tokenizer) -> LlamaConfig:
         vocab_size=tok.get_vocab_size(),
         max_position_embeddings=cfg.context_length,
         rms_norm_eps=1e-5,
-        rope_theta=10000.0,
+        **_ROPE,
         tie_word_embeddings=True,
         bos_token_id=vocab[BOS],
         eos_token_id=vocab[EOS],
@@ -122,6 +126,7 @@ def model_config(cfg: DemoTrainConfig, tok: Tokenizer) -> LlamaConfig:
 def _token_stream(tok: Tokenizer, texts: list[str]) -> torch.Tensor:
     """All documents as one id stream, each `<s> story </s>`. Returns [N] int64."""
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
+    assert bos is not None and eos is not None, "the demo tokenizer always has <s> and </s>"
     ids: list[int] = []
     for enc in tok.encode_batch(texts, add_special_tokens=False):
         ids.append(bos)
