@@ -12,9 +12,9 @@ outputs do not change (present.{i}.* keep their names), so the runtime needs no 
 
 What is not matched, with the reason in the report: softcap (Gemma-2), 3-D packed Q/K/V,
 attention whose K/V are not a 2-input Concat of a past (no KV cache / other cache layouts),
-unknown head counts. Sliding window comes from the pass option `sliding_window` (int, or a list
-per attention node in graph order) or the model metadata key `sliding_window`; the exported
-mask is not reverse-engineered, so a model with a window and no option is reported.
+unknown head counts. The sliding window comes from the pass option `sliding_window` (int, or a
+list per attention node in graph order), else the model metadata key `sliding_window`, else the
+exported mask itself (HF's `kv_idx > q_idx - W` term, see `detect_window`).
 """
 
 from __future__ import annotations
@@ -63,6 +63,29 @@ def _concat_parts(v: ir.Value) -> tuple[ir.Node, ir.Value, ir.Value] | None:
     return node, node.inputs[0], node.inputs[1]
 
 
+def detect_window(mask: ir.Value | None, limit: int = 400) -> int | None:
+    """Find HF's sliding-window term `kv_idx > q_idx - W` in the exported mask subgraph.
+
+    transformers' `sliding_window_overlay` exports as Greater(k, Sub(q, W)) with W a constant;
+    returns W, or None when the mask has no such term (full causal attention).
+    """
+    seen: set[int] = set()
+    stack = [mask]
+    while stack and len(seen) < limit:
+        v = stack.pop()
+        node = v.producer() if v is not None else None
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op_type == "Greater" and node.domain == "":
+            sub = _producer(node.inputs[1], "Sub")
+            c = sub.inputs[1].const_value if sub is not None and sub.inputs[1] is not None else None
+            if c is not None and c.numpy().size == 1:
+                return int(c.numpy().reshape(-1)[0])
+        stack.extend(node.inputs)
+    return None
+
+
 def _static(v: ir.Value, axis: int) -> int | None:
     if v.shape is None or v.shape.rank() != 4:
         return None
@@ -86,14 +109,17 @@ class FuseAttentionPass(Pass):
             return "no ai.onnx Attention node (decomposed MatMul/Softmax attention is not fused)"
         return None
 
-    def _window(self, model: ir.Model, index: int) -> tuple[int, str]:
+    def _window(self, model: ir.Model, index: int, node: ir.Node) -> tuple[int, str]:
         sw: Any = self.sliding_window
         source = "option"
         if sw is None and "sliding_window" in model.metadata_props:
             sw, source = model.metadata_props["sliding_window"], "metadata"
             sw = [int(x) for x in str(sw).split(",")] if "," in str(sw) else int(sw)
         if sw is None:
-            return 0, "none given (assumed full attention)"
+            found = detect_window(node.inputs[3] if len(node.inputs) > 3 else None)
+            if found is not None:
+                return found, "detected in the exported mask"
+            return 0, "none (no window term in the mask, no option)"
         if isinstance(sw, list):
             return int(sw[index]) if index < len(sw) else 0, source
         return int(sw), source
@@ -142,7 +168,7 @@ class FuseAttentionPass(Pass):
             if isinstance(m, str):
                 rejected.append({"node": node.name or "", "reason": m})
                 continue
-            window, wsource = self._window(model, index)
+            window, wsource = self._window(model, index, node)
             (ck, past_k, new_k), (cv, past_v, new_v) = m["k_concat"], m["v_concat"]
             attrs = {
                 "scale": float(m["scale"]),

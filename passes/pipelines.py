@@ -4,6 +4,7 @@
              -> lower(neutral: specport ops + function bodies)
     cpu/cuda same fusions -> lower(com.microsoft contrib ops) -> cleanup
     cann     same fusions -> lower(inline function bodies: standard ops) -> cleanup
+    kv_layout="shared" (cpu/cuda) appends shared_kv: one preallocated KV buffer per layer.
 
 `passes=[...]` picks a subset by name, in pipeline order ("lower" and "normalize" are always
 kept: a fused-but-unlowered graph would carry ops the target cannot run).
@@ -27,6 +28,7 @@ from specport.passes.fuse_rms_norm import FuseRMSNormPass
 from specport.passes.fuse_rotary import FuseRotaryPass
 from specport.passes.fuse_skip_norm import FuseSkipNormPass
 from specport.passes.lower import LowerPass
+from specport.passes.shared_kv import SharedKVPass
 
 logger = logging.getLogger(__name__)
 
@@ -47,34 +49,47 @@ def _make(name: str, target: str, options: dict[str, Any]) -> Pass:
         return FuseAttentionPass(sliding_window=options.get("sliding_window"))
     if name == "lower":
         lower_opts = {k: options[k] for k in ("rms_norm", "gqa_fallback") if k in options}
+        if options.get("kv_layout") == "shared":
+            lower_opts["gqa_fallback"] = "none"  # an in-place buffer cannot take the If
         return LowerPass(target, **lower_opts)
     if name == "cleanup":
         return CleanupPass()
+    if name == "shared_kv":
+        return SharedKVPass(options.get("max_length"))
     raise PassError(f"unknown pass {name!r}: choose from {', '.join(all_pass_names())}")
 
 
 def all_pass_names() -> list[str]:
-    return ["normalize", *FUSIONS, "lower", "cleanup"]
+    return ["normalize", *FUSIONS, "lower", "cleanup", "shared_kv"]
 
 
 def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -> Pipeline:
     """The pipeline for `target` (neutral/cpu/cuda/cann); `passes` restricts it by name.
 
     Options: `sliding_window` (int or per-attention list), `rms_norm` ("contrib"|"standard"),
-    `gqa_fallback` ("if"|"none").
+    `gqa_fallback` ("if"|"none"), `kv_layout` ("concat"|"shared", see passes/shared_kv.py),
+    `max_length` (buffer length written into shapes for the shared layout).
     """
     if target not in TARGETS:
         raise PassError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
     names = all_pass_names()
+    names.remove("shared_kv")
     if target == "neutral":
         names.remove("cleanup")
+    if options.get("kv_layout", "concat") == "shared":
+        if target not in ("cpu", "cuda"):
+            raise PassError(
+                f"kv_layout='shared' needs onnxruntime's GroupQueryAttention: use target "
+                f"cpu or cuda, not {target!r}"
+            )
+        names.append("shared_kv")
     if passes is not None:
         unknown = [p for p in passes if p not in all_pass_names()]
         if unknown:
             raise PassError(
                 f"unknown pass(es) {unknown}: choose from {', '.join(all_pass_names())}"
             )
-        names = [n for n in names if n in passes or n in ALWAYS]
+        names = [n for n in names if n in passes or n in ALWAYS or n == "shared_kv"]
     return Pipeline([_make(n, target, options) for n in names], name=f"optimize[{target}]")
 
 
@@ -99,3 +114,11 @@ def optimize_model(
     report = dict(result.report)
     report["target"] = target
     return result.model, report
+
+
+def save_model(model: ir.Model, path: str | Path) -> Path:
+    """Save with weights in `<name>.data` beside the graph (the artifact convention)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ir.save(model, str(path), external_data=path.name + ".data")
+    return path

@@ -235,16 +235,6 @@ def cached_export(arch: str, cache_dir: Path, dynamo: bool = True, **overrides: 
 ExportFn = Callable[..., tuple[Any, Path]]
 
 
-def save_model(model: Any, path: str | os.PathLike) -> Path:
-    """Save an onnx_ir model with weights in `<name>.data` next to it."""
-    import onnx_ir as ir
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ir.save(model, str(path), external_data=path.name + ".data")
-    return path
-
-
 def cpu_session(model_or_path: Any, tmp: str | os.PathLike | None = None, threads: int = 0):
     """A bare CPU InferenceSession on a path or an onnx_ir model (saved to `tmp` first)."""
     import tempfile
@@ -254,6 +244,8 @@ def cpu_session(model_or_path: Any, tmp: str | os.PathLike | None = None, thread
     path = model_or_path
     if not isinstance(model_or_path, (str, Path)):
         tmp = Path(tmp or tempfile.mkdtemp(prefix="specport_"))
+        from specport.passes.pipelines import save_model
+
         path = save_model(model_or_path, tmp / "model.onnx")
     so = ort.SessionOptions()
     so.log_severity_level = 3

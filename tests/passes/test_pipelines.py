@@ -101,12 +101,13 @@ def test_parity_and_greedy(tiny_export, tmp_path, arch, target):
 
 @pytest.mark.slow
 def test_sliding_window_option(tiny_export, tmp_path):
-    """Mistral with a window shorter than the test sequences: fused only matches with the option."""
+    """Mistral with a window shorter than the test sequences: detected from the exported mask."""
     model, path = tiny_export("mistral", sliding_window=3)
     dims, vocab = kv_dims(model), model.config.vocab_size
-    fused, report = optimize_model(path, "cpu", sliding_window=3)
+    fused, report = optimize_model(path, "cpu")
     attn = next(p for p in report["passes"] if p["name"] == "fuse_attention")
     assert attn["fused"][0]["sliding_window"] == 3
+    assert attn["fused"][0]["window_source"].startswith("detected")
     assert _parity(cpu_session(path), cpu_session(fused, tmp_path), dims, vocab) < 1e-4
 
 

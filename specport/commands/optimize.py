@@ -1,0 +1,109 @@
+"""`specport optimize IN.onnx --out OUT.onnx`: fuse and lower any ONNX decoder graph.
+
+Works on a bare ONNX file (dynamo or TorchScript export, with or without KV cache): patterns
+that do not match leave the graph as it was, and the report says which and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from specport.cli import emit_json
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("optimize", help="fuse and lower an ONNX graph for a target")
+    p.add_argument("model", help="input .onnx file (external data next to it is followed)")
+    p.add_argument("--out", required=True, help="output .onnx (weights go to OUT.onnx.data)")
+    p.add_argument(
+        "--target",
+        default="cpu",
+        choices=["cpu", "cuda", "cann", "neutral"],
+        help="cpu/cuda: onnxruntime contrib ops; cann: standard ops only; "
+        "neutral: specport ops with portable function bodies (default cpu)",
+    )
+    p.add_argument("--passes", help="comma-separated subset of passes (see --list-passes)")
+    p.add_argument("--list-passes", action="store_true", help="print pass names and exit")
+    p.add_argument(
+        "--sliding-window",
+        type=int,
+        help="attention window (tokens) when the graph's mask does not reveal it",
+    )
+    p.add_argument(
+        "--no-gqa-fallback",
+        action="store_true",
+        help="cpu/cuda: no If fallback around GroupQueryAttention (faster to load; batch>1 "
+        "multi-token steps on a past then fail in onnxruntime)",
+    )
+    p.add_argument(
+        "--kv-layout",
+        default="concat",
+        choices=["concat", "shared"],
+        help="shared (cpu/cuda): one preallocated KV buffer per layer + seqlens_k inputs",
+    )
+    p.add_argument("--max-length", type=int, help="KV buffer length for --kv-layout shared")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(run=run)
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    """Per pass: matched counts and reasons, plus whole-run op counts before/after."""
+    passes = report.get("passes", [])
+    out: list[dict[str, Any]] = []
+    for p in passes:
+        item = {"name": p["name"], "modified": p.get("modified", False)}
+        for key in ("matched", "skipped", "note", "rejected", "lowered", "cann"):
+            if key in p:
+                item[key] = p[key]
+        out.append(item)
+    before = passes[0].get("ops_before", {}) if passes else {}
+    after = passes[-1].get("ops_after", {}) if passes else {}
+    return {
+        "target": report.get("target"),
+        "passes": out,
+        "nodes_before": sum(before.values()),
+        "nodes_after": sum(after.values()),
+        "ops_before": before,
+        "ops_after": after,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from specport.errors import InputError
+    from specport.passes.io_contract import fused_io_contract
+    from specport.passes.pipelines import all_pass_names, optimize_model, save_model
+
+    if args.list_passes:
+        names = all_pass_names()
+        emit_json({"passes": names}) if args.json else print("\n".join(names))
+        return 0
+    src = Path(args.model)
+    if not src.is_file():
+        raise InputError(f"{src} is not a file: pass the path of an .onnx model")
+    passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else None
+    options: dict[str, Any] = {}
+    if args.sliding_window is not None:
+        options["sliding_window"] = args.sliding_window
+    if args.kv_layout == "shared":
+        options["kv_layout"] = "shared"
+        options["max_length"] = args.max_length
+    if args.no_gqa_fallback:
+        options["gqa_fallback"] = "none"
+    model, report = optimize_model(src, args.target, passes, **options)
+    out = save_model(model, args.out)
+    info = summarize(report)
+    info["out"] = str(out)
+    info["io_contract"] = fused_io_contract(model)
+    if args.json:
+        emit_json(info)
+        return 0
+    print(f"{src} -> {out} (target {info['target']})")
+    for p in info["passes"]:
+        detail = p.get("matched", p.get("skipped", p.get("lowered", "")))
+        print(f"  {p['name']:<16} {detail}")
+        for r in p.get("rejected", [])[:5]:
+            print(f"      not fused: {r.get('reason')} ({r.get('at') or r.get('node', '')})")
+    print(f"  nodes: {info['nodes_before']} -> {info['nodes_after']}")
+    return 0
