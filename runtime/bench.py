@@ -1,0 +1,319 @@
+"""Benchmark an artifact: latency/throughput, overhead, memory, and how far it is from the hardware.
+
+Decode of a small LLM on CPU reads every weight once per step, so the honest yardstick is not a
+peer but the memory system: `floor = bytes read per token / measured streaming bandwidth`. The
+bandwidth is a numpy copy over a buffer as large as the weights (so it lands in the same cache
+level the weights do). Peers (onnxruntime-genai, transformers) run in this process, on the same
+prompts, with the same thread count, after ours; every engine gets a warm-up run first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specport import artifact as art
+
+logger = logging.getLogger(__name__)
+
+TIME_KEYS = ("ttft_ms", "tpot_ms")  # lower is better
+RATE_KEYS = ("decode_tok_per_s", "prefill_tok_per_s")  # higher is better
+
+
+@dataclass
+class BenchConfig:
+    prompt_len: int = 32
+    new_tokens: int = 128
+    batch: int = 1
+    runs: int = 5
+    threads: int = 0
+    allow_spinning: bool | None = None
+    provider: str = "cpu"
+    prompt_ids: list[int] | None = None
+    seed: int = 0
+
+
+@dataclass
+class EngineResult:
+    name: str
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    peak_rss_mb: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def median(self, key: str) -> float | None:
+        vals = [r[key] for r in self.runs if r.get(key) is not None]
+        return round(statistics.median(vals), 3) if vals else None
+
+    def best(self, key: str) -> float | None:
+        vals = [r[key] for r in self.runs if r.get(key) is not None]
+        if not vals:
+            return None
+        return round(min(vals) if key in TIME_KEYS else max(vals), 3)
+
+    def summary(self) -> dict[str, Any]:
+        keys = (*TIME_KEYS, *RATE_KEYS, "framework_overhead_pct")
+        out: dict[str, Any] = {k: self.median(k) for k in keys}
+        out["best"] = {k: self.best(k) for k in (*TIME_KEYS, *RATE_KEYS)}
+        out["spread_pct"] = _spread(self.runs, "decode_tok_per_s")
+        out["peak_rss_mb"] = self.peak_rss_mb
+        out["runs"] = len(self.runs)
+        return out | self.info
+
+
+def _spread(runs: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in runs if r.get(key)]
+    if len(vals) < 2:
+        return None
+    return round(100 * (max(vals) - min(vals)) / statistics.median(vals), 1)
+
+
+# ---- memory -----------------------------------------------------------------------------
+def reset_peak_rss() -> None:
+    """Linux: make VmHWM restart from the current RSS, so each engine's peak is its own."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mb() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def measure_bandwidth(nbytes: int, repeats: int = 7) -> dict[str, float]:
+    """Streaming copy (read + write) over `nbytes`: GB/s as best and median of `repeats`."""
+    n = max(nbytes // 4, 1 << 20)
+    src = np.ones(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        rates.append(2 * src.nbytes / (time.perf_counter() - t0) / 1e9)
+    return {
+        "buffer_mb": round(src.nbytes / 2**20, 1),
+        "best_gb_s": round(max(rates), 2),
+        "median_gb_s": round(statistics.median(rates), 2),
+    }
+
+
+def bytes_per_token(model_path: Path) -> dict[str, int]:
+    """Weight bytes one decode step reads: every initializer, except tables only gathered from
+    (embedding: one row per token). Read from the graph, not the config, so fusions and
+    quantized layouts are counted as they ship."""
+    import onnx
+
+    proto = onnx.load(str(model_path), load_external_data=False)
+    sizes: dict[str, int] = {}
+    rows: dict[str, int] = {}
+    for t in proto.graph.initializer:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        count = int(np.prod(t.dims)) if len(t.dims) else 1
+        sizes[t.name] = count * itemsize
+        rows[t.name] = sizes[t.name] // max(int(t.dims[0]), 1) if len(t.dims) else sizes[t.name]
+    uses: dict[str, list[tuple[str, int]]] = {}
+    for node in proto.graph.node:
+        for idx, name in enumerate(node.input):
+            if name in sizes:
+                uses.setdefault(name, []).append((node.op_type, idx))
+    total = gathered = 0
+    for name, size in sizes.items():
+        only_gather = uses.get(name) and all(op == "Gather" and i == 0 for op, i in uses[name])
+        if only_gather:
+            gathered += size
+            total += rows[name]
+        else:
+            total += size
+    return {"weights": total, "gather_tables": gathered, "all_initializers": sum(sizes.values())}
+
+
+def kv_bytes_per_token(manifest: art.Manifest, avg_length: float, batch: int) -> int:
+    """KV bytes one decode step reads for `batch` rows at average cache length `avg_length`."""
+    kv = manifest.kv
+    per_pos = sum(h * (k + v) for h, k, v in zip(kv.num_heads, kv.key_dim, kv.value_dim))
+    return int(per_pos * np.dtype(kv.dtype).itemsize * avg_length * batch)
+
+
+# ---- prompts and our engine -------------------------------------------------------------
+def make_prompts(config: BenchConfig, vocab: int) -> list[list[int]]:
+    if config.prompt_ids:
+        return [list(config.prompt_ids) for _ in range(config.batch)]
+    rng = np.random.default_rng(config.seed)
+    low = min(3, vocab - 1)  # skip the usual special ids (pad/bos/eos)
+    return [rng.integers(low, vocab, size=config.prompt_len).tolist() for _ in range(config.batch)]
+
+
+def run_engine(
+    name: str, once: Callable[[], dict[str, Any]], runs: int, warmup: int = 1
+) -> EngineResult:
+    """Warm up, then `runs` measured runs; peak RSS covers warm-up and runs of this engine only."""
+    reset_peak_rss()
+    for _ in range(warmup):
+        once()
+    result = EngineResult(name)
+    for i in range(runs):
+        metrics = once()
+        logger.info(
+            "%s run %d: %s", name, i + 1, {k: metrics.get(k) for k in (*TIME_KEYS, *RATE_KEYS)}
+        )
+        result.runs.append(metrics)
+    result.peak_rss_mb = peak_rss_mb()
+    return result
+
+
+def bench_specport(
+    artifact: Path, prompts: Sequence[Sequence[int]], config: BenchConfig
+) -> EngineResult:
+    from specport.runtime.generator import Generator
+    from specport.runtime.session import SessionConfig, make_session
+
+    manifest = art.read_manifest(artifact)
+    sc = SessionConfig(
+        provider=config.provider,
+        intra_op_threads=config.threads,
+        allow_spinning=config.allow_spinning,
+    )
+    reset_peak_rss()
+    session, used = make_session(artifact / manifest.model_file, sc)
+    gen = Generator(session, manifest)
+
+    def once() -> dict[str, Any]:
+        return gen.generate(prompts, config.new_tokens, eos_ids=()).metrics
+
+    result = run_engine("specport", once, config.runs)
+    result.info = {"provider": used, "kv_layout": manifest.kv.layout, "session": sc.describe()}
+    return result
+
+
+def hardware_floor(artifact: Path, manifest: art.Manifest, config: BenchConfig) -> dict[str, Any]:
+    """Bytes per decode step and the tokens/s the measured bandwidth allows at most."""
+    weights = bytes_per_token(artifact / manifest.model_file)
+    avg_len = config.prompt_len + config.new_tokens / 2
+    kv = kv_bytes_per_token(manifest, avg_len, config.batch)
+    step_bytes = weights["weights"] + kv
+    bw = measure_bandwidth(weights["all_initializers"])
+    floor_s = step_bytes / (bw["median_gb_s"] * 1e9)
+    return {
+        "weight_bytes_per_step": weights["weights"],
+        "kv_bytes_per_step": kv,
+        "bandwidth": bw,
+        "floor_tpot_ms": round(floor_s * 1e3, 3),
+        "floor_decode_tok_per_s": round(config.batch / floor_s, 2),
+        "cpu_count": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()]
+        if hasattr(os, "getloadavg")
+        else None,
+    }
+
+
+def compare(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, float | None]:
+    """Speedup of ours over a peer per metric (>1 = ours better), from medians."""
+    out: dict[str, float | None] = {}
+    for key in TIME_KEYS:
+        a, b = ours.get(key), peer.get(key)
+        out[key] = round(b / a, 3) if a and b else None
+    for key in RATE_KEYS:
+        a, b = ours.get(key), peer.get(key)
+        out[key] = round(a / b, 3) if a and b else None
+    return out
+
+
+def run_bench(
+    artifact: str | os.PathLike[str],
+    config: BenchConfig,
+    peers: Sequence[str] = (),
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Everything `specport bench` prints, as one JSON-able dict."""
+    from specport.runtime import peers as peer_mod
+
+    path = Path(artifact)
+    manifest = art.read_manifest(path)
+    prompts = make_prompts(config, manifest.vocab_size)
+    config.prompt_len = len(prompts[0])
+    ours = bench_specport(path, prompts, config)
+    report: dict[str, Any] = {
+        "artifact": str(path),
+        "config": {k: v for k, v in vars(config).items() if k != "prompt_ids"},
+        "engines": {"specport": ours.summary()},
+        "hardware": hardware_floor(path, manifest, config),
+    }
+    floor = report["hardware"]["floor_tpot_ms"]
+    tpot = report["engines"]["specport"]["tpot_ms"]
+    report["engines"]["specport"]["tpot_vs_floor"] = (
+        round(tpot / floor, 3) if tpot and floor else None
+    )
+    for name in peers:
+        peer = peer_mod.make_peer(name, manifest, config, progress=progress)
+        result = run_engine(name, lambda p=peer: p.run(prompts, config.new_tokens), config.runs)
+        result.info = peer.info()
+        summary = result.summary()
+        summary["specport_speedup"] = compare(report["engines"]["specport"], summary)
+        report["engines"][name] = summary
+        peer.close()
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """One table: a row per metric, a column per engine, and ours-vs-peer speedups."""
+    engines = report["engines"]
+    names = list(engines)
+    rows = [
+        ("ttft_ms", "TTFT ms"),
+        ("tpot_ms", "TPOT ms"),
+        ("decode_tok_per_s", "decode tok/s"),
+        ("prefill_tok_per_s", "prefill tok/s"),
+        ("framework_overhead_pct", "overhead %"),
+        ("peak_rss_mb", "peak RSS MB"),
+        ("spread_pct", "decode spread %"),
+    ]
+    header = ["metric", *names, *[f"specport/{n}" for n in names[1:]]]
+    lines = [header]
+    for key, label in rows:
+        line = [label] + [_fmt(engines[n].get(key)) for n in names]
+        for n in names[1:]:
+            line.append(_fmt(engines[n].get("specport_speedup", {}).get(key), "x"))
+        lines.append(line)
+    widths = [max(len(str(r[i])) for r in lines) for i in range(len(header))]
+    text = "\n".join(
+        "  ".join(
+            str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        )
+        for r in lines
+    )
+    hw = report["hardware"]
+    cfg = report["config"]
+    text += (
+        f"\n\nbatch {cfg['batch']}, prompt {cfg['prompt_len']}, new {cfg['new_tokens']}, runs {cfg['runs']} "
+        f"(medians; speedup > 1 = specport better)\n"
+        f"bytes per decode step: weights {hw['weight_bytes_per_step'] / 1e6:.1f} MB + KV "
+        f"{hw['kv_bytes_per_step'] / 1e6:.2f} MB; bandwidth (numpy copy, {hw['bandwidth']['buffer_mb']} MB) "
+        f"median {hw['bandwidth']['median_gb_s']} GB/s, best {hw['bandwidth']['best_gb_s']} GB/s\n"
+        f"bandwidth floor: TPOT {hw['floor_tpot_ms']} ms ({hw['floor_decode_tok_per_s']} tok/s); "
+        f"specport TPOT / floor = {engines['specport'].get('tpot_vs_floor')}; load average {hw['load_average']}"
+    )
+    return text
+
+
+def _fmt(value: Any, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}{suffix}" if abs(value) < 100 else f"{value:.1f}{suffix}"
+    return f"{value}{suffix}"

@@ -1,0 +1,231 @@
+"""Peers for `specport bench`: onnxruntime-genai and transformers, run on the same prompts.
+
+Each peer is built from the artifact's own source model (the manifest records its path), runs in
+this process with the same thread count, and is given its best settings: onnxruntime-genai gets
+intra-op threads = cores and the same spinning choice as ours, a KV buffer sized to the run
+(max_length = prompt + new tokens) and EOS suppressed so every run makes the same number of
+tokens; transformers runs `generate` under `torch.inference_mode` with `torch.set_num_threads`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specport import artifact as art
+from specport.errors import InputError, SpecportError
+
+logger = logging.getLogger(__name__)
+
+PEERS = ("onnxruntime-genai", "transformers")
+
+
+def source_dir(manifest: art.Manifest) -> Path:
+    """The HF model directory the artifact was exported from (errors if it is gone)."""
+    from specport.exporter import source as src_mod
+
+    original = manifest.source.get("path")
+    if not original:
+        raise InputError("the artifact's manifest records no source model path; peers need it.")
+    return src_mod.resolve(original).path
+
+
+def make_peer(name: str, manifest: art.Manifest, config: Any, progress: bool | None = None) -> Any:
+    if name == "onnxruntime-genai":
+        return GenaiPeer(manifest, config, progress)
+    if name == "transformers":
+        return TransformersPeer(manifest, config)
+    raise InputError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}.")
+
+
+def _threads(config: Any) -> int:
+    return int(config.threads or (os.cpu_count() or 1))
+
+
+class GenaiPeer:
+    """onnxruntime-genai fp32/cpu model built by its own builder from the same HF directory."""
+
+    def __init__(self, manifest: art.Manifest, config: Any, progress: bool | None = None) -> None:
+        try:
+            import onnxruntime_genai as og
+        except ImportError as e:
+            raise SpecportError(
+                "--peer onnxruntime-genai needs `pip install onnxruntime-genai`."
+            ) from e
+        from specport.runtime.session import SessionConfig
+
+        self.og = og
+        self.hf = source_dir(manifest)
+        self.dir = build_genai(self.hf, progress=progress)
+        self.threads = _threads(config)
+        self.spin = SessionConfig(allow_spinning=config.allow_spinning).resolved_spinning()
+        cfg = og.Config(str(self.dir))
+        cfg.clear_providers()
+        options = {
+            "intra_op_num_threads": self.threads,
+            "inter_op_num_threads": 1,
+            "session.intra_op.allow_spinning": "1" if self.spin else "0",
+            "session.inter_op.allow_spinning": "1" if self.spin else "0",
+        }
+        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+        self.model = og.Model(cfg)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "model_dir": str(self.dir),
+            "intra_op_threads": self.threads,
+            "allow_spinning": self.spin,
+            "version": getattr(self.og, "__version__", "?"),
+        }
+
+    def run(self, prompts: Sequence[Sequence[int]], new_tokens: int) -> dict[str, Any]:
+        og = self.og
+        ids = np.asarray(prompts, dtype=np.int32)
+        batch, plen = ids.shape
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(
+            max_length=plen + new_tokens,
+            min_length=plen + new_tokens,
+            do_sample=False,
+            batch_size=batch,
+        )
+        gen = og.Generator(self.model, params)
+        t0 = time.perf_counter()
+        gen.append_tokens(ids)  # prefill + first token
+        t1 = time.perf_counter()
+        steps = 0
+        while not gen.is_done():
+            gen.generate_next_token()
+            steps += 1
+        t2 = time.perf_counter()
+        del gen
+        return _metrics(batch, plen, steps, t0, t1, t2)
+
+    def close(self) -> None:
+        del self.model
+
+
+def build_genai(hf_dir: Path, progress: bool | None = None) -> Path:
+    """Build (once, cached by config + weights identity) the genai fp32/cpu model for `hf_dir`."""
+    from specport.settings import cache_dir
+
+    key = _identity(hf_dir)
+    out = cache_dir() / "peers" / "onnxruntime-genai" / key
+    if (out / "genai_config.json").exists():
+        return out
+    show = sys.stderr.isatty() if progress is None else progress
+    if show:
+        print(
+            f"[peer] building onnxruntime-genai fp32/cpu model from {hf_dir} ...",
+            file=sys.stderr,
+            flush=True,
+        )
+    from onnxruntime_genai.models import builder
+
+    tmp = out.with_name(out.name + ".tmp")
+    t0 = time.perf_counter()
+    import contextlib
+    import io
+
+    sink = io.StringIO()
+    # The builder prints per-tensor progress on stdout; keep stdout clean for --json.
+    with (
+        contextlib.redirect_stdout(sys.stderr if show else sink),
+        contextlib.redirect_stderr(sys.stderr if show else sink),
+    ):
+        opts = builder.parse_extra_options(
+            None, str(hf_dir), str(tmp), "fp32", "cpu", str(tmp / "cache"), []
+        )
+        builder.create_model(None, str(hf_dir), str(tmp), "fp32", "cpu", str(tmp / "cache"), **opts)
+    import shutil
+
+    shutil.rmtree(tmp / "cache", ignore_errors=True)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    if show:
+        print(
+            f"[peer] built in {time.perf_counter() - t0:.1f}s -> {out}", file=sys.stderr, flush=True
+        )
+    return out
+
+
+def _identity(hf_dir: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(hf_dir.glob("*")):
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+    return h.hexdigest()[:16]
+
+
+class TransformersPeer:
+    """The PyTorch model with `generate` (greedy, min_new_tokens = max_new_tokens)."""
+
+    def __init__(self, manifest: art.Manifest, config: Any) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.threads = _threads(config)
+        torch.set_num_threads(self.threads)
+        self.hf = source_dir(manifest)
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.hf), dtype=torch.float32).eval()
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "model_dir": str(self.hf),
+            "threads": self.threads,
+            "version": self.torch.__version__,
+        }
+
+    def run(self, prompts: Sequence[Sequence[int]], new_tokens: int) -> dict[str, Any]:
+        torch = self.torch
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        stamps: list[float] = []
+
+        class Stamp(LogitsProcessor):  # called once per new token, right after its forward pass
+            def __call__(self, input_ids: Any, scores: Any) -> Any:
+                stamps.append(time.perf_counter())
+                return scores
+
+        ids = torch.tensor(np.asarray(prompts, dtype=np.int64))
+        batch, plen = ids.shape
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+                logits_processor=LogitsProcessorList([Stamp()]),
+            )
+            t2 = time.perf_counter()
+        t1 = stamps[0] if stamps else t2
+        return _metrics(batch, plen, max(len(stamps) - 1, 0), t0, t1, stamps[-1] if stamps else t2)
+
+    def close(self) -> None:
+        del self.model
+
+
+def _metrics(batch: int, plen: int, steps: int, t0: float, t1: float, t2: float) -> dict[str, Any]:
+    decode = t2 - t1
+    return {
+        "ttft_ms": round((t1 - t0) * 1e3, 3),
+        "prefill_tok_per_s": round(batch * plen / max(t1 - t0, 1e-9), 2),
+        "decode_steps": steps,
+        "tpot_ms": round(decode / steps * 1e3, 4) if steps else None,
+        "decode_tok_per_s": round(batch * steps / decode, 2) if steps else None,
+    }

@@ -1,0 +1,102 @@
+"""`specport bench ARTIFACT`: TTFT, TPOT, throughput, overhead, memory, bandwidth floor, peers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specport.cli import emit_json
+from specport.errors import InputError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure latency/throughput against the hardware and peers")
+    p.add_argument("artifact")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--prompt-ids", help="comma-separated prompt token ids (repeated per batch row)"
+    )
+    src.add_argument(
+        "--prompt-len", type=int, default=32, help="random prompt of this many tokens (default 32)"
+    )
+    p.add_argument(
+        "--new-tokens", type=int, default=128, help="tokens generated per run (EOS ignored)"
+    )
+    p.add_argument(
+        "--batch", type=int, nargs="+", default=[1], help="batch size(s), e.g. --batch 1 8"
+    )
+    p.add_argument(
+        "--runs", type=int, default=5, help="measured runs per engine (after one warm-up); medians"
+    )
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        choices=["onnxruntime-genai", "transformers"],
+        help="also run this engine on the same prompts (repeatable)",
+    )
+    p.add_argument("--provider", default="cpu", help="auto|cpu|cuda|cann (default cpu)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="intra-op threads for every engine (0 = one per core)",
+    )
+    spin = p.add_mutually_exclusive_group()
+    spin.add_argument(
+        "--spin",
+        dest="spin",
+        action="store_true",
+        default=None,
+        help="let onnxruntime threads busy-wait (default: auto, only with an idle core)",
+    )
+    spin.add_argument("--no-spin", dest="spin", action="store_false")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specport.commands.generate import parse_ids
+    from specport.runtime.bench import BenchConfig, format_table, run_bench
+
+    if args.new_tokens < 2:
+        raise InputError("--new-tokens must be at least 2 (TPOT needs one decode step).")
+    if args.runs < 1 or any(b < 1 for b in args.batch):
+        raise InputError("--runs and --batch must be at least 1.")
+    ids = parse_ids(args.prompt_ids) if args.prompt_ids else None
+    reports = []
+    for batch in args.batch:
+        config = BenchConfig(
+            prompt_len=len(ids) if ids else args.prompt_len,
+            new_tokens=args.new_tokens,
+            batch=batch,
+            runs=args.runs,
+            threads=args.threads,
+            allow_spinning=args.spin,
+            provider=args.provider,
+            prompt_ids=ids,
+            seed=args.seed,
+        )
+        report = run_bench(
+            args.artifact, config, peers=args.peer, progress=None if not args.json else False
+        )
+        reports.append(report)
+        if not args.json:
+            print(format_table(report), flush=True)
+            print(flush=True)
+    if len(reports) > 1:
+        base = reports[0]["engines"]["specport"]["decode_tok_per_s"]
+        scaling = {
+            r["config"]["batch"]: round(r["engines"]["specport"]["decode_tok_per_s"] / base, 2)
+            for r in reports
+            if base
+        }
+        if not args.json:
+            print(
+                f"decode throughput vs batch {reports[0]['config']['batch']}: {scaling}",
+                file=sys.stdout,
+            )
+    if args.json:
+        emit_json(reports[0] if len(reports) == 1 else {"batches": reports})
+    return 0
