@@ -91,10 +91,13 @@ def _gqa(tape, node, opts):
     does exactly that. Unless `gqa_fallback="none"`, the lowering wraps the node in an `If` whose
     other branch is the portable function body, so every shape stays correct.
     """
+    if not _attr(node, "num_heads", 0) or not _attr(node, "kv_num_heads", 0):
+        return None
+    lengths = _gqa_lengths(tape, node)  # outside the If: CSE shares them across layers
     if opts.get("gqa_fallback", "if") == "none":
-        return _gqa_native(tape, node, opts)
+        return _gqa_native(tape, node, lengths)
     inner = ir.tape.Tape()
-    native = _gqa_native(inner, node, opts)
+    native = _gqa_native(inner, node, lengths)
     if native is None:
         return None
     fast = ir.Graph([], native, nodes=inner.nodes, name=f"{node.name}_native")
@@ -120,22 +123,11 @@ def _gqa(tape, node, opts):
     )
 
 
-def _gqa_native(tape, node, opts):
+def _gqa_lengths(tape, node):
     """seqlens_k = T-1 for every row and total_sequence_length = T (T = mask width): the cache
     is contiguous [0, T) per row; left padding is masked through attention_bias [B, 1, S, T].
     """
-    q, k, v, past_k, past_v, mask = node.inputs
-    h = _attr(node, "num_heads", 0)
-    hkv = _attr(node, "kv_num_heads", 0)
-    if not h or not hkv:
-        return None
-    scale = _attr(node, "scale", 0.0)
-    window = _attr(node, "sliding_window", 0)
-    perm = {"perm": [0, 2, 1, 3]}
-    flat = _const(tape, [0, 0, -1])
-    q3 = tape.op("Reshape", [tape.op("Transpose", [q], perm), flat])
-    k3 = tape.op("Reshape", [tape.op("Transpose", [k], perm), flat])
-    v3 = tape.op("Reshape", [tape.op("Transpose", [v], perm), flat])
+    q, mask = node.inputs[0], node.inputs[5]
     total64 = tape.op("Shape", [mask], {"start": 1, "end": 2})  # [1]
     batch = tape.op("Shape", [mask], {"start": 0, "end": 1})  # [1]
     total32 = tape.op("Cast", [total64], {"to": ir.DataType.INT32})
@@ -146,14 +138,30 @@ def _gqa_native(tape, node, opts):
         "Where", [real, _const(tape, 0.0, np.float32), _const(tape, -3.4e38, np.float32)]
     )
     bias = tape.op("Unsqueeze", [bias, _const(tape, [1, 2])])  # [B, 1, 1, T]
+    # ORT wants dim 2 == S exactly (no broadcast), so expand per call.
     qlen = tape.op("Shape", [q], {"start": 2, "end": 3})
     bias_shape = tape.op("Concat", [batch, _const(tape, [1]), qlen, total64], {"axis": 0})
     bias = tape.op("Expand", [bias, bias_shape])  # [B, 1, S, T]
+    return seqlens, total_scalar, bias
+
+
+def _gqa_native(tape, node, lengths):
+    q, k, v, past_k, past_v, _mask = node.inputs
+    seqlens, total_scalar, bias = lengths
+    h = _attr(node, "num_heads", 0)
+    hkv = _attr(node, "kv_num_heads", 0)
+    scale = _attr(node, "scale", 0.0)
+    window = _attr(node, "sliding_window", 0)
+    perm = {"perm": [0, 2, 1, 3]}
+    flat = _const(tape, [0, 0, -1])
+    q3 = tape.op("Reshape", [tape.op("Transpose", [q], perm), flat])
+    k3 = tape.op("Reshape", [tape.op("Transpose", [k], perm), flat])
+    v3 = tape.op("Reshape", [tape.op("Transpose", [v], perm), flat])
     attrs: dict[str, Any] = {"num_heads": h, "kv_num_heads": hkv}
     if scale:
         attrs["scale"] = float(scale)
     if window and window > 0:
-        attrs["local_window_size"] = int(window)  # ORT: keys (q-L, q]; HF: q-k < window
+        attrs["local_window_size"] = int(window)  # matches HF q-k < window (tested)
     outs = tape.op_multi_out(
         "GroupQueryAttention",
         [q3, k3, v3, past_k, past_v, seqlens, total_scalar, None, None, None, bias],

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass
+from onnx_ir.passes.common import CommonSubexpressionEliminationPass, RemoveUnusedNodesPass
 from onnxscript import optimizer, version_converter
 from onnxscript.rewriter import RewriteRuleSet
 from onnxscript.rewriter.rules.common import _basic_rules as basic
@@ -70,6 +70,8 @@ class CleanupPass(Pass):
             ]
         )
         count = rules.apply_to_model(model)
+        # Each lowered attention derives the same seqlens/bias from the mask: share them.
+        CommonSubexpressionEliminationPass()(model)
         RemoveUnusedNodesPass()(model)
         unique_names(model)  # rewriter names can collide with If-branch names
         return count > 0, {"rewrites": count}

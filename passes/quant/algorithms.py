@@ -256,14 +256,17 @@ def quantize_gptq(
     symmetric: bool = False,
     damp: float = 0.01,
     block: int = 128,
-    mse_clip: bool = True,
+    mse_clip: bool = False,
+    act_order: bool = False,
 ) -> BlockQuant:
     """GPTQ (Frantar et al. 2022): quantize input channels in order, spreading each channel's
     rounding error onto the not-yet-quantized channels through the inverse Hessian.
 
     h [K, K] is X^T X of the layer's calibration inputs. Group parameters are chosen when the
     first channel of a group is reached, from the already-updated weights (with an MSE clip
-    search when `mse_clip`).
+    search when `mse_clip`). With `act_order`, channels are processed by decreasing H_jj
+    with "static groups": group parameters fixed up front from the original weights, so the
+    groups stay contiguous in K as MatMulNBits requires.
     """
     k, n = w.shape
     check_group_size(k, group_size)
@@ -275,6 +278,17 @@ def quantize_gptq(
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
     H[np.diag_indices(k)] += damp * np.mean(np.diag(H))
+    nb = -(-k // group_size)
+    scale = np.ones((n, nb))
+    zero = np.zeros((n, nb))
+    perm = np.arange(k)
+    if act_order:
+        ratio = search_clip(w, None, bits, group_size, symmetric) if mse_clip else 1.0
+        wb, _ = _blocks(w, group_size)
+        scale, zero = _params(wb, bits, symmetric, ratio)
+        perm = np.argsort(-np.diag(H), kind="stable")
+        W = W[:, perm]
+        H = H[np.ix_(perm, perm)]
     try:
         L = np.linalg.cholesky(H)
         Hinv = np.linalg.inv(L).T @ np.linalg.inv(L)
@@ -283,9 +297,6 @@ def quantize_gptq(
         raise QuantizationError(
             "GPTQ Hessian is not positive definite even after dampening; use more calibration text"
         ) from e
-    nb = -(-k // group_size)
-    scale = np.ones((n, nb))
-    zero = np.zeros((n, nb))
     Q = np.zeros((n, nb * group_size))
     qmax = 2**bits - 1
     for b0 in range(0, k, block):
@@ -295,7 +306,7 @@ def quantize_gptq(
         U1 = U[b0:b1, b0:b1]
         for j in range(b1 - b0):
             col = b0 + j
-            if col % group_size == 0:
+            if not act_order and col % group_size == 0:
                 g = col // group_size
                 # Group params from the current (error-compensated) weights of the whole group.
                 cur = np.concatenate([W1[:, j:], W[:, b1:]], axis=1)[:, :group_size]
@@ -306,10 +317,10 @@ def quantize_gptq(
                     r = 1.0
                 s, z = _params(wg, bits, symmetric, r)
                 scale[:, g], zero[:, g] = s[:, 0], z[:, 0]
-            g = col // group_size
+            g = perm[col] // group_size
             x = W1[:, j]
             q = np.clip(np.round(x / scale[:, g] + zero[:, g]), 0, qmax)
-            Q[:, col] = q
+            Q[:, perm[col]] = q
             deq = (q - zero[:, g]) * scale[:, g]
             e = (x - deq) / U1[j, j]
             W1[:, j:] -= np.outer(e, U1[j, j:])
@@ -319,6 +330,57 @@ def quantize_gptq(
     for col in range(k, nb * group_size):
         Q[:, col] = zero[:, col // group_size]
     return _pack_result(Q, scale, zero, bits, group_size, k, symmetric)
+
+
+def refit_scales(bq: BlockQuant, w: np.ndarray, h: np.ndarray, sweeps: int = 2) -> BlockQuant:
+    """Keep the codes, re-solve each block's (scale, offset) to minimise the output error.
+
+    With codes q fixed, w_hat_b = s_b q_b + o_b is linear in (s_b, o_b); minimising
+    (w_hat - w)^T H (w_hat - w) over one block with the others fixed is a 2x2 least-squares
+    problem per output row (block coordinate descent, `sweeps` passes). Zero points become
+    continuous (-o/s), which MatMulNBits accepts as float zero_points.
+    """
+    k = bq.k
+    g = bq.group_size
+    n, nb = bq.scale.shape
+    q = bq.q.reshape(n, nb * g)[:, :k].astype(np.float64)  # [N, K]
+    s = bq.scale.astype(np.float64).copy()
+    o = -bq.zero.astype(np.float64) * s
+    H = h.astype(np.float64)
+    target = w.T.astype(np.float64)  # [N, K]
+
+    def what() -> np.ndarray:
+        return q * np.repeat(s, g, axis=1)[:, :k] + np.repeat(o, g, axis=1)[:, :k]
+
+    d = what() - target
+    base = float(np.einsum("nk,kj,nj->", d, H, d))
+    for _ in range(sweeps):
+        for b in range(nb):
+            sl = slice(b * g, min((b + 1) * g, k))
+            hb = H[sl, sl]
+            # c = H_{b,rest} d_rest for every row: full product minus the block's own part.
+            c = d @ H[:, sl] - d[:, sl] @ hb  # [N, g]
+            qb = q[:, sl]
+            hq = qb @ hb
+            m11 = (qb * hq).sum(1)
+            m12 = hq.sum(1)
+            m22 = hb.sum()
+            v = target[:, sl] @ hb - c
+            r1, r2 = (qb * v).sum(1), v.sum(1)
+            det = m11 * m22 - m12 * m12
+            ok = np.abs(det) > 1e-12 * np.maximum(np.abs(m11 * m22), 1e-30)
+            sd = np.where(ok, det, 1.0)
+            s_new = np.where(ok, (r1 * m22 - r2 * m12) / sd, s[:, b])
+            o_new = np.where(ok, (m11 * r2 - m12 * r1) / sd, o[:, b])
+            ok &= np.abs(s_new) > 1e-12
+            s[:, b] = np.where(ok, s_new, s[:, b])
+            o[:, b] = np.where(ok, o_new, o[:, b])
+            d[:, sl] = qb * s[:, b : b + 1] + o[:, b : b + 1] - target[:, sl]
+    after = float(np.einsum("nk,kj,nj->", d, H, d))
+    if not after < base:
+        return bq
+    zero = -o / s
+    return BlockQuant(bq.q, s.astype(np.float32), zero.astype(np.float32), bq.bits, g, k, False)
 
 
 # ---------------------------------------------------------------------------- int8 per channel

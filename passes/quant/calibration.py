@@ -76,6 +76,7 @@ class ActStats:
     hi: np.ndarray  # [K] per-channel max
     rows: int = 0
     sample: list[np.ndarray] = field(default_factory=list)
+    pending: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
     def empty(cls, k: int) -> ActStats:
@@ -96,10 +97,19 @@ class ActStats:
             else np.zeros((0, self.k), np.float32)
         )
 
+    def flush(self) -> None:
+        if self.pending:
+            x64 = np.concatenate(self.pending, axis=0).astype(np.float64)
+            self.h += x64.T @ x64
+            self.pending = []
+
     def update(self, x: np.ndarray, rng: np.random.Generator, keep: int) -> None:
         x = x.reshape(-1, self.k)
-        x64 = x.astype(np.float64)
-        self.h += x64.T @ x64
+        # Rows are batched before the Gram update: many small BLAS calls interleaved with
+        # onnxruntime runs are dominated by thread wake-ups (10x slower on 2 cores).
+        self.pending.append(x)
+        if sum(p.shape[0] for p in self.pending) >= 8192:
+            self.flush()
         self.lo = np.minimum(self.lo, x.min(0))
         self.hi = np.maximum(self.hi, x.max(0))
         self.rows += x.shape[0]
@@ -162,6 +172,8 @@ def capture(
         del proto
         so = ort.SessionOptions()
         so.log_severity_level = 3
+        # Idle ORT threads spin by default and starve the numpy work done between runs.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         names = list(tensor_names)
         stats: dict[str, ActStats] = {}
@@ -177,5 +189,7 @@ def capture(
                 st.update(x, rng, min(keep_rows, per_seq * (i + 1)))
             if progress is not None:
                 progress(i + 1, len(sequences))
+        for st in stats.values():
+            st.flush()
     logger.info("calibrated %d tensors on %d sequences", len(stats), len(sequences))
     return stats

@@ -43,8 +43,11 @@ NEEDS_CALIB = ("gptq", "clip", "default")
 def quantize_weight(
     w: np.ndarray, algo: str, bits: int, group_size: int, symmetric: bool, stats: ActStats | None
 ) -> A.BlockQuant:
-    """Dispatch one weight w [K, N] to an algorithm. `default` = GPTQ whose group ranges are
-    chosen by a weight-MSE clip search, followed by nothing else (the best measured combination)."""
+    """Dispatch one weight w [K, N] to an algorithm.
+
+    `default` (the best measured combination) = GPTQ with MSE-clipped group ranges, then a
+    least-squares refit of every block's scale and offset against the calibration Hessian.
+    """
     h = stats.hessian if stats is not None else None
     if algo in NEEDS_CALIB and h is None:
         raise QuantizationError(f"algorithm {algo!r} needs calibration data; pass --calib FILE")
@@ -54,9 +57,14 @@ def quantize_weight(
         return A.quantize_hqq(w, bits, group_size)
     if algo == "clip":
         return A.quantize_clip(w, h, bits, group_size, symmetric)
-    if algo in ("gptq", "default"):
+    if algo == "gptq":
         assert h is not None
-        return A.quantize_gptq(w, h, bits, group_size, symmetric, mse_clip=(algo == "default"))
+        return A.quantize_gptq(w, h, bits, group_size, symmetric)
+    if algo == "default":
+        assert h is not None
+        bq = A.quantize_gptq(w, h, bits, group_size, symmetric, mse_clip=True)
+        # Float zero points exist only for 4 bits in MatMulNBits.
+        return bq if symmetric or bits != 4 else A.refit_scales(bq, w, h)
     raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
 
 
@@ -127,8 +135,8 @@ class QuantizeWeightsNBitsPass(Pass):
                 continue
             w = site.weight_array()
             stats = self.stats.get(site.x.name or "")
-            # 8-bit layers are promoted for accuracy: plain symmetric-free RTN is within noise there.
-            algo = self.algo if bits == 4 else ("rtn" if self.algo == "hqq" else self.algo)
+            # HQQ's float zero points exist only for 4 bits in MatMulNBits; 8 bits uses RTN.
+            algo = self.algo if bits == 4 or self.algo != "hqq" else "rtn"
             bq = quantize_weight(w, algo, bits, self.group_size, self.symmetric, stats)
             err = output_rel_error(w, A.dequantize(bq), stats)
             if self.form == "matmulnbits":

@@ -63,7 +63,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     return {
         "target": report.get("target"),
         "passes": out,
-        "nodes_before": sum(before.values()),
+        "nodes_before": sum(before.values()),  # main graph + functions + If branches
         "nodes_after": sum(after.values()),
         "ops_before": before,
         "ops_after": after,
@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{src} -> {out} (target {info['target']})")
     for p in info["passes"]:
         detail = p.get("matched", p.get("skipped", p.get("lowered", "")))
+        if isinstance(detail, dict):
+            detail = {k: v for k, v in detail.items() if v} or "nothing matched"
         print(f"  {p['name']:<16} {detail}")
         for r in p.get("rejected", [])[:5]:
             print(f"      not fused: {r.get('reason')} ({r.get('at') or r.get('node', '')})")
