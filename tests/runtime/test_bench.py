@@ -1,0 +1,124 @@
+"""`specport bench` end to end on a tiny model (quick), plus the byte accounting it relies on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specport import artifact as art
+from specport.runtime.bench_model import TINY, make_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_fused(tmp_path_factory):
+    from specport.runtime.fused_llama import build_fused_artifact
+
+    hf = make_llama(tmp_path_factory.mktemp("bench_hf"), context_length=128, **TINY)
+    out = tmp_path_factory.mktemp("bench_art") / "art"
+    build_fused_artifact(hf, out, progress=False)
+    return out
+
+
+def _bench_json(capsys, *args):
+    from specport.cli import main
+
+    assert main(["bench", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_bench_json_end_to_end(tiny_fused, capsys):
+    report = _bench_json(
+        capsys,
+        str(tiny_fused),
+        "--prompt-len",
+        "6",
+        "--new-tokens",
+        "5",
+        "--runs",
+        "2",
+        "--threads",
+        "1",
+        "--peer",
+        "transformers",
+    )
+    ours = report["engines"]["specport"]
+    for key in (
+        "ttft_ms",
+        "tpot_ms",
+        "decode_tok_per_s",
+        "prefill_tok_per_s",
+        "framework_overhead_pct",
+        "peak_rss_mb",
+    ):
+        assert ours[key] is not None and ours[key] >= 0, key
+    assert ours["kv_layout"] == "shared" and ours["runs"] == 2
+    hw = report["hardware"]
+    assert hw["bandwidth"]["median_gb_s"] > 0 and hw["floor_tpot_ms"] > 0
+    peer = report["engines"]["transformers"]
+    assert peer["decode_tok_per_s"] > 0
+    assert set(peer["specport_speedup"]) == {
+        "ttft_ms",
+        "tpot_ms",
+        "decode_tok_per_s",
+        "prefill_tok_per_s",
+    }
+
+
+def test_bench_several_batches_and_prompt_ids(tiny_fused, capsys):
+    report = _bench_json(
+        capsys,
+        str(tiny_fused),
+        "--prompt-ids",
+        "1,5,6,7",
+        "--new-tokens",
+        "3",
+        "--runs",
+        "1",
+        "--threads",
+        "1",
+        "--batch",
+        "1",
+        "2",
+    )
+    assert [r["config"]["batch"] for r in report["batches"]] == [1, 2]
+    assert report["batches"][1]["config"]["prompt_len"] == 4
+
+
+def test_bytes_per_token_counts_the_embedding_as_one_row(tiny_fused):
+    from specport.runtime.bench import bytes_per_token
+
+    manifest = art.read_manifest(tiny_fused)
+    b = bytes_per_token(tiny_fused / manifest.model_file)
+    emb = TINY["vocab_size"] * TINY["hidden_size"] * 4
+    assert b["gather_tables"] == emb
+    assert b["weights"] == b["all_initializers"] - emb + TINY["hidden_size"] * 4
+
+
+def test_table_has_a_ratio_column_per_peer(tiny_fused):
+    from specport.runtime.bench import BenchConfig, format_table, run_bench
+
+    report = run_bench(tiny_fused, BenchConfig(prompt_len=4, new_tokens=3, runs=1, threads=1))
+    text = format_table(report)
+    assert "decode tok/s" in text and "bandwidth floor" in text
+
+
+@pytest.mark.slow
+def test_bench_with_onnxruntime_genai_peer(tiny_fused, capsys, tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime_genai")
+    monkeypatch.setenv("SPECPORT_CACHE", str(tmp_path))
+    report = _bench_json(
+        capsys,
+        str(tiny_fused),
+        "--prompt-len",
+        "6",
+        "--new-tokens",
+        "4",
+        "--runs",
+        "1",
+        "--threads",
+        "1",
+        "--peer",
+        "onnxruntime-genai",
+    )
+    assert report["engines"]["onnxruntime-genai"]["decode_tok_per_s"] > 0
