@@ -12,7 +12,7 @@ import random
 
 NAMES = ["Lily", "Tom", "Mia", "Ben", "Sam", "Anna", "Max", "Lucy", "Tim", "Sue"]
 ANIMALS = ["cat", "dog", "bird", "fish", "frog", "duck", "bunny", "bear", "fox", "mouse"]
-KIDS = ["girl", "boy"]
+GIRLS = ("Lily", "Mia", "Anna", "Lucy", "Sue")
 OBJECTS = [
     "ball",
     "kite",
@@ -64,8 +64,9 @@ def _np(rng: random.Random, nouns: list[str]) -> str:
 def _story(rng: random.Random) -> str:
     """A short story of 3-6 sentences about one character."""
     name = rng.choice(NAMES)
-    kind = rng.choice(KIDS + ANIMALS)
-    pronoun = "she" if name in ("Lily", "Mia", "Anna", "Lucy", "Sue") else "he"
+    girl = name in GIRLS
+    kind = rng.choice(["girl" if girl else "boy", *ANIMALS])
+    pronoun = "she" if girl else "he"
     adj = rng.choice(ADJECTIVES)
     opening = rng.choice(
         [
