@@ -128,8 +128,12 @@ def print_report(report: dict[str, Any]) -> None:
             )
         w(
             f"{row['stage']:<20}{row['ttft_ms'] or 0:>10.2f}{row['decode_tok_per_s'] or 0:>14.1f}"
-            f"{row['framework_overhead_pct'] or 0:>12.1f}{extra}\n"
+            f"{_fmt(row.get('framework_overhead_pct')):>12}{extra}\n"
         )
     w(
         f'artifact     {report["artifact"]}  (try: specport generate {report["artifact"]} --prompt "...")\n'
     )
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
