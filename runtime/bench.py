@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -222,6 +223,24 @@ def hardware_floor(artifact: Path, manifest: art.Manifest, config: BenchConfig) 
     }
 
 
+def _match_openmp_waiting(config: BenchConfig) -> None:
+    """Give PyTorch (and the genai builder's torch) the same no-spin choice as onnxruntime.
+
+    OpenMP threads busy-wait by default; on an oversubscribed machine torch with 2 threads was
+    8x slower than with 1 (measured). The policy is read when libgomp loads, hence before torch.
+    """
+    from specport.runtime.session import SessionConfig
+
+    if SessionConfig(allow_spinning=config.allow_spinning).resolved_spinning():
+        return
+    if "torch" in sys.modules:
+        logger.warning(
+            "torch already imported; OMP_WAIT_POLICY=PASSIVE cannot apply to the transformers peer"
+        )
+        return
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def compare(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, float | None]:
     """Speedup of ours over a peer per metric (>1 = ours better), from medians."""
     out: dict[str, float | None] = {}
@@ -245,6 +264,11 @@ def run_bench(
 
     path = Path(artifact)
     manifest = art.read_manifest(path)
+    from specport.runtime.session import SessionConfig
+
+    # Decide spinning once, so every engine runs under the same choice.
+    config.allow_spinning = SessionConfig(allow_spinning=config.allow_spinning).resolved_spinning()
+    _match_openmp_waiting(config)
     prompts = make_prompts(config, manifest.vocab_size)
     config.prompt_len = len(prompts[0])
     ours = bench_specport(path, prompts, config)
