@@ -10,6 +10,10 @@ and rewrites it to one node that takes the spine's `attention_mask` [B, P+S] dir
 (causal + padding + optional sliding window are computed inside). The graph's inputs and
 outputs do not change (present.{i}.* keep their names), so the runtime needs no change.
 
+When a sliding-window cache layer crops the past before the Concat (HF's
+DynamicSlidingWindowLayer keeps the last W-1 tokens), the fused op takes the cropped past and the
+matching last columns of the mask, so present keeps the exported (cropped) length.
+
 What is not matched, with the reason in the report: softcap (Gemma-2), 3-D packed Q/K/V,
 attention whose K/V are not a 2-input Concat of a past (no KV cache / other cache layouts),
 unknown head counts. The sliding window comes from the pass option `sliding_window` (int, or a
@@ -23,6 +27,7 @@ import logging
 import math
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
@@ -86,6 +91,18 @@ def detect_window(mask: ir.Value | None, limit: int = 400) -> int | None:
     return None
 
 
+def _crop_mask(mask: ir.Value, past: ir.Value, new: ir.Value) -> tuple[ir.Value, list[ir.Node]]:
+    """mask[:, T - (P' + S):] where P' = past.shape[2] (after cropping), S = new.shape[2]."""
+    tape = ir.tape.Tape()
+    p_len = tape.op("Shape", [past], {"start": 2, "end": 3})
+    s_len = tape.op("Shape", [new], {"start": 2, "end": 3})
+    total = tape.op("Shape", [mask], {"start": 1, "end": 2})
+    start = tape.op("Sub", [total, tape.op("Add", [p_len, s_len])])
+    axes = tape.op("Constant", [], {"value": ir.tensor(np.asarray([1], np.int64))})
+    cropped = tape.op("Slice", [mask, start, total, axes])
+    return cropped, list(tape.nodes)
+
+
 def _static(v: ir.Value, axis: int) -> int | None:
     if v.shape is None or v.shape.rank() != 4:
         return None
@@ -138,6 +155,10 @@ class FuseAttentionPass(Pass):
         vparts = _concat_parts(_unrepeat(v))
         if kparts is None or vparts is None:
             return "K/V are not Concat(past, new, axis=2) (no concat KV cache)"
+        graph_inputs = {id(x) for x in node.graph.inputs} if node.graph is not None else set()
+        k_raw = id(kparts[1]) in graph_inputs
+        if k_raw != (id(vparts[1]) in graph_inputs):
+            return "past K and past V are transformed differently before the Concat"
         num_heads = _static(q, 1)
         kv_heads = _static(kparts[1], 1)
         head_dim = _static(q, 3)
@@ -155,6 +176,7 @@ class FuseAttentionPass(Pass):
             "num_heads": num_heads,
             "kv_heads": kv_heads,
             "scale": scale,
+            "cropped": not k_raw,
         }
 
     def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
@@ -176,9 +198,16 @@ class FuseAttentionPass(Pass):
                 "num_heads": int(m["num_heads"]),
                 "kv_num_heads": int(m["kv_heads"]),
             }
+            layer_mask = mask
+            if m["cropped"]:
+                # HF's sliding-window cache layer crops the past before the Concat: attend over
+                # the kept keys only, i.e. the last (P' + S) columns of the mask.
+                layer_mask, crop_nodes = _crop_mask(mask, past_k, new_k)
+                for n in crop_nodes:
+                    graph.insert_before(node, n)
             gqa = ir.node(
                 "GroupQueryAttention",
-                [m["q"], new_k, new_v, past_k, past_v, mask],
+                [m["q"], new_k, new_v, past_k, past_v, layer_mask],
                 attributes=attrs,
                 domain=DOMAIN,
                 num_outputs=3,
@@ -195,7 +224,9 @@ class FuseAttentionPass(Pass):
                 o.name = f"{name}__unfused"
             for n, name in zip(gqa.outputs, names):
                 n.name = name
-            fused.append({"node": gqa.name, **attrs, "window_source": wsource})
+            fused.append(
+                {"node": gqa.name, **attrs, "window_source": wsource, "cropped_past": m["cropped"]}
+            )
         if fused:
             RemoveUnusedNodesPass()(model)
             TopologicalSortPass()(model)

@@ -283,7 +283,11 @@ def quantize_gptq(
     zero = np.zeros((n, nb))
     perm = np.arange(k)
     if act_order:
-        ratio = search_clip(w, None, bits, group_size, symmetric) if mse_clip else 1.0
+        ratio = (
+            search_clip(w, h if mse_clip == "hessian" else None, bits, group_size, symmetric)
+            if mse_clip
+            else 1.0
+        )
         wb, _ = _blocks(w, group_size)
         scale, zero = _params(wb, bits, symmetric, ratio)
         perm = np.argsort(-np.diag(H), kind="stable")

@@ -45,8 +45,9 @@ def quantize_weight(
 ) -> A.BlockQuant:
     """Dispatch one weight w [K, N] to an algorithm.
 
-    `default` (the best measured combination) = GPTQ with MSE-clipped group ranges, then a
-    least-squares refit of every block's scale and offset against the calibration Hessian.
+    `default` (the best measured combination on stories260K) = GPTQ in activation order with
+    static MSE-clipped group ranges, then a least-squares refit of every block's scale and
+    offset against the calibration Hessian (4 bits).
     """
     h = stats.hessian if stats is not None else None
     if algo in NEEDS_CALIB and h is None:
@@ -62,7 +63,7 @@ def quantize_weight(
         return A.quantize_gptq(w, h, bits, group_size, symmetric)
     if algo == "default":
         assert h is not None
-        bq = A.quantize_gptq(w, h, bits, group_size, symmetric, mse_clip=True)
+        bq = A.quantize_gptq(w, h, bits, group_size, symmetric, mse_clip=True, act_order=True)
         # Float zero points exist only for 4 bits in MatMulNBits.
         return bq if symmetric or bits != 4 else A.refit_scales(bq, w, h)
     raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")

@@ -146,3 +146,14 @@ def test_matmul_nbits_matches_numpy_dequant(algo, k, g, sym):
         bq = A.quantize_rtn(w, bits, g, sym)
     y = _run_matmul_nbits(x, A.pack_matmul_nbits(bq), k, w.shape[1], bits, g)
     np.testing.assert_allclose(y, x @ A.dequantize(bq), rtol=1e-4, atol=1e-4)
+
+
+def test_act_order_and_refit_reduce_output_error():
+    w, x = _w(), _correlated_x()
+    h = x.astype(np.float64).T @ x
+    plain = A.quantize_gptq(w, h, 4, 32)
+    ao = A.quantize_gptq(w, h, 4, 32, mse_clip=True, act_order=True)
+    refit = A.refit_scales(ao, w, h)
+    assert not refit.integer_zero
+    assert _out_err(x, w, refit) < _out_err(x, w, ao)
+    assert _out_err(x, w, refit) < _out_err(x, w, plain)
