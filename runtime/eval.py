@@ -1,0 +1,187 @@
+"""Quality metrics of an artifact on text: perplexity, and agreement between two artifacts.
+
+Protocol (kept identical everywhere so numbers compare): documents are separated by blank
+lines; each gets BOS prepended and is truncated to the context; the model runs each document
+as one prefill with past length 0; the loss is the token-weighted mean NLL over all predicted
+tokens (positions 1..T-1 of every document), perplexity = exp(loss).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from specport.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass
+class _Model:
+    sess: ort.InferenceSession
+    tokenizer_file: Path
+    bos_token_id: int | None
+    context: int | None
+
+
+def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
+    """An artifact directory (manifest + tokenizer) or a bare .onnx next to a tokenizer.json."""
+    p = Path(path)
+    bos: int | None = None
+    context: int | None = None
+    if p.is_dir():
+        from specport.artifact import read_manifest
+
+        m = read_manifest(p, check_hashes=False)
+        onnx_path, tok_dir = p / m.model_file, p
+        bos = m.config.get("bos_token_id")
+        context = m.config.get("context_length")
+    elif p.suffix == ".onnx" and p.is_file():
+        onnx_path, tok_dir = p, p.parent
+    else:
+        raise InputError(f"{p} is neither an artifact directory nor an .onnx file")
+    tok = tok_dir / "tokenizer.json"
+    if not tok.is_file():
+        raise InputError(
+            f"no tokenizer.json beside {onnx_path}; evaluation needs the artifact's tokenizer"
+        )
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    # Idle ORT threads spin by default and starve the numpy work done between runs.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(str(onnx_path), so, providers=providers or ["CPUExecutionProvider"])
+    return _Model(sess, tok, bos, context)
+
+
+def read_documents(
+    text_file: PathLike, max_docs: int | None = None, last: bool = False
+) -> list[str]:
+    """Blank-line separated documents of `text_file` (the first or last `max_docs`)."""
+    p = Path(text_file)
+    if not p.is_file():
+        raise InputError(f"text file not found: {p}")
+    docs = [d.strip() for d in p.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    if not docs:
+        raise InputError(f"{p} holds no documents (they are separated by blank lines)")
+    if max_docs is not None:
+        docs = docs[-max_docs:] if last else docs[:max_docs]
+    return docs
+
+
+def _encode(model: _Model, docs: list[str], context: int | None) -> list[np.ndarray]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model.tokenizer_file))
+    ctx = context or model.context
+    out = []
+    for d in docs:
+        ids = tok.encode(d, add_special_tokens=False).ids
+        if model.bos_token_id is not None:
+            ids = [int(model.bos_token_id), *ids]
+        if ctx:
+            ids = ids[:ctx]
+        if len(ids) >= 2:
+            out.append(np.asarray(ids, dtype=np.int64))
+    return out
+
+
+def _feeds(sess: ort.InferenceSession, ids: np.ndarray) -> dict[str, np.ndarray]:
+    s = ids.shape[0]
+    feeds: dict[str, np.ndarray] = {}
+    for inp in sess.get_inputs():
+        if inp.name == "input_ids":
+            feeds[inp.name] = ids[None, :]
+        elif inp.name == "attention_mask":
+            feeds[inp.name] = np.ones((1, s), dtype=np.int64)
+        elif inp.name == "position_ids":
+            feeds[inp.name] = np.arange(s, dtype=np.int64)[None, :]
+        elif inp.name.startswith("past_key_values."):
+            dtype = np.float16 if "float16" in inp.type else np.float32
+            feeds[inp.name] = np.zeros((1, int(inp.shape[1]), 0, int(inp.shape[3])), dtype=dtype)
+        else:
+            raise InputError(f"model input {inp.name!r} is not part of the artifact contract")
+    return feeds
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _logits(model: _Model, ids: np.ndarray) -> np.ndarray:
+    """ids [T] -> logits [T, V]."""
+    (out,) = model.sess.run(["logits"], _feeds(model.sess, ids))
+    return np.asarray(out[0])
+
+
+def perplexity(
+    artifact_or_onnx_path: PathLike,
+    text_file: PathLike,
+    max_docs: int | None = None,
+    context: int | None = None,
+    last: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Token-weighted perplexity of a model on a text file: {ppl, nll, tokens, docs}."""
+    model = _open(artifact_or_onnx_path)
+    seqs = _encode(model, read_documents(text_file, max_docs, last), context)
+    total, count = 0.0, 0
+    for i, ids in enumerate(seqs):
+        lp = _log_softmax(_logits(model, ids))
+        total -= float(lp[np.arange(len(ids) - 1), ids[1:]].sum())
+        count += len(ids) - 1
+        if progress:
+            progress(i + 1, len(seqs))
+    if count == 0:
+        raise InputError(f"{text_file} gave no tokens to score")
+    nll = total / count
+    return {"ppl": math.exp(nll), "nll": nll, "tokens": count, "docs": len(seqs)}
+
+
+def compare(
+    a: PathLike,
+    b: PathLike,
+    text_file: PathLike,
+    max_docs: int | None = None,
+    context: int | None = None,
+    last: bool = False,
+) -> dict[str, Any]:
+    """How closely model `b` follows model `a` on the same text, teacher-forced.
+
+    top1_agreement: fraction of positions where both argmaxes agree; kl: mean KL(a || b) in
+    nats per position; also both perplexities.
+    """
+    ma, mb = _open(a), _open(b)
+    seqs = _encode(ma, read_documents(text_file, max_docs, last), context)
+    agree = kl = nll_a = nll_b = 0.0
+    n = 0
+    for ids in seqs:
+        la, lb = _log_softmax(_logits(ma, ids)), _log_softmax(_logits(mb, ids))
+        agree += float((la.argmax(-1) == lb.argmax(-1)).sum())
+        kl += float((np.exp(la) * (la - lb)).sum())
+        idx = np.arange(len(ids) - 1)
+        nll_a -= float(la[idx, ids[1:]].sum())
+        nll_b -= float(lb[idx, ids[1:]].sum())
+        n += len(ids)
+    if n == 0:
+        raise InputError(f"{text_file} gave no tokens to compare")
+    m = n - len(seqs)
+    return {
+        "top1_agreement": agree / n,
+        "kl": kl / n,
+        "ppl_a": math.exp(nll_a / m),
+        "ppl_b": math.exp(nll_b / m),
+        "positions": n,
+        "docs": len(seqs),
+    }
