@@ -311,3 +311,19 @@ def _rotary_caches(m: Any, length: int, head_dim: int) -> tuple[np.ndarray, np.n
             "partial rotary is not supported by the fused builder; use `specport export`."
         )
     return _np(cos[0, :, :half]), _np(sin[0, :, :half])
+
+
+def main() -> None:
+    """`python -m specport.runtime.fused_llama HF_DIR OUT`: build the fused shared-KV artifact."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("hf_dir")
+    parser.add_argument("out")
+    args = parser.parse_args()
+    build_fused_artifact(args.hf_dir, args.out, progress=True)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
