@@ -120,6 +120,38 @@ class BoundSession:
         self.logits_index[:, 0] = 0
         return out
 
+    def extend(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """ids [B, S] appended after each row's cache (e.g. draft tokens to verify).
+
+        Returns logits [B, S, V] and greedy ids [B, S] for every position (fresh arrays, bound
+        for this call only). Undo rejected positions with `self.kv.rollback(n)`.
+        """
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        batch, s = ids.shape
+        seqlens, total = self.kv.step_lengths(s)
+        self.seqlens[:] = seqlens
+        self.total[...] = total
+        index = np.ascontiguousarray(np.broadcast_to(np.arange(s, dtype=np.int64), (batch, s)))
+        logits = np.zeros((batch, s, self.logits.shape[-1]), dtype=np.float32)
+        next_token = np.zeros((batch, s), dtype=np.int64)
+        self._bind_in("input_ids", ids)
+        if self.has_index:
+            self._bind_in(self.io["logits_index_input"], index)
+        self._bind_out("logits", logits)
+        if self.has_next:
+            self._bind_out(self.io["next_token_output"], next_token)
+        try:
+            self._run()
+        finally:  # back to the one-token decode binding
+            self._bind_in("input_ids", self.decode_ids)
+            if self.has_index:
+                self._bind_in(self.io["logits_index_input"], self.logits_index)
+            self._bind_out("logits", self.logits)
+            if self.has_next:
+                self._bind_out(self.io["next_token_output"], self.next_token)
+        self.kv.advance(s)
+        return logits, (next_token if self.has_next else None)
+
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """ids [B]: one new token per row (finished rows may pass anything)."""
         self.decode_ids[:, 0] = ids

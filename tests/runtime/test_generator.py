@@ -165,3 +165,24 @@ def test_context_window_is_respected(fused):
     ctx = fused.manifest.context_length
     r = fused.generate(prompt_ids=[1] * (ctx - 3), max_new_tokens=10, ignore_eos=True)
     assert len(r.tokens) == 3 and r.finish_reason == "context"
+
+
+def test_extend_scores_several_positions_like_sequential_decode(fused):
+    from specport.runtime.iobinding import BoundSession
+
+    p = np.array([PROMPTS[0]], dtype=np.int64)
+    seq = _greedy(fused, [PROMPTS[0]], 5)[0]
+    step = BoundSession(fused.session, fused.manifest, 1, 40)
+    step.prefill(p, np.array([p.shape[1]]))
+    want = []
+    for t in seq[:4]:
+        lg, _ = step.decode(np.array([t]))
+        want.append(lg[0].copy())
+    multi = BoundSession(fused.session, fused.manifest, 1, 40)
+    multi.prefill(p, np.array([p.shape[1]]))
+    logits, ids = multi.extend(np.array([seq[:4]]))  # verify 4 "draft" tokens in one step
+    np.testing.assert_allclose(logits[0], np.stack(want), rtol=1e-4, atol=1e-4)
+    assert ids[0].tolist() == seq[1:5]
+    multi.kv.rollback(2)
+    lg, tok = multi.decode(np.array([seq[2]]))  # after rollback the loop continues normally
+    np.testing.assert_allclose(lg[0], want[2], rtol=1e-4, atol=1e-4)
