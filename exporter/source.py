@@ -116,14 +116,14 @@ def _from_dir(path: Path, kind: str, original: str) -> Source:
 
 
 def _from_llama2c(checkpoint: Path, tokenizer: Path | None) -> Source:
-    from specport.exporter.llama2c import save_llama2c_as_hf
+    from specport.exporter.llama2c import find_llama2c_tokenizer, save_llama2c_as_hf
 
     if tokenizer is None:
-        guess = checkpoint.parent / "tokenizer.bin"
-        tokenizer = guess if guess.exists() else None
+        tokenizer = find_llama2c_tokenizer(checkpoint)
         if tokenizer is None:
             logger.warning(
-                "no --tokenizer given for %s; the artifact will need --prompt-ids", checkpoint
+                "no --tokenizer given and no tokenizer .bin beside %s; the artifact will need --prompt-ids",
+                checkpoint,
             )
     tmp = tempfile.TemporaryDirectory(prefix="specport-llama2c-")
     hf_dir = save_llama2c_as_hf(checkpoint, tokenizer, Path(tmp.name))
