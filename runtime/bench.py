@@ -160,62 +160,86 @@ def make_prompts(config: BenchConfig, vocab: int) -> list[list[int]]:
     return [rng.integers(low, vocab, size=config.prompt_len).tolist() for _ in range(config.batch)]
 
 
-def run_engine(
-    name: str, once: Callable[[], dict[str, Any]], runs: int, warmup: int = 1
-) -> EngineResult:
-    """Warm up, then `runs` measured runs; peak RSS covers warm-up and runs of this engine only."""
+@dataclass
+class Engine:
+    """A warmed-up engine: `once()` runs one generation and returns its metrics."""
+
+    name: str
+    once: Callable[[], dict[str, Any]]
+    result: EngineResult
+    close: Callable[[], None] = lambda: None
+
+
+def warm_engine(
+    name: str,
+    load: Callable[[], tuple[Callable[[], dict[str, Any]], dict[str, Any]]],
+    warmup: int = 1,
+) -> Engine:
+    """Load and warm up one engine; its peak RSS is the process high-water mark from just before
+    its load through its warm-up (so it includes what was already resident)."""
     reset_peak_rss()
+    once, info = load()
     for _ in range(warmup):
         once()
-    result = EngineResult(name)
-    for i in range(runs):
-        metrics = once()
-        logger.info(
-            "%s run %d: %s", name, i + 1, {k: metrics.get(k) for k in (*TIME_KEYS, *RATE_KEYS)}
-        )
-        result.runs.append(metrics)
+    result = EngineResult(name, info=info)
     result.peak_rss_mb = peak_rss_mb()
-    return result
+    return Engine(name, once, result)
 
 
-def bench_specport(
+def specport_loader(
     artifact: Path, prompts: Sequence[Sequence[int]], config: BenchConfig
-) -> EngineResult:
-    from specport.runtime.generator import Generator
-    from specport.runtime.session import SessionConfig, make_session
+) -> Callable[[], Any]:
+    def load() -> tuple[Callable[[], dict[str, Any]], dict[str, Any]]:
+        from specport.runtime.generator import Generator
+        from specport.runtime.session import SessionConfig, make_session
 
-    manifest = art.read_manifest(artifact)
-    sc = SessionConfig(
-        provider=config.provider,
-        intra_op_threads=config.threads,
-        allow_spinning=config.allow_spinning,
-    )
-    reset_peak_rss()
-    session, used = make_session(artifact / manifest.model_file, sc)
-    gen = Generator(session, manifest)
+        manifest = art.read_manifest(artifact)
+        sc = SessionConfig(
+            provider=config.provider,
+            intra_op_threads=config.threads,
+            allow_spinning=config.allow_spinning,
+        )
+        session, used = make_session(artifact / manifest.model_file, sc)
+        gen = Generator(session, manifest)
 
-    def once() -> dict[str, Any]:
-        return gen.generate(prompts, config.new_tokens, eos_ids=()).metrics
+        def once() -> dict[str, Any]:
+            return gen.generate(prompts, config.new_tokens, eos_ids=()).metrics
 
-    result = run_engine("specport", once, config.runs)
-    result.info = {"provider": used, "kv_layout": manifest.kv.layout, "session": sc.describe()}
-    return result
+        return once, {"provider": used, "kv_layout": manifest.kv.layout, "session": sc.describe()}
+
+    return load
 
 
-def hardware_floor(artifact: Path, manifest: art.Manifest, config: BenchConfig) -> dict[str, Any]:
-    """Bytes per decode step and the tokens/s the measured bandwidth allows at most."""
-    weights = bytes_per_token(artifact / manifest.model_file)
+def hardware_floor(
+    manifest: art.Manifest,
+    config: BenchConfig,
+    weights: dict[str, int],
+    samples: list[dict[str, float]],
+) -> dict[str, Any]:
+    """Bytes per decode step and the TPOT the measured bandwidth allows at best (per round too)."""
     avg_len = config.prompt_len + config.new_tokens / 2
     kv = kv_bytes_per_token(manifest, avg_len, config.batch)
     step_bytes = weights["weights"] + kv
-    bw = measure_bandwidth(weights["all_initializers"])
-    floor_s = step_bytes / (bw["median_gb_s"] * 1e9)
+    per_run = [
+        {
+            "median_gb_s": s["median_gb_s"],
+            "floor_tpot_ms": round(step_bytes / (s["median_gb_s"] * 1e9) * 1e3, 3),
+        }
+        for s in samples
+    ]
+    bw = statistics.median(s["median_gb_s"] for s in samples)
+    floor_s = step_bytes / (bw * 1e9)
     return {
         "weight_bytes_per_step": weights["weights"],
         "kv_bytes_per_step": kv,
-        "bandwidth": bw,
+        "bandwidth": {
+            "buffer_mb": samples[0]["buffer_mb"],
+            "median_gb_s": round(bw, 2),
+            "best_gb_s": max(s["best_gb_s"] for s in samples),
+        },
         "floor_tpot_ms": round(floor_s * 1e3, 3),
         "floor_decode_tok_per_s": round(config.batch / floor_s, 2),
+        "per_run": per_run,
         "cpu_count": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()]
         if hasattr(os, "getloadavg")
@@ -259,39 +283,77 @@ def run_bench(
     peers: Sequence[str] = (),
     progress: bool | None = None,
 ) -> dict[str, Any]:
-    """Everything `specport bench` prints, as one JSON-able dict."""
+    """Everything `specport bench` prints, as one JSON-able dict.
+
+    Engines run interleaved (run 1 of each, then run 2 of each, ...) with a bandwidth sample per
+    round, so a shared machine's changing load hits all of them alike; speedups are medians of
+    per-round ratios.
+    """
     from specport.runtime import peers as peer_mod
+    from specport.runtime.session import SessionConfig
 
     path = Path(artifact)
     manifest = art.read_manifest(path)
-    from specport.runtime.session import SessionConfig
-
     # Decide spinning once, so every engine runs under the same choice.
     config.allow_spinning = SessionConfig(allow_spinning=config.allow_spinning).resolved_spinning()
     _match_openmp_waiting(config)
     prompts = make_prompts(config, manifest.vocab_size)
     config.prompt_len = len(prompts[0])
-    ours = bench_specport(path, prompts, config)
+    engines = [warm_engine("specport", specport_loader(path, prompts, config))]
+    for name in peers:
+        peer = peer_mod.make_peer(name, manifest, config, progress=progress)
+
+        def load(p: Any = peer) -> tuple[Callable[[], dict[str, Any]], dict[str, Any]]:
+            return (lambda: p.run(prompts, config.new_tokens)), p.info()
+
+        engine = warm_engine(name, load)
+        engine.close = peer.close
+        engines.append(engine)
+    weights = bytes_per_token(path / manifest.model_file)
+    samples = []
+    for i in range(config.runs):
+        for engine in engines:
+            metrics = engine.once()
+            logger.info(
+                "%s run %d: %s",
+                engine.name,
+                i + 1,
+                {k: metrics.get(k) for k in (*TIME_KEYS, *RATE_KEYS)},
+            )
+            engine.result.runs.append(metrics)
+        samples.append(measure_bandwidth(weights["all_initializers"], repeats=3))
+    for engine in engines[1:]:
+        engine.close()
+    hardware = hardware_floor(manifest, config, weights, samples)
+    ours = engines[0].result
     report: dict[str, Any] = {
         "artifact": str(path),
         "config": {k: v for k, v in vars(config).items() if k != "prompt_ids"},
         "engines": {"specport": ours.summary()},
-        "hardware": hardware_floor(path, manifest, config),
+        "hardware": hardware,
     }
-    floor = report["hardware"]["floor_tpot_ms"]
-    tpot = report["engines"]["specport"]["tpot_ms"]
+    floors = [s["floor_tpot_ms"] for s in hardware["per_run"]]
+    ratios = [r["tpot_ms"] / f for r, f in zip(ours.runs, floors) if r.get("tpot_ms")]
     report["engines"]["specport"]["tpot_vs_floor"] = (
-        round(tpot / floor, 3) if tpot and floor else None
+        round(statistics.median(ratios), 3) if ratios else None
     )
-    for name in peers:
-        peer = peer_mod.make_peer(name, manifest, config, progress=progress)
-        result = run_engine(name, lambda p=peer: p.run(prompts, config.new_tokens), config.runs)
-        result.info = peer.info()
-        summary = result.summary()
-        summary["specport_speedup"] = compare(report["engines"]["specport"], summary)
-        report["engines"][name] = summary
-        peer.close()
+    for engine in engines[1:]:
+        summary = engine.result.summary()
+        summary["specport_speedup"] = paired_speedup(ours.runs, engine.result.runs)
+        report["engines"][engine.name] = summary
     return report
+
+
+def paired_speedup(
+    ours: list[dict[str, Any]], peer: list[dict[str, Any]]
+) -> dict[str, float | None]:
+    """Median over rounds of ours-vs-peer speedup (>1 = ours better) per metric."""
+    per_round = [compare(a, b) for a, b in zip(ours, peer)]
+    out: dict[str, float | None] = {}
+    for key in (*TIME_KEYS, *RATE_KEYS):
+        vals = [r[key] for r in per_round if r[key] is not None]
+        out[key] = round(statistics.median(vals), 3) if vals else None
+    return out
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -325,7 +387,7 @@ def format_table(report: dict[str, Any]) -> str:
     cfg = report["config"]
     text += (
         f"\n\nbatch {cfg['batch']}, prompt {cfg['prompt_len']}, new {cfg['new_tokens']}, runs {cfg['runs']} "
-        f"(medians; speedup > 1 = specport better)\n"
+        f"(medians; speedup = median of per-round ratios, > 1 = specport better)\n"
         f"bytes per decode step: weights {hw['weight_bytes_per_step'] / 1e6:.1f} MB + KV "
         f"{hw['kv_bytes_per_step'] / 1e6:.2f} MB; bandwidth (numpy copy, {hw['bandwidth']['buffer_mb']} MB) "
         f"median {hw['bandwidth']['median_gb_s']} GB/s, best {hw['bandwidth']['best_gb_s']} GB/s\n"
