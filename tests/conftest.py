@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,10 +20,24 @@ def shared_dir() -> Path:
     return path
 
 
+_ZOOS: list[TinyZoo] = []
+
+
 @pytest.fixture(scope="session")
 def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> TinyZoo:
     """Tiny models for every registry architecture; exports are cached for the session."""
-    return TinyZoo(tmp_path_factory.mktemp("tiny_zoo"))
+    zoo = TinyZoo(tmp_path_factory.mktemp("tiny_zoo"))
+    _ZOOS.append(zoo)
+    return zoo
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the tiny-model export times and verification errors of this session."""
+    lines = [line for zoo in _ZOOS for line in zoo.summary()]
+    if lines:
+        terminalreporter.section("tiny model exports")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

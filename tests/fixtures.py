@@ -72,7 +72,8 @@ def qwen2_config() -> Any:
 def qwen3_config() -> Any:
     from transformers import Qwen3Config
 
-    return Qwen3Config(**_llama_like(), head_dim=16)
+    # head_dim * heads != hidden, as in the real Qwen3 models; q/k RMSNorm is always on.
+    return Qwen3Config(**_llama_like(), head_dim=32)
 
 
 def phi3_config() -> Any:
@@ -253,6 +254,7 @@ class TinyZoo:
         self._refs: dict[str, Any] = {}
         self._artifacts: dict[tuple[str, bool], Path] = {}
         self.export_seconds: dict[tuple[str, bool], float] = {}
+        self.verify: dict[tuple[str, bool], dict[str, Any]] = {}
 
     def source(self, model_type: str) -> Path:
         """A saved tiny checkpoint directory (config.json + model.safetensors)."""
@@ -276,7 +278,20 @@ class TinyZoo:
         if key not in self._artifacts:
             out = self.root / "art" / f"{model_type}-{'fused' if fuse else 'plain'}"
             t0 = time.perf_counter()
-            export_model(self.source(model_type), out, fuse=fuse, progress=False)
+            manifest = export_model(self.source(model_type), out, fuse=fuse, progress=False)
             self.export_seconds[key] = time.perf_counter() - t0
+            self.verify[key] = manifest.verify
             self._artifacts[key] = out
         return self._artifacts[key]
+
+    def summary(self) -> list[str]:
+        """One line per export done this session: seconds and verify max |logits diff|."""
+        lines = []
+        for (model_type, fuse), seconds in sorted(self.export_seconds.items()):
+            err = self.verify.get((model_type, fuse), {}).get("max_abs_logits")
+            err_text = f"{err:.2e}" if isinstance(err, float) else "n/a"
+            mode = "fused" if fuse else "plain"
+            lines.append(
+                f"{model_type:<12} {mode:<6} export {seconds:6.1f}s  verify max|dlogits| {err_text}"
+            )
+        return lines

@@ -40,10 +40,29 @@ def test_all_registry_architectures_have_fixtures() -> None:
     assert not missing, f"registry entries without a tiny model in tests/fixtures.py: {missing}"
 
 
+FEATURES = {  # the family quirk each tiny config must switch on
+    "mistral": lambda c: c.sliding_window == 8,
+    "phi3": lambda c: c.rope_parameters["partial_rotary_factor"] == 0.5,
+    "qwen3": lambda c: c.head_dim * c.num_attention_heads != c.hidden_size,
+    "gemma": lambda c: c.head_dim == 32 and c.num_key_value_heads == 1,
+    "deepseek_v3": lambda c: (
+        (
+            c.q_lora_rank
+            and c.kv_lora_rank
+            and c.n_routed_experts == 4
+            and c.num_experts_per_tok == 2
+        )
+        and c.first_k_dense_replace == 1
+        and c.num_nextn_predict_layers == 1
+    ),
+}
+
+
 @pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
 def test_tiny_config_builds(model_type: str) -> None:
     config = TINY_CONFIGS[model_type]()
     assert config.model_type == model_type
+    assert FEATURES.get(model_type, lambda c: True)(config)
 
 
 @pytest.mark.parametrize(("model_type", "fuse"), _matrix())
