@@ -351,7 +351,7 @@ def paired_speedup(
     per_round = [compare(a, b) for a, b in zip(ours, peer)]
     out: dict[str, float | None] = {}
     for key in (*TIME_KEYS, *RATE_KEYS):
-        vals = [r[key] for r in per_round if r[key] is not None]
+        vals = [v for r in per_round if (v := r[key]) is not None]
         out[key] = round(statistics.median(vals), 3) if vals else None
     return out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 BENCH_32M = {
     "num_hidden_layers": 8,
@@ -37,7 +38,7 @@ def make_llama(out: str | Path, *, seed: int = 0, context_length: int = 2048, **
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    dims = {**BENCH_32M, **sizes}
+    dims: dict[str, Any] = {**BENCH_32M, **sizes}
     torch.manual_seed(seed)
     config = LlamaConfig(
         **dims,
