@@ -35,6 +35,7 @@ from specport.passes.quant import calibration as C
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
 from specport.passes.quant.graph import find_weight_matmuls
 from specport.passes.quant.mixed import plan_mixed_precision
+from specport.passes.quant.ort_check import integer_kernel_summary
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import NEEDS_CALIB, QuantizeWeightsNBitsPass
 
@@ -212,6 +213,11 @@ def quantize_artifact(
                 "docs": calib_docs,
             },
         }
+        try:
+            manifest.quant["ort_cpu"] = integer_kernel_summary(tmp / manifest.model_file)
+        except Exception as e:  # the artifact is still valid for other runtimes
+            logger.warning("onnxruntime could not load the quantized graph for inspection: %s", e)
+            manifest.quant["ort_cpu"] = {"error": str(e)}
         write_manifest(tmp, manifest)
     logger.info("quantized %s -> %s (%s, %s)", src_p, out_p, scheme, algo)
     return manifest

@@ -102,10 +102,21 @@ def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return value
 
 
+def named(node: ir.Node) -> ir.Node:
+    """Give unnamed outputs `<node name>/output_<i>`: the serializer's automatic names are
+    not unique against names inside If/Loop subgraphs, which breaks SSA."""
+    for i, out in enumerate(node.outputs):
+        if not out.name:
+            out.name = f"{node.name}/output_{i}"
+    return node
+
+
 def replace_node(
     graph: ir.Graph, old: ir.Node, new_nodes: list[ir.Node], new_output: ir.Value
 ) -> None:
     """Insert `new_nodes` before `old`, route old's output users to `new_output`, drop `old`."""
+    for n in new_nodes:
+        named(n)
     graph.insert_before(old, new_nodes)
     out = old.outputs[0]
     new_output.shape = out.shape

@@ -30,6 +30,7 @@ from specport.passes.quant.graph import (
     WeightSite,
     add_initializer,
     find_weight_matmuls,
+    named,
     remove_unused,
     replace_node,
 )
@@ -37,7 +38,12 @@ from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 
 logger = logging.getLogger(__name__)
 
-NORM_OPS = ("RMSNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
+# Norm op -> index of its scale (gamma) input.
+NORM_OPS = {
+    "RMSNormalization": 1,
+    "SimplifiedLayerNormalization": 1,
+    "SkipSimplifiedLayerNormalization": 2,
+}
 
 
 def _norm_scale(x: ir.Value, sites: list[WeightSite]) -> ir.Value | None:
@@ -48,7 +54,8 @@ def _norm_scale(x: ir.Value, sites: list[WeightSite]) -> ir.Value | None:
     consumers = {id(u) for u, _ in x.uses()}
     if consumers != {id(s.node) for s in sites} or x.is_graph_output():
         return None
-    scale = prod.inputs[1] if len(prod.inputs) > 1 else None
+    idx = NORM_OPS[prod.op_type]
+    scale = prod.inputs[idx] if len(prod.inputs) > idx else None
     if (
         scale is None
         or scale.const_value is None
@@ -114,7 +121,7 @@ class QuantizeW8A8Pass(Pass):
                         graph, f"{xname}.smooth_inv", (1.0 / s).astype(np.float32)
                     )
                     mul = ir.node("Mul", [x, inv], name=f"{sites[0].name}/SmoothQuantMul")
-                    graph.insert_before(sites[0].node, mul)
+                    graph.insert_before(sites[0].node, named(mul))
                     x = mul.outputs[0]
                     x.name = f"{xname}.smoothed"
                     explicit += 1
@@ -132,7 +139,7 @@ class QuantizeW8A8Pass(Pass):
                 [ql.outputs[0], sv, zv],
                 name=f"{sites[0].name}/DequantizeLinear",
             )
-            graph.insert_before(sites[0].node, [ql, dql])
+            graph.insert_before(sites[0].node, [named(ql), named(dql)])
             xq = dql.outputs[0]
             for site, w in zip(sites, weights):
                 ws = w if s is None else w * s[:, None]

@@ -1,0 +1,105 @@
+"""`specport quantize ARTIFACT --out DIR --scheme ...`: a quantized copy of an artifact."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from specport.cli import emit_json
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quantize", help="quantize an artifact (W8A8, W8A16, W4A16, W4A8)")
+    p.add_argument("artifact", help="source artifact directory")
+    p.add_argument("--out", required=True, help="output artifact directory")
+    p.add_argument("--scheme", required=True, choices=["w8a8", "w8a16", "w4a16", "w4a8"])
+    p.add_argument("--group-size", type=int, default=32, choices=[16, 32, 64, 128, 256])
+    p.add_argument(
+        "--algo",
+        default="default",
+        choices=["rtn", "hqq", "gptq", "clip", "default", "ort-default", "ort-hqq"],
+        help="default: GPTQ (act order) + clipping + scale refit with --calib, else hqq; "
+        "ort-*: onnxruntime's own MatMulNBitsQuantizer as a baseline",
+    )
+    p.add_argument(
+        "--calib",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="calibration text (docs separated by blank lines)",
+    )
+    p.add_argument(
+        "--calib-docs", type=int, default=300, help="documents used for calibration (default 300)"
+    )
+    p.add_argument("--mixed-precision", default="off", choices=["auto", "off"])
+    p.add_argument(
+        "--lm-head-bits",
+        type=int,
+        default=8,
+        choices=[0, 4, 8],
+        help="0 keeps the LM head in float",
+    )
+    p.add_argument(
+        "--embedding-bits",
+        type=int,
+        default=0,
+        choices=[0, 4, 8],
+        help="GatherBlockQuantized embedding (0: float)",
+    )
+    p.add_argument(
+        "--form",
+        default="matmulnbits",
+        choices=["matmulnbits", "qdq"],
+        help="weight-only graph form",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specport.passes.quant.apply import quantize_artifact
+    from specport.progress import enabled
+
+    show = enabled(None) and not args.json
+
+    def progress(stage: str, i: int, n: int) -> None:
+        if show and (i == n or i % 50 == 0):
+            print(f"\r{stage}: {i}/{n}", end="\n" if i == n else "", file=sys.stderr, flush=True)
+
+    m = quantize_artifact(
+        args.artifact,
+        args.out,
+        scheme=args.scheme,
+        group_size=args.group_size,
+        algo=args.algo,
+        calib_files=args.calib,
+        mixed_precision=args.mixed_precision,
+        progress=progress,
+        calib_docs=args.calib_docs,
+        lm_head_bits=args.lm_head_bits,
+        embedding_bits=args.embedding_bits,
+        form=args.form,
+    )
+    q: dict[str, Any] = dict(m.quant or {})
+    bits = list((q.get("layers") or {}).values())
+    summary = {
+        "out": args.out,
+        "scheme": q.get("scheme"),
+        "algorithm": q.get("algorithm"),
+        "group_size": q.get("group_size"),
+        "layers": len(bits),
+        "layers_by_bits": {str(b): bits.count(b) for b in sorted(set(bits), key=str)},
+        "ort_cpu": q.get("ort_cpu"),
+        "calibration": q.get("calibration"),
+    }
+    if args.json:
+        emit_json(summary)
+        return 0
+    print(
+        f"{args.artifact} -> {args.out} ({summary['scheme']}, {summary['algorithm']}, group {summary['group_size']})"
+    )
+    print(f"  layers: {summary['layers']} {summary['layers_by_bits']}")
+    if summary["ort_cpu"]:
+        print(f"  onnxruntime CPU kernels: {summary['ort_cpu'].get('kernels')}")
+    return 0
