@@ -249,9 +249,33 @@ def load_deepseek_mtp(base: nn.Module, weights: dict[str, torch.Tensor]) -> MTPH
                 state[f"heads.{j}.norm.{name[len('shared_head.norm.') :]}"] = value
             else:
                 state[f"heads.{j}.block.{name}"] = value
+    state = _fuse_experts(state)
     missing, unexpected = heads.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise InputError(
             f"DeepSeek MTP weights do not fit the MTP module: missing {missing}, unexpected {unexpected}"
         )
     return heads.eval()
+
+
+def _fuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert checkpoint tensors (`experts.{e}.gate_proj.weight`, ...) to transformers' fused
+    `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I]."""
+    import re
+
+    pattern = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+    groups: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        m = pattern.match(key)
+        if m is None:
+            out[key] = value
+        else:
+            groups.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = value
+    for prefix, experts in groups.items():
+        order = sorted(experts)
+        out[f"{prefix}.gate_up_proj"] = torch.stack(
+            [torch.cat([experts[e]["gate_proj"], experts[e]["up_proj"]], dim=0) for e in order]
+        )
+        out[f"{prefix}.down_proj"] = torch.stack([experts[e]["down_proj"] for e in order])
+    return out

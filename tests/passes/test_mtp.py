@@ -29,6 +29,10 @@ def parts(tmp_path_factory):
     return tmp / "art" / "model.onnx", base, heads, export_branch(heads, base.config.vocab_size)
 
 
+def llama_logits(base, ids: np.ndarray) -> torch.Tensor:
+    return base.lm_head(base.model(input_ids=torch.tensor(ids)).last_hidden_state)
+
+
 def _feeds(ids: np.ndarray, layers: int = 2) -> dict[str, np.ndarray]:
     s = ids.shape[1]
     feeds = {
@@ -60,10 +64,10 @@ def test_branch_matches_torch_and_keeps_logits(parts, tmp_path):
     rng = np.random.default_rng(0)
     for s in (1, 2, 4):
         ids = rng.integers(3, 256, size=(2, s))
-        with torch.no_grad():
-            hidden = base.model(input_ids=torch.tensor(ids)).last_hidden_state
-            logits = base.lm_head(hidden)
-        ids[0, 1:] = logits[0, :-1].argmax(-1).numpy()  # row 0: every draft accepted
+        for j in range(1, s):  # row 0 is the greedy continuation: every draft is accepted
+            with torch.no_grad():
+                logits = llama_logits(base, ids[:1, :j])
+            ids[0, j] = int(logits[0, -1].argmax())
         with torch.no_grad():
             hidden = base.model(input_ids=torch.tensor(ids)).last_hidden_state
             want = MTPBranch(heads)(hidden, base.lm_head(hidden), torch.tensor(ids))

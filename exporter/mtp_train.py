@@ -1,0 +1,333 @@
+"""Train MTP heads by self-distillation and write an artifact whose graph carries the MTP branch.
+
+Self-distillation: the frozen base model writes its own training data (greedy continuations
+of story openings from ``--data``), so the heads learn exactly the distribution they will be
+asked to predict at inference (greedy speculative decoding accepts a draft only if it equals
+the base model's argmax). Head k at position t sees the base hidden state h_t (chained through
+heads 1..k-1) and token t+k, and is trained on token t+k+1 (cross-entropy) and on the base
+model's distribution for that token (KL). Hidden states are computed once up front; a step
+then only runs the small heads.
+
+DeepSeek-V3 artifacts that carry real MTP weights (``mtp_source.safetensors``) skip training
+and use them as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from specport import artifact as art
+from specport.errors import InputError
+from specport.exporter.mtp_heads import MTPHeads, export_branch, load_deepseek_mtp, save_heads
+
+logger = logging.getLogger(__name__)
+
+
+def load_base(manifest: art.Manifest) -> Any:
+    """The frozen torch base model the artifact was exported from (``source.path``)."""
+    from specport.exporter import source as src_mod
+
+    path = manifest.source.get("path")
+    if not path:
+        raise InputError(
+            "the artifact's manifest has no source.path; re-export it with specport export."
+        )
+    source = src_mod.resolve(path)
+    model = src_mod.load_model(source, num_layers=manifest.source.get("layers_kept"))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+def read_prompts(data: Path, tokenizer: Any, prompt_len: int, limit: int) -> torch.Tensor:
+    """[N, prompt_len] openings of the blank-line-separated documents in ``data``."""
+    from specport.runtime.tokenizer import encode_prompt
+
+    if not Path(data).is_file():
+        raise InputError(
+            f"--data {data} is not a file; pass a text file with one document per paragraph."
+        )
+    rows = []
+    for doc in Path(data).read_text(encoding="utf-8").split("\n\n"):
+        doc = doc.strip()
+        if doc:
+            ids = encode_prompt(tokenizer, doc)
+            if len(ids) >= prompt_len:
+                rows.append(ids[:prompt_len])
+        if len(rows) >= limit:
+            break
+    if len(rows) < 8:
+        raise InputError(
+            f"--data {data} has only {len(rows)} documents of >= {prompt_len} tokens; need at least 8."
+        )
+    return torch.tensor(rows, dtype=torch.long)
+
+
+@torch.no_grad()
+def self_generate(
+    base: Any, prompts: torch.Tensor, new_tokens: int, batch: int = 64
+) -> torch.Tensor:
+    """Greedy continuations [N, P + new_tokens] of the prompts by the base model (EOS ignored)."""
+    saved = base.generation_config.eos_token_id
+    base.generation_config.eos_token_id = None
+    out = []
+    try:
+        for i in range(0, len(prompts), batch):
+            ids = prompts[i : i + batch]
+            out.append(
+                base.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=new_tokens,
+                    pad_token_id=0,
+                )
+            )
+    finally:
+        base.generation_config.eos_token_id = saved
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def base_hidden(base: Any, seqs: torch.Tensor, batch: int = 64) -> torch.Tensor:
+    """[N, T, H] LM-head inputs (final hidden state after the final norm)."""
+    return torch.cat(
+        [
+            base.model(input_ids=seqs[i : i + batch]).last_hidden_state
+            for i in range(0, len(seqs), batch)
+        ]
+    )
+
+
+def chain_loss(
+    heads: MTPHeads, base: Any, hidden: torch.Tensor, seqs: torch.Tensor
+) -> torch.Tensor:
+    """Teacher-forced chain over all positions; hidden [b, T, H], seqs [b, T]."""
+    t_len = seqs.shape[1]
+    prev = hidden[:, : t_len - 1]
+    loss = hidden.new_zeros(())
+    for k in range(heads.num_heads):
+        n = t_len - k - 2  # positions t with a target token t+k+2 inside the sequence
+        if n <= 0:
+            break
+        out, logits = heads.step(k, prev[:, :n], seqs[:, k + 1 : k + 1 + n])
+        target = seqs[:, k + 2 : k + 2 + n]
+        teacher = base.lm_head(hidden[:, k + 1 : k + 1 + n])
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+        kl = F.kl_div(
+            F.log_softmax(logits, -1).reshape(-1, logits.shape[-1]),
+            F.log_softmax(teacher, -1).reshape(-1, logits.shape[-1]),
+            log_target=True,
+            reduction="batchmean",
+        )
+        loss = loss + ce + kl
+        prev = out
+    return loss / heads.num_heads
+
+
+@torch.no_grad()
+def acceptance(heads: MTPHeads, hidden: torch.Tensor, seqs: torch.Tensor) -> dict[str, Any]:
+    """Greedy chain as at inference (heads feed their own drafts): acceptance per position."""
+    k_heads, t_len = heads.num_heads, seqs.shape[1]
+    n = t_len - k_heads - 1
+    h, tok = hidden[:, :n], seqs[:, 1 : 1 + n]
+    ok = []
+    for k in range(k_heads):
+        h, logits = heads.step(k, h, tok)
+        tok = logits.argmax(-1)
+        ok.append(tok == seqs[:, k + 2 : k + 2 + n])
+    run = torch.cumprod(torch.stack(ok, -1).to(torch.int64), -1)  # [N, n, K]
+    per_pos = run.float().mean(dim=(0, 1)).tolist()
+    return {
+        "acceptance_per_position": [round(p, 4) for p in per_pos],
+        "mean_accepted_length": round(1 + sum(per_pos), 4),
+    }
+
+
+def train_heads(
+    base: Any,
+    seqs: torch.Tensor,  # [N, T] self-generated token ids
+    num_heads: int,
+    steps: int,
+    batch: int = 32,
+    lr: float = 3e-3,
+    progress: bool | None = None,
+) -> tuple[MTPHeads, dict[str, Any]]:
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(0)
+    hidden = base_hidden(base, seqs)
+    n_eval = max(8, len(seqs) // 10)
+    train_h, train_s, eval_h, eval_s = (
+        hidden[n_eval:],
+        seqs[n_eval:],
+        hidden[:n_eval],
+        seqs[:n_eval],
+    )
+    heads = MTPHeads(base, num_heads)
+    heads.train()
+    params = list(heads.parameters())  # heads only: embedding and LM head stay frozen
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: (
+            min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+        ),
+    )
+    gen = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()
+    bar = tqdm(range(steps), desc="train-mtp", disable=progress is False, leave=False)
+    for _ in bar:
+        idx = torch.randint(0, len(train_s), (batch,), generator=gen)
+        loss = chain_loss(heads, base, train_h[idx], train_s[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    heads.eval()
+    report = {
+        "steps": steps,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "final_loss": round(float(loss), 4),
+    }
+    report["heldout"] = acceptance(heads, eval_h, eval_s)
+    return heads, report
+
+
+def write_mtp_artifact(
+    artifact: Path, heads: MTPHeads, out: Path, report: dict[str, Any]
+) -> art.Manifest:
+    """Copy ``artifact`` to ``out`` with the MTP branch spliced into model.onnx."""
+    import onnx_ir as ir
+
+    from specport.exporter.export import _io_signature
+    from specport.passes.mtp import BRANCH_OUTPUTS, InsertMTPBranchPass
+
+    manifest = art.read_manifest(artifact)
+    if manifest.kv.layout != "concat":
+        raise InputError(
+            f"the MTP branch needs a concat-KV artifact, {artifact} has {manifest.kv.layout!r}"
+        )
+    model = ir.load(str(Path(artifact) / manifest.model_file))
+    result = InsertMTPBranchPass(export_branch(heads, manifest.vocab_size))(model)
+    if not result.modified:
+        raise InputError(f"could not add the MTP branch: {result.report.get('skipped')}")
+    with art.atomic_artifact_dir(Path(out)) as tmp:
+        for f in manifest.files:
+            if f not in (manifest.model_file, art.DATA_NAME):
+                (tmp / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(artifact) / f, tmp / f)
+        ir.save(model, tmp / art.MODEL_NAME, external_data=art.DATA_NAME)
+        save_heads(heads, tmp)
+        details = {k: v for k, v in result.report.items() if not k.startswith("ops_")}
+        manifest.passes = [*manifest.passes, details]
+        manifest.model_file = art.MODEL_NAME
+        manifest.io = _io_signature(tmp / art.MODEL_NAME)
+        manifest.mtp = {
+            "heads": heads.num_heads,
+            "outputs": dict(zip(("accepted", "bonus", "drafts"), BRANCH_OUTPUTS)),
+            "inputs": {
+                "hidden": details["hidden_from"],
+                "logits": "logits",
+                "input_ids": "input_ids",
+            },
+            "weights": "mtp_heads.safetensors",
+            "attention": "self-position (no MTP KV cache)",
+            "training": report,
+        }
+        art.write_manifest(tmp, manifest)
+    return manifest
+
+
+def train_mtp(
+    artifact: str | Path,
+    out: str | Path,
+    num_heads: int = 3,
+    data: str | Path | None = None,
+    steps: int = 600,
+    num_sequences: int = 768,
+    prompt_len: int = 8,
+    new_tokens: int = 120,
+    progress: bool | None = None,
+    threads: int = 1,
+) -> art.Manifest:
+    """Heads for ``artifact`` (trained, or the checkpoint's own for DeepSeek-V3) -> artifact ``out``."""
+
+    artifact = Path(artifact)
+    manifest = art.read_manifest(artifact)
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))  # small models: more threads mostly spin under load
+    try:
+        return _train_mtp(
+            artifact,
+            manifest,
+            Path(out),
+            num_heads,
+            data,
+            steps,
+            num_sequences,
+            prompt_len,
+            new_tokens,
+            progress,
+        )
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _train_mtp(
+    artifact: Path,
+    manifest: art.Manifest,
+    out: Path,
+    num_heads: int,
+    data: str | Path | None,
+    steps: int,
+    num_sequences: int,
+    prompt_len: int,
+    new_tokens: int,
+    progress: bool | None,
+) -> art.Manifest:
+    from specport.runtime.tokenizer import load_tokenizer
+
+    base = load_base(manifest)
+    real = manifest.extra.get("mtp_source_weights")
+    if real:
+        from safetensors.torch import load_file
+
+        heads = load_deepseek_mtp(base, load_file(str(artifact / real["file"])))
+        report: dict[str, Any] = {"source": "checkpoint", "heads": heads.num_heads}
+        logger.info("using the checkpoint's %d MTP layer(s); no training", heads.num_heads)
+    else:
+        if data is None:
+            raise InputError(
+                "--data FILE is required to train MTP heads (text, documents separated by blank lines)."
+            )
+        tokenizer = load_tokenizer(artifact, manifest.tokenizer)
+        if tokenizer is None:
+            raise InputError(f"{artifact} has no tokenizer; train-mtp needs one to read --data.")
+        t0 = time.perf_counter()
+        prompts = read_prompts(Path(data), tokenizer, prompt_len, num_sequences)
+        seqs = self_generate(base, prompts, new_tokens)
+        logger.info(
+            "self-generated %s tokens in %.1fs", tuple(seqs.shape), time.perf_counter() - t0
+        )
+        heads, report = train_heads(base, seqs, num_heads, steps, progress=progress)
+        report = {
+            "source": "self-distillation",
+            "data": str(data),
+            "sequences": list(seqs.shape),
+            **report,
+        }
+    return write_mtp_artifact(artifact, heads, out, report)

@@ -1,0 +1,100 @@
+"""MTP heads: shapes, self-distillation learns, DeepSeek-V3 checkpoint MTP layers load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specport.errors import InputError
+from specport.exporter.mtp_heads import (
+    MTPBranch,
+    MTPHeads,
+    load_deepseek_mtp,
+    load_heads,
+    save_heads,
+)
+from specport.exporter.mtp_train import acceptance, chain_loss, train_heads
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from tests.fixtures import build_tiny_model, load_reference
+
+    src = build_tiny_model("llama", tmp_path_factory.mktemp("mtp_heads") / "src")
+    model = load_reference(src, "llama")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _greedy_sequences(base, n: int = 24, prompt: int = 4, new: int = 28) -> torch.Tensor:
+    from specport.exporter.mtp_train import self_generate
+
+    g = torch.Generator().manual_seed(0)
+    return self_generate(base, torch.randint(3, 256, (n, prompt), generator=g), new)
+
+
+def test_heads_shapes_and_branch(llama):
+    heads = MTPHeads(llama, 3).eval()
+    assert heads.num_heads == 3
+    assert all(not k.startswith("_shared") for k in heads.state_dict())
+    h = torch.randn(2, 5, 64)
+    out, logits = heads.step(0, h, torch.randint(0, 256, (2, 5)))
+    assert out.shape == (2, 5, 64) and logits.shape == (2, 5, 256)
+    ids = torch.randint(0, 256, (2, 4))
+    with torch.no_grad():
+        hidden = llama.model(input_ids=ids).last_hidden_state
+        acc, bonus, drafts = MTPBranch(heads)(hidden, llama.lm_head(hidden), ids)
+    assert acc.shape == (2,) and bonus.shape == (2,) and drafts.shape == (2, 3)
+    assert torch.all((acc >= 0) & (acc <= 3))
+    with pytest.raises(InputError, match="heads"):
+        MTPHeads(llama, 0)
+
+
+def test_self_distillation_improves_acceptance(llama, tmp_path):
+    seqs = _greedy_sequences(llama)
+    from specport.exporter.mtp_train import base_hidden
+
+    hidden = base_hidden(llama, seqs)
+    untrained = MTPHeads(llama, 2).eval()
+    before = acceptance(untrained, hidden, seqs)["mean_accepted_length"]
+    with torch.no_grad():
+        loss0 = float(chain_loss(untrained, llama, hidden, seqs))
+    heads, report = train_heads(llama, seqs, 2, steps=60, batch=8, progress=False)
+    with torch.no_grad():
+        loss1 = float(chain_loss(heads, llama, hidden, seqs))
+    assert loss1 < loss0
+    assert report["heldout"]["mean_accepted_length"] >= 1.0
+    assert acceptance(heads, hidden, seqs)["mean_accepted_length"] > before
+    path = save_heads(heads, tmp_path)
+    again = load_heads(llama, path)
+    h = torch.randn(1, 3, 64)
+    t = torch.randint(0, 256, (1, 3))
+    torch.testing.assert_close(again.step(1, h, t)[1], heads.step(1, h, t)[1])
+
+
+def test_deepseek_checkpoint_mtp_layers_load(tmp_path):
+    from specport.exporter.archs.deepseek import DeepseekV3
+    from tests.fixtures import build_tiny_model, load_reference
+
+    src = build_tiny_model("deepseek_v3", tmp_path / "ds")
+    base = load_reference(src, "deepseek_v3")
+    weights = DeepseekV3.extra_weights(src, base.config)
+    assert weights, "fixture should carry MTP weights"
+    heads = load_deepseek_mtp(base, weights)
+    assert heads.num_heads == 1
+    prefix = f"model.layers.{base.config.num_hidden_layers}."
+    torch.testing.assert_close(heads.heads[0].eh_proj.weight, weights[prefix + "eh_proj.weight"])
+    block_keys = [k for k in weights if k.startswith(prefix) and ".mlp." in k]
+    assert block_keys  # the decoder block's own weights came from the checkpoint
+    ids = torch.randint(0, 256, (1, 3))
+    with torch.no_grad():
+        hidden = base.model(input_ids=ids).last_hidden_state
+        _, _, drafts = MTPBranch(heads)(hidden, base.lm_head(hidden), ids)
+    assert drafts.shape == (1, 1)
+    bad = {
+        k.replace(prefix, f"model.layers.{base.config.num_hidden_layers + 1}."): v
+        for k, v in weights.items()
+    }
+    with pytest.raises(InputError, match="contiguous"):
+        load_deepseek_mtp(base, bad)
