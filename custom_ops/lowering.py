@@ -91,43 +91,67 @@ def _gqa(tape, node, opts):
     does exactly that. Unless `gqa_fallback="none"`, the lowering wraps the node in an `If` whose
     other branch is the portable function body, so every shape stays correct.
     """
-    if not _attr(node, "num_heads", 0) or not _attr(node, "kv_num_heads", 0):
+    h = _attr(node, "num_heads", 0)
+    hkv = _attr(node, "kv_num_heads", 0)
+    if not h or not hkv:
         return None
-    lengths = _gqa_lengths(tape, node)  # outside the If: CSE shares them across layers
+    # Outside the If, so cleanup can cancel transposes against the exporter's and CSE can
+    # share the mask-derived lengths across layers.
+    lengths = _gqa_lengths(tape, node)
+    packed = [_to_bsd(tape, x) for x in node.inputs[:3]]
     if opts.get("gqa_fallback", "if") == "none":
-        return _gqa_native(tape, node, lengths)
+        out3, pk, pv = _gqa_native(tape, node, lengths, packed)
+        return [_to_bnsh(tape, out3, h), pk, pv]
     inner = ir.tape.Tape()
-    native = _gqa_native(inner, node, lengths)
-    if native is None:
-        return None
-    fast = ir.Graph([], native, nodes=inner.nodes, name=f"{node.name}_native")
+    fast = ir.Graph(
+        [], _gqa_native(inner, node, lengths, packed), nodes=inner.nodes, name=f"{node.name}_native"
+    )
     slow_tape = ir.tape.Tape()
+    bnsh = [_to_bnsh(slow_tape, x, n) for x, n in zip(packed, (h, hkv, hkv))]
     slow_outs = slow_tape.op_multi_out(
         node.op_type,
-        list(node.inputs),
+        [*bnsh, *node.inputs[3:]],
         {k: a.value for k, a in node.attributes.items()},
         num_outputs=3,
         domain=DOMAIN,
     )
+    slow_outs = [_to_bsd(slow_tape, slow_outs[0]), slow_outs[1], slow_outs[2]]
     slow = ir.Graph([], slow_outs, nodes=slow_tape.nodes, name=f"{node.name}_portable")
-    q, past_k = node.inputs[0], node.inputs[3]
+    # Shapes from the mask and the past only (not Q), so RoPE can stay packed [B, S, H*Dh].
+    past_k, mask = node.inputs[3], node.inputs[5]
     one = _const(tape, [1])
     zero = _const(tape, [0])
-    batched = tape.op("Greater", [tape.op("Shape", [q], {"start": 0, "end": 1}), one])
-    multi = tape.op("Greater", [tape.op("Shape", [q], {"start": 2, "end": 3}), one])
-    has_past = tape.op("Greater", [tape.op("Shape", [past_k], {"start": 2, "end": 3}), zero])
+    past_len = tape.op("Shape", [past_k], {"start": 2, "end": 3})
+    total = tape.op("Shape", [mask], {"start": 1, "end": 2})
+    batched = tape.op("Greater", [tape.op("Shape", [mask], {"start": 0, "end": 1}), one])
+    multi = tape.op("Greater", [tape.op("Sub", [total, past_len]), one])
+    has_past = tape.op("Greater", [past_len, zero])
     cond = tape.op("And", [batched, tape.op("And", [multi, has_past])])
     cond = tape.op("Squeeze", [cond])
-    return list(
-        tape.op_multi_out("If", [cond], {"then_branch": slow, "else_branch": fast}, num_outputs=3)
+    out3, pk, pv = tape.op_multi_out(
+        "If", [cond], {"then_branch": slow, "else_branch": fast}, num_outputs=3
     )
+    return [_to_bnsh(tape, out3, h), pk, pv]
+
+
+def _to_bsd(tape, x):
+    """[B, N, S, D] -> [B, S, N*D]."""
+    return tape.op(
+        "Reshape", [tape.op("Transpose", [x], {"perm": [0, 2, 1, 3]}), _const(tape, [0, 0, -1])]
+    )
+
+
+def _to_bnsh(tape, x, heads: int):
+    """[B, S, N*D] -> [B, N, S, D]."""
+    x4 = tape.op("Reshape", [x, _const(tape, [0, 0, heads, -1])])
+    return tape.op("Transpose", [x4], {"perm": [0, 2, 1, 3]})
 
 
 def _gqa_lengths(tape, node):
     """seqlens_k = T-1 for every row and total_sequence_length = T (T = mask width): the cache
     is contiguous [0, T) per row; left padding is masked through attention_bias [B, 1, S, T].
     """
-    q, mask = node.inputs[0], node.inputs[5]
+    past_k, mask = node.inputs[3], node.inputs[5]
     total64 = tape.op("Shape", [mask], {"start": 1, "end": 2})  # [1]
     batch = tape.op("Shape", [mask], {"start": 0, "end": 1})  # [1]
     total32 = tape.op("Cast", [total64], {"to": ir.DataType.INT32})
@@ -139,25 +163,23 @@ def _gqa_lengths(tape, node):
     )
     bias = tape.op("Unsqueeze", [bias, _const(tape, [1, 2])])  # [B, 1, 1, T]
     # ORT wants dim 2 == S exactly (no broadcast), so expand per call.
-    qlen = tape.op("Shape", [q], {"start": 2, "end": 3})
+    qlen = tape.op("Sub", [total64, tape.op("Shape", [past_k], {"start": 2, "end": 3})])
     bias_shape = tape.op("Concat", [batch, _const(tape, [1]), qlen, total64], {"axis": 0})
     bias = tape.op("Expand", [bias, bias_shape])  # [B, 1, S, T]
     return seqlens, total_scalar, bias
 
 
-def _gqa_native(tape, node, lengths):
-    q, k, v, past_k, past_v, _mask = node.inputs
+def _gqa_native(tape, node, lengths, packed):
+    """com.microsoft.GroupQueryAttention on packed [B, S, N*D] tensors; output [B, S, H*Dv]."""
+    past_k, past_v = node.inputs[3], node.inputs[4]
     seqlens, total_scalar, bias = lengths
-    h = _attr(node, "num_heads", 0)
-    hkv = _attr(node, "kv_num_heads", 0)
+    q3, k3, v3 = packed
     scale = _attr(node, "scale", 0.0)
     window = _attr(node, "sliding_window", 0)
-    perm = {"perm": [0, 2, 1, 3]}
-    flat = _const(tape, [0, 0, -1])
-    q3 = tape.op("Reshape", [tape.op("Transpose", [q], perm), flat])
-    k3 = tape.op("Reshape", [tape.op("Transpose", [k], perm), flat])
-    v3 = tape.op("Reshape", [tape.op("Transpose", [v], perm), flat])
-    attrs: dict[str, Any] = {"num_heads": h, "kv_num_heads": hkv}
+    attrs: dict[str, Any] = {
+        "num_heads": _attr(node, "num_heads", 0),
+        "kv_num_heads": _attr(node, "kv_num_heads", 0),
+    }
     if scale:
         attrs["scale"] = float(scale)
     if window and window > 0:
@@ -169,8 +191,7 @@ def _gqa_native(tape, node, lengths):
         num_outputs=3,
         domain=MS,
     )
-    out4 = tape.op("Reshape", [outs[0], _const(tape, [0, 0, h, -1])])
-    return [tape.op("Transpose", [out4], perm), outs[1], outs[2]]
+    return list(outs)
 
 
 NATIVE: dict[str, Builder] = {

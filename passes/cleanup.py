@@ -13,9 +13,14 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-from onnx_ir.passes.common import CommonSubexpressionEliminationPass, RemoveUnusedNodesPass
+from onnx_ir.passes.common import (
+    CommonSubexpressionEliminationPass,
+    IdentityEliminationPass,
+    RemoveUnusedNodesPass,
+)
 from onnxscript import optimizer, version_converter
 from onnxscript.rewriter import RewriteRuleSet
+from onnxscript.rewriter import pattern as orp
 from onnxscript.rewriter.rules.common import _basic_rules as basic
 
 from specport.custom_ops.lowering import unique_names
@@ -57,6 +62,39 @@ class NormalizePass(Pass):
         return True, details
 
 
+class Rotary3DFusion(orp.RewriteRuleClassBase):
+    """Reshape->Transpose->RotaryEmbedding-23->Transpose->Reshape  =>  RotaryEmbedding-23 on the
+    packed [B, S, H*Dh] tensor (num_heads attribute): what the GQA lowering leaves around RoPE.
+    Saves two transposes of Q and K per layer.
+    """
+
+    def pattern(self, op, x, shape4, cos, sin, flat):
+        t1 = op.Transpose(op.Reshape(x, shape4), perm=[0, 2, 1, 3])
+        rot = op.RotaryEmbedding(t1, cos, sin, _allow_other_attributes=True, _outputs=["rot"])
+        return op.Reshape(op.Transpose(rot, perm=[0, 2, 1, 3]), flat)
+
+    def check(self, context, x, flat, rot, **_):
+        r = orp.MatchResult()
+        node = rot.producer()
+        if node.attributes.get_int("interleaved", 0):
+            return r.fail("interleaved")
+        if flat.const_value is None or flat.const_value.numpy().tolist() != [0, 0, -1]:
+            return r.fail("not a flatten of the heads", flat)
+        if x.shape is None or x.shape.rank() != 3:
+            return r.fail("input not 3-D", x)
+        if rot.shape is None or rot.shape.rank() != 4 or not isinstance(rot.shape[1], int):
+            return r.fail("head count unknown", rot)
+        return r
+
+    def rewrite(self, op, x, cos, sin, rot, **_):
+        node = rot.producer()
+        attrs = {"num_heads": int(rot.shape[1])}
+        rdim = node.attributes.get_int("rotary_embedding_dim", 0)
+        if rdim:
+            attrs["rotary_embedding_dim"] = rdim
+        return op.RotaryEmbedding(x, cos, sin, **attrs)
+
+
 class CleanupPass(Pass):
     name = "cleanup"
 
@@ -67,11 +105,13 @@ class CleanupPass(Pass):
                 basic.reshape_reshape_rule,
                 basic.no_op_transpose_rule,
                 basic.unsqueeze_unsqueeze_rule,
+                Rotary3DFusion().rule(),
             ]
         )
         count = rules.apply_to_model(model)
         # Each lowered attention derives the same seqlens/bias from the mask: share them.
         CommonSubexpressionEliminationPass()(model)
+        IdentityEliminationPass()(model)
         RemoveUnusedNodesPass()(model)
         unique_names(model)  # rewriter names can collide with If-branch names
         return count > 0, {"rewrites": count}

@@ -1,0 +1,201 @@
+"""CPU timing of fused vs unfused graphs on a ~30M-parameter Llama (not a test).
+
+    python -m specport.passes.bench_fusion [--threads 2] [--repeat 30] [--json]
+
+Exports LlamaForCausalLM(8 layers, hidden 512, 8 heads / 4 KV heads, vocab 8192, intermediate
+1408) with random weights once (cached under specport.settings.cache_dir()), builds each
+variant with `optimize_model`, and times a decode step (B=1, S=1, past 64) and a prefill
+(B=1, S=128, past 0) in onnxruntime CPU sessions. Median and min milliseconds are reported,
+with op counts of the main graph, so the speedup is tied to what the fusions changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+BENCH_CONFIG = dict(
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=8192,
+    max_position_embeddings=1024,
+    initializer_range=0.02,
+)
+
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "unfused": None,
+    "cpu": {},
+    "cpu_no_fallback": {"gqa_fallback": "none"},
+    "cpu_std_rmsnorm": {"rms_norm": "standard"},
+    "neutral": {"target": "neutral"},
+    "cpu_shared_kv": {"gqa_fallback": "none", "kv_layout": "shared", "max_length": 256},
+}
+
+
+def _export(root: Path) -> Path:
+    from specport.passes.testing import export_tiny, tiny_model
+
+    path = root / "bench_llama30m" / "model.onnx"
+    if not path.exists():
+        model = tiny_model("llama", **BENCH_CONFIG)
+        n = sum(p.numel() for p in model.parameters())
+        logger.info("exporting %.1fM-param llama to %s", n / 1e6, path)
+        export_tiny(model, path)
+    return path
+
+
+def _interleaved(fns: dict[str, Any], repeat: int) -> dict[str, dict[str, float]]:
+    """Time every variant round-robin so load changes on a shared machine hit all alike."""
+    for fn in fns.values():  # warm-up
+        fn()
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {
+        k: {"median_ms": round(statistics.median(v), 3), "min_ms": round(min(v), 3)}
+        for k, v in times.items()
+    }
+
+
+def _feeds(dims, s: int, p: int, vocab: int) -> dict[str, np.ndarray]:
+    from specport.passes.testing import make_feeds
+
+    return make_feeds(dims, 1, s, p, vocab, seed=1)
+
+
+def _shared_feeds(dims, s: int, p: int, vocab: int, t: int) -> dict[str, np.ndarray]:
+    n_layers, hkv, hd = dims
+    rng = np.random.default_rng(1)
+    feeds = {
+        "input_ids": rng.integers(0, vocab, (1, s), dtype=np.int64),
+        "position_ids": np.arange(p, p + s, dtype=np.int64)[None],
+        "seqlens_k": np.array([p + s - 1], np.int32),
+        "total_sequence_length": np.array(p + s, np.int32),
+    }
+    for i in range(n_layers):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((1, hkv, t, hd), np.float32)
+    return feeds
+
+
+def _bound_run(sess, feeds: dict[str, np.ndarray], shared: bool):
+    """IO binding; with `shared`, present.{i}.* is bound to the past buffer (in place)."""
+    import onnxruntime as ort
+
+    binding = sess.io_binding()
+    values = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()}
+    for k, v in values.items():
+        binding.bind_ortvalue_input(k, v)
+    for out in sess.get_outputs():
+        name = out.name
+        if shared and name.startswith("present."):
+            _, i, kv = name.split(".")
+            binding.bind_ortvalue_output(name, values[f"past_key_values.{i}.{kv}"])
+        else:
+            binding.bind_output(name, "cpu")
+
+    def run():
+        sess.run_with_iobinding(binding)
+
+    return run
+
+
+def run_bench(threads: int = 2, repeat: int = 30, root: Path | None = None) -> dict[str, Any]:
+    from specport.passes.base import op_counts
+    from specport.passes.pipelines import optimize_model
+    from specport.passes.testing import cpu_session
+
+    root = Path(root or _cache_root())
+    src = _export(root)
+    dims = (8, 4, 64)
+    vocab = BENCH_CONFIG["vocab_size"]
+    results: dict[str, Any] = {"threads": threads, "repeat": repeat, "variants": {}}
+    decode_fns: dict[str, Any] = {}
+    prefill_fns: dict[str, Any] = {}
+    for name, opts in VARIANTS.items():
+        opts = dict(opts) if opts is not None else None
+        if opts is None:
+            sess = cpu_session(src, threads=threads)
+            import onnx_ir as ir
+
+            counts = op_counts(ir.load(str(src)))
+        else:
+            target = opts.pop("target", "cpu")
+            model, _ = optimize_model(src, target, **opts)
+            counts = op_counts(model)
+            sess = cpu_session(model, tempfile.mkdtemp(prefix=f"bench_{name}_"), threads=threads)
+        shared = name == "cpu_shared_kv"
+        if shared:
+            decode = _shared_feeds(dims, 1, 64, vocab, 256)
+            prefill = _shared_feeds(dims, 128, 0, vocab, 256)
+        else:
+            decode = _feeds(dims, 1, 64, vocab)
+            prefill = _feeds(dims, 128, 0, vocab)
+        decode_fns[name] = _bound_run(sess, decode, shared)
+        prefill_fns[name] = _bound_run(sess, prefill, shared)
+        results["variants"][name] = {"ops": counts, "nodes": sum(counts.values())}
+    for name, t in _interleaved(decode_fns, repeat).items():
+        results["variants"][name]["decode_past64"] = t
+    for name, t in _interleaved(prefill_fns, max(5, repeat // 4)).items():
+        results["variants"][name]["prefill_128"] = t
+    base = results["variants"]["unfused"]
+    for v in results["variants"].values():
+        for key, short in (("decode_past64", "decode"), ("prefill_128", "prefill")):
+            v[f"{short}_speedup_median"] = round(base[key]["median_ms"] / v[key]["median_ms"], 2)
+            v[f"{short}_speedup_min"] = round(base[key]["min_ms"] / v[key]["min_ms"], 2)
+    return results
+
+
+def _cache_root() -> Path:
+    try:
+        from specport.settings import cache_dir
+
+        return Path(cache_dir()) / "bench"
+    except Exception:  # settings without cache_dir: fall back to a temp folder
+        return Path(tempfile.gettempdir()) / "specport_bench"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    res = run_bench(args.threads, args.repeat)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print("median / min ms (speedup vs unfused by median / by min)")
+    print(f"{'variant':<18}{'decode past64':>24}{'prefill 128':>26}{'nodes':>7}")
+    for name, v in res["variants"].items():
+        d, p = v["decode_past64"], v["prefill_128"]
+        print(
+            f"{name:<18}{d['median_ms']:>8.2f}/{d['min_ms']:<7.2f}"
+            f"x{v['decode_speedup_median']:.2f}/{v['decode_speedup_min']:.2f}"
+            f"{p['median_ms']:>9.1f}/{p['min_ms']:<7.1f}"
+            f"x{v['prefill_speedup_median']:.2f}/{v['prefill_speedup_min']:.2f}{v['nodes']:>7}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
