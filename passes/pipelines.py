@@ -1,9 +1,9 @@
 """Per-target pass pipelines and `optimize_model`, the one call the API and CLI use.
 
     neutral  normalize -> fuse_rms_norm -> fuse_skip_norm -> fuse_rotary -> fuse_attention
-             -> lower(neutral: specport ops + function bodies)
+             -> fuse_gelu -> lower(neutral: specport ops + function bodies)
     cpu/cuda same fusions -> lower(com.microsoft contrib ops) -> cleanup
-    cann     same fusions -> lower(inline function bodies: standard ops) -> cleanup
+    cann     same fusions but fuse_gelu -> lower(inline function bodies: standard ops) -> cleanup
     kv_layout="shared" (cpu/cuda) appends shared_kv: one preallocated KV buffer per layer.
 
 `passes=[...]` picks a subset by name, in pipeline order ("lower" and "normalize" are always
@@ -24,6 +24,7 @@ from specport.errors import PassError
 from specport.passes.base import Pass, Pipeline
 from specport.passes.cleanup import CleanupPass, NormalizePass
 from specport.passes.fuse_attention import FuseAttentionPass
+from specport.passes.fuse_gelu import FuseGeluPass
 from specport.passes.fuse_rms_norm import FuseRMSNormPass
 from specport.passes.fuse_rotary import FuseRotaryPass
 from specport.passes.fuse_skip_norm import FuseSkipNormPass
@@ -32,7 +33,7 @@ from specport.passes.shared_kv import SharedKVPass
 
 logger = logging.getLogger(__name__)
 
-FUSIONS = ("fuse_rms_norm", "fuse_skip_norm", "fuse_rotary", "fuse_attention")
+FUSIONS = ("fuse_rms_norm", "fuse_skip_norm", "fuse_rotary", "fuse_attention", "fuse_gelu")
 ALWAYS = ("normalize", "lower")
 
 
@@ -47,6 +48,8 @@ def _make(name: str, target: str, options: dict[str, Any]) -> Pass:
         return FuseRotaryPass()
     if name == "fuse_attention":
         return FuseAttentionPass(sliding_window=options.get("sliding_window"))
+    if name == "fuse_gelu":
+        return FuseGeluPass()
     if name == "lower":
         lower_opts = {k: options[k] for k in ("rms_norm", "gqa_fallback") if k in options}
         if options.get("kv_layout") == "shared":
@@ -76,6 +79,8 @@ def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -
     names.remove("shared_kv")
     if target == "neutral":
         names.remove("cleanup")
+    if target == "cann":
+        names.remove("fuse_gelu")  # no Gelu kernel on the CANN EP
     if options.get("kv_layout", "concat") == "shared":
         if target not in ("cpu", "cuda"):
             raise PassError(

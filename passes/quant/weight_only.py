@@ -8,7 +8,10 @@ Two output forms of the same BlockQuant:
   block size (the kernel pads).
 - `qdq` (any ONNX runtime with opset 21 blocked quantization): MatMul(x, DequantizeLinear(Wq,
   scale, zero, axis=0, block_size=g)) with Wq uint4 [K, N], scale/zero [ceil(K/g), N]. Zero
-  points must be integers here, so HQQ's float zeros are rounded.
+  points must be integers here, so HQQ's float zeros are rounded. Note: onnxruntime's CPU
+  optimizer fuses this pair into MatMulNBits with accuracy level 4 (int8 activations) unless
+  the session config `session.qdq_matmulnbits_accuracy_level` is "0" (measured: ~2% output
+  difference on random data), so the QDQ form runs as W4A8 on onnxruntime by default.
 
 The tied LM head pattern MatMul(x, Transpose(E)) is handled by quantizing E^T; E itself stays
 for the embedding Gather (see embedding.py) and is dropped when nothing uses it any more.

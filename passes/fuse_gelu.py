@@ -1,0 +1,48 @@
+"""Fuse the tanh-approximated GELU (GPT-2's `gelu_new`) into ai.onnx Gelu-20(approximate="tanh").
+
+    0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))  ->  Gelu(x, approximate="tanh")
+
+A standard op (opset 20), so no custom op is needed: onnxruntime's CPU/CUDA kernels run it. Not
+in the CANN pipeline (the CANN EP has no Gelu kernel; the decomposed form maps to its kernels).
+SwiGLU (silu(gate) * up) is left as is: onnxruntime has no standalone SwiGLU kernel outside MoE.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from onnxscript.rewriter import pattern as orp
+
+from specport.passes._rules import ReasonedRule, RuleFusionPass
+from specport.passes.fuse_rms_norm import _scalar
+
+logger = logging.getLogger(__name__)
+
+_C = math.sqrt(2.0 / math.pi)
+
+
+class TanhGeluFusion(ReasonedRule):
+    def pattern(self, op, x, half, three, k, c, one):
+        inner = op.Mul(op.Add(x, op.Mul(op.Pow(x, three), k)), c)
+        return op.Mul(op.Mul(x, half), op.Add(op.Tanh(inner), one))
+
+    def check(self, context, half, three, k, c, one, **_):
+        expect = {"0.5": (half, 0.5), "3": (three, 3.0), "0.044715": (k, 0.044715)}
+        expect.update({"sqrt(2/pi)": (c, _C), "1": (one, 1.0)})
+        for label, (value, want) in expect.items():
+            got = _scalar(value)
+            if got is None or abs(got - want) > 1e-5 * max(1.0, abs(want)):
+                return self.fail(f"constant {label} is {got}", value)
+        return orp.MatchResult()
+
+    def rewrite(self, op, x, **_):
+        return op.Gelu(x, approximate="tanh")
+
+
+class FuseGeluPass(RuleFusionPass):
+    name = "fuse_gelu"
+    anchors = ("Tanh",)
+
+    def make_rules(self):
+        return [TanhGeluFusion(name="tanh_gelu", commute=True)]

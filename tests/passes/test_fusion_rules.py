@@ -1,0 +1,159 @@
+"""Each fusion rule on a hand-built 3-10 node graph: positive, variant, negative (with reason)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from specport.custom_ops.testing import run
+from specport.passes.base import op_counts
+from specport.passes.fuse_attention import FuseAttentionPass
+from specport.passes.fuse_gelu import FuseGeluPass
+from specport.passes.fuse_rms_norm import FuseRMSNormPass
+from specport.passes.fuse_rotary import FuseRotaryPass
+from specport.passes.fuse_skip_norm import FuseSkipNormPass
+
+D = 8
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=23):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    proto.ir_version = 10
+    return ir.serde.deserialize_model(proto)
+
+
+def _c(name, value, dtype=np.float32):
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+def _x(name="x", shape=("B", "S", D)):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def _rms_graph(square="pow", inv="div", exponent=2.0):
+    sq = (
+        helper.make_node("Pow", ["x", "two"], ["sq"])
+        if square == "pow"
+        else helper.make_node("Mul", ["x", "x"], ["sq"])
+    )
+    inv_node = (
+        helper.make_node("Div", ["one", "root"], ["inv"])
+        if inv == "div"
+        else helper.make_node("Reciprocal", ["root"], ["inv"])
+    )
+    nodes = [
+        sq,
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+        helper.make_node("Add", ["ms", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["root"]),
+        inv_node,
+        helper.make_node("Mul", ["x", "inv"], ["xn"]),
+        helper.make_node("Mul", ["w", "xn"], ["y"]),
+    ]
+    rng = np.random.default_rng(0)
+    inits = [
+        _c("two", exponent),
+        _c("axes", [-1], np.int64),
+        _c("eps", 1e-6),
+        _c("one", 1.0),
+        _c("w", rng.standard_normal(D)),
+    ]
+    return _model(nodes, [_x()], [_x("y")], inits)
+
+
+@pytest.mark.parametrize("square,inv", [("pow", "div"), ("mul", "reciprocal")])
+def test_decomposed_rms_norm(square, inv):
+    model = _rms_graph(square, inv)
+    x = np.random.default_rng(1).standard_normal((2, 3, D), dtype=np.float32)
+    want = run(model, {"x": x})[0]
+    result = FuseRMSNormPass()(model)
+    assert result.modified
+    assert op_counts(model) == {"specport.RMSNorm": 1}
+    from specport.custom_ops import attach_functions
+
+    attach_functions(model)
+    np.testing.assert_allclose(run(model, {"x": x})[0], want, atol=1e-5)
+
+
+def test_rms_norm_negative_reports_reason():
+    model = _rms_graph(exponent=3.0)
+    result = FuseRMSNormPass()(model)
+    assert not result.modified
+    reasons = {r["reason"] for r in result.report["rejected"]}
+    assert "exponent is not the constant 2" in reasons
+
+
+def test_skip_norm_positive_and_bias_negative():
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"]),
+        helper.make_node("RMSNormalization", ["s", "w"], ["y"], epsilon=1e-5),
+    ]
+    inits = [_c("w", np.ones(D))]
+    model = _model(nodes, [_x("a"), _x("b")], [_x("y"), _x("s")], inits)
+    FuseRMSNormPass()(model)
+    result = FuseSkipNormPass()(model)
+    assert op_counts(model) == {"specport.SkipRMSNorm": 1}
+    assert result.report["matched"]["skip_rms_norm"] == 1
+    # a bias add (constant addend) is not a residual
+    nodes[0] = helper.make_node("Add", ["a", "bias"], ["s"])
+    model = _model(nodes, [_x("a")], [_x("y"), _x("s")], [*inits, _c("bias", np.ones(D))])
+    FuseRMSNormPass()(model)
+    result = FuseSkipNormPass()(model)
+    assert not result.modified and result.report["rejected"]
+
+
+def test_rotary_interleaved_is_refused():
+    cs = helper.make_tensor_value_info("cos", TensorProto.FLOAT, ["B", "S", 4])
+    sn = helper.make_tensor_value_info("sin", TensorProto.FLOAT, ["B", "S", 4])
+    x = _x("x", ("B", 2, "S", D))
+    for inter, fused in ((0, True), (1, False)):
+        node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], interleaved=inter)
+        model = _model([node], [x, cs, sn], [_x("y", ("B", 2, "S", D))])
+        result = FuseRotaryPass()(model)
+        assert result.modified is fused
+        if not fused:
+            assert "interleaved" in result.report["rejected"][0]["reason"]
+
+
+def test_tanh_gelu():
+    c = math.sqrt(2 / math.pi)
+    nodes = [
+        helper.make_node("Mul", ["x", "half"], ["hx"]),
+        helper.make_node("Pow", ["x", "three"], ["x3"]),
+        helper.make_node("Mul", ["x3", "k"], ["kx3"]),
+        helper.make_node("Add", ["x", "kx3"], ["inner"]),
+        helper.make_node("Mul", ["inner", "c"], ["scaled"]),
+        helper.make_node("Tanh", ["scaled"], ["t"]),
+        helper.make_node("Add", ["t", "one"], ["t1"]),
+        helper.make_node("Mul", ["hx", "t1"], ["y"]),
+    ]
+    inits = [_c("half", 0.5), _c("three", 3.0), _c("k", 0.044715), _c("c", c), _c("one", 1.0)]
+    model = _model(nodes, [_x()], [_x("y")], inits)
+    x = np.random.default_rng(2).standard_normal((2, 3, D), dtype=np.float32)
+    want = run(model, {"x": x})[0]
+    assert FuseGeluPass()(model).modified
+    assert op_counts(model) == {"Gelu": 1}
+    np.testing.assert_allclose(run(model, {"x": x})[0], want, atol=1e-5)
+
+
+def test_attention_needs_the_spine_mask():
+    q = _x("q", ("B", 4, "S", D))
+    node = helper.make_node("Attention", ["q", "q", "q"], ["y"])
+    model = _model([node], [q], [_x("y", ("B", 4, "S", D))])
+    result = FuseAttentionPass()(model)
+    assert not result.modified and "attention_mask" in result.report["skipped"]
+
+
+def test_attention_without_cache_is_refused():
+    q = _x("q", ("B", 4, "S", D))
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "T"])
+    node = helper.make_node("Attention", ["q", "q", "q"], ["y"], is_causal=1)
+    model = _model([node], [q, mask], [_x("y", ("B", 4, "S", D))])
+    result = FuseAttentionPass()(model)
+    assert not result.modified
+    assert "Concat(past, new" in result.report["rejected"][0]["reason"]
