@@ -34,6 +34,8 @@ from specport.errors import ExportError
 logger = logging.getLogger(__name__)
 
 SUPPORTED = ("llama", "mistral", "qwen2")
+# One [D, 2I] MatMul + Split, or two [D, I] MatMuls (genai's choice); see the module notes.
+FUSE_GATE_UP = True
 MS = "com.microsoft"
 
 
@@ -218,10 +220,14 @@ def _build(model: Any, norm: dict[str, Any]) -> tuple[onnx.ModelProto, art.KVLay
         )
         residual = f"{p}/res2"
         mlp = layer.mlp
-        wgu = np.concatenate([_np(mlp.gate_proj.weight), _np(mlp.up_proj.weight)], 0).T
-        node("MatMul", [f"{p}/ln2", init(f"{p}/mlp/gate_up_proj.weight", wgu)], [f"{p}/gu"])
-        node("Slice", [f"{p}/gu", "/const/zero", "/const/inter", "/const/minus1"], [f"{p}/gate"])
-        node("Slice", [f"{p}/gu", "/const/inter", "/const/inter2", "/const/minus1"], [f"{p}/up"])
+        if FUSE_GATE_UP:
+            wgu = np.concatenate([_np(mlp.gate_proj.weight), _np(mlp.up_proj.weight)], 0).T
+            node("MatMul", [f"{p}/ln2", init(f"{p}/mlp/gate_up_proj.weight", wgu)], [f"{p}/gu"])
+            node("Slice", [f"{p}/gu", "/const/zero", "/const/inter", "/const/minus1"], [f"{p}/gate"])
+            node("Slice", [f"{p}/gu", "/const/inter", "/const/inter2", "/const/minus1"], [f"{p}/up"])
+        else:
+            node("MatMul", [f"{p}/ln2", init(f"{p}/mlp/gate_proj.weight", _np(mlp.gate_proj.weight).T)], [f"{p}/gate"])
+            node("MatMul", [f"{p}/ln2", init(f"{p}/mlp/up_proj.weight", _np(mlp.up_proj.weight).T)], [f"{p}/up"])
         node("Sigmoid", [f"{p}/gate"], [f"{p}/sig"])
         node("Mul", [f"{p}/gate", f"{p}/sig"], [f"{p}/silu"])
         node("Mul", [f"{p}/silu", f"{p}/up"], [f"{p}/act"])
