@@ -118,7 +118,7 @@ def _bound_run(sess, feeds: dict[str, np.ndarray], shared: bool):
     return run
 
 
-def run_bench(threads: int = 2, repeat: int = 30, root: Path | None = None) -> dict[str, Any]:
+def run_bench(threads: int = 1, repeat: int = 30, root: Path | None = None) -> dict[str, Any]:
     from specport.passes.base import op_counts
     from specport.passes.pipelines import optimize_model
     from specport.passes.testing import cpu_session
@@ -175,7 +175,7 @@ def _cache_root() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

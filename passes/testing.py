@@ -251,4 +251,7 @@ def cpu_session(model_or_path: Any, tmp: str | os.PathLike | None = None, thread
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        # no busy-waiting: on a shared machine spinning threads distort timings
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
