@@ -70,6 +70,11 @@ class BoundSession:
         self.has_index = self.io["logits_index_input"] in self.input_names
         if self.has_index:
             self._bind_in(self.io["logits_index_input"], self.logits_index)
+        # Graphs that rotate outside the attention op (passes/shared_kv.py) take positions.
+        self.has_positions = "position_ids" in self.input_names
+        self.decode_pos = np.zeros((batch, 1), dtype=np.int64)
+        if self.has_positions:
+            self._bind_in("position_ids", self.decode_pos)
         vocab = manifest.vocab_size
         self.has_next = self.io["next_token_output"] in self.output_names
         self.logits = np.zeros((batch, 1, vocab), dtype=np.float32)
@@ -80,12 +85,12 @@ class BoundSession:
 
     def _bind_in(self, name: str, arr: np.ndarray) -> None:
         value = self._ov(arr)
-        self._values[f"in:{name}"] = value
+        self._values[f"in:{name}"] = (value, arr)
         self.binding.bind_ortvalue_input(name, value)
 
     def _bind_out(self, name: str, arr: np.ndarray) -> None:
         value = self._ov(arr)
-        self._values[f"out:{name}"] = value
+        self._values[f"out:{name}"] = (value, arr)
         self.binding.bind_ortvalue_output(name, value)
 
     def reset(self) -> None:
@@ -114,9 +119,23 @@ class BoundSession:
         self.total[...] = total
         self.logits_index[:, 0] = lengths - 1
         self._bind_in("input_ids", ids)
-        out = self._run()
+        if self.has_positions:  # right padding: every row starts at position 0
+            self._bind_in(
+                "position_ids", np.ascontiguousarray(np.broadcast_to(np.arange(total), ids.shape))
+            )
+        if self.has_index:
+            out = self._run()
+        else:  # the graph returns logits for all S positions: pick each row's last real one
+            full = np.zeros((self.batch, total, self.logits.shape[-1]), dtype=np.float32)
+            self._bind_out("logits", full)
+            self._run()
+            self._bind_out("logits", self.logits)
+            self.logits[:, 0] = full[np.arange(self.batch), lengths - 1]
+            out = (self.logits[:, 0, :], None)
         self.kv.advance(lengths)
         self._bind_in("input_ids", self.decode_ids)
+        if self.has_positions:
+            self._bind_in("position_ids", self.decode_pos)
         self.logits_index[:, 0] = 0
         return out
 
@@ -124,7 +143,8 @@ class BoundSession:
         """ids [B, S] appended after each row's cache (e.g. draft tokens to verify).
 
         Returns logits [B, S, V] and greedy ids [B, S] for every position (fresh arrays, bound
-        for this call only). Undo rejected positions with `self.kv.rollback(n)`.
+        for this call only). Undo rejected positions with `self.kv.rollback(n)`. onnxruntime's
+        CPU GroupQueryAttention takes several new tokens on a non-empty cache only at batch 1.
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         batch, s = ids.shape
@@ -135,6 +155,8 @@ class BoundSession:
         logits = np.zeros((batch, s, self.logits.shape[-1]), dtype=np.float32)
         next_token = np.zeros((batch, s), dtype=np.int64)
         self._bind_in("input_ids", ids)
+        if self.has_positions:
+            self._bind_in("position_ids", self.kv.lengths[:, None] + np.arange(s, dtype=np.int64))
         if self.has_index:
             self._bind_in(self.io["logits_index_input"], index)
         self._bind_out("logits", logits)
@@ -144,6 +166,8 @@ class BoundSession:
             self._run()
         finally:  # back to the one-token decode binding
             self._bind_in("input_ids", self.decode_ids)
+            if self.has_positions:
+                self._bind_in("position_ids", self.decode_pos)
             if self.has_index:
                 self._bind_in(self.io["logits_index_input"], self.logits_index)
             self._bind_out("logits", self.logits)
@@ -155,6 +179,7 @@ class BoundSession:
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """ids [B]: one new token per row (finished rows may pass anything)."""
         self.decode_ids[:, 0] = ids
+        self.decode_pos[:, 0] = self.kv.lengths
         seqlens, total = self.kv.step_lengths(1)
         self.seqlens[:] = seqlens
         self.total[...] = total

@@ -186,3 +186,31 @@ def test_extend_scores_several_positions_like_sequential_decode(fused):
     multi.kv.rollback(2)
     lg, tok = multi.decode(np.array([seq[2]]))  # after rollback the loop continues normally
     np.testing.assert_allclose(lg[0], want[2], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_runs_the_fusion_passes_shared_layout(plain, tmp_path):
+    """The `passes/` shared layout (position_ids in, logits [B, S, V] out, no logits_index)."""
+    import shutil
+
+    import onnx_ir as ir
+
+    from specport import artifact as art
+
+    try:
+        from specport.passes.pipelines import pipeline_for
+
+        pipeline = pipeline_for("cpu", gqa_fallback="none", kv_layout="shared")
+    except Exception as e:  # noqa: BLE001 - the fusion pipeline is another helper's, may be absent
+        pytest.skip(f"shared-layout pipeline unavailable: {e}")
+    model = ir.load(str(plain.path / "model.onnx"))
+    pipeline(model)
+    out = tmp_path / "shared"
+    shutil.copytree(plain.path, out, ignore=shutil.ignore_patterns("model.onnx*"))
+    ir.save(model, str(out / "model.onnx"), external_data="model.onnx.data")
+    manifest = art.read_manifest(plain.path)
+    manifest.kv.layout, manifest.kv.max_length = "shared", manifest.context_length
+    art.write_manifest(out, manifest)
+    shared = specport.load(out, provider="cpu", threads=1)
+    assert shared.manifest.kv.layout == "shared"
+    assert _greedy(shared, PROMPTS) == _greedy(plain, PROMPTS)
