@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from specport.errors import InputError
 
@@ -39,8 +40,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H]
-        var = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(var + self.eps))
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one RMSNormalization node
 
 
 def _decoder_parts(base: nn.Module) -> tuple[type[nn.Module], nn.Module, nn.Module]:
@@ -82,11 +82,41 @@ class MTPHead(nn.Module):
     ) -> torch.Tensor:  # [B, N, H]
         b, n, h = hidden.shape
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))
+        if self.collapsed:
+            return self._collapsed_block(x)
         x = x.reshape(b * n, 1, h)  # every position attends to itself only
         out = self.block(x, attention_mask=None, position_embeddings=position_embeddings)
         if isinstance(out, tuple):
             out = out[0]
         return out.reshape(b, n, h)
+
+    @property
+    def collapsed(self) -> bool:
+        """True for a plain pre-norm block with separate q/k/v projections (Llama, Qwen, Mistral).
+
+        Attention over a single position puts all weight on that position, so the block reduces
+        exactly to o_proj(v_proj(x)): no q/k projections, rotary or softmax in the graph, which
+        makes the branch about a third of the nodes (what matters for small models on CPU).
+        """
+        blk = self.block
+        attn = getattr(blk, "self_attn", None)
+        return (
+            attn is not None
+            and all(hasattr(attn, a) for a in ("v_proj", "o_proj"))
+            and all(hasattr(blk, a) for a in ("input_layernorm", "post_attention_layernorm", "mlp"))
+            and not any(hasattr(blk, a) for a in ("pre_feedforward_layernorm", "post_feedforward_layernorm"))
+        )
+
+    def _collapsed_block(self, x: torch.Tensor) -> torch.Tensor:  # [B, N, H] -> [B, N, H]
+        blk, attn = self.block, self.block.self_attn
+        v = attn.v_proj(blk.input_layernorm(x))  # [B, N, Hkv*Dh]
+        rep = int(getattr(attn, "num_key_value_groups", 1))
+        if rep > 1:  # GQA: query head j reads kv head j // rep
+            b, n, _ = v.shape
+            dh = int(attn.head_dim)
+            v = v.reshape(b, n, -1, 1, dh).expand(-1, -1, -1, rep, -1).reshape(b, n, -1)
+        x = x + attn.o_proj(v)
+        return x + blk.mlp(blk.post_attention_layernorm(x))
 
 
 class MTPHeads(nn.Module):

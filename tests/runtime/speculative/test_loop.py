@@ -233,3 +233,37 @@ def test_stories260k_ngram_greedy_equals_plain(stories, k):
         )
         assert toks == plain.tokens, text
         assert reason == plain.finish_reason
+
+
+@pytest.fixture(scope="session")
+def tiny_mtp(tiny, tmp_path_factory):
+    """The tiny model with 2 untrained MTP heads spliced in (drafts are poor; output must not care)."""
+    import specport
+    from specport.exporter.mtp_heads import MTPHeads
+    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+
+    model, _ = tiny
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    heads = MTPHeads(load_base(model.manifest), 2).eval()
+    out = tmp_path_factory.mktemp("spec_mtp") / "mtp"
+    write_mtp_artifact(model.path, heads, out, {"source": "test"})
+    return specport.load(out)
+
+
+def test_mtp_greedy_equals_plain(tiny, tiny_mtp):
+    import onnxruntime as ort
+
+    model, _ = tiny
+    assert tiny_mtp.manifest.mtp["heads"] == 2
+    bare = ort.InferenceSession(str(tiny_mtp.path / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in bare.get_outputs()][-3:] == ["mtp_accepted", "mtp_bonus", "mtp_drafts"]
+    for ids in _prompts(6, seed=9):
+        plain = model.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True)
+        assert tiny_mtp.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True).tokens == plain.tokens
+        for k in (1, 2):
+            toks, _, metrics = generate_speculative(tiny_mtp, ids, 20, "mtp", k, None, SamplingConfig(), (), None)
+            assert toks == plain.tokens, (k, ids)
+            assert metrics["speculative"]["drafted"] > 0
+    with pytest.raises(InputError, match="MTP heads"):
+        generate_speculative(tiny_mtp, [1, 2], 4, "mtp", 3, None, SamplingConfig(), (), None)
