@@ -144,6 +144,10 @@ def load_model(source: Source, num_layers: int | None = None, progress: bool = F
 
     if not progress:
         transformers.utils.logging.disable_progress_bar()
+    if not logger.isEnabledFor(logging.INFO):
+        # transformers logs a load report listing checkpoint keys the class does not use
+        # (e.g. DeepSeek-V3's MTP layers, which we keep separately): not the user's concern.
+        transformers.utils.logging.set_verbosity_error()
     kwargs = dict(source.arch.load_kwargs)
     if num_layers is not None:
         total = int(getattr(source.config, source.arch.layers_attr))
