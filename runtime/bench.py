@@ -285,9 +285,9 @@ def run_bench(
 ) -> dict[str, Any]:
     """Everything `specport bench` prints, as one JSON-able dict.
 
-    Engines run interleaved (run 1 of each, then run 2 of each, ...) with a bandwidth sample per
-    round, so a shared machine's changing load hits all of them alike; speedups are medians of
-    per-round ratios.
+    Engines run interleaved (run 1 of each, then run 2 of each, ...; the order rotates every
+    round) with a bandwidth sample per round, so a shared machine's changing load and cache
+    state hit all of them alike; speedups are medians of per-round ratios.
     """
     from specport.runtime import peers as peer_mod
     from specport.runtime.session import SessionConfig
@@ -312,7 +312,8 @@ def run_bench(
     weights = bytes_per_token(path / manifest.model_file)
     samples = []
     for i in range(config.runs):
-        for engine in engines:
+        shift = i % len(engines)  # rotate the order: no engine always runs first (cold caches)
+        for engine in engines[shift:] + engines[:shift]:
             metrics = engine.once()
             logger.info(
                 "%s run %d: %s",
