@@ -1,3 +1,5 @@
+# mypy: disable-error-code="arg-type,type-var"
+# (onnxscript functions: ONNX types, not Python types)
 """specport.GroupQueryAttention: causal MHA/GQA/MQA over a concatenated KV cache.
 
 Contract (heads-first layout, as the exported graph has it after RoPE):

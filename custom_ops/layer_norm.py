@@ -1,3 +1,5 @@
+# mypy: disable-error-code="arg-type,type-var"
+# (onnxscript functions: ONNX types, not Python types)
 """specport.SkipLayerNorm (GPT-2 residual + LayerNorm).
 
 Contract:

@@ -247,7 +247,7 @@ def unique_names(model: ir.Model) -> int:
                     if not out.is_graph_output() or graph is not model.graph:
                         out.name = f"{base}_{i}"
                         renamed += 1
-                seen.add(out.name)
+                seen.add(out.name or "")
             for attr in node.attributes.values():
                 if attr.type == ir.AttributeType.GRAPH:
                     walk(attr.value)

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="arg-type,type-var"
+# (onnxscript functions: ONNX types, not Python types)
 """specport.RMSNorm and specport.SkipRMSNorm (Llama, Qwen, Mistral, Phi-3, Gemma norms).
 
 Contract:

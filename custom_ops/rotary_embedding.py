@@ -1,3 +1,5 @@
+# mypy: disable-error-code="arg-type,type-var"
+# (onnxscript functions: ONNX types, not Python types)
 """specport.RotaryEmbedding (RoPE, full or partial, half-split "neox" layout).
 
 Contract (mirrors ai.onnx RotaryEmbedding-23 with 4-D input):

@@ -58,4 +58,4 @@ def run(model: ir.Model, feeds: dict[str, np.ndarray], disable_opt: bool = False
 
 
 def output_names(model: ir.Model) -> Sequence[str]:
-    return [v.name for v in model.graph.outputs]
+    return [v.name or "" for v in model.graph.outputs]

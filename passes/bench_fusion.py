@@ -84,7 +84,7 @@ def _feeds(dims, s: int, p: int, vocab: int) -> dict[str, np.ndarray]:
 def _shared_feeds(dims, s: int, p: int, vocab: int, t: int) -> dict[str, np.ndarray]:
     n_layers, hkv, hd = dims
     rng = np.random.default_rng(1)
-    feeds = {
+    feeds: dict[str, np.ndarray] = {
         "input_ids": rng.integers(0, vocab, (1, s), dtype=np.int64),
         "position_ids": np.arange(p, p + s, dtype=np.int64)[None],
         "seqlens_k": np.array([p + s - 1], np.int32),
@@ -126,7 +126,7 @@ def run_bench(threads: int = 1, repeat: int = 30, root: Path | None = None) -> d
     root = Path(root or _cache_root())
     src = _export(root)
     dims = (8, 4, 64)
-    vocab = BENCH_CONFIG["vocab_size"]
+    vocab = int(BENCH_CONFIG["vocab_size"])
     results: dict[str, Any] = {"threads": threads, "repeat": repeat, "variants": {}}
     decode_fns: dict[str, Any] = {}
     prefill_fns: dict[str, Any] = {}

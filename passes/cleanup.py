@@ -41,6 +41,7 @@ def _reduce_axes_to_input(model: ir.Model) -> int:
         if node.op_type in REDUCE_OPS and node.domain == "" and "axes" in node.attributes:
             axes = list(node.attributes.pop("axes").value)
             const = ir.node("Constant", [], {"value": ir.tensor(np.asarray(axes, np.int64))})
+            assert node.graph is not None
             node.graph.insert_before(node, const)
             node.resize_inputs(2)
             node.replace_input_with(1, const.outputs[0])

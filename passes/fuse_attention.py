@@ -46,7 +46,7 @@ def _producer(v: ir.Value | None, op_type: str) -> ir.Node | None:
     return node if node is not None and node.op_type == op_type and node.domain == "" else None
 
 
-def _unrepeat(v: ir.Value) -> ir.Value:
+def _unrepeat(v: ir.Value | None) -> ir.Value | None:
     """Undo the GQA head repeat Reshape(Expand(Unsqueeze(x, 2))) -> x; identity otherwise."""
     reshape = _producer(v, "Reshape")
     expand = _producer(reshape.inputs[0], "Expand") if reshape else None
@@ -59,13 +59,16 @@ def _unrepeat(v: ir.Value) -> ir.Value:
     return unsq.inputs[0]
 
 
-def _concat_parts(v: ir.Value) -> tuple[ir.Node, ir.Value, ir.Value] | None:
+def _concat_parts(v: ir.Value | None) -> tuple[ir.Node, ir.Value, ir.Value] | None:
     node = _producer(v, "Concat")
     if node is None or len(node.inputs) != 2:
         return None
+    past, new = node.inputs
+    if past is None or new is None:
+        return None
     if node.attributes.get_int("axis", 0) not in (2, -2):
         return None
-    return node, node.inputs[0], node.inputs[1]
+    return node, past, new
 
 
 def detect_window(mask: ir.Value | None, limit: int = 400) -> int | None:
@@ -149,7 +152,7 @@ class FuseAttentionPass(Pass):
         if node.attributes.get_float("softcap", 0.0):
             return "softcap is not supported by the fused op"
         q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
-        if q.shape is None or q.shape.rank() != 4:
+        if q is None or q.shape is None or q.shape.rank() != 4:
             return "query is not 4-D [B, H, S, Dh] (3-D packed form not supported)"
         kparts = _concat_parts(_unrepeat(k))
         vparts = _concat_parts(_unrepeat(v))
@@ -215,15 +218,15 @@ class FuseAttentionPass(Pass):
             )
             old = [node.outputs[0], ck.outputs[0], cv.outputs[0]]
             graph.insert_after(node, gqa)
-            for o, n in zip(old, gqa.outputs):
-                n.type, n.shape = o.type, o.shape
+            for o, new in zip(old, gqa.outputs):
+                new.type, new.shape = o.type, o.shape
             ir.convenience.replace_all_uses_with(old, list(gqa.outputs), replace_graph_outputs=True)
             names = [o.name for o in old]
             graph.remove(node, safe=True)
             for o, name in zip(old, names):
                 o.name = f"{name}__unfused"
-            for n, name in zip(gqa.outputs, names):
-                n.name = name
+            for new, name in zip(gqa.outputs, names):
+                new.name = name
             fused.append(
                 {"node": gqa.name, **attrs, "window_source": wsource, "cropped_past": m["cropped"]}
             )

@@ -34,7 +34,8 @@ TINY = dict(
 def _config(arch: str, **overrides: Any):
     import transformers as tf
 
-    kw = dict(TINY)
+    kw: dict[str, Any] = dict(TINY)
+    cls: Any
     if arch == "llama":
         cls = tf.LlamaConfig
     elif arch == "qwen2":
@@ -51,6 +52,23 @@ def _config(arch: str, **overrides: Any):
     elif arch == "gemma":
         cls = tf.GemmaConfig
         kw["head_dim"] = 16
+    elif arch == "deepseek_v3":
+        cls = tf.DeepseekV3Config
+        kw.update(
+            num_key_value_heads=4,
+            moe_intermediate_size=32,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_group=1,
+            topk_group=1,
+        )
     elif arch == "gpt2":
         cls = tf.GPT2Config
         kw = dict(
@@ -69,7 +87,8 @@ def tiny_model(arch: str, seed: int = 0, **overrides: Any):
 
     torch.manual_seed(seed)
     cfg = _config(arch, **overrides)
-    model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    extra = {"experts_implementation": "batched_mm"} if arch == "deepseek_v3" else {}
+    model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", **extra).eval()
     # Norm weights start at ones; randomise them so a mis-wired norm fusion shows up.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -78,12 +97,14 @@ def tiny_model(arch: str, seed: int = 0, **overrides: Any):
     return model
 
 
-def kv_dims(model) -> tuple[int, int, int]:
-    """(num_layers, kv_heads, head_dim) of an HF model config."""
+def kv_dims(model) -> tuple[int, ...]:
+    """(num_layers, kv_heads, key_dim[, value_dim]) of an HF model config (MLA: k != v dim)."""
     c = model.config
     n_layers = getattr(c, "num_hidden_layers", None) or c.n_layer
     heads = getattr(c, "num_attention_heads", None) or c.n_head
     kv = getattr(c, "num_key_value_heads", None) or heads
+    if getattr(c, "v_head_dim", None) and getattr(c, "qk_nope_head_dim", None):
+        return n_layers, kv, c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim
     hd = getattr(c, "head_dim", None) or (getattr(c, "hidden_size", None) or c.n_embd) // heads
     return n_layers, kv, hd
 
@@ -134,9 +155,11 @@ def export_tiny(model, path: str | os.PathLike, dynamo: bool = True) -> Path:
     import onnx
     import torch
 
-    n_layers, kv, hd = kv_dims(model)
+    n_layers, kv, kd, *vd = kv_dims(model)
     b, s, p = 2, 3, 4
-    past = [torch.randn(b, kv, p, hd) for _ in range(2 * n_layers)]
+    past = [
+        torch.randn(b, kv, p, kd if i % 2 == 0 else (vd or [kd])[0]) for i in range(2 * n_layers)
+    ]
     args = (
         torch.randint(0, model.config.vocab_size, (b, s)),
         torch.ones(b, p + s, dtype=torch.int64),
@@ -166,6 +189,7 @@ def export_tiny(model, path: str | os.PathLike, dynamo: bool = True) -> Path:
                 input_names=ins,
                 output_names=outs,
             )
+            assert prog is not None
             prog.save(str(path), external_data=True)
         else:
             axes: dict[str, dict[int, str]] = {
@@ -202,22 +226,24 @@ def make_feeds(
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
     """Random feeds for the spine contract; `left_pad[b]` zeros at the start of the mask."""
-    n_layers, kv, hd = model_or_dims if isinstance(model_or_dims, tuple) else kv_dims(model_or_dims)
+    dims = model_or_dims if isinstance(model_or_dims, tuple) else kv_dims(model_or_dims)
+    n_layers, kv, kd = dims[:3]
+    vd = dims[3] if len(dims) > 3 else kd
     rng = np.random.default_rng(seed)
     mask = np.ones((batch, past + seq), np.int64)
     pos = np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))
     for b, n in enumerate(left_pad or []):
         mask[b, :n] = 0
         pos[b] = np.maximum(np.arange(past, past + seq) - n, 0)
-    feeds = {
+    feeds: dict[str, np.ndarray] = {
         "input_ids": rng.integers(0, vocab, (batch, seq), dtype=np.int64),
         "attention_mask": mask,
         "position_ids": pos,
     }
     for i in range(n_layers):
-        for kvn in ("key", "value"):
+        for kvn, d in (("key", kd), ("value", vd)):
             feeds[f"past_key_values.{i}.{kvn}"] = rng.standard_normal(
-                (batch, kv, past, hd), dtype=np.float32
+                (batch, kv, past, d), dtype=np.float32
             )
     return feeds
 

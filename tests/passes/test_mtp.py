@@ -70,7 +70,7 @@ def test_branch_matches_torch_and_keeps_logits(parts, tmp_path):
             ids[0, j] = int(logits[0, -1].argmax())
         with torch.no_grad():
             hidden = base.model(input_ids=torch.tensor(ids)).last_hidden_state
-            want = MTPBranch(heads)(hidden, base.lm_head(hidden), torch.tensor(ids))
+            want = MTPBranch(heads, fold=True)(hidden, base.lm_head(hidden), torch.tensor(ids))
         got = dict(zip(names, sess.run(None, _feeds(ids))))
         assert got["mtp_accepted"].tolist() == want[0].tolist()
         assert got["mtp_accepted"][0] == s - 1
