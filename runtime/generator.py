@@ -53,6 +53,8 @@ class Generator:
         self.manifest = manifest
         self.context_length = manifest.context_length
         self._output_names = [o.name for o in session.get_outputs()]
+        # shared layout: run on_step for token t while onnxruntime computes step t+1
+        self.overlap_callbacks = True
 
     def check_fits(self, prompt_lengths: Sequence[int]) -> None:
         longest = max(prompt_lengths)
@@ -91,7 +93,15 @@ class Generator:
             from specport.runtime.bound_loop import run_bound
 
             return run_bound(
-                self, prompts, max_new_tokens, budget, select, eos_ids, on_step, pad_id
+                self,
+                prompts,
+                max_new_tokens,
+                budget,
+                select,
+                eos_ids,
+                on_step,
+                pad_id,
+                overlap=self.overlap_callbacks,
             )
 
         ids = np.full((batch, longest), pad_id, dtype=np.int64)
