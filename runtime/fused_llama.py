@@ -223,11 +223,23 @@ def _build(model: Any, norm: dict[str, Any]) -> tuple[onnx.ModelProto, art.KVLay
         if FUSE_GATE_UP:
             wgu = np.concatenate([_np(mlp.gate_proj.weight), _np(mlp.up_proj.weight)], 0).T
             node("MatMul", [f"{p}/ln2", init(f"{p}/mlp/gate_up_proj.weight", wgu)], [f"{p}/gu"])
-            node("Slice", [f"{p}/gu", "/const/zero", "/const/inter", "/const/minus1"], [f"{p}/gate"])
-            node("Slice", [f"{p}/gu", "/const/inter", "/const/inter2", "/const/minus1"], [f"{p}/up"])
+            node(
+                "Slice", [f"{p}/gu", "/const/zero", "/const/inter", "/const/minus1"], [f"{p}/gate"]
+            )
+            node(
+                "Slice", [f"{p}/gu", "/const/inter", "/const/inter2", "/const/minus1"], [f"{p}/up"]
+            )
         else:
-            node("MatMul", [f"{p}/ln2", init(f"{p}/mlp/gate_proj.weight", _np(mlp.gate_proj.weight).T)], [f"{p}/gate"])
-            node("MatMul", [f"{p}/ln2", init(f"{p}/mlp/up_proj.weight", _np(mlp.up_proj.weight).T)], [f"{p}/up"])
+            node(
+                "MatMul",
+                [f"{p}/ln2", init(f"{p}/mlp/gate_proj.weight", _np(mlp.gate_proj.weight).T)],
+                [f"{p}/gate"],
+            )
+            node(
+                "MatMul",
+                [f"{p}/ln2", init(f"{p}/mlp/up_proj.weight", _np(mlp.up_proj.weight).T)],
+                [f"{p}/up"],
+            )
         node("Sigmoid", [f"{p}/gate"], [f"{p}/sig"])
         node("Mul", [f"{p}/gate", f"{p}/sig"], [f"{p}/silu"])
         node("Mul", [f"{p}/silu", f"{p}/up"], [f"{p}/act"])
