@@ -2,9 +2,11 @@
 
 Targets:
     neutral    keep specport ops; attach their function bodies (runs in any ORT).
-    cpu, cuda  com.microsoft contrib ops (SimplifiedLayerNormalization, SkipSimplified-
-               LayerNormalization, SkipLayerNormalization, GroupQueryAttention) and
-               ai.onnx RotaryEmbedding-23. `rms_norm="standard"` picks RMSNormalization-23.
+    cpu, cuda  com.microsoft contrib ops (SkipSimplifiedLayerNormalization,
+               SkipLayerNormalization, GroupQueryAttention), ai.onnx RMSNormalization-23 and
+               RotaryEmbedding-23. `rms_norm="contrib"` picks ORT's SimplifiedLayerNormalization
+               instead (no measurable difference; it is registered in the ai.onnx domain, so
+               `onnx.checker` rejects such a graph - hence not the default).
     cann       inline the function bodies (standard ops only), then `cann.check_ops`.
     torch_npu  not a graph rewrite: see `torch_npu.kernel_table`.
 
@@ -46,7 +48,7 @@ def _attr(node: ir.Node, name: str, default: Any) -> Any:
 def _rms_norm(tape, node, opts):
     eps = _attr(node, "epsilon", 1e-6)
     x, scale = node.inputs
-    if opts.get("rms_norm") == "standard":
+    if opts.get("rms_norm", "standard") == "standard":
         return [tape.op("RMSNormalization", [x, scale], {"epsilon": eps, "axis": -1})]
     attrs = {"epsilon": eps, "axis": -1, "stash_type": 1}
     # ORT registers this contrib kernel in the ai.onnx domain (historical accident).

@@ -40,7 +40,7 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "unfused": None,
     "cpu": {},
     "cpu_no_fallback": {"gqa_fallback": "none"},
-    "cpu_std_rmsnorm": {"rms_norm": "standard"},
+    "cpu_contrib_rmsnorm": {"rms_norm": "contrib"},
     "neutral": {"target": "neutral"},
     "cpu_shared_kv": {"gqa_fallback": "none", "kv_layout": "shared", "max_length": 256},
 }

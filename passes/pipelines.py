@@ -69,7 +69,7 @@ def all_pass_names() -> list[str]:
 def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -> Pipeline:
     """The pipeline for `target` (neutral/cpu/cuda/cann); `passes` restricts it by name.
 
-    Options: `sliding_window` (int or per-attention list), `rms_norm` ("contrib"|"standard"),
+    Options: `sliding_window` (int or per-attention list), `rms_norm` ("standard"|"contrib"),
     `gqa_fallback` ("if"|"none"), `kv_layout` ("concat"|"shared", see passes/shared_kv.py),
     `max_length` (buffer length written into shapes for the shared layout).
     """

@@ -21,6 +21,9 @@ def test_optimize_json(tiny_export, tmp_path, capsys):
     assert attn["matched"] == 2
     assert info["io_contract"]["layout"] == "concat"
     assert "com.microsoft.GroupQueryAttention" in info["ops_after"]
+    import onnx
+
+    onnx.checker.check_model(str(out))  # the default cpu lowering stays checker-clean
 
 
 def test_optimize_text_shared_and_errors(tiny_export, tmp_path, capsys):
