@@ -104,18 +104,24 @@ class MTPHead(nn.Module):
             attn is not None
             and all(hasattr(attn, a) for a in ("v_proj", "o_proj"))
             and all(hasattr(blk, a) for a in ("input_layernorm", "post_attention_layernorm", "mlp"))
-            and not any(hasattr(blk, a) for a in ("pre_feedforward_layernorm", "post_feedforward_layernorm"))
+            and not any(
+                hasattr(blk, a) for a in ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+            )
         )
 
-    def _collapsed_block(self, x: torch.Tensor) -> torch.Tensor:  # [B, N, H] -> [B, N, H]
-        blk, attn = self.block, self.block.self_attn
-        v = attn.v_proj(blk.input_layernorm(x))  # [B, N, Hkv*Dh]
+    def collapsed_attention(self, x: torch.Tensor) -> torch.Tensor:  # normed [B, N, H] -> [B, N, H]
+        attn = self.block.self_attn
+        v = attn.v_proj(x)  # [B, N, Hkv*Dh]
         rep = int(getattr(attn, "num_key_value_groups", 1))
         if rep > 1:  # GQA: query head j reads kv head j // rep
             b, n, _ = v.shape
             dh = int(attn.head_dim)
             v = v.reshape(b, n, -1, 1, dh).expand(-1, -1, -1, rep, -1).reshape(b, n, -1)
-        x = x + attn.o_proj(v)
+        return attn.o_proj(v)
+
+    def _collapsed_block(self, x: torch.Tensor) -> torch.Tensor:  # [B, N, H] -> [B, N, H]
+        blk = self.block
+        x = x + self.collapsed_attention(blk.input_layernorm(x))
         return x + blk.mlp(blk.post_attention_layernorm(x))
 
 
@@ -168,11 +174,14 @@ class MTPBranch(nn.Module):
     state at the accepted position and the bonus token (the argmax there) seed the heads.
     """
 
-    def __init__(self, heads: MTPHeads) -> None:
+    def __init__(self, heads: MTPHeads, fold: bool = False) -> None:
         super().__init__()
+        from specport.exporter.mtp_fold import fold_heads
+
         self.mtp = heads
         # Register the shared modules here so the exporter sees their weights as parameters.
         self.embed_tokens, self.lm_head, self.rotary_emb = heads._shared
+        self.folded = fold_heads(heads) if fold else None
 
     def forward(
         self, hidden: torch.Tensor, logits: torch.Tensor, input_ids: torch.Tensor
@@ -186,7 +195,11 @@ class MTPBranch(nn.Module):
         tok = bonus
         drafts = []
         for k in range(self.mtp.num_heads):
-            h, head_logits = self.mtp.step(k, h, tok)
+            if self.folded is not None:
+                h, normed = self.folded[k](h, tok)
+                head_logits = self.lm_head(normed)
+            else:
+                h, head_logits = self.mtp.step(k, h, tok)
             tok = head_logits.argmax(dim=-1)  # [B, 1]
             drafts.append(tok)
         return accepted, bonus.squeeze(1), torch.cat(drafts, dim=1)
@@ -196,7 +209,7 @@ BRANCH_INPUTS = ("mtp_hidden", "mtp_logits", "mtp_input_ids")
 BRANCH_OUTPUTS = ("mtp_accepted", "mtp_bonus", "mtp_drafts")
 
 
-def export_branch(heads: MTPHeads, vocab_size: int) -> Any:
+def export_branch(heads: MTPHeads, vocab_size: int, fold: bool = True) -> Any:
     """The MTPBranch as an `onnx_ir.Model` with inputs BRANCH_INPUTS and outputs BRANCH_OUTPUTS."""
     import warnings
 
@@ -204,7 +217,7 @@ def export_branch(heads: MTPHeads, vocab_size: int) -> Any:
 
     from specport.errors import ExportError
 
-    branch = MTPBranch(heads).eval()
+    branch = MTPBranch(heads, fold=fold).eval()
     hidden_size = int(heads.heads[0].eh_proj.weight.shape[0])
     g = torch.Generator().manual_seed(0)
     b, s = 2, 4

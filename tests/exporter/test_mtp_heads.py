@@ -51,6 +51,25 @@ def test_heads_shapes_and_branch(llama):
         MTPHeads(llama, 0)
 
 
+def test_folded_heads_compute_the_same_function(llama):
+    from specport.exporter.mtp_fold import fold_heads
+
+    torch.manual_seed(1)
+    heads = MTPHeads(llama, 2).eval()
+    for p in heads.parameters():  # move away from the warm start so every piece matters
+        p.data.add_(0.05 * torch.randn_like(p))
+    folded = fold_heads(heads)
+    assert folded is not None
+    h = torch.randn(3, 1, 64)
+    t = torch.randint(0, 256, (3, 1))
+    with torch.no_grad():
+        for k in range(2):
+            want_h, want_logits = heads.step(k, h, t)
+            got_h, normed = folded[k](h, t)
+            torch.testing.assert_close(got_h, want_h, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(llama.lm_head(normed), want_logits, atol=1e-4, rtol=1e-4)
+
+
 def test_self_distillation_improves_acceptance(llama, tmp_path):
     seqs = _greedy_sequences(llama)
     from specport.exporter.mtp_train import base_hidden
