@@ -46,8 +46,8 @@ NORM_OPS = {
 }
 
 
-def _norm_scale(x: ir.Value, sites: list[WeightSite]) -> ir.Value | None:
-    """The norm's scale initializer when x = Norm(h, scale) can absorb 1/s, else None."""
+def _norm_scale(x: ir.Value, sites: list[WeightSite]) -> tuple[ir.Node, int] | None:
+    """(norm node, index of its scale input) when x = Norm(h, scale) can absorb 1/s, else None."""
     prod = x.producer()
     if prod is None or prod.op_type not in NORM_OPS or prod.outputs[0] is not x:
         return None
@@ -56,14 +56,21 @@ def _norm_scale(x: ir.Value, sites: list[WeightSite]) -> ir.Value | None:
         return None
     idx = NORM_OPS[prod.op_type]
     scale = prod.inputs[idx] if len(prod.inputs) > idx else None
-    if (
-        scale is None
-        or scale.const_value is None
-        or not scale.is_initializer()
-        or len(list(scale.uses())) != 1
-    ):
+    if scale is None or scale.const_value is None or not scale.is_initializer():
         return None
-    return scale
+    return prod, idx
+
+
+def _fold_into_norm(graph: ir.Graph, norm: ir.Node, idx: int, s: np.ndarray) -> None:
+    """gamma <- gamma / s; a scale shared with other norms (exporters deduplicate equal
+    initializers) gets a private copy first."""
+    scale = norm.inputs[idx]
+    assert scale is not None and scale.const_value is not None
+    gamma = scale.const_value.numpy().astype(np.float32) / s
+    if len(list(scale.uses())) == 1:
+        scale.const_value = ir.tensor(gamma, name=scale.name)
+    else:
+        norm.replace_input_with(idx, add_initializer(graph, f"{scale.name}.smoothed", gamma))
 
 
 class QuantizeW8A8Pass(Pass):
@@ -110,10 +117,9 @@ class QuantizeW8A8Pass(Pass):
                     st.rows_sample(), weights, st.absmax, self.alphas
                 )
             if s is not None:
-                norm_scale = _norm_scale(x, sites)
-                if norm_scale is not None:
-                    gamma = norm_scale.const_value.numpy().astype(np.float32)  # type: ignore[union-attr]
-                    norm_scale.const_value = ir.tensor(gamma / s, name=norm_scale.name)
+                norm = _norm_scale(x, sites)
+                if norm is not None:
+                    _fold_into_norm(graph, norm[0], norm[1], s)
                     folded += 1
                     how = "folded into norm"
                 else:
