@@ -157,7 +157,10 @@ class FuseAttentionPass(Pass):
         kparts = _concat_parts(_unrepeat(k))
         vparts = _concat_parts(_unrepeat(v))
         if kparts is None or vparts is None:
-            return "K/V are not Concat(past, new, axis=2) (no concat KV cache)"
+            return (
+                "K/V are not Concat(past, new, axis=2): no per-head KV cache (e.g. DeepSeek MLA "
+                "caches a latent and up-projects K/V each step); the standard Attention is kept"
+            )
         graph_inputs = {id(x) for x in node.graph.inputs} if node.graph is not None else set()
         k_raw = id(kparts[1]) in graph_inputs
         if k_raw != (id(vparts[1]) in graph_inputs):
