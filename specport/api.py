@@ -273,8 +273,13 @@ def load(
     threads: int = 0,
     graph_optimization: str = "all",
     check_hashes: bool = True,
+    allow_spinning: bool | None = None,
+    prepacking: bool = True,
 ) -> Model:
-    """Open an artifact: validate manifest and file hashes, start an onnxruntime session."""
+    """Open an artifact: validate manifest and file hashes, start an onnxruntime session.
+
+    `allow_spinning` (None = only when a core is idle) and `prepacking` are explained in
+    `specport.runtime.session`."""
     from specport.runtime.session import SessionConfig, make_session
     from specport.runtime.tokenizer import load_tokenizer
 
@@ -283,7 +288,11 @@ def load(
     session, used = make_session(
         directory / manifest.model_file,
         SessionConfig(
-            provider=provider, intra_op_threads=threads, graph_optimization=graph_optimization
+            provider=provider,
+            intra_op_threads=threads,
+            graph_optimization=graph_optimization,
+            allow_spinning=allow_spinning,
+            disable_prepacking=not prepacking,
         ),
     )
     tokenizer = load_tokenizer(directory, manifest.tokenizer)
