@@ -117,3 +117,28 @@ def test_deepseek_checkpoint_mtp_layers_load(tmp_path):
     }
     with pytest.raises(InputError, match="contiguous"):
         load_deepseek_mtp(base, bad)
+
+
+@pytest.mark.slow
+def test_deepseek_artifact_runs_checkpoint_mtp_branch(tmp_path):
+    """train-mtp on a DeepSeek-V3 artifact uses the real MTP layer; greedy output is unchanged."""
+    import numpy as np
+
+    import specport
+    from specport.exporter.export import export_model
+    from specport.exporter.mtp_train import train_mtp
+    from specport.runtime.sampler import SamplingConfig
+    from specport.runtime.speculative.loop import generate_speculative
+    from tests.fixtures import build_tiny_model
+
+    src = build_tiny_model("deepseek_v3", tmp_path / "src")
+    export_model(src, tmp_path / "art", fuse=False, skip_verify=True, progress=False)
+    manifest = train_mtp(tmp_path / "art", tmp_path / "mtp", num_heads=3)
+    assert manifest.mtp["heads"] == 1 and manifest.mtp["training"]["source"] == "checkpoint"
+    base, mtp = specport.load(tmp_path / "art"), specport.load(tmp_path / "mtp")
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        ids = rng.integers(3, 256, size=5).tolist()
+        plain = base.generate(prompt_ids=ids, max_new_tokens=12, ignore_eos=True).tokens
+        toks, _, _ = generate_speculative(mtp, ids, 12, "mtp", 1, None, SamplingConfig(), (), None)
+        assert toks == plain
