@@ -1,0 +1,112 @@
+"""quantize_artifact end to end on the tiny artifact: manifest, files, errors, baselines, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specport.artifact import read_manifest
+from specport.cli import main
+from specport.errors import QuantizationError
+from specport.passes.quant.apply import quantize_artifact
+from specport.runtime.eval import perplexity
+
+
+def test_w4_artifact_manifest_and_ppl(quant_src, calib_text, eval_text, tmp_path):
+    out = tmp_path / "w4"
+    m = quantize_artifact(quant_src, out, "w4a16", 32, "default", [calib_text])
+    m2 = read_manifest(out)  # hashes verified
+    assert m2.quant["scheme"] == "w4a16" and m2.quant["algorithm"] == "default"
+    assert m2.quant["calibration"]["sha256"] and len(m2.quant["calibration"]["sha256"]) == 64
+    assert set(m2.quant["layers"].values()) == {4, 8}  # 8: the LM head
+    assert m2.passes[-1]["name"] == "quantize_weights_nbits"
+    assert len(m2.passes) == len(read_manifest(quant_src).passes) + 1
+    assert (out / "tokenizer.json").is_file() and "tokenizer.json" in m2.files
+    assert m2.quant["ort_cpu"]["kernels"]["com.microsoft.MatMulNBits"] == len(m.quant["layers"])
+    ppl = perplexity(out, eval_text)["ppl"]
+    base = perplexity(quant_src, eval_text)["ppl"]
+    assert abs(ppl / base - 1) < 0.25
+
+
+def test_mixed_precision_auto_records_plan(quant_src, calib_text, tmp_path):
+    m = quantize_artifact(
+        quant_src, tmp_path / "mx", "w4a16", 32, "rtn", [calib_text], mixed_precision="auto"
+    )
+    plan = next(p for p in m.passes if p["name"] == "plan_mixed_precision")
+    assert plan["layers_scored"] and all("outlier_ratio" in r for r in plan["layers_scored"])
+    assert {r["name"] for r in plan["layers_scored"]} <= set(m.quant["layers"])
+    for name in plan["promoted"]:
+        assert m.quant["layers"][name] == 8
+
+
+@pytest.mark.parametrize("algo", ["ort-default", "ort-hqq"])
+def test_ort_baselines(quant_src, tmp_path, algo):
+    m = quantize_artifact(quant_src, tmp_path / algo, "w4a16", 32, algo, [])
+    assert m.quant["ort_cpu"]["kernels"].get("com.microsoft.MatMulNBits", 0) >= 1
+
+
+def test_errors(quant_src, tmp_path):
+    with pytest.raises(QuantizationError, match="needs calibration"):
+        quantize_artifact(quant_src, tmp_path / "a", "w4a16", 32, "gptq", [])
+    with pytest.raises(QuantizationError, match="needs calibration"):
+        quantize_artifact(quant_src, tmp_path / "b", "w8a8", 32, "default", [])
+    with pytest.raises(QuantizationError, match="group size 48"):
+        quantize_artifact(quant_src, tmp_path / "c", "w4a16", 48, "rtn", [])
+    with pytest.raises(QuantizationError, match="calibration file not found"):
+        quantize_artifact(quant_src, tmp_path / "d", "w4a16", 32, "gptq", [tmp_path / "nope.txt"])
+    assert not (tmp_path / "a").exists()
+
+
+def test_cli_quantize_and_eval(quant_src, calib_text, eval_text, tmp_path, capsys):
+    out = tmp_path / "cli"
+    rc = main(
+        [
+            "quantize",
+            str(quant_src),
+            "--out",
+            str(out),
+            "--scheme",
+            "w8a8",
+            "--calib",
+            str(calib_text),
+            "--json",
+        ]
+    )
+    assert rc == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (
+        info["scheme"] == "w8a8"
+        and info["ort_cpu"]["kernels"]["com.microsoft.MatMulIntegerToFloat"] >= 1
+    )
+    assert main(["eval", "ppl", str(out), "--text", str(eval_text), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ppl"] > 1
+    assert (
+        main(["eval", "compare", str(quant_src), str(out), "--text", str(eval_text), "--json"]) == 0
+    )
+    cmp = json.loads(capsys.readouterr().out)
+    assert 0.5 < cmp["top1_agreement"] <= 1 and cmp["kl"] >= 0
+    assert (
+        main(
+            [
+                "quantize",
+                str(quant_src),
+                "--out",
+                str(tmp_path / "x"),
+                "--scheme",
+                "w4a16",
+                "--algo",
+                "clip",
+            ]
+        )
+        == 1
+    )
+    assert "needs calibration" in capsys.readouterr().err
+
+
+def test_calib_file_missing_message(tmp_path):
+    from specport.passes.quant.calibration import read_documents
+
+    with pytest.raises(QuantizationError, match="--calib"):
+        read_documents([Path(tmp_path / "missing.txt")])

@@ -1,0 +1,88 @@
+"""runtime/eval.py against transformers: perplexity on the same tokens, and compare()."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specport.errors import InputError
+from specport.runtime.eval import compare, perplexity, read_documents
+from tests.passes.quant._tiny import char_tokenizer, with_tokenizer, write_corpus
+
+
+def _hf_ppl(model, seqs: list[list[int]]) -> float:
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids in seqs:
+            t = torch.tensor([ids])
+            logits = model(t).logits[0].double()
+            lp = torch.log_softmax(logits, -1)
+            total -= float(lp[torch.arange(len(ids) - 1), t[0, 1:]].sum())
+            count += len(ids) - 1
+    return math.exp(total / count)
+
+
+@pytest.fixture(scope="module")
+def eval_art(tiny_llama_artifact: Path, tmp_path_factory) -> Path:
+    return with_tokenizer(tiny_llama_artifact, tmp_path_factory.mktemp("eval") / "art")
+
+
+def test_perplexity_matches_torch_on_tiny(eval_art, tiny_zoo, tmp_path):
+    text = write_corpus(tmp_path / "t.txt", docs=6)
+    r = perplexity(eval_art, text)
+    tok = char_tokenizer()
+    seqs = [
+        [1, *tok.encode(d, add_special_tokens=False).ids][:128] for d in read_documents(text)
+    ]  # context 128
+    ref = _hf_ppl(tiny_zoo.reference("llama"), seqs)
+    assert r["docs"] == 6 and r["tokens"] == sum(len(s) - 1 for s in seqs)
+    assert r["ppl"] == pytest.approx(ref, rel=1e-4)
+
+
+def test_compare_self_and_max_docs(eval_art, tmp_path):
+    text = write_corpus(tmp_path / "t.txt", docs=5)
+    c = compare(eval_art, eval_art, text, max_docs=3)
+    assert c["top1_agreement"] == 1.0 and abs(c["kl"]) < 1e-9 and c["docs"] == 3
+    assert c["ppl_a"] == pytest.approx(c["ppl_b"])
+    last = perplexity(eval_art, text, max_docs=2, last=True)
+    assert last["docs"] == 2
+
+
+def test_bad_inputs(eval_art, tmp_path):
+    with pytest.raises(InputError, match="not found"):
+        perplexity(eval_art, tmp_path / "missing.txt")
+    (tmp_path / "empty.txt").write_text("\n\n\n")
+    with pytest.raises(InputError, match="no documents"):
+        perplexity(eval_art, tmp_path / "empty.txt")
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_stories260k_matches_transformers(shared_dir, tmp_path):
+    """Real model: our ONNX perplexity vs transformers' own, same protocol, within 0.5%."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from specport.exporter.export import export_model
+
+    src = shared_dir / "models" / "stories260K"
+    text = shared_dir / "text" / "tinystories_valid_dev.txt"
+    if not src.is_dir() or not text.is_file():
+        pytest.skip("stories260K or the TinyStories text is absent from the shared folder")
+    art = tmp_path / "s260"
+    export_model(src, art, progress=False)
+    r = perplexity(art, text, max_docs=40)
+
+    hf_tok = AutoTokenizer.from_pretrained(str(src))
+    docs = read_documents(text, 40)
+    seqs = [hf_tok(d).input_ids[:512] for d in docs]  # BOS added by the HF tokenizer
+    assert all(s[0] == 1 for s in seqs)
+    model = LlamaForCausalLM.from_pretrained(str(src)).eval()
+    ref = _hf_ppl(model, seqs)
+    assert r["tokens"] == sum(len(s) - 1 for s in seqs)  # same tokenization
+    assert abs(r["ppl"] / ref - 1) < 0.005
+    assert 3.0 < r["ppl"] < 10.0
+    np.testing.assert_allclose(r["ppl"], ref, rtol=1e-4)
