@@ -186,6 +186,16 @@ class SpeculativeGenerator:
         """logits: [1, S=K+1, V]. Greedy: exact argmax match; sampling: rejection sampling."""
         cfg = sampler.config
         if cfg.greedy and cfg.repetition_penalty == 1.0:
+            if drafts.batch_size == 1:  # the common case, without the batch machinery
+                row = drafts.row(0)
+                best = np.argmax(logits[0, : len(row) + 1], axis=-1).tolist()
+                a = 0
+                while a < len(row) and row[a] == best[a]:
+                    a += 1
+                accepted = np.array([a], dtype=np.int64)
+                return VerifyResult(
+                    accepted, [[*row[:a], int(best[a])]], accepted == drafts.lengths
+                )
             return greedy_verify(drafts, logits)
         history = None
         if cfg.repetition_penalty != 1.0:  # position i has seen the context and drafts[:i]
