@@ -44,7 +44,13 @@ NEEDS_CALIB = ("gptq", "clip", "default")
 
 
 def quantize_weight(
-    w: np.ndarray, algo: str, bits: int, group_size: int, symmetric: bool, stats: ActStats | None
+    w: np.ndarray,
+    algo: str,
+    bits: int,
+    group_size: int,
+    symmetric: bool,
+    stats: ActStats | None,
+    float_zero: bool = True,
 ) -> A.BlockQuant:
     """Dispatch one weight w [K, N] to an algorithm.
 
@@ -67,8 +73,8 @@ def quantize_weight(
     if algo == "default":
         assert h is not None
         bq = A.quantize_gptq(w, h, bits, group_size, symmetric, mse_clip=True, act_order=True)
-        # Float zero points exist only for 4 bits in MatMulNBits.
-        return bq if symmetric or bits != 4 else A.refit_scales(bq, w, h)
+        # Float zero points exist only for 4 bits in MatMulNBits (and not at all in QDQ).
+        return bq if symmetric or bits != 4 or not float_zero else A.refit_scales(bq, w, h)
     raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
 
 
@@ -141,7 +147,15 @@ class QuantizeWeightsNBitsPass(Pass):
             stats = self.stats.get(site.x.name or "")
             # HQQ's float zero points exist only for 4 bits in MatMulNBits; 8 bits uses RTN.
             algo = self.algo if bits == 4 or self.algo != "hqq" else "rtn"
-            bq = quantize_weight(w, algo, bits, self.group_size, self.symmetric, stats)
+            bq = quantize_weight(
+                w,
+                algo,
+                bits,
+                self.group_size,
+                self.symmetric,
+                stats,
+                float_zero=self.form == "matmulnbits",
+            )
             err = output_rel_error(w, A.dequantize(bq), stats)
             if self.form == "matmulnbits":
                 self._emit_nbits(graph, site, bq)
