@@ -10,6 +10,9 @@ Targets:
     cann       inline the function bodies (standard ops only), then `cann.check_ops`.
     torch_npu  not a graph rewrite: see `torch_npu.kernel_table`.
 
+Caveat (not verified on a GPU here): onnxruntime's CUDA GroupQueryAttention kernel is registered
+for float16/bfloat16 only; a float32 graph lowered for `cuda` runs that node on the CPU EP.
+
 Each lowering keeps value names of graph outputs (present.{i}.key stays present.{i}.key), so the
 graph's I/O contract does not change.
 """

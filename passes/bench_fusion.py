@@ -5,7 +5,7 @@
 Exports LlamaForCausalLM(8 layers, hidden 512, 8 heads / 4 KV heads, vocab 8192, intermediate
 1408) with random weights once (cached under specport.settings.cache_dir()), builds each
 variant with `optimize_model`, and times a decode step (B=1, S=1, past 64) and a prefill
-(B=1, S=128, past 0) in onnxruntime CPU sessions. Median and min milliseconds are reported,
+(B=1, S=128, past 0) and a long-context decode (past 1024) in onnxruntime CPU sessions. Median and min milliseconds are reported,
 with op counts of the main graph, so the speedup is tied to what the fusions changed.
 """
 
@@ -25,6 +25,8 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
+SHARED_T = 1152  # shared-layout buffer length (covers past 1024 + a step)
+
 BENCH_CONFIG = dict(
     hidden_size=512,
     intermediate_size=1408,
@@ -42,7 +44,7 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "cpu_no_fallback": {"gqa_fallback": "none"},
     "cpu_contrib_rmsnorm": {"rms_norm": "contrib"},
     "neutral": {"target": "neutral"},
-    "cpu_shared_kv": {"gqa_fallback": "none", "kv_layout": "shared", "max_length": 256},
+    "cpu_shared_kv": {"gqa_fallback": "none", "kv_layout": "shared", "max_length": 1152},
 }
 
 
@@ -130,6 +132,7 @@ def run_bench(threads: int = 1, repeat: int = 30, root: Path | None = None) -> d
     results: dict[str, Any] = {"threads": threads, "repeat": repeat, "variants": {}}
     decode_fns: dict[str, Any] = {}
     prefill_fns: dict[str, Any] = {}
+    long_fns: dict[str, Any] = {}
     for name, opts in VARIANTS.items():
         opts = dict(opts) if opts is not None else None
         if opts is None:
@@ -144,21 +147,31 @@ def run_bench(threads: int = 1, repeat: int = 30, root: Path | None = None) -> d
             sess = cpu_session(model, tempfile.mkdtemp(prefix=f"bench_{name}_"), threads=threads)
         shared = name == "cpu_shared_kv"
         if shared:
-            decode = _shared_feeds(dims, 1, 64, vocab, 256)
-            prefill = _shared_feeds(dims, 128, 0, vocab, 256)
+            decode = _shared_feeds(dims, 1, 64, vocab, SHARED_T)
+            long = _shared_feeds(dims, 1, 1024, vocab, SHARED_T)
+            prefill = _shared_feeds(dims, 128, 0, vocab, SHARED_T)
         else:
             decode = _feeds(dims, 1, 64, vocab)
+            long = _feeds(dims, 1, 1024, vocab)
             prefill = _feeds(dims, 128, 0, vocab)
         decode_fns[name] = _bound_run(sess, decode, shared)
+        long_fns[name] = _bound_run(sess, long, shared)
         prefill_fns[name] = _bound_run(sess, prefill, shared)
         results["variants"][name] = {"ops": counts, "nodes": sum(counts.values())}
     for name, t in _interleaved(decode_fns, repeat).items():
         results["variants"][name]["decode_past64"] = t
+    for name, t in _interleaved(long_fns, max(5, repeat // 2)).items():
+        results["variants"][name]["decode_past1024"] = t
     for name, t in _interleaved(prefill_fns, max(5, repeat // 4)).items():
         results["variants"][name]["prefill_128"] = t
     base = results["variants"]["unfused"]
     for v in results["variants"].values():
-        for key, short in (("decode_past64", "decode"), ("prefill_128", "prefill")):
+        keys = (
+            ("decode_past64", "decode"),
+            ("decode_past1024", "long"),
+            ("prefill_128", "prefill"),
+        )
+        for key, short in keys:
             v[f"{short}_speedup_median"] = round(base[key]["median_ms"] / v[key]["median_ms"], 2)
             v[f"{short}_speedup_min"] = round(base[key]["min_ms"] / v[key]["min_ms"], 2)
     return results
@@ -185,15 +198,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res))
         return 0
     print("median / min ms (speedup vs unfused by median / by min)")
-    print(f"{'variant':<18}{'decode past64':>24}{'prefill 128':>26}{'nodes':>7}")
+    head = f"{'variant':<20}{'decode past64':>26}{'decode past1024':>26}{'prefill 128':>26}"
+    print(head + f"{'nodes':>7}")
     for name, v in res["variants"].items():
-        d, p = v["decode_past64"], v["prefill_128"]
-        print(
-            f"{name:<18}{d['median_ms']:>8.2f}/{d['min_ms']:<7.2f}"
-            f"x{v['decode_speedup_median']:.2f}/{v['decode_speedup_min']:.2f}"
-            f"{p['median_ms']:>9.1f}/{p['min_ms']:<7.1f}"
-            f"x{v['prefill_speedup_median']:.2f}/{v['prefill_speedup_min']:.2f}{v['nodes']:>7}"
-        )
+        row = f"{name:<20}"
+        for key, short in (
+            ("decode_past64", "decode"),
+            ("decode_past1024", "long"),
+            ("prefill_128", "prefill"),
+        ):
+            t = v[key]
+            row += f"{t['median_ms']:>9.2f}/{t['min_ms']:<7.2f}"
+            row += f"x{v[short + '_speedup_median']:.2f}/{v[short + '_speedup_min']:.2f}"
+        print(row + f"{v['nodes']:>7}")
     return 0
 
 
