@@ -93,7 +93,7 @@ def compare(
     session: Any, cases: list[ReferenceCase], atol: float = 1e-4, rtol: float = 1e-4
 ) -> dict[str, Any]:
     """Run each case through `session`; ok when every case is within atol + rtol * max|logits|."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     ok = True
     for case in cases:
         out = session.run(None, case.feeds)
