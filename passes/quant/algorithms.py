@@ -315,10 +315,9 @@ def quantize_gptq(
                 # Group params from the current (error-compensated) weights of the whole group.
                 cur = np.concatenate([W1[:, j:], W[:, b1:]], axis=1)[:, :group_size]
                 wg, _ = _blocks(cur.T, group_size)
-                if mse_clip:
-                    r = search_clip(cur.T, None, bits, group_size, symmetric)
-                else:
-                    r = 1.0
+                r: np.ndarray | float = (
+                    search_clip(cur.T, None, bits, group_size, symmetric) if mse_clip else 1.0
+                )
                 s, z = _params(wg, bits, symmetric, r)
                 scale[:, g], zero[:, g] = s[:, 0], z[:, 0]
             g = perm[col] // group_size
@@ -326,9 +325,9 @@ def quantize_gptq(
             q = np.clip(np.round(x / scale[:, g] + zero[:, g]), 0, qmax)
             Q[:, perm[col]] = q
             deq = (q - zero[:, g]) * scale[:, g]
-            e = (x - deq) / U1[j, j]
-            W1[:, j:] -= np.outer(e, U1[j, j:])
-            Err[:, j] = e
+            err = (x - deq) / U1[j, j]
+            W1[:, j:] -= np.outer(err, U1[j, j:])
+            Err[:, j] = err
         W[:, b1:] -= Err @ U[b0:b1, b1:]
     # Padding columns hold the zero point (dequantize to 0).
     for col in range(k, nb * group_size):
@@ -485,7 +484,7 @@ def pack_matmul_nbits(bq: BlockQuant) -> dict[str, np.ndarray]:
     if bq.symmetric and bq.integer_zero and np.all(bq.zero == 2 ** (bq.bits - 1)):
         return out
     if bq.integer_zero:
-        z = bq.zero.astype(np.uint8)
+        z: np.ndarray = bq.zero.astype(np.uint8)
         if bq.bits == 4:
             if nb % 2:
                 z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)

@@ -75,12 +75,13 @@ def find_weight_matmuls(model: ir.Model) -> list[WeightSite]:
             perm = prod.attributes.get_ints("perm", None)
             if perm is not None and list(perm) != [1, 0]:
                 continue
-            weight, transposed = prod.inputs[0], True
+            weight, transposed = prod.inputs[0], True  # type: ignore[assignment]
         assert weight is not None
         shape = weight.const_value.shape  # type: ignore[union-attr]
         if len(shape) != 2 or weight.const_value.dtype != ir.DataType.FLOAT:  # type: ignore[union-attr]
             continue
-        k, n = (int(shape[1]), int(shape[0])) if transposed else (int(shape[0]), int(shape[1]))
+        d0, d1 = int(shape[0]), int(shape[1])  # type: ignore[arg-type]
+        k, n = (d1, d0) if transposed else (d0, d1)
         sites.append(WeightSite(node, x, weight, transposed, k, n, _feeds_logits(node, graph)))
     return sites
 
