@@ -256,14 +256,44 @@ def test_mtp_greedy_equals_plain(tiny, tiny_mtp):
 
     model, _ = tiny
     assert tiny_mtp.manifest.mtp["heads"] == 2
-    bare = ort.InferenceSession(str(tiny_mtp.path / "model.onnx"), providers=["CPUExecutionProvider"])
+    bare = ort.InferenceSession(
+        str(tiny_mtp.path / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     assert [o.name for o in bare.get_outputs()][-3:] == ["mtp_accepted", "mtp_bonus", "mtp_drafts"]
     for ids in _prompts(6, seed=9):
         plain = model.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True)
-        assert tiny_mtp.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True).tokens == plain.tokens
+        assert (
+            tiny_mtp.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True).tokens
+            == plain.tokens
+        )
         for k in (1, 2):
-            toks, _, metrics = generate_speculative(tiny_mtp, ids, 20, "mtp", k, None, SamplingConfig(), (), None)
+            toks, _, metrics = generate_speculative(
+                tiny_mtp, ids, 20, "mtp", k, None, SamplingConfig(), (), None
+            )
             assert toks == plain.tokens, (k, ids)
             assert metrics["speculative"]["drafted"] > 0
     with pytest.raises(InputError, match="MTP heads"):
         generate_speculative(tiny_mtp, [1, 2], 4, "mtp", 3, None, SamplingConfig(), (), None)
+
+
+def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, tmp_path_factory):
+    """Real model, untrained heads and a 1-layer self-draft: acceptance is poor, output exact."""
+    import specport
+    from specport.exporter.export import export_model
+    from specport.exporter.mtp_heads import MTPHeads
+    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+
+    base = load_base(stories.manifest)
+    out = tmp_path_factory.mktemp("spec_stories_mtp")
+    write_mtp_artifact(stories.path, MTPHeads(base, 3).eval(), out / "mtp", {"source": "test"})
+    src = shared_dir() / "models" / "stories260K"
+    export_model(src, out / "l1", fuse=False, layers=1, skip_verify=True, progress=False)
+    mtp, draft = specport.load(out / "mtp"), specport.load(out / "l1")
+    eos = stories.manifest.eos_token_ids
+    for text in STORY_PROMPTS:
+        ids = stories.encode(text)
+        plain = stories.generate(prompt_ids=ids, max_new_tokens=60)
+        got = generate_speculative(mtp, ids, 60, "mtp", 3, None, SamplingConfig(), eos, None)
+        assert got[0] == plain.tokens and got[1] == plain.finish_reason, text
+        got = generate_speculative(stories, ids, 60, "draft", 3, draft, SamplingConfig(), eos, None)
+        assert got[0] == plain.tokens, text
