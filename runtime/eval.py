@@ -43,6 +43,11 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
         from specport.artifact import read_manifest
 
         m = read_manifest(p, check_hashes=False)
+        if m.kv.layout != "concat":
+            raise InputError(
+                f"{p} uses the {m.kv.layout!r} KV layout, which returns only the last logits; "
+                "evaluate the concat artifact (the default export) instead"
+            )
         onnx_path, tok_dir = p / m.model_file, p
         bos = m.config.get("bos_token_id")
         context = m.config.get("context_length")

@@ -140,6 +140,11 @@ def quantize_artifact(
         logger.info("no calibration text: using hqq")
     _check(scheme, algo, group_size, calib_files, mixed_precision)
     manifest = read_manifest(src_p)
+    if manifest.kv.layout != "concat":
+        raise QuantizationError(
+            f"{src_p} uses the {manifest.kv.layout!r} KV layout; quantize the concat artifact "
+            "(the default export) and lower it afterwards"
+        )
     model_path = src_p / manifest.model_file
     stats = None
     if calib_files and not algo.startswith("ort-"):

@@ -110,3 +110,20 @@ def test_calib_file_missing_message(tmp_path):
 
     with pytest.raises(QuantizationError, match="--calib"):
         read_documents([Path(tmp_path / "missing.txt")])
+
+
+def test_shared_kv_layout_refused(quant_src, tmp_path, eval_text):
+    import shutil
+
+    from specport.artifact import write_manifest
+    from specport.errors import InputError
+
+    art = tmp_path / "shared"
+    shutil.copytree(quant_src, art)
+    m = read_manifest(art)
+    m.kv.layout = "shared"
+    write_manifest(art, m)
+    with pytest.raises(QuantizationError, match="concat"):
+        quantize_artifact(art, tmp_path / "o", "w4a16", 32, "rtn", [])
+    with pytest.raises(InputError, match="concat"):
+        perplexity(art, eval_text)
