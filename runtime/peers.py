@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 PEERS = ("onnxruntime-genai", "transformers")
 
 
+_KEEP: list[Any] = []  # resolved sources whose temp dirs (llama2c conversions) must live on
+
+
 def source_dir(manifest: art.Manifest) -> Path:
     """The HF model directory the artifact was exported from (errors if it is gone)."""
     from specport.exporter import source as src_mod
@@ -36,7 +39,9 @@ def source_dir(manifest: art.Manifest) -> Path:
     original = manifest.source.get("path")
     if not original:
         raise InputError("the artifact's manifest records no source model path; peers need it.")
-    return src_mod.resolve(original).path
+    source = src_mod.resolve(original)
+    _KEEP.append(source)
+    return source.path
 
 
 def make_peer(name: str, manifest: art.Manifest, config: Any, progress: bool | None = None) -> Any:
@@ -118,6 +123,13 @@ def build_genai(hf_dir: Path, progress: bool | None = None) -> Path:
     """Build (once, cached by config + weights identity) the genai fp32/cpu model for `hf_dir`."""
     from specport.settings import cache_dir
 
+    if not any(
+        (hf_dir / name).exists() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")
+    ):
+        raise SpecportError(
+            f"onnxruntime-genai's builder needs a tokenizer in {hf_dir} (tokenizer.json); "
+            "add one there, or bench without --peer onnxruntime-genai."
+        )
     key = _identity(hf_dir)
     out = cache_dir() / "peers" / "onnxruntime-genai" / key
     if (out / "genai_config.json").exists():
