@@ -124,6 +124,11 @@ def _build(model: Any, norm: dict[str, Any]) -> tuple[onnx.ModelProto, art.KVLay
     layers = cfg.num_hidden_layers
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if head_dim % 16:
+        raise ExportError(
+            f"head dim {head_dim} is not a multiple of 16, which onnxruntime's GroupQueryAttention "
+            "requires; use `specport export` (concat layout) for this model."
+        )
     eps = float(cfg.rms_norm_eps)
     inter = cfg.intermediate_size
     inits: list[TensorProto] = []

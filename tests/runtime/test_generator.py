@@ -214,3 +214,15 @@ def test_runs_the_fusion_passes_shared_layout(plain, tmp_path):
     shared = specport.load(out, provider="cpu", threads=1)
     assert shared.manifest.kv.layout == "shared"
     assert _greedy(shared, PROMPTS) == _greedy(plain, PROMPTS)
+
+
+def test_fused_builder_refuses_head_dims_gqa_cannot_run(tmp_path):
+    from specport.errors import ExportError
+    from specport.runtime.fused_llama import build_fused_artifact
+
+    hf = make_llama(
+        tmp_path / "hf", context_length=64, **{**TINY, "num_attention_heads": 8}
+    )  # head dim 8
+    with pytest.raises(ExportError, match="multiple of 16"):
+        build_fused_artifact(hf, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
