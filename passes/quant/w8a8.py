@@ -24,7 +24,7 @@ import numpy as np
 import onnx_ir as ir
 
 from specport.passes.base import Pass
-from specport.passes.quant import algorithms as A
+from specport.passes.quant import smoothquant as SQ
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.graph import (
     WeightSite,
@@ -113,7 +113,7 @@ class QuantizeW8A8Pass(Pass):
             weights = [s.weight_array() for s in sites]
             alpha, s, err = None, None, None
             if self.smooth:
-                alpha, s, err = A.search_smoothquant(
+                alpha, s, err = SQ.search_smoothquant(
                     st.rows_sample(), weights, st.absmax, self.alphas
                 )
             if s is not None:
@@ -136,7 +136,7 @@ class QuantizeW8A8Pass(Pass):
             else:
                 how = "none"
                 lo, hi = float(st.lo.min()), float(st.hi.max())
-            sa, za = A.quantize_activation_uint8(lo, hi)
+            sa, za = SQ.quantize_activation_uint8(lo, hi)
             sv = add_initializer(graph, f"{xname}.act_scale", np.array(sa, dtype=np.float32))
             zv = add_initializer(graph, f"{xname}.act_zero", np.array(za, dtype=np.uint8))
             ql = ir.node("QuantizeLinear", [x, sv, zv], name=f"{sites[0].name}/QuantizeLinear")
@@ -149,7 +149,7 @@ class QuantizeW8A8Pass(Pass):
             xq = dql.outputs[0]
             for site, w in zip(sites, weights):
                 ws = w if s is None else w * s[:, None]
-                q, sw = A.quantize_int8_per_channel(ws)
+                q, sw = SQ.quantize_int8_per_channel(ws)
                 qv = add_initializer(graph, f"{site.name}.w8", q)
                 swv = add_initializer(graph, f"{site.name}.w8_scale", sw)
                 dqw = ir.node(

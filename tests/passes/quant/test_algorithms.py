@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specport.errors import QuantizationError
 from specport.passes.quant import algorithms as A
+from specport.passes.quant import smoothquant as SQ
 
 
 def _w(k=128, n=48, seed=0):
@@ -25,7 +26,7 @@ def _correlated_x(k=128, rows=2048, seed=1):
 
 def test_int8_per_channel_roundtrip():
     w = _w()
-    q, s = A.quantize_int8_per_channel(w)
+    q, s = SQ.quantize_int8_per_channel(w)
     assert q.dtype == np.int8 and s.shape == (w.shape[1],)
     err = np.abs(q * s - w)
     assert np.all(err <= s / 2 + 1e-7)
@@ -86,10 +87,10 @@ def test_smoothquant_exact_in_float_and_helps_outliers():
     x[:, 3] *= 60.0  # outlier channel
     w = _w(64, 32)
     amax = np.abs(x).max(0)
-    s = A.smoothquant_scales(amax, np.abs(w).max(1), 0.5)
+    s = SQ.smoothquant_scales(amax, np.abs(w).max(1), 0.5)
     np.testing.assert_allclose((x / s) @ (w * s[:, None]), x @ w, rtol=1e-4, atol=1e-4)
-    alpha, s2, err = A.search_smoothquant(x, [w], amax)
-    assert alpha is not None and err < A.w8a8_error(x, w, None) / 2
+    alpha, s2, err = SQ.search_smoothquant(x, [w], amax)
+    assert alpha is not None and err < SQ.w8a8_error(x, w, None) / 2
 
 
 def _run_matmul_nbits(x, packed, k, n, bits, g):
