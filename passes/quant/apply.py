@@ -218,6 +218,11 @@ def quantize_artifact(
                 "docs": calib_docs,
             },
         }
+        if form == "qdq" and scheme != "w8a8":
+            # onnxruntime fuses DQ(int4)->MatMul into MatMulNBits with int8 activations unless
+            # told otherwise; the runtime should pass this to SessionOptions for true W4A16.
+            level = "4" if scheme == "w4a8" else "0"
+            manifest.quant["ort_session_config"] = {"session.qdq_matmulnbits_accuracy_level": level}
         try:
             manifest.quant["ort_cpu"] = integer_kernel_summary(tmp / manifest.model_file)
         except Exception as e:  # the artifact is still valid for other runtimes
