@@ -137,9 +137,11 @@ def test_eos_stop_and_budget(tiny):
     assert toks == plain[:7] and reason == "length"
 
 
-def test_rejection_sampling_preserves_distribution(tiny):
+@pytest.mark.parametrize("method", ["draft", "mtp"])
+def test_rejection_sampling_preserves_distribution(tiny, request, method):
     """Joint law of the first two sampled tokens equals the target's, over many seeds."""
     model, draft = tiny
+    spec_model = request.getfixturevalue("tiny_mtp") if method == "mtp" else model
     ids = [5, 17, 42]
     cfg = dict(greedy=False, temperature=1.0, top_k=3)
     names = [o.name for o in model.session.get_outputs()]
@@ -156,11 +158,14 @@ def test_rejection_sampling_preserves_distribution(tiny):
             expected[(int(t1), int(t2))] = p1[t1] * p2[t2]
     n = 1500
     counts: Counter[tuple[int, int]] = Counter()
+    drafted = 0
     for seed in range(n):
-        toks, _, _ = generate_speculative(
-            model, ids, 2, "draft", 3, draft, SamplingConfig(**cfg, seed=seed), (), None
+        toks, _, metrics = generate_speculative(
+            spec_model, ids, 3, method, 2, draft, SamplingConfig(**cfg, seed=seed), (), None
         )
         counts[(toks[0], toks[1])] += 1
+        drafted += metrics["speculative"]["drafted"]
+    assert drafted > n // 10  # the drafts really went through rejection sampling
     assert set(counts) <= set(expected)
     tv = 0.5 * sum(abs(counts[c] / n - p) for c, p in expected.items())
     assert tv < 0.06, (tv, counts, expected)
@@ -274,6 +279,11 @@ def test_mtp_greedy_equals_plain(tiny, tiny_mtp):
             assert metrics["speculative"]["drafted"] > 0
     with pytest.raises(InputError, match="MTP heads"):
         generate_speculative(tiny_mtp, [1, 2], 4, "mtp", 3, None, SamplingConfig(), (), None)
+    # Sampling: host rejection sampling decides; in-graph drafts are used only when they agree.
+    cfg = SamplingConfig(greedy=False, temperature=0.7, seed=3)
+    a = generate_speculative(tiny_mtp, [5, 6, 7], 16, "mtp", 2, None, cfg, (), None)[0]
+    assert a == generate_speculative(tiny_mtp, [5, 6, 7], 16, "mtp", 2, None, cfg, (), None)[0]
+    assert len(a) == 16
 
 
 def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, tmp_path_factory):
