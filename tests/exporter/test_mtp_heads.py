@@ -70,6 +70,7 @@ def test_folded_heads_compute_the_same_function(llama):
             torch.testing.assert_close(llama.lm_head(normed), want_logits, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_self_distillation_improves_acceptance(llama, tmp_path):
     seqs = _greedy_sequences(llama)
     from specport.exporter.mtp_train import base_hidden
