@@ -26,7 +26,9 @@ from specport import artifact as art
 
 logger = logging.getLogger(__name__)
 
-TIME_KEYS = ("ttft_ms", "tpot_ms")  # lower is better
+# lower is better; cpu_ms_per_token = process CPU time (all threads) per generated token, which
+# a shared machine's load disturbs far less than wall time
+TIME_KEYS = ("ttft_ms", "tpot_ms", "cpu_ms_per_token")
 RATE_KEYS = ("decode_tok_per_s", "prefill_tok_per_s")  # higher is better
 
 
@@ -314,7 +316,10 @@ def run_bench(
     for i in range(config.runs):
         shift = i % len(engines)  # rotate the order: no engine always runs first (cold caches)
         for engine in engines[shift:] + engines[:shift]:
-            metrics = engine.once()
+            cpu0 = _cpu_seconds()
+            metrics = dict(engine.once())
+            tokens = config.batch * config.new_tokens
+            metrics["cpu_ms_per_token"] = round((_cpu_seconds() - cpu0) * 1e3 / tokens, 4)
             logger.info(
                 "%s run %d: %s",
                 engine.name,
@@ -345,6 +350,13 @@ def run_bench(
     return report
 
 
+def _cpu_seconds() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return float(r.ru_utime + r.ru_stime)
+
+
 def paired_speedup(
     ours: list[dict[str, Any]], peer: list[dict[str, Any]]
 ) -> dict[str, float | None]:
@@ -368,6 +380,7 @@ def format_table(report: dict[str, Any]) -> str:
         ("prefill_tok_per_s", "prefill tok/s"),
         ("framework_overhead_pct", "overhead %"),
         ("peak_rss_mb", "peak RSS MB"),
+        ("cpu_ms_per_token", "CPU ms/token"),
         ("spread_pct", "decode spread %"),
     ]
     header = ["metric", *names, *[f"specport/{n}" for n in names[1:]]]
