@@ -46,6 +46,7 @@ def test_bench_json_end_to_end(tiny_fused, capsys):
     for key in (
         "ttft_ms",
         "tpot_ms",
+        "cpu_ms_per_token",
         "decode_tok_per_s",
         "prefill_tok_per_s",
         "framework_overhead_pct",
@@ -53,6 +54,7 @@ def test_bench_json_end_to_end(tiny_fused, capsys):
     ):
         assert ours[key] is not None and ours[key] >= 0, key
     assert ours["kv_layout"] == "shared" and ours["runs"] == 2
+    assert ours["cpu_ms_per_token"] > 0
     hw = report["hardware"]
     assert hw["bandwidth"]["median_gb_s"] > 0 and hw["floor_tpot_ms"] > 0
     peer = report["engines"]["transformers"]
@@ -60,6 +62,7 @@ def test_bench_json_end_to_end(tiny_fused, capsys):
     assert set(peer["specport_speedup"]) == {
         "ttft_ms",
         "tpot_ms",
+        "cpu_ms_per_token",
         "decode_tok_per_s",
         "prefill_tok_per_s",
     }
