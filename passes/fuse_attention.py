@@ -37,6 +37,30 @@ from specport.passes.base import Pass
 logger = logging.getLogger(__name__)
 
 MASK_INPUT = "attention_mask"
+PAST_PREFIX = "past_key_values."
+# _match's answer for latent-cache (MLA) attention: fused already, nothing to rewrite.
+LATENT = "latent"
+
+
+def _reaches_past_input(v: ir.Value | None, depth: int = 16) -> bool:
+    """True when `v` is computed from a KV-cache graph input within `depth` producer steps."""
+    frontier = [v]
+    seen: set[int] = set()
+    for _ in range(depth):
+        nxt: list[ir.Value | None] = []
+        for value in frontier:
+            if value is None or id(value) in seen:
+                continue
+            seen.add(id(value))
+            if value.name and value.name.startswith(PAST_PREFIX) and value.producer() is None:
+                return True
+            producer = value.producer()
+            if producer is not None:
+                nxt.extend(producer.inputs)
+        frontier = nxt
+        if not frontier:
+            break
+    return False
 
 
 def _producer(v: ir.Value | None, op_type: str) -> ir.Node | None:
@@ -157,10 +181,9 @@ class FuseAttentionPass(Pass):
         kparts = _concat_parts(_unrepeat(k))
         vparts = _concat_parts(_unrepeat(v))
         if kparts is None or vparts is None:
-            return (
-                "K/V are not Concat(past, new, axis=2): no per-head KV cache (e.g. DeepSeek MLA "
-                "caches a latent and up-projects K/V each step); the standard Attention is kept"
-            )
+            if _reaches_past_input(k) and _reaches_past_input(v):
+                return LATENT
+            return "K/V are not Concat(past, new, axis=2) and do not come from a KV-cache input"
         graph_inputs = {id(x) for x in node.graph.inputs} if node.graph is not None else set()
         k_raw = id(kparts[1]) in graph_inputs
         if k_raw != (id(vparts[1]) in graph_inputs):
@@ -189,10 +212,19 @@ class FuseAttentionPass(Pass):
         graph = model.graph
         mask = next(v for v in graph.inputs if v.name == MASK_INPUT)
         fused: list[dict[str, Any]] = []
+        latent: list[dict[str, Any]] = []
         rejected: list[dict[str, str]] = []
         attn_nodes = [n for n in graph if n.op_type == "Attention" and n.domain == ""]
         for index, node in enumerate(attn_nodes):
             m = self._match(node)
+            if m is LATENT:
+                # MLA: the cache holds a latent; K/V are up-projected from all of it each step,
+                # so attention needs no past inputs and the standard Attention-23 node already
+                # is the fused kernel (one node, no Softmax). Record it as fused, as it is.
+                latent.append(
+                    {"node": node.name or "", "kind": "latent (MLA)", "op": "Attention-23"}
+                )
+                continue
             if isinstance(m, str):
                 rejected.append({"node": node.name or "", "reason": m})
                 continue
@@ -238,6 +270,8 @@ class FuseAttentionPass(Pass):
             TopologicalSortPass()(model)
             model.opset_imports[DOMAIN] = 1
         details: dict[str, Any] = {"matched": len(fused), "fused": fused}
+        if latent:
+            details["latent_attention"] = latent
         if rejected:
             details["rejected"] = rejected
         return bool(fused), details

@@ -88,6 +88,20 @@ def test_export_matches_transformers(tiny_zoo, model_type: str, fuse: bool) -> N
         prompt_ids=[SHORT_PROMPT, LONG_PROMPT], max_new_tokens=NEW_TOKENS, ignore_eos=True
     )
     assert [r.tokens for r in batch] == single
+    if fuse:
+        _assert_every_attention_fused(artifact, manifest)
+
+
+def _assert_every_attention_fused(artifact: Path, manifest: dict) -> None:
+    """Every layer's attention is one fused node (GQA, or Attention-23 over an MLA latent)."""
+    import onnx
+
+    report = next(p for p in manifest["passes"] if p["name"] == "fuse_attention")
+    fused = len(report.get("fused", [])) + len(report.get("latent_attention", []))
+    assert fused == manifest["config"]["num_layers"], report
+    assert not report.get("rejected"), report
+    graph = onnx.load(str(artifact / "model.onnx"), load_external_data=False).graph
+    assert not [n for n in graph.node if n.op_type == "Softmax"], "Softmax left on the decode path"
 
 
 @pytest.mark.slow
