@@ -15,6 +15,7 @@ proposals, so a rare rounding flip costs acceptance, never correctness).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 MAX_TABLE_FLOATS = 1 << 24
 
 
-def _linear_from(fn, hidden: int) -> nn.Linear:  # fn: affine [1, N, H] -> [1, N, H]
+def _linear_from(fn: Any, hidden: int) -> nn.Linear:  # fn: affine [1, N, H] -> [1, N, H]
     with torch.no_grad():
         zero = fn(torch.zeros(1, 1, hidden))[0, 0]  # bias
         cols = fn(torch.eye(hidden)[None])[0] - zero  # row i = W @ e_i
@@ -37,7 +38,7 @@ def _linear_from(fn, hidden: int) -> nn.Linear:  # fn: affine [1, N, H] -> [1, N
 class FoldedHead(nn.Module):
     """hidden [B, N, H], tokens [B, N] -> (hidden' [B, N, H], normed [B, N, H])."""
 
-    def __init__(self, head: nn.Module, embed: nn.Module, fold_embed: bool) -> None:
+    def __init__(self, head: Any, embed: Any, fold_embed: bool) -> None:
         super().__init__()
         hidden = int(head.eh_proj.weight.shape[0])
         w = head.eh_proj.weight.detach()  # [H, 2H]: [embedding half | hidden half]
@@ -53,7 +54,7 @@ class FoldedHead(nn.Module):
                 self.embed, self.enorm = embed, head.enorm
                 self.e_proj = nn.Linear(hidden, hidden, bias=False).requires_grad_(False)
                 self.e_proj.weight.copy_(w[:, :hidden])
-        blk = head.block
+        blk: Any = head.block
         self.ln1, self.ln2, self.mlp, self.norm = (
             blk.input_layernorm,
             blk.post_attention_layernorm,
@@ -65,17 +66,18 @@ class FoldedHead(nn.Module):
     def forward(
         self, hidden: torch.Tensor, tokens: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.e_table is not None:
-            e = self.e_table(tokens)
+        m: Any = self  # torch's stubs type submodules as Tensor | Module
+        if m.e_table is not None:
+            e = m.e_table(tokens)
         else:
-            e = self.e_proj(self.enorm(self.embed(tokens)))
-        x = e + self.h_proj(self.hnorm(hidden))
-        x = x + self.vo(self.ln1(x))
-        x = x + self.mlp(self.ln2(x))
-        return x, self.norm(x)
+            e = m.e_proj(m.enorm(m.embed(tokens)))
+        x = e + m.h_proj(m.hnorm(hidden))
+        x = x + m.vo(m.ln1(x))
+        x = x + m.mlp(m.ln2(x))
+        return x, m.norm(x)
 
 
-def fold_heads(heads: nn.Module) -> nn.ModuleList | None:
+def fold_heads(heads: Any) -> nn.ModuleList | None:
     """Folded copies of every head, or None when a head is not a collapsible (Llama-like) block."""
     if not all(h.collapsed for h in heads.heads):
         return None

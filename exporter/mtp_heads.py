@@ -43,7 +43,7 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one RMSNormalization node
 
 
-def _decoder_parts(base: nn.Module) -> tuple[type[nn.Module], nn.Module, nn.Module]:
+def _decoder_parts(base: Any) -> tuple[type[nn.Module], nn.Module, nn.Module]:
     """(decoder layer class, rotary embedding, final norm) of a Llama-like HF causal LM."""
     inner = getattr(base, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
@@ -85,7 +85,8 @@ class MTPHead(nn.Module):
         if self.collapsed:
             return self._collapsed_block(x)
         x = x.reshape(b * n, 1, h)  # every position attends to itself only
-        out = self.block(x, attention_mask=None, position_embeddings=position_embeddings)
+        block: Any = self.block
+        out = block(x, attention_mask=None, position_embeddings=position_embeddings)
         if isinstance(out, tuple):
             out = out[0]
         return out.reshape(b, n, h)
@@ -98,7 +99,7 @@ class MTPHead(nn.Module):
         exactly to o_proj(v_proj(x)): no q/k projections, rotary or softmax in the graph, which
         makes the branch about a third of the nodes (what matters for small models on CPU).
         """
-        blk = self.block
+        blk: Any = self.block
         attn = getattr(blk, "self_attn", None)
         return (
             attn is not None
@@ -110,7 +111,7 @@ class MTPHead(nn.Module):
         )
 
     def collapsed_attention(self, x: torch.Tensor) -> torch.Tensor:  # normed [B, N, H] -> [B, N, H]
-        attn = self.block.self_attn
+        attn: Any = self.block.self_attn
         v = attn.v_proj(x)  # [B, N, Hkv*Dh]
         rep = int(getattr(attn, "num_key_value_groups", 1))
         if rep > 1:  # GQA: query head j reads kv head j // rep
@@ -120,7 +121,7 @@ class MTPHead(nn.Module):
         return attn.o_proj(v)
 
     def _collapsed_block(self, x: torch.Tensor) -> torch.Tensor:  # [B, N, H] -> [B, N, H]
-        blk = self.block
+        blk: Any = self.block
         x = x + self.collapsed_attention(blk.input_layernorm(x))
         return x + blk.mlp(blk.post_attention_layernorm(x))
 
@@ -128,7 +129,7 @@ class MTPHead(nn.Module):
 class MTPHeads(nn.Module):
     """K chained heads sharing the frozen base model's embedding and LM head."""
 
-    def __init__(self, base: nn.Module, num_heads: int) -> None:
+    def __init__(self, base: Any, num_heads: int) -> None:
         super().__init__()
         if not 1 <= num_heads <= 8:
             raise InputError(f"--heads must be in 1..8, got {num_heads}")
@@ -140,9 +141,13 @@ class MTPHeads(nn.Module):
         )
         last = base.model.layers[-1].state_dict()
         for head in self.heads:  # warm start: the block begins as a copy of the last layer
-            head.block.load_state_dict(last, strict=False)
+            head.get_submodule("block").load_state_dict(last, strict=False)
         # Shared, frozen pieces are held outside the module tree so state_dict() is heads only.
-        self._shared = (base.get_input_embeddings(), base.get_output_embeddings(), rotary)
+        self._shared: tuple[Any, Any, Any] = (
+            base.get_input_embeddings(),
+            base.get_output_embeddings(),
+            rotary,
+        )
 
     @property
     def num_heads(self) -> int:
@@ -152,7 +157,8 @@ class MTPHeads(nn.Module):
         return self._shared[0](ids)
 
     def lm_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:  # [B, N, H] -> [B, N, V]
-        return self._shared[1](self.heads[k].norm(hidden))
+        head: Any = self.heads[k]
+        return self._shared[1](head.norm(hidden))
 
     def position_embeddings(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.zeros(1, 1, dtype=torch.long)
@@ -218,7 +224,8 @@ def export_branch(heads: MTPHeads, vocab_size: int, fold: bool = True) -> Any:
     from specport.errors import ExportError
 
     branch = MTPBranch(heads, fold=fold).eval()
-    hidden_size = int(heads.heads[0].eh_proj.weight.shape[0])
+    first: Any = heads.heads[0]
+    hidden_size = int(first.eh_proj.weight.shape[0])
     g = torch.Generator().manual_seed(0)
     b, s = 2, 4
     args = (
@@ -244,6 +251,8 @@ def export_branch(heads: MTPHeads, vocab_size: int, fold: bool = True) -> Any:
             )
         except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
             raise ExportError(f"exporting the MTP branch failed: {e}") from e
+    if program is None:
+        raise ExportError("torch.onnx.export returned no program for the MTP branch")
     return program.model
 
 
@@ -255,7 +264,7 @@ def save_heads(heads: MTPHeads, directory: Path) -> Path:
     return path
 
 
-def load_heads(base: nn.Module, path: Path) -> MTPHeads:
+def load_heads(base: Any, path: Path) -> MTPHeads:
     from safetensors.torch import load_file
 
     state = load_file(str(path))
@@ -265,7 +274,7 @@ def load_heads(base: nn.Module, path: Path) -> MTPHeads:
     return heads.eval()
 
 
-def load_deepseek_mtp(base: nn.Module, weights: dict[str, torch.Tensor]) -> MTPHeads:
+def load_deepseek_mtp(base: Any, weights: dict[str, torch.Tensor]) -> MTPHeads:
     """Real DeepSeek-V3 MTP layers (`model.layers.{N+j}.*`, from mtp_source.safetensors) as heads.
 
     enorm/hnorm/eh_proj map one to one, `shared_head.norm` is the head's final norm, the rest

@@ -198,7 +198,7 @@ def train_heads(
         sched.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
     heads.eval()
-    report = {
+    report: dict[str, Any] = {
         "steps": steps,
         "seconds": round(time.perf_counter() - t0, 1),
         "final_loss": round(float(loss), 4),

@@ -70,7 +70,7 @@ class InsertMTPBranchPass(Pass):
             return "graph already has an MTP branch"
         if "input_ids" not in {v.name for v in model.graph.inputs}:
             return "graph has no input_ids input"
-        branch_in = [v.name for v in self.branch.graph.inputs]
+        branch_in = [str(v.name) for v in self.branch.graph.inputs]
         if sorted(branch_in) != sorted(BRANCH_INPUTS):
             return f"branch inputs {branch_in} are not {list(BRANCH_INPUTS)}"
         return None
@@ -108,7 +108,7 @@ class InsertMTPBranchPass(Pass):
                     out.name = f"/mtp/{out.name}"
             graph.append(node)
         for value in list(branch.inputs):
-            value.replace_all_uses_with(main_values[value.name])
+            value.replace_all_uses_with(main_values[str(value.name)])
         branch_outputs = list(branch.outputs)
         branch.outputs.clear()
         graph.outputs.extend(branch_outputs)
