@@ -39,6 +39,7 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
     p = Path(path)
     bos: int | None = None
     context: int | None = None
+    entries: dict[str, str] = {}
     if p.is_dir():
         from specport.artifact import read_manifest
 
@@ -51,6 +52,9 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
         onnx_path, tok_dir = p / m.model_file, p
         bos = m.config.get("bos_token_id")
         context = m.config.get("context_length")
+        from specport.api import artifact_session_entries
+
+        entries = artifact_session_entries(m)
     elif p.suffix == ".onnx" and p.is_file():
         onnx_path, tok_dir = p, p.parent
     else:
@@ -64,6 +68,8 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
     so.log_severity_level = 3
     # Idle ORT threads spin by default and starve the numpy work done between runs.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for key, value in entries.items():  # what the artifact's recipe needs (e.g. W4A16 QDQ)
+        so.add_session_config_entry(key, value)
     sess = ort.InferenceSession(str(onnx_path), so, providers=providers or ["CPUExecutionProvider"])
     return _Model(sess, tok, bos, context)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,9 @@ class SessionConfig:
     disable_prepacking: bool = False
     allow_spinning: bool | None = None
     log_severity: int = 3
+    # Extra onnxruntime session config entries an artifact needs to mean what it says, e.g.
+    # a QDQ int4 graph that must not be run with int8 activations (manifest quant section).
+    config_entries: dict[str, str] = field(default_factory=dict)
 
     def resolved_spinning(self) -> bool:
         if self.allow_spinning is not None:
@@ -95,6 +98,8 @@ def session_options(config: SessionConfig) -> Any:
     spin = "1" if config.resolved_spinning() else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    for key, value in config.config_entries.items():
+        so.add_session_config_entry(key, str(value))
     return so
 
 

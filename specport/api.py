@@ -293,10 +293,17 @@ def load(
             graph_optimization=graph_optimization,
             allow_spinning=allow_spinning,
             disable_prepacking=not prepacking,
+            config_entries=artifact_session_entries(manifest),
         ),
     )
     tokenizer = load_tokenizer(directory, manifest.tokenizer)
     return Model(directory, manifest, session, used, tokenizer)
+
+
+def artifact_session_entries(manifest: art.Manifest) -> dict[str, str]:
+    """Session config entries the artifact's recipe requires (see the manifest's quant section)."""
+    quant = manifest.quant or {}
+    return {str(k): str(v) for k, v in (quant.get("ort_session_config") or {}).items()}
 
 
 def export(
