@@ -2,7 +2,10 @@
 
 Cases cover what breaks KV-cache exports in practice: prefill with past length 0, batch > 1
 with left padding, single-token decode steps with past KV, and a multi-token chunk on top of a
-past. Verification runs in two phases so that the PyTorch model and the onnxruntime session
+past. The same cases check a `shared` KV layout graph (passes/shared_kv.py): each case is
+re-laid out as that contract requires (rows compacted and right-padded, the past copied into a
+[B, Hkv, T, D] buffer, seqlens_k / total_sequence_length, logits_index picking every real
+position), so the graph that ships is the graph that is compared. Verification runs in two phases so that the PyTorch model and the onnxruntime session
 never hold the weights at the same time (bounded peak memory for large models): first
 `reference_cases` records inputs and PyTorch outputs, then `compare` runs the session.
 """
@@ -16,6 +19,11 @@ from typing import Any
 import numpy as np
 
 from specport.exporter.wrapper import kv_input_names
+
+# The shared layout's extra inputs (passes/shared_kv.py, passes/select_logits.py).
+SEQLENS = "seqlens_k"
+TOTAL = "total_sequence_length"
+LOGITS_INDEX = "logits_index"
 
 logger = logging.getLogger(__name__)
 
@@ -92,19 +100,22 @@ def reference_cases(
 def compare(
     session: Any, cases: list[ReferenceCase], atol: float = 1e-4, rtol: float = 1e-4
 ) -> dict[str, Any]:
-    """Run each case through `session`; ok when every case is within atol + rtol * max|logits|."""
+    """Run each case through `session`; ok when every case is within atol + rtol * max|logits|.
+
+    A session whose graph takes `seqlens_k` is run in the shared KV layout (`run_shared`).
+    """
+    shared = SEQLENS in {i.name for i in session.get_inputs()}
     rows: list[dict[str, Any]] = []
     ok = True
     for case in cases:
-        out = session.run(None, case.feeds)
         valid = case.valid if case.valid is not None else np.ones(case.logits.shape[:2], bool)
+        if shared:
+            logits, kv_err = run_shared(session, case)
+        else:
+            out = session.run(None, case.feeds)
+            logits, kv_err = out[0], _concat_kv_err(case, out[1:])
         scale = float(np.abs(case.logits[valid]).max(initial=1.0))
-        err = float(np.abs(out[0] - case.logits)[valid].max(initial=0.0))
-        kv_err = 0.0
-        if case.kv_mask is not None:
-            weight = case.kv_mask[:, None, :, None]
-            for o, r in zip(out[1:], case.present):
-                kv_err = max(kv_err, float((np.abs(o - r) * weight).max(initial=0.0)))
+        err = float(np.abs(logits - case.logits)[valid].max(initial=0.0))
         within = err <= atol + rtol * scale
         ok &= within
         rows.append(
@@ -124,5 +135,91 @@ def compare(
         "max_abs_kv": max(r["kv_max_abs"] for r in rows),
         "cases": rows,
     }
+    if shared:
+        report["kv_layout"] = "shared"
     logger.info("verify: ok=%s max_abs_logits=%.3g", ok, report["max_abs_logits"])
     return report
+
+
+def _concat_kv_err(case: ReferenceCase, presents: list[np.ndarray]) -> float:
+    if case.kv_mask is None:
+        return 0.0
+    weight = case.kv_mask[:, None, :, None]
+    err = 0.0
+    for o, r in zip(presents, case.present):
+        err = max(err, float((np.abs(o - r) * weight).max(initial=0.0)))
+    return err
+
+
+def run_shared(session: Any, case: ReferenceCase) -> tuple[np.ndarray, float]:
+    """Run a (left-padded, concat-layout) case through a shared-layout graph.
+
+    Returns logits [B, S, V] laid out like `case.logits` (real positions filled) and the max
+    |present - reference| over real cache slots. Rows are compacted: row b's past real tokens
+    fill slots 0..p_b-1 of its buffer and its new real tokens follow, right-padded to the
+    longest row (positions p_b + j, as the left-padded reference numbers them). onnxruntime's
+    GroupQueryAttention takes several new tokens on a past only at batch 1, so such a case
+    runs row by row.
+    """
+    ids = case.feeds["input_ids"]
+    batch, seq = ids.shape
+    mask = case.kv_mask if case.kv_mask is not None else np.ones((batch, seq), np.int64)
+    past_len = mask.shape[1] - seq
+    on_past = past_len > 0 and seq > 1
+    groups = [[b] for b in range(batch)] if on_past and batch > 1 else [list(range(batch))]
+    logits = np.zeros_like(case.logits)
+    kv_err = 0.0
+    for rows in groups:
+        out_logits, err = _shared_step(session, case, rows, mask, past_len)
+        for r, b in enumerate(rows):
+            new_cols = np.flatnonzero(mask[b, past_len:])
+            logits[b, new_cols] = out_logits[r, : len(new_cols)]
+        kv_err = max(kv_err, err)
+    return logits, kv_err
+
+
+def _shared_step(
+    session: Any, case: ReferenceCase, rows: list[int], mask: np.ndarray, past_len: int
+) -> tuple[np.ndarray, float]:
+    """One shared-layout run for batch rows `rows`: (logits [R, K, V], kv error)."""
+    names = kv_input_names(len(case.present) // 2)
+    inputs = {i.name for i in session.get_inputs()}
+    past_cols = [np.flatnonzero(mask[b, :past_len]) for b in rows]
+    new_cols = [np.flatnonzero(mask[b, past_len:]) for b in rows]
+    p = np.array([len(c) for c in past_cols])
+    n = np.array([len(c) for c in new_cols])
+    width, total = int(n.max()), int((p + n).max())
+    length = total + 3  # a buffer longer than needed, as the runtime allocates
+    ids = np.zeros((len(rows), width), np.int64)
+    index = np.zeros((len(rows), width), np.int64)
+    for r, b in enumerate(rows):
+        ids[r, : n[r]] = case.feeds["input_ids"][b, new_cols[r]]
+        index[r] = np.minimum(np.arange(width), n[r] - 1)
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": ids,
+        SEQLENS: (p + n - 1).astype(np.int32),
+        TOTAL: np.array(total, np.int32),
+    }
+    if "position_ids" in inputs:
+        feeds["position_ids"] = (p[:, None] + np.arange(width)[None]).astype(np.int64)
+    if LOGITS_INDEX in inputs:
+        feeds[LOGITS_INDEX] = index
+    for name in names:
+        past = case.feeds[name]  # [B, Hkv, P, D], left-padded
+        buf = np.zeros((len(rows), past.shape[1], length, past.shape[3]), past.dtype)
+        for r, b in enumerate(rows):
+            buf[r, :, : p[r]] = past[b][:, past_cols[r]]
+        feeds[name] = buf
+    out_names = [o.name for o in session.get_outputs()]
+    out = dict(zip(out_names, session.run(None, feeds)))
+    logits = out["logits"]
+    if LOGITS_INDEX not in inputs:  # all S positions came out: keep the real ones in order
+        logits = np.take_along_axis(logits, index[:, :, None], axis=1)
+    kv_err = 0.0
+    for i, ref in enumerate(case.present):
+        got = out[f"present.{i // 2}.{'key' if i % 2 == 0 else 'value'}"]
+        for r, b in enumerate(rows):
+            real = np.flatnonzero(mask[b])
+            diff = np.abs(got[r, :, : len(real)] - ref[b][:, real])
+            kv_err = max(kv_err, float(diff.max(initial=0.0)))
+    return logits, kv_err

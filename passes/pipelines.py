@@ -4,7 +4,8 @@
              -> fuse_gelu -> lower(neutral: specport ops + function bodies)
     cpu/cuda same fusions -> lower(com.microsoft contrib ops) -> cleanup
     cann     same fusions but fuse_gelu -> lower(inline function bodies: standard ops) -> cleanup
-    kv_layout="shared" (cpu/cuda) appends shared_kv: one preallocated KV buffer per layer.
+    kv_layout="shared" (cpu/cuda) appends shared_kv: one preallocated KV buffer per layer,
+             and with select_logits=True select_logits (logits_index in, next_token out).
 
 `passes=[...]` picks a subset by name, in pipeline order ("lower" and "normalize" are always
 kept: a fused-but-unlowered graph would carry ops the target cannot run).
@@ -29,6 +30,7 @@ from specport.passes.fuse_rms_norm import FuseRMSNormPass
 from specport.passes.fuse_rotary import FuseRotaryPass
 from specport.passes.fuse_skip_norm import FuseSkipNormPass
 from specport.passes.lower import LowerPass
+from specport.passes.select_logits import SelectLogitsPass
 from specport.passes.shared_kv import SharedKVPass
 
 logger = logging.getLogger(__name__)
@@ -59,11 +61,13 @@ def _make(name: str, target: str, options: dict[str, Any]) -> Pass:
         return CleanupPass()
     if name == "shared_kv":
         return SharedKVPass(options.get("max_length"))
+    if name == "select_logits":
+        return SelectLogitsPass()
     raise PassError(f"unknown pass {name!r}: choose from {', '.join(all_pass_names())}")
 
 
 def all_pass_names() -> list[str]:
-    return ["normalize", *FUSIONS, "lower", "cleanup", "shared_kv"]
+    return ["normalize", *FUSIONS, "lower", "cleanup", "shared_kv", "select_logits"]
 
 
 def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -> Pipeline:
@@ -71,12 +75,16 @@ def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -
 
     Options: `sliding_window` (int or per-attention list), `rms_norm` ("standard"|"contrib"),
     `gqa_fallback` ("if"|"none"), `kv_layout` ("concat"|"shared", see passes/shared_kv.py),
-    `max_length` (buffer length written into shapes for the shared layout).
+    `max_length` (buffer length written into shapes for the shared layout; None keeps it
+    symbolic so the runtime picks its buffer size), `select_logits` (bool, shared layout only:
+    `logits_index` input, LM head on the selected positions, `next_token` argmax output).
     """
     if target not in TARGETS:
         raise PassError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
     names = all_pass_names()
     names.remove("shared_kv")
+    names.remove("select_logits")
+    opt_in: list[str] = []
     if target == "neutral":
         names.remove("cleanup")
     if target == "cann":
@@ -87,14 +95,17 @@ def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -
                 f"kv_layout='shared' needs onnxruntime's GroupQueryAttention: use target "
                 f"cpu or cuda, not {target!r}"
             )
-        names.append("shared_kv")
+        opt_in.append("shared_kv")
+        if options.get("select_logits"):
+            opt_in.append("select_logits")
     if passes is not None:
         unknown = [p for p in passes if p not in all_pass_names()]
         if unknown:
             raise PassError(
                 f"unknown pass(es) {unknown}: choose from {', '.join(all_pass_names())}"
             )
-        names = [n for n in names if n in passes or n in ALWAYS or n == "shared_kv"]
+        names = [n for n in names if n in passes or n in ALWAYS]
+    names += opt_in
     return Pipeline([_make(n, target, options) for n in names], name=f"optimize[{target}]")
 
 
