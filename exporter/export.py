@@ -46,9 +46,14 @@ def export_model(
     skip_verify: bool = False,
     layers: int | None = None,
     progress: bool | None = None,
+    kv_layout: str = "concat",
+    max_length: int | None = None,
 ) -> art.Manifest:
     """Export `model` (HF dir, cached hub id, or llama2c .bin) to the artifact directory `out`.
 
+    `kv_layout="shared"` (target cpu/cuda) ships the runtime's fast path: one in-place KV buffer
+    per layer of up to `max_length` positions (default min(context, 4096)), `logits_index` in
+    and greedy `next_token` out (passes/shared_kv.py, passes/select_logits.py).
     Raises ExportError when verification against PyTorch is over tolerance (unless skipped).
     """
     stages = Stages(total=5, show=progress)
@@ -66,8 +71,9 @@ def export_model(
     ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"])
 
     stages.start("rewriting the graph")
-    pass_reports, kv_layout, target_used = _apply_passes(
-        ir_model, target, fuse, passes, norm, kv_shapes
+    buffer_length = _check_kv_layout(kv_layout, target, fuse, kv_shapes, norm, max_length)
+    pass_reports, kv, target_used, runtime_io = _apply_passes(
+        ir_model, target, fuse, passes, norm, kv_shapes, kv_layout, buffer_length
     )
 
     references = (
@@ -118,7 +124,7 @@ def export_model(
             architecture=norm["model_type"],
             config=norm,
             io=_io_signature(tmp / art.MODEL_NAME),
-            kv=kv_layout,
+            kv=kv,
             source=source.describe() | ({"layers_kept": layers} if layers else {}),
             opset=OPSET,
             dtype="float32",
@@ -126,7 +132,7 @@ def export_model(
             tokenizer=tok_info,
             passes=pass_reports,
             verify=verify,
-            extra={"export": {"seconds": stages.done()}, **extra_files},
+            extra={"export": {"seconds": stages.done()}, **extra_files, **runtime_io},
         )
         art.write_manifest(tmp, manifest)
     logger.info("artifact written to %s", out)
@@ -174,6 +180,49 @@ def trace_to_onnx(
     return model
 
 
+SHARED_MAX_LENGTH = 4096  # default KV buffer limit of a shared-layout artifact
+
+
+def _check_kv_layout(
+    kv_layout: str,
+    target: str,
+    fuse: bool,
+    kv_shapes: list[tuple[int, int, int]],
+    config: dict[str, Any],
+    max_length: int | None,
+) -> int | None:
+    """Refuse a shared layout the passes or onnxruntime cannot make; the buffer length if shared."""
+    if kv_layout == "concat":
+        return None
+    if kv_layout != "shared":
+        raise ExportError(f"unknown KV layout {kv_layout!r}: choose 'concat' or 'shared'.")
+    if target not in ("cpu", "cuda"):
+        raise ExportError(
+            f"--kv-layout shared needs onnxruntime's GroupQueryAttention (target cpu or cuda), "
+            f"not target {target!r}; use --kv-layout concat for {target!r}."
+        )
+    if not fuse:
+        raise ExportError(
+            "--kv-layout shared needs the fusion passes (attention -> GroupQueryAttention); "
+            "drop --no-fuse, or use --kv-layout concat."
+        )
+    bad = sorted({(k, v) for _, k, v in kv_shapes if k != v or k % 16})
+    if bad:
+        raise ExportError(
+            f"--kv-layout shared runs attention as onnxruntime's GroupQueryAttention, which needs "
+            f"equal key/value head dims that are a multiple of 16; this model has (key, value) "
+            f"head dims {bad}. Use --kv-layout concat for this model."
+        )
+    context = int(config.get("context_length") or SHARED_MAX_LENGTH)
+    if max_length is None:
+        return min(context, SHARED_MAX_LENGTH)
+    if not 1 <= max_length <= context:
+        raise ExportError(
+            f"--max-length {max_length} is outside 1..{context} (the model's context length)."
+        )
+    return max_length
+
+
 def _apply_passes(
     model: ir.Model,
     target: str,
@@ -181,7 +230,13 @@ def _apply_passes(
     passes: list[str] | None,
     config: dict[str, Any],
     kv_shapes: list[tuple[int, int, int]],
-) -> tuple[list[dict[str, Any]], art.KVLayout, str]:
+    kv_layout: str = "concat",
+    max_length: int | None = None,
+) -> tuple[list[dict[str, Any]], art.KVLayout, str, dict[str, Any]]:
+    """Run the target's pipeline. Returns (pass reports, manifest KVLayout, target, extra).
+
+    `extra` is `{"runtime": ...}` for a shared layout (the names the runtime binds), else {}.
+    """
     layout = art.KVLayout(
         layout="concat",
         inputs=[
@@ -193,16 +248,68 @@ def _apply_passes(
         key_dim=[k for _, k, _ in kv_shapes],
         value_dim=[v for _, _, v in kv_shapes],
     )
+    if kv_layout == "shared":
+        return _apply_shared(model, target, passes, kv_shapes, max_length)
     if not fuse and not passes:
-        return [], layout, "neutral"
+        return [], layout, "neutral", {}
     try:
         from specport.passes.pipelines import pipeline_for
     except ImportError:
         logger.info("no pass pipelines available; exporting unfused")
-        return [], layout, "neutral"
+        return [], layout, "neutral", {}
     pipeline = pipeline_for(target, passes)
     result = pipeline(model)
-    return result.report.get("passes", []), layout, target
+    return result.report.get("passes", []), layout, target, {}
+
+
+def _apply_shared(
+    model: ir.Model,
+    target: str,
+    passes: list[str] | None,
+    kv_shapes: list[tuple[int, int, int]],
+    max_length: int | None,
+) -> tuple[list[dict[str, Any]], art.KVLayout, str, dict[str, Any]]:
+    """Fuse, lower, switch to the shared layout and select logits; refuse a partial fusion.
+
+    The graph keeps its buffer length symbolic (the runtime allocates what a generation needs);
+    `max_length` is the artifact's limit, recorded in the manifest.
+    """
+    from specport.passes.io_contract import fused_io_contract, kv_layout_fields
+    from specport.passes.pipelines import pipeline_for
+    from specport.passes.select_logits import LOGITS_INDEX, NEXT_TOKEN, RUNTIME_IO
+
+    pipeline = pipeline_for(target, passes, kv_layout="shared", select_logits=True)
+    result = pipeline(model)
+    contract = fused_io_contract(model)
+    fused = contract["attention"].get("com.microsoft.GroupQueryAttention", 0)
+    if contract["layout"] != "shared" or fused != len(kv_shapes):
+        other = {k: v for k, v in contract["attention"].items() if "GroupQuery" not in k}
+        raise ExportError(
+            f"--kv-layout shared needs every layer's attention fused to GroupQueryAttention; "
+            f"{fused} of {len(kv_shapes)} layers fused (other attention ops: {other or 'none'}). "
+            "Use --kv-layout concat for this model (or keep fuse_attention in --passes)."
+        )
+    fields = kv_layout_fields(contract)
+    fields["max_length"] = max_length
+    past = next(v for v in model.graph.inputs if v.name == contract["inputs"][0][0])
+    if past.dtype is not None:  # numpy's name ("float32"), which the runtime allocates with
+        fields["dtype"] = past.dtype.numpy().name
+    graph_in = {v.name for v in model.graph.inputs}
+    graph_out = {v.name for v in model.graph.outputs}
+    runtime = dict(RUNTIME_IO)
+    if LOGITS_INDEX not in graph_in:
+        runtime.pop("logits_index_input")
+    if NEXT_TOKEN not in graph_out:
+        runtime.pop("next_token_output")
+    runtime["position_ids"] = "position_ids" in graph_in
+    runtime["feeds"] = contract["feeds"]
+    runtime["multi_token_on_past"] = contract["multi_token_on_past"]
+    return (
+        result.report.get("passes", []),
+        art.KVLayout(**fields),
+        target,
+        {"runtime": runtime},
+    )
 
 
 def _copy_tokenizer(source_dir: Path, out: Path) -> dict[str, Any]:

@@ -27,6 +27,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--layers", type=int, help="keep only the first N decoder layers (self-draft model)"
     )
+    p.add_argument(
+        "--kv-layout",
+        default="concat",
+        choices=["concat", "shared"],
+        help="KV cache contract: concat (default, any target) or shared (cpu/cuda: one "
+        "in-place buffer per layer, logits_index/next_token; the fast runtime path)",
+    )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        help="KV buffer limit for --kv-layout shared (default min(context length, 4096))",
+    )
     p.add_argument("--quant", help="quantize after export: w8a8|w8a16|w4a16|w4a8")
     p.add_argument(
         "--skip-verify", action="store_true", help="do not compare against PyTorch after export"
@@ -48,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         skip_verify=args.skip_verify,
         layers=args.layers,
         progress=None if not args.json else False,
+        kv_layout=args.kv_layout,
+        max_length=args.max_length,
     )
     if args.quant:
         manifest = api.quantize(args.out, args.out, scheme=args.quant)
@@ -55,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         "artifact": str(args.out),
         "architecture": manifest.architecture,
         "target": manifest.target,
+        "kv_layout": manifest.kv.layout,
         "verify": {
             k: manifest.verify.get(k)
             for k in ("ok", "max_abs_logits", "max_abs_kv", "skipped")
