@@ -52,6 +52,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     spin.add_argument("--no-spin", dest="spin", action="store_false")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
+    spec = p.add_argument_group("speculative decoding (plain greedy vs each method, same prompts)")
+    spec.add_argument(
+        "--speculative",
+        action="append",
+        choices=["ngram", "draft", "mtp"],
+        help="benchmark this method against plain greedy (repeatable)",
+    )
+    spec.add_argument("--num-draft", type=int, default=4, help="draft tokens per step")
+    spec.add_argument("--draft", help="draft artifact for --speculative draft")
+    spec.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
+    spec.add_argument(
+        "--prompt-set", default="story", help="built-in prompts when no --prompt: story | copy"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(run=run)
 
@@ -59,6 +72,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from specport.commands.generate import parse_ids
     from specport.runtime.bench import BenchConfig, format_table, run_bench
+
+    if args.speculative:
+        return _run_speculative(args)
 
     if args.new_tokens < 2:
         raise InputError("--new-tokens must be at least 2 (TPOT needs one decode step).")
@@ -99,4 +115,31 @@ def run(args: argparse.Namespace) -> int:
             )
     if args.json:
         emit_json(reports[0] if len(reports) == 1 else {"batches": reports})
+    return 0
+
+
+def _run_speculative(args: argparse.Namespace) -> int:
+    from specport.commands.generate import parse_ids
+    from specport.runtime.bench_speculative import (
+        SpecBenchConfig,
+        format_speculative_table,
+        run_speculative_bench,
+    )
+
+    config = SpecBenchConfig(
+        methods=list(dict.fromkeys(args.speculative)),
+        num_draft=args.num_draft,
+        draft=args.draft,
+        prompts=args.prompt,
+        prompt_ids=[parse_ids(args.prompt_ids)] if args.prompt_ids else [],
+        prompt_set=args.prompt_set,
+        max_new_tokens=args.new_tokens,
+        runs=args.runs,
+        threads=args.threads,
+    )
+    report = run_speculative_bench(args.artifact, config)
+    if args.json:
+        emit_json(report)
+    else:
+        print(format_speculative_table(report))
     return 0

@@ -1,0 +1,138 @@
+"""`specport bench --speculative`: plain greedy vs speculative methods on the same prompts.
+
+Plain and speculative runs alternate within each round (so machine load hits both alike), the
+per-prompt medians are summed, and every speculative output is checked against plain greedy:
+a speed figure for a method whose tokens differ would be meaningless, so equality is reported
+beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from specport.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+# Built-in prompt sets: everyday story openings, and copy-heavy text (repeated passages) where
+# prompt lookup can shine. Users pass their own with --prompt.
+PROMPT_SETS: dict[str, list[str]] = {
+    "story": [
+        "Once upon a time",
+        "Lily and Ben went to the park.",
+        "One day, a little boy named Tim",
+        "Sue had a big dog.",
+        "The sun was shining",
+        "Once upon a time, there was a little girl named Lily. She loved to play",
+    ],
+    "copy": [
+        "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The cat",
+        "Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom",
+        "I like cake. I like cake. I like cake. I like cake. I like cake. I",
+        "The dog ran and ran and ran and ran and ran and ran and",
+    ],
+}
+
+
+@dataclass
+class SpecBenchConfig:
+    methods: list[str]
+    num_draft: int = 4
+    draft: str | None = None
+    prompts: list[str] = field(default_factory=list)
+    prompt_ids: list[list[int]] = field(default_factory=list)  # used instead of text when given
+    prompt_set: str = "story"
+    max_new_tokens: int = 128
+    runs: int = 3
+    threads: int = 0
+
+
+def run_speculative_bench(artifact: str, config: SpecBenchConfig) -> dict[str, Any]:
+    """Decode speed and acceptance of each method vs plain greedy; JSON-able report."""
+    import specport
+
+    model = specport.load(artifact, threads=config.threads)
+    if config.prompt_ids:
+        encoded = [list(p) for p in config.prompt_ids]
+    else:
+        prompts = config.prompts or PROMPT_SETS.get(config.prompt_set, [])
+        if not prompts:
+            raise InputError(
+                f"unknown prompt set {config.prompt_set!r}; use one of {sorted(PROMPT_SETS)} "
+                "or --prompt TEXT."
+            )
+        encoded = [model.encode(text) for text in prompts]
+    draft = specport.load(config.draft, threads=config.threads) if config.draft else None
+    engines: list[tuple[str, str | None]] = [("plain", None)] + [(m, m) for m in config.methods]
+    totals: dict[str, dict[str, Any]] = {
+        name: {"seconds": 0.0, "tokens": 0, "equal": True, "drafted": 0, "accepted": 0, "steps": 0}
+        for name, _ in engines
+    }
+    for ids in encoded:
+        reference: list[int] | None = None
+        per: dict[str, list[float]] = {name: [] for name, _ in engines}
+        stats: dict[str, dict[str, Any]] = {}
+        counts: dict[str, int] = {}
+        for _ in range(config.runs):
+            for name, method in engines:
+                result = model.generate(
+                    prompt_ids=ids,
+                    max_new_tokens=config.max_new_tokens,
+                    speculative=method,
+                    num_draft=config.num_draft,
+                    draft=draft,
+                )
+                if reference is None:
+                    reference = result.tokens
+                totals[name]["equal"] &= result.tokens == reference
+                # Per-token decode time after the first token (plain) / all tokens (speculative).
+                produced = max(len(result.tokens) - (1 if method is None else 0), 1)
+                per[name].append(result.metrics["decode_wall_s"] / produced)
+                counts[name] = len(result.tokens)
+                if method is not None:
+                    stats[name] = result.metrics.get("speculative", {})
+        for name, _ in engines:
+            totals[name]["seconds"] += statistics.median(per[name]) * counts[name]
+            totals[name]["tokens"] += counts[name]
+            for key in ("drafted", "accepted", "steps"):
+                totals[name][key] += int(stats.get(name, {}).get(key, 0))
+    plain_s = totals["plain"]["seconds"]
+    rows = []
+    for name, _ in engines:
+        t = totals[name]
+        row: dict[str, Any] = {
+            "engine": name,
+            "decode_tok_per_s": round(t["tokens"] / t["seconds"], 2) if t["seconds"] else None,
+            "speedup_vs_plain": round(plain_s / t["seconds"], 3) if t["seconds"] else None,
+            "tokens_equal_plain": t["equal"],
+        }
+        if t["steps"]:
+            row["mean_accepted_length"] = round(1 + t["accepted"] / t["steps"], 3)
+            row["acceptance_rate"] = round(t["accepted"] / max(t["drafted"], 1), 3)
+        rows.append(row)
+    return {
+        "artifact": artifact,
+        "prompts": len(encoded),
+        "max_new_tokens": config.max_new_tokens,
+        "num_draft": config.num_draft,
+        "runs": config.runs,
+        "rows": rows,
+    }
+
+
+def format_speculative_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"{report['prompts']} prompts, {report['max_new_tokens']} new tokens, K={report['num_draft']}, "
+        f"median of {report['runs']} runs",
+        f"{'engine':<10}{'decode tok/s':>14}{'vs plain':>10}{'accepted/step':>15}{'equal':>8}",
+    ]
+    for r in report["rows"]:
+        mal = r.get("mean_accepted_length")
+        lines.append(
+            f"{r['engine']:<10}{r['decode_tok_per_s'] or 0:>14.1f}{r['speedup_vs_plain'] or 0:>9.2f}x"
+            f"{'-' if mal is None else f'{mal:.2f}':>15}{'yes' if r['tokens_equal_plain'] else 'NO':>8}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,42 @@
+import json
+
+from specport.cli import main
+from specport.runtime.bench_speculative import SpecBenchConfig, run_speculative_bench
+
+
+def test_ngram_bench_reports_equal_tokens_and_acceptance(tiny_llama_artifact):
+    ids = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [9, 10, 11, 12]]
+    report = run_speculative_bench(
+        str(tiny_llama_artifact),
+        SpecBenchConfig(
+            methods=["ngram"], num_draft=3, prompt_ids=ids, max_new_tokens=12, runs=1, threads=1
+        ),
+    )
+    rows = {r["engine"]: r for r in report["rows"]}
+    assert set(rows) == {"plain", "ngram"}
+    assert rows["ngram"]["tokens_equal_plain"]
+    assert rows["ngram"]["mean_accepted_length"] >= 1.0
+    assert rows["plain"]["speedup_vs_plain"] == 1.0
+
+
+def test_cli_bench_speculative_json(tiny_llama_artifact, capsys):
+    rc = main(
+        [
+            "bench",
+            str(tiny_llama_artifact),
+            "--speculative",
+            "ngram",
+            "--prompt-ids",
+            "3,4,5,3,4,5,3",
+            "--new-tokens",
+            "8",
+            "--runs",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["engine"] for r in report["rows"]] == ["plain", "ngram"]
