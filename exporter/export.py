@@ -278,7 +278,9 @@ def _apply_shared(
     from specport.passes.pipelines import pipeline_for
     from specport.passes.select_logits import LOGITS_INDEX, NEXT_TOKEN, RUNTIME_IO
 
-    pipeline = pipeline_for(target, passes, kv_layout="shared", select_logits=True)
+    pipeline = pipeline_for(
+        target, passes, kv_layout="shared", select_logits=True, rotary_length=max_length
+    )
     result = pipeline(model)
     contract = fused_io_contract(model)
     fused = contract["attention"].get("com.microsoft.GroupQueryAttention", 0)

@@ -11,6 +11,13 @@ graph takes two new inputs and drops `attention_mask`:
 Rows are ragged and right-aligned at 0 (no left padding in the cache); a batched prompt is
 right-padded and row b's last logit is at position len_b - 1. ORT's kernel does not take
 several new tokens on a past with batch > 1, so multi-token steps on a past need batch 1.
+
+With `rotary_length=N` the pass also folds the rotary embedding into the attention op: when
+q and k reach GroupQueryAttention through RotaryEmbedding ops whose cos/sin depend only on
+`position_ids`, it evaluates those cos/sin for positions 0..N-1 into `cos_cache`/`sin_cache`
+[N, Dh/2] and sets do_rotary=1. Right-aligned-at-0 rows put token j of row b at position
+seqlens-derived p_b + j, which is what the kernel computes, so `position_ids` drops out of the
+graph (fewer ops per decode step: no RotaryEmbedding, no per-step Cos/Sin).
 """
 
 from __future__ import annotations
@@ -38,8 +45,9 @@ def _gqa_nodes(model: ir.Model) -> list[ir.Node]:
 class SharedKVPass(Pass):
     name = "shared_kv"
 
-    def __init__(self, max_length: int | None = None) -> None:
+    def __init__(self, max_length: int | None = None, rotary_length: int | None = None) -> None:
         self.max_length = max_length
+        self.rotary_length = rotary_length
 
     def precondition(self, model: ir.Model) -> str | None:
         if not _gqa_nodes(model):
@@ -75,10 +83,11 @@ class SharedKVPass(Pass):
                 if out.shape is not None and out.shape.rank() == 4:
                     out.shape = ir.Shape([out.shape[0], out.shape[1], length, out.shape[3]])
             layers += 1
+        folded = _fold_rotary(model, self.rotary_length) if self.rotary_length else 0
         RemoveUnusedNodesPass()(model)
         dropped = []
         for v in list(graph.inputs):
-            if v.name == "attention_mask" and not v.uses():
+            if v.name in ("attention_mask", "position_ids") and not v.uses():
                 graph.inputs.remove(v)
                 dropped.append(v.name)
         return True, {
@@ -86,4 +95,132 @@ class SharedKVPass(Pass):
             "new_inputs": [SEQLENS, TOTAL],
             "dropped_inputs": dropped,
             "max_length": self.max_length,
+            "rotary_folded_layers": folded,
         }
+
+
+def _rotary_of(value: ir.Value | None) -> ir.Node | None:
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "RotaryEmbedding" or node.domain not in ("", "ai.onnx"):
+        return None
+    attrs = {k: a.value for k, a in node.attributes.items()}
+    if attrs.get("interleaved", 0) or (len(node.inputs) > 3 and node.inputs[3] is not None):
+        return None  # interleaved or position-indexed caches: leave as is
+    return node
+
+
+def _fold_rotary(model: ir.Model, length: int) -> int:
+    """Move q/k rotary into GroupQueryAttention (do_rotary=1, cos/sin caches [length, Dh/2])."""
+    plans = []
+    for node in _gqa_nodes(model):
+        rq, rk = _rotary_of(node.inputs[0]), _rotary_of(node.inputs[1])
+        if rq is None or rk is None or node.inputs[2] is None:
+            continue
+        if rq.inputs[1] is not rk.inputs[1] or rq.inputs[2] is not rk.inputs[2]:
+            continue
+        plans.append((node, rq, rk))
+    if not plans:
+        return 0
+    cos_sin = {
+        (id(rq.inputs[1]), id(rq.inputs[2])): (rq.inputs[1], rq.inputs[2]) for _, rq, _ in plans
+    }
+    if len(cos_sin) != 1:
+        logger.info("rotary not folded: %d distinct cos/sin sources", len(cos_sin))
+        return 0
+    cos_v, sin_v = next(iter(cos_sin.values()))
+    caches = _evaluate_cos_sin(model, cos_v, sin_v, length)
+    if caches is None:
+        return 0
+    cos, sin = caches
+    head_dim = _head_dim(plans[0][0])
+    if head_dim is None or cos.shape[-1] * 2 != head_dim:
+        logger.info("rotary not folded: partial rotary (cos %s, head dim %s)", cos.shape, head_dim)
+        return 0
+    graph = model.graph
+    cos_c = ir.Value(name="cos_cache", const_value=ir.tensor(cos, name="cos_cache"))
+    sin_c = ir.Value(name="sin_cache", const_value=ir.tensor(sin, name="sin_cache"))
+    for v in (cos_c, sin_c):
+        v.shape, v.type = ir.Shape(list(cos.shape)), ir.TensorType(ir.DataType.FLOAT)
+        graph.register_initializer(v)
+    for node, rq, rk in plans:
+        node.replace_input_with(0, rq.inputs[0])
+        node.replace_input_with(1, rk.inputs[0])
+        while len(node.inputs) < 9:  # inputs 7/8 are optional: pad with empty slots
+            node.resize_inputs(len(node.inputs) + 1)
+        node.replace_input_with(7, cos_c)
+        node.replace_input_with(8, sin_c)
+        node.attributes["do_rotary"] = ir.AttrInt64("do_rotary", 1)
+        node.attributes["rotary_interleaved"] = ir.AttrInt64("rotary_interleaved", 0)
+    return len(plans)
+
+
+def _head_dim(node: ir.Node) -> int | None:
+    past = node.inputs[3]
+    if past is None or past.shape is None or past.shape.rank() != 4:
+        return None
+    d = past.shape[3]
+    return d if isinstance(d, int) else None
+
+
+def _named_tensor(name: str, value: ir.Value) -> Any:
+    assert value.const_value is not None
+    proto = ir.serde.serialize_tensor(value.const_value)
+    proto.name = name  # the tensor's own name may differ from the value's
+    return proto
+
+
+def _evaluate_cos_sin(
+    model: ir.Model, cos_v: ir.Value, sin_v: ir.Value, length: int
+) -> tuple[Any, Any] | None:
+    """cos/sin [length, R/2] for positions 0..length-1, if they depend only on position_ids."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    nodes: list[ir.Node] = []
+    seen: set[int] = set()
+    inits: dict[str, ir.Value] = {}
+    stack = [cos_v, sin_v]
+    while stack:
+        v = stack.pop()
+        if v.const_value is not None:
+            inits[v.name or ""] = v
+            continue
+        producer = v.producer()
+        if producer is None:
+            if v.name != "position_ids":
+                logger.info("rotary not folded: cos/sin depend on input %s", v.name)
+                return None
+            continue
+        if id(producer) in seen:
+            continue
+        seen.add(id(producer))
+        nodes.append(producer)
+        stack.extend(i for i in producer.inputs if i is not None)
+    order = {id(n): i for i, n in enumerate(model.graph)}
+    nodes.sort(key=lambda n: order.get(id(n), 0))
+    graph = onnx.helper.make_graph(
+        [ir.serde.serialize_node(n) for n in nodes],
+        "rotary_caches",
+        [onnx.helper.make_tensor_value_info("position_ids", onnx.TensorProto.INT64, [1, None])],
+        [
+            onnx.helper.make_tensor_value_info(cos_v.name, onnx.TensorProto.FLOAT, None),
+            onnx.helper.make_tensor_value_info(sin_v.name, onnx.TensorProto.FLOAT, None),
+        ],
+        initializer=[_named_tensor(name, v) for name, v in inits.items()],
+    )
+    proto = onnx.helper.make_model(
+        graph,
+        opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items()],
+    )
+    proto.ir_version = 10
+    try:
+        sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        pos = np.arange(length, dtype=np.int64)[None]
+        cos, sin = sess.run(None, {"position_ids": pos})
+    except Exception as e:  # noqa: BLE001 - any failure means: keep the unfolded graph
+        logger.info("rotary not folded: evaluating cos/sin failed: %s", e)
+        return None
+    if cos.ndim != 3 or cos.shape[:2] != (1, length) or sin.shape != cos.shape:
+        return None
+    return np.ascontiguousarray(cos[0], np.float32), np.ascontiguousarray(sin[0], np.float32)
