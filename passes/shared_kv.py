@@ -84,6 +84,7 @@ class SharedKVPass(Pass):
                     out.shape = ir.Shape([out.shape[0], out.shape[1], length, out.shape[3]])
             layers += 1
         folded = _fold_rotary(model, self.rotary_length) if self.rotary_length else 0
+        reshapes = sum(_skip_round_trip_reshapes(node) for node in _gqa_nodes(model))
         RemoveUnusedNodesPass()(model)
         dropped = []
         for v in list(graph.inputs):
@@ -96,7 +97,71 @@ class SharedKVPass(Pass):
             "dropped_inputs": dropped,
             "max_length": self.max_length,
             "rotary_folded_layers": folded,
+            "round_trip_reshapes_removed": reshapes,
         }
+
+
+def _same_dims(a: ir.Value | None, b: ir.Value | None, rank: int) -> bool:
+    if a is None or b is None or a.shape is None or b.shape is None:
+        return False
+    if a.shape.rank() != rank or b.shape.rank() != rank:
+        return False
+    return all(x == y for x, y in zip(a.shape, b.shape))
+
+
+def _reshape_source(value: ir.Value | None, hops: int = 2) -> ir.Value | None:
+    """The value `hops` Reshapes upstream of `value` (None if the chain is anything else)."""
+    for _ in range(hops):
+        node = value.producer() if value is not None else None
+        if node is None or node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+            return None
+        value = node.inputs[0]
+    return value
+
+
+def _skip_round_trip_reshapes(node: ir.Node) -> int:
+    """[B, S, H*D] -> [B, S, H, D] -> [B, S, H*D] around the attention op: use the 3-D value.
+
+    A Reshape keeps element order, so two in a row that end where they started (same rank-3
+    [batch, sequence, hidden] dims as the query) are the identity; each costs a kernel launch
+    per step, which shows at small batch.
+    """
+    removed = 0
+    query = node.inputs[0]
+    value = node.inputs[2]
+    source = _reshape_source(value)
+    kv_heads = node.attributes.get("kv_num_heads")
+    head_dim = _head_dim(node)
+    hidden = kv_heads.value * head_dim if kv_heads is not None and head_dim else None
+    if not (
+        source is not None
+        and query is not None
+        and _same_dims(source, source, 3)
+        and _same_dims(query, query, 3)
+        and source.shape is not None
+        and query.shape is not None
+        and source.shape[0] == query.shape[0]
+        and source.shape[1] == query.shape[1]
+        and source.shape[2] == hidden
+    ):
+        source = None
+    if source is not None:
+        node.replace_input_with(2, source)
+        removed += 1
+    out = node.outputs[0]
+    for use in list(out.uses()):
+        first = use.node
+        if first.op_type != "Reshape" or first.domain not in ("", "ai.onnx"):
+            continue
+        for use2 in list(first.outputs[0].uses()):
+            second = use2.node
+            if second.op_type != "Reshape" or second.domain not in ("", "ai.onnx"):
+                continue
+            final = second.outputs[0]
+            if _same_dims(final, query, 3) and not any(final is o for o in node.graph.outputs):
+                final.replace_all_uses_with(out)
+                removed += 1
+    return removed
 
 
 def _rotary_of(value: ir.Value | None) -> ir.Node | None:
