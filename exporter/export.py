@@ -56,6 +56,7 @@ def export_model(
     and greedy `next_token` out (passes/shared_kv.py, passes/select_logits.py).
     Raises ExportError when verification against PyTorch is over tolerance (unless skipped).
     """
+    _check_kv_layout(kv_layout, target, fuse)  # before any slow step
     stages = Stages(total=5, show=progress)
     stages.start("resolving source model")
     source = src_mod.resolve(model, tokenizer)
@@ -71,7 +72,7 @@ def export_model(
     ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"])
 
     stages.start("rewriting the graph")
-    buffer_length = _check_kv_layout(kv_layout, target, fuse, kv_shapes, norm, max_length)
+    buffer_length = _shared_buffer_length(kv_layout, kv_shapes, norm, max_length)
     pass_reports, kv, target_used, runtime_io = _apply_passes(
         ir_model, target, fuse, passes, norm, kv_shapes, kv_layout, buffer_length
     )
@@ -183,17 +184,10 @@ def trace_to_onnx(
 SHARED_MAX_LENGTH = 4096  # default KV buffer limit of a shared-layout artifact
 
 
-def _check_kv_layout(
-    kv_layout: str,
-    target: str,
-    fuse: bool,
-    kv_shapes: list[tuple[int, int, int]],
-    config: dict[str, Any],
-    max_length: int | None,
-) -> int | None:
-    """Refuse a shared layout the passes or onnxruntime cannot make; the buffer length if shared."""
+def _check_kv_layout(kv_layout: str, target: str, fuse: bool) -> None:
+    """Refuse a KV layout the passes cannot make for this target (before loading anything)."""
     if kv_layout == "concat":
-        return None
+        return
     if kv_layout != "shared":
         raise ExportError(f"unknown KV layout {kv_layout!r}: choose 'concat' or 'shared'.")
     if target not in ("cpu", "cuda"):
@@ -206,6 +200,17 @@ def _check_kv_layout(
             "--kv-layout shared needs the fusion passes (attention -> GroupQueryAttention); "
             "drop --no-fuse, or use --kv-layout concat."
         )
+
+
+def _shared_buffer_length(
+    kv_layout: str,
+    kv_shapes: list[tuple[int, int, int]],
+    config: dict[str, Any],
+    max_length: int | None,
+) -> int | None:
+    """The shared layout's KV limit (None for concat); refuses head dims GQA cannot run."""
+    if kv_layout != "shared":
+        return None
     bad = sorted({(k, v) for _, k, v in kv_shapes if k != v or k % 16})
     if bad:
         raise ExportError(

@@ -1,0 +1,123 @@
+"""`export_model(..., kv_layout="shared")`: the runtime's fast path made by exporter -> passes.
+
+The shared artifact must verify against PyTorch through its own contract (ragged rows in one
+[B, Hkv, T, D] buffer, logits_index, next_token), generate transformers' greedy tokens through
+IO binding, batch like one-by-one, and be refused with an actionable message where onnxruntime's
+GroupQueryAttention cannot run it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import specport
+from specport.errors import ExportError
+from tests.fixtures import CONTEXT, build_tiny_model, hf_greedy, load_reference
+
+PROMPTS = [[1, 74, 75, 76, 90], [1, 100], [1, 5, 6, 7, 8, 9, 10, 11, 12]]
+MAX_LENGTH = 96
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    # head_dim 16 (hidden 64, 4 heads): the smallest GroupQueryAttention runs
+    return build_tiny_model("llama", tmp_path_factory.mktemp("shared_src") / "llama")
+
+
+@pytest.fixture(scope="module")
+def shared_art(tiny_llama, tmp_path_factory):
+    from specport.exporter.export import export_model
+
+    out = tmp_path_factory.mktemp("shared_art") / "art"
+    export_model(tiny_llama, out, kv_layout="shared", max_length=MAX_LENGTH, progress=False)
+    return out
+
+
+@pytest.mark.slow
+def test_shared_export_verifies_its_own_contract(shared_art):
+    from specport import artifact as art
+
+    m = art.read_manifest(shared_art)
+    assert m.kv.layout == "shared" and m.kv.max_length == MAX_LENGTH
+    assert m.kv.dtype == "float32" and m.kv.num_heads == [2, 2] and m.kv.key_dim == [16, 16]
+    assert m.verify["ok"] and m.verify["kv_layout"] == "shared"
+    assert {c["name"] for c in m.verify["cases"]} >= {"prefill_b2_leftpad", "chunk_b2_past"}
+    assert m.verify["max_abs_logits"] < 1e-4
+    inputs = {i["name"] for i in m.io["inputs"]}
+    outputs = {o["name"] for o in m.io["outputs"]}
+    assert {"seqlens_k", "total_sequence_length", "logits_index"} <= inputs
+    assert "attention_mask" not in inputs and "position_ids" not in inputs  # rotary folded
+    assert "next_token" in outputs
+    runtime = m.extra["runtime"]
+    assert runtime["logits_index_input"] == "logits_index"
+    assert runtime["next_token_output"] == "next_token"
+    names = [p["name"] for p in m.passes]
+    assert names[-2:] == ["shared_kv", "select_logits"]
+
+
+@pytest.mark.slow
+def test_shared_greedy_equals_transformers(shared_art, tiny_llama):
+    model = specport.load(shared_art, provider="cpu", threads=1)
+    ref = load_reference(tiny_llama, "llama")
+    for prompt in PROMPTS:
+        r = model.generate(prompt_ids=prompt, max_new_tokens=16, ignore_eos=True)
+        assert r.metrics["io_binding"] and r.metrics["greedy_in_graph"]
+        assert r.tokens == hf_greedy(ref, prompt, 16)
+
+
+@pytest.mark.slow
+def test_shared_batch_equals_one_by_one(shared_art):
+    model = specport.load(shared_art, provider="cpu", threads=1)
+    singles = [
+        model.generate(prompt_ids=p, max_new_tokens=12, ignore_eos=True).tokens for p in PROMPTS
+    ]
+    batch = model.generate_batch(prompt_ids=PROMPTS, max_new_tokens=12, ignore_eos=True)
+    assert [r.tokens for r in batch] == singles
+
+
+@pytest.mark.slow
+def test_shared_refuses_past_its_max_length(shared_art):
+    from specport.errors import ContextLengthError
+
+    model = specport.load(shared_art, provider="cpu", threads=1)
+    with pytest.raises(ContextLengthError, match="limit of 96"):
+        model.generate(prompt_ids=[1] * (MAX_LENGTH - 3), max_new_tokens=10, ignore_eos=True)
+
+
+def test_default_max_length_is_context_capped():
+    from specport.exporter.export import _shared_buffer_length
+
+    shapes = [(2, 16, 16)]
+    assert _shared_buffer_length("shared", shapes, {"context_length": 128}, None) == 128
+    big = {"context_length": 131072}
+    assert _shared_buffer_length("shared", shapes, big, None) == 4096
+    assert _shared_buffer_length("concat", shapes, big, None) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"target": "cann"}, "target cpu or cuda"),
+        ({"target": "neutral"}, "target cpu or cuda"),
+        ({"fuse": False}, "drop --no-fuse"),
+        ({"max_length": CONTEXT + 1}, "outside 1"),
+        ({"kv_layout": "paged"}, "unknown KV layout"),
+    ],
+)
+def test_refuses_what_shared_cannot_do(tiny_llama, tmp_path, kwargs, match):
+    from specport.exporter.export import export_model
+
+    options = {"kv_layout": "shared", **kwargs}
+    with pytest.raises(ExportError, match=match):
+        export_model(tiny_llama, tmp_path / "out", progress=False, **options)
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_head_dims_gqa_cannot_run(tmp_path):
+    from specport.exporter.export import export_model
+    from specport.runtime.bench_model import TINY, make_llama
+
+    hf = make_llama(tmp_path / "hf", context_length=64, **{**TINY, "num_attention_heads": 8})
+    with pytest.raises(ExportError, match="multiple of 16.*--kv-layout concat"):
+        export_model(hf, tmp_path / "out", kv_layout="shared", progress=False)
+    assert not (tmp_path / "out").exists()
