@@ -20,6 +20,7 @@ from specport import artifact as art
 from specport.errors import ExportError
 from specport.exporter import source as src_mod
 from specport.exporter.verify import compare, reference_cases
+from specport.exporter.weights import detach_weights, fold_weight_transposes, release_weights
 from specport.exporter.wrapper import (
     FlatKVWrapper,
     dynamic_shapes,
@@ -87,7 +88,7 @@ def export_model(
     gc.collect()
 
     with art.atomic_artifact_dir(Path(out)) as tmp:
-        ir.save(ir_model, tmp / art.MODEL_NAME, external_data=art.DATA_NAME)
+        save_artifact_model(ir_model, tmp / art.MODEL_NAME)
         del ir_model
         gc.collect()
         tok_info = _copy_tokenizer(source.path, tmp)
@@ -168,17 +169,42 @@ def trace_to_onnx(
                 ],
                 output_names=["logits", *kv_output_names(num_layers)],
                 verbose=False,
+                # The default optimize=True folds every weight Transpose into a fresh array
+                # while the PyTorch model still holds the weights (a second full copy).
+                # Fold them lazily instead, then run the same optimizer (weights.py).
+                optimize=False,
             )
+            if program is None:
+                raise ExportError("torch.onnx.export returned no program; upgrade torch (>= 2.6).")
+            detach_weights(program.model)
+            fold_weight_transposes(program.model)
+            program.optimize()
+        except ExportError:
+            raise
         except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
             raise ExportError(
                 f"torch.onnx.export failed for {type(torch_model).__name__}: {e}"
             ) from e
     logger.info("traced in %.1fs", time.perf_counter() - t0)
-    if program is None:
-        raise ExportError("torch.onnx.export returned no program; upgrade torch (>= 2.6).")
     model = program.model
+    # The initializers are views of the PyTorch parameters (or lazy transposes of them): drop
+    # the ExportedProgram so nothing else pins a copy.
+    del program
     model.producer_name = "specport"
     return model
+
+
+def save_artifact_model(model: ir.Model, path: Path, release: bool = True) -> None:
+    """Write `model` with its weights as external data, one tensor in flight at a time.
+
+    onnx_ir writes with a thread pool and up to 1 GiB of tensors materialized at once; lazily
+    transposed weights are materialized on write, so one worker keeps the transient to the
+    largest single tensor. `release` then empties the in-memory initializers (the model is
+    unusable afterwards) so the weights are freed before onnxruntime loads the saved copy.
+    """
+    ir.save(model, path, external_data=art.DATA_NAME, max_workers=1)
+    if release:
+        release_weights(model)
 
 
 SHARED_MAX_LENGTH = 4096  # default KV buffer limit of a shared-layout artifact

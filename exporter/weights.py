@@ -1,0 +1,147 @@
+"""Keep one copy of the weights through export: fold weight transposes lazily.
+
+`torch.onnx.export` lowers every `nn.Linear` to `MatMul(x, Transpose(W))` and, with its default
+`optimize=True`, constant-folds each Transpose into a new in-memory array while the PyTorch model
+still holds `W`: a second full copy of the weights (measured: +0.8x the weight bytes on a 125M
+Llama). Exporting with `optimize=False` leaves every initializer as a view of the PyTorch
+parameter (no copy); `fold_weight_transposes` then replaces each `Transpose(initializer)` with an
+initializer whose data is an `onnx_ir.LazyTensor`: the transposed array exists only while
+`ir.save` writes it, one tensor at a time. The optimizer that runs afterwards finds nothing large
+left to fold.
+
+Every initializer that views a PyTorch tensor goes through one `WeightStore` (small ones are
+copied out instead): stray references to graph values (onnxscript's rewrite rules keep the last
+graph they matched; passes detach values) then cannot pin the weights, because
+`release_weights` empties the store after saving. One surviving view of a memory-mapped
+checkpoint would otherwise keep the whole mapping resident while onnxruntime loads its copy.
+
+Rule kept from onnxscript's constant folding: only fold when the Transpose is the weight's single
+consumer. A tied embedding (read by Gather and by the LM head's Transpose) stays one initializer
+plus a runtime Transpose, so it is never written twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import onnx_ir as ir
+
+logger = logging.getLogger(__name__)
+
+# Below this many elements onnxscript's optimizer folds constants itself (same default); such
+# tensors are also copied out of PyTorch rather than referenced (norm weights, biases).
+FOLD_MIN_ELEMENTS = 8192
+STORE_KEY = "specport.weight_store"
+
+
+class WeightStore:
+    """Owns the PyTorch tensors behind lazy initializers; `clear()` lets them be freed."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, Any] = {}
+
+    def loader(self, key: str, perm: list[int] | None = None) -> Any:
+        """A function that materializes tensor `key` (transposed by `perm`) when called."""
+
+        def load() -> ir.TensorProtocol:
+            if key not in self.tensors:
+                raise RuntimeError(
+                    f"weight {key!r} was released; the model was already saved and freed."
+                )
+            data = self.tensors[key].detach()
+            if perm is not None:
+                data = data.permute(*perm)
+            return ir.tensor_adapters.TorchTensor(data.contiguous())
+
+        return load
+
+    def clear(self) -> None:
+        self.tensors.clear()
+
+
+def detach_weights(model: ir.Model, min_elements: int = FOLD_MIN_ELEMENTS) -> WeightStore:
+    """Route every PyTorch-backed initializer through a `WeightStore` kept in `model.meta`.
+
+    Small tensors are copied (cheap, and passes read them as constants); large ones become
+    lazy initializers that view the PyTorch data until saved. Returns the store.
+    """
+    import torch
+
+    store = WeightStore()
+    for name, value in model.graph.initializers.items():
+        tensor = value.const_value
+        raw = getattr(tensor, "raw", None)
+        if tensor is None or not isinstance(raw, torch.Tensor):
+            continue
+        if tensor.size < min_elements:
+            value.const_value = ir.tensor_adapters.TorchTensor(raw.detach().clone(), name=name)
+            continue
+        store.tensors[name] = raw
+        value.const_value = ir.LazyTensor(
+            store.loader(name), dtype=tensor.dtype, shape=tensor.shape, name=name
+        )
+    model.meta[STORE_KEY] = store
+    return store
+
+
+def fold_weight_transposes(model: ir.Model, min_elements: int = FOLD_MIN_ELEMENTS) -> int:
+    """Replace `Transpose(W)` of large single-use initializers by lazily transposed initializers.
+
+    Works in place on the main graph after `detach_weights`; returns the number folded. The
+    original initializer is removed (its only consumer is gone); the new one is named `{W}.T`.
+    """
+    store: WeightStore | None = model.meta.get(STORE_KEY)
+    graph = model.graph
+    folded = 0
+    for node in list(graph):
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+            continue
+        src = node.inputs[0]
+        if src is None or src.name not in graph.initializers or src.const_value is None:
+            continue
+        tensor = src.const_value
+        if store is None or src.name not in store.tensors:
+            continue
+        if tensor.size < min_elements or len(src.uses()) != 1 or src in graph.outputs:
+            continue
+        rank = len(tensor.shape)
+        perm_attr = node.attributes.get("perm")
+        perm = list(perm_attr.as_ints()) if perm_attr is not None else list(range(rank))[::-1]
+        shape = ir.Shape([tensor.shape[p] for p in perm])
+        name = f"{src.name}.T"
+        lazy = ir.LazyTensor(
+            store.loader(src.name, perm), dtype=tensor.dtype, shape=shape, name=name
+        )
+        new = ir.Value(name=name, shape=shape, type=ir.TensorType(tensor.dtype))
+        new.const_value = lazy
+        graph.register_initializer(new)
+        node.outputs[0].replace_all_uses_with(new, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        graph.initializers.pop(src.name)
+        src.const_value = None
+        folded += 1
+    logger.info("folded %d weight transposes lazily", folded)
+    return folded
+
+
+def release_weights(model: ir.Model) -> None:
+    """Free the weights behind `model` now (after saving it); the model is unusable after.
+
+    `del model` is not enough: stray references to the graph or to detached values survive
+    (see the module docstring). Clearing the store drops the last PyTorch references.
+    """
+    store: WeightStore | None = model.meta.pop(STORE_KEY, None)
+    if store is not None:
+        store.clear()
+    for value in model.graph.initializers.values():
+        value.const_value = None
+
+
+def lazy_nbytes(model: ir.Model) -> int:
+    """Bytes of initializers that are not materialized until saved (for logging/tests)."""
+    return sum(
+        v.const_value.nbytes
+        for v in model.graph.initializers.values()
+        if isinstance(v.const_value, ir.LazyTensor)
+    )
