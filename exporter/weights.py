@@ -35,6 +35,39 @@ FOLD_MIN_ELEMENTS = 8192
 STORE_KEY = "specport.weight_store"
 
 
+CHUNK_BYTES = 16 << 20  # transposed weights are written in slices of about this size
+
+
+def _raw_bytes(data: Any) -> memoryview:
+    """Little-endian bytes of a torch tensor, any dtype (bfloat16 included), no extra copy."""
+    import torch
+
+    flat = data.contiguous().reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy())
+
+
+class StoredWeight(ir.LazyTensor):
+    """A lazy initializer backed by a `WeightStore`; `tofile` streams it in slices.
+
+    `ir.save` calls `tofile`: writing a transposed weight slice by slice keeps the transient
+    at ~CHUNK_BYTES instead of one full transposed copy of the largest weight (the LM head).
+    """
+
+    def __init__(self, store: WeightStore, key: str, perm: list[int] | None, **kwargs: Any):
+        super().__init__(store.loader(key, perm), **kwargs)
+        self._store, self._key, self._perm = store, key, perm
+
+    def tofile(self, file: Any) -> None:
+        data = self._store.view(self._key, self._perm)
+        if data.dim() == 0 or data.is_contiguous():
+            file.write(_raw_bytes(data))
+            return
+        row_bytes = max(1, data[0].numel() * data.element_size())
+        step = max(1, CHUNK_BYTES // row_bytes)
+        for start in range(0, data.shape[0], step):
+            file.write(_raw_bytes(data[start : start + step]))
+
+
 class WeightStore:
     """Owns the PyTorch tensors behind lazy initializers; `clear()` lets them be freed."""
 
@@ -45,16 +78,18 @@ class WeightStore:
         """A function that materializes tensor `key` (transposed by `perm`) when called."""
 
         def load() -> ir.TensorProtocol:
-            if key not in self.tensors:
-                raise RuntimeError(
-                    f"weight {key!r} was released; the model was already saved and freed."
-                )
-            data = self.tensors[key].detach()
-            if perm is not None:
-                data = data.permute(*perm)
-            return ir.tensor_adapters.TorchTensor(data.contiguous())
+            return ir.tensor_adapters.TorchTensor(self.view(key, perm).contiguous())
 
         return load
+
+    def view(self, key: str, perm: list[int] | None = None) -> Any:
+        """Tensor `key` as a (possibly non-contiguous) torch view, transposed by `perm`."""
+        if key not in self.tensors:
+            raise RuntimeError(
+                f"weight {key!r} was released; the model was already saved and freed."
+            )
+        data = self.tensors[key].detach()
+        return data.permute(*perm) if perm is not None else data
 
     def clear(self) -> None:
         self.tensors.clear()
@@ -78,8 +113,8 @@ def detach_weights(model: ir.Model, min_elements: int = FOLD_MIN_ELEMENTS) -> We
             value.const_value = ir.tensor_adapters.TorchTensor(raw.detach().clone(), name=name)
             continue
         store.tensors[name] = raw
-        value.const_value = ir.LazyTensor(
-            store.loader(name), dtype=tensor.dtype, shape=tensor.shape, name=name
+        value.const_value = StoredWeight(
+            store, name, None, dtype=tensor.dtype, shape=tensor.shape, name=name
         )
     model.meta[STORE_KEY] = store
     return store
@@ -110,9 +145,7 @@ def fold_weight_transposes(model: ir.Model, min_elements: int = FOLD_MIN_ELEMENT
         perm = list(perm_attr.as_ints()) if perm_attr is not None else list(range(rank))[::-1]
         shape = ir.Shape([tensor.shape[p] for p in perm])
         name = f"{src.name}.T"
-        lazy = ir.LazyTensor(
-            store.loader(src.name, perm), dtype=tensor.dtype, shape=shape, name=name
-        )
+        lazy = StoredWeight(store, src.name, perm, dtype=tensor.dtype, shape=shape, name=name)
         new = ir.Value(name=name, shape=shape, type=ir.TensorType(tensor.dtype))
         new.const_value = lazy
         graph.register_initializer(new)
