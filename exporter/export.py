@@ -310,7 +310,12 @@ def _apply_shared(
     from specport.passes.select_logits import LOGITS_INDEX, NEXT_TOKEN, RUNTIME_IO
 
     pipeline = pipeline_for(
-        target, passes, kv_layout="shared", select_logits=True, rotary_length=max_length
+        target,
+        passes,
+        kv_layout="shared",
+        select_logits=True,
+        rotary_length=max_length,
+        pack_qkv=True,
     )
     result = pipeline(model)
     contract = fused_io_contract(model)

@@ -60,7 +60,11 @@ def _make(name: str, target: str, options: dict[str, Any]) -> Pass:
     if name == "cleanup":
         return CleanupPass()
     if name == "shared_kv":
-        return SharedKVPass(options.get("max_length"), options.get("rotary_length"))
+        return SharedKVPass(
+            options.get("max_length"),
+            options.get("rotary_length"),
+            pack_qkv=bool(options.get("pack_qkv")),
+        )
     if name == "select_logits":
         return SelectLogitsPass()
     raise PassError(f"unknown pass {name!r}: choose from {', '.join(all_pass_names())}")
@@ -79,7 +83,8 @@ def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -
     symbolic so the runtime picks its buffer size), `select_logits` (bool, shared layout only:
     `logits_index` input, LM head on the selected positions, `next_token` argmax output).
     `rotary_length` (shared layout: fold rotary into GroupQueryAttention with cos/sin caches
-    for that many positions; position_ids leaves the graph).
+    for that many positions; position_ids leaves the graph), `pack_qkv` (shared layout: q/k/v
+    projections as one MatMul into GQA's packed input).
     """
     if target not in TARGETS:
         raise PassError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")

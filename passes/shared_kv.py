@@ -17,7 +17,8 @@ q and k reach GroupQueryAttention through RotaryEmbedding ops whose cos/sin depe
 `position_ids`, it evaluates those cos/sin for positions 0..N-1 into `cos_cache`/`sin_cache`
 [N, Dh/2] and sets do_rotary=1. Right-aligned-at-0 rows put token j of row b at position
 seqlens-derived p_b + j, which is what the kernel computes, so `position_ids` drops out of the
-graph (fewer ops per decode step: no RotaryEmbedding, no per-step Cos/Sin).
+graph (fewer ops per decode step: no RotaryEmbedding, no per-step Cos/Sin). With
+`pack_qkv=True` the q/k/v projections become one MatMul feeding GQA's packed input.
 """
 
 from __future__ import annotations
@@ -45,9 +46,15 @@ def _gqa_nodes(model: ir.Model) -> list[ir.Node]:
 class SharedKVPass(Pass):
     name = "shared_kv"
 
-    def __init__(self, max_length: int | None = None, rotary_length: int | None = None) -> None:
+    def __init__(
+        self,
+        max_length: int | None = None,
+        rotary_length: int | None = None,
+        pack_qkv: bool = False,
+    ) -> None:
         self.max_length = max_length
         self.rotary_length = rotary_length
+        self.pack_qkv = pack_qkv
 
     def precondition(self, model: ir.Model) -> str | None:
         if not _gqa_nodes(model):
@@ -85,6 +92,10 @@ class SharedKVPass(Pass):
             layers += 1
         folded = _fold_rotary(model, self.rotary_length) if self.rotary_length else 0
         reshapes = sum(_skip_round_trip_reshapes(node) for node in _gqa_nodes(model))
+        packed = 0
+        if self.pack_qkv:
+            RemoveUnusedNodesPass()(model)  # the unfolded rotary still reads q and k
+            packed = sum(_pack_qkv(node) for node in _gqa_nodes(model))
         RemoveUnusedNodesPass()(model)
         dropped = []
         for v in list(graph.inputs):
@@ -98,7 +109,67 @@ class SharedKVPass(Pass):
             "max_length": self.max_length,
             "rotary_folded_layers": folded,
             "round_trip_reshapes_removed": reshapes,
+            "packed_qkv_layers": packed,
         }
+
+
+def _projection(value: ir.Value | None, node: ir.Node) -> tuple[ir.Value, ir.Value] | None:
+    """(input, 2-D constant weight) when `value` = MatMul(input, weight) read only by `node`."""
+    mm = value.producer() if value is not None else None
+    if mm is None or mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx"):
+        return None
+    assert value is not None
+    if len(value.uses()) != 1 or any(u.node is not node for u in value.uses()):
+        return None
+    x, w = mm.inputs[0], mm.inputs[1]
+    if x is None or w is None or w.const_value is None or len(w.const_value.shape) != 2:
+        return None
+    return x, w
+
+
+def _pack_qkv(node: ir.Node) -> int:
+    """q, k, v = three MatMuls of one input -> one MatMul into GQA's packed-QKV input.
+
+    One [D, (H + 2Hkv) Dh] product per step instead of three launches (what onnxruntime-genai
+    builds). The packed weight is lazy: concatenated only while the model is saved, so export
+    holds no second copy of the attention weights.
+    """
+    parts = [_projection(node.inputs[i], node) for i in range(3)]
+    if any(p is None for p in parts):
+        return 0
+    xs = {id(p[0]) for p in parts if p is not None}
+    weights = [p[1] for p in parts if p is not None]
+    dtypes = {w.const_value.dtype for w in weights if w.const_value is not None}
+    rows = {w.const_value.shape[0] for w in weights if w.const_value is not None}
+    if len(xs) != 1 or len(dtypes) != 1 or len(rows) != 1:
+        return 0
+    import numpy as np
+
+    tensors = [w.const_value for w in weights]
+    cols = sum(int(t.shape[1]) for t in tensors if t is not None)
+    name = f"{node.name or 'attention'}/qkv_proj.weight"
+
+    def concat() -> ir.TensorProtocol:
+        return ir.tensor(
+            np.concatenate([t.numpy() for t in tensors if t is not None], axis=1), name=name
+        )
+
+    dtype = next(iter(dtypes))
+    lazy = ir.LazyTensor(concat, dtype=dtype, shape=ir.Shape([next(iter(rows)), cols]), name=name)
+    packed_w = ir.Value(name=name, const_value=lazy, shape=ir.Shape(lazy.shape))
+    packed_w.type = ir.TensorType(dtype)
+    graph = node.graph
+    assert graph is not None
+    graph.register_initializer(packed_w)
+    x = parts[0][0] if parts[0] is not None else None
+    mm = ir.node("MatMul", [x, packed_w], name=f"{node.name or 'attention'}/qkv_proj")
+    mm.outputs[0].name = f"{name[: -len('.weight')]}_out"
+    mm.outputs[0].dtype = dtype
+    graph.insert_before(node, mm)
+    node.replace_input_with(0, mm.outputs[0])
+    node.replace_input_with(1, None)
+    node.replace_input_with(2, None)
+    return 1
 
 
 def _same_dims(a: ir.Value | None, b: ir.Value | None, rank: int) -> bool:
