@@ -12,11 +12,11 @@ from specport.runtime.bench_model import TINY, make_llama
 
 @pytest.fixture(scope="module")
 def tiny_fused(tmp_path_factory):
-    from specport.runtime.fused_llama import build_fused_artifact
+    from specport.exporter.export import export_model
 
     hf = make_llama(tmp_path_factory.mktemp("bench_hf"), context_length=128, **TINY)
     out = tmp_path_factory.mktemp("bench_art") / "art"
-    build_fused_artifact(hf, out, progress=False)
+    export_model(hf, out, kv_layout="shared", progress=False)
     return out
 
 

@@ -1,8 +1,8 @@
 """The generator's two loops against each other and against transformers, on a tiny random Llama.
 
-The fused shared-KV artifact (IO binding, in-place KV, in-graph argmax, overlapped callbacks)
-must produce exactly the tokens of the plain concat-KV export and of transformers' greedy
-`generate`; batching, seeding, streaming and stop strings must not change results.
+The shared-KV artifact (`export_model(kv_layout="shared")`: IO binding, in-place KV, in-graph
+argmax, overlapped callbacks) must produce exactly the tokens of the plain concat-KV export and
+of transformers' greedy `generate`; batching, seeding, streaming and stop strings must not change results.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ def tiny_hf(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fused(tiny_hf, tmp_path_factory):
-    from specport.runtime.fused_llama import build_fused_artifact
+    from specport.exporter.export import export_model
 
     out = tmp_path_factory.mktemp("fused") / "art"
-    build_fused_artifact(tiny_hf, out, progress=False)
+    export_model(tiny_hf, out, kv_layout="shared", progress=False)
     return specport.load(out, provider="cpu", threads=1)
 
 
@@ -216,13 +216,13 @@ def test_runs_the_fusion_passes_shared_layout(plain, tmp_path):
     assert _greedy(shared, PROMPTS) == _greedy(plain, PROMPTS)
 
 
-def test_fused_builder_refuses_head_dims_gqa_cannot_run(tmp_path):
+def test_shared_export_refuses_head_dims_gqa_cannot_run(tmp_path):
     from specport.errors import ExportError
-    from specport.runtime.fused_llama import build_fused_artifact
+    from specport.exporter.export import export_model
 
     hf = make_llama(
         tmp_path / "hf", context_length=64, **{**TINY, "num_attention_heads": 8}
     )  # head dim 8
     with pytest.raises(ExportError, match="multiple of 16"):
-        build_fused_artifact(hf, tmp_path / "out", progress=False)
+        export_model(hf, tmp_path / "out", kv_layout="shared", progress=False)
     assert not (tmp_path / "out").exists()
