@@ -140,13 +140,13 @@ def _pack_qkv(node: ir.Node) -> int:
     xs = {id(p[0]) for p in parts if p is not None}
     weights = [p[1] for p in parts if p is not None]
     dtypes = {w.const_value.dtype for w in weights if w.const_value is not None}
-    rows = {w.const_value.shape[0] for w in weights if w.const_value is not None}
+    rows = {w.const_value.shape.numpy()[0] for w in weights if w.const_value is not None}
     if len(xs) != 1 or len(dtypes) != 1 or len(rows) != 1:
         return 0
     import numpy as np
 
     tensors = [w.const_value for w in weights]
-    cols = sum(int(t.shape[1]) for t in tensors if t is not None)
+    cols = sum(t.shape.numpy()[1] for t in tensors if t is not None)
     name = f"{node.name or 'attention'}/qkv_proj.weight"
 
     def concat() -> ir.TensorProtocol:
@@ -229,7 +229,8 @@ def _skip_round_trip_reshapes(node: ir.Node) -> int:
             if second.op_type != "Reshape" or second.domain not in ("", "ai.onnx"):
                 continue
             final = second.outputs[0]
-            if _same_dims(final, query, 3) and not any(final is o for o in node.graph.outputs):
+            outputs = node.graph.outputs if node.graph is not None else []
+            if _same_dims(final, query, 3) and not any(final is o for o in outputs):
                 final.replace_all_uses_with(out)
                 removed += 1
     return removed
@@ -264,6 +265,8 @@ def _fold_rotary(model: ir.Model, length: int) -> int:
         logger.info("rotary not folded: %d distinct cos/sin sources", len(cos_sin))
         return 0
     cos_v, sin_v = next(iter(cos_sin.values()))
+    if cos_v is None or sin_v is None or not cos_v.name or not sin_v.name:
+        return 0
     caches = _evaluate_cos_sin(model, cos_v, sin_v, length)
     if caches is None:
         return 0
@@ -340,8 +343,8 @@ def _evaluate_cos_sin(
         "rotary_caches",
         [onnx.helper.make_tensor_value_info("position_ids", onnx.TensorProto.INT64, [1, None])],
         [
-            onnx.helper.make_tensor_value_info(cos_v.name, onnx.TensorProto.FLOAT, None),
-            onnx.helper.make_tensor_value_info(sin_v.name, onnx.TensorProto.FLOAT, None),
+            onnx.helper.make_tensor_value_info(cos_v.name or "cos", onnx.TensorProto.FLOAT, None),
+            onnx.helper.make_tensor_value_info(sin_v.name or "sin", onnx.TensorProto.FLOAT, None),
         ],
         initializer=[_named_tensor(name, v) for name, v in inits.items()],
     )
