@@ -121,3 +121,19 @@ def test_refuses_head_dims_gqa_cannot_run(tmp_path):
     with pytest.raises(ExportError, match="multiple of 16.*--kv-layout concat"):
         export_model(hf, tmp_path / "out", kv_layout="shared", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["qwen2", "mistral", "phi3"])
+def test_shared_other_families(model_type, tmp_path):
+    """qkv biases (no packing), a sliding window shorter than the run, partial rotary (rotary
+    stays outside the attention op, position_ids kept): verified and greedy == transformers."""
+    from specport.exporter.export import export_model
+
+    src = build_tiny_model(model_type, tmp_path / "src")
+    m = export_model(src, tmp_path / "art", kv_layout="shared", progress=False)
+    assert m.verify["ok"] and m.kv.layout == "shared"
+    model = specport.load(tmp_path / "art", provider="cpu", threads=1)
+    prompt = PROMPTS[2]
+    got = model.generate(prompt_ids=prompt, max_new_tokens=16, ignore_eos=True).tokens
+    assert got == hf_greedy(load_reference(src, model_type), prompt, 16)
