@@ -55,7 +55,7 @@ def fused_io_contract(model: ir.Model) -> dict[str, Any]:
     keys = [layers[i]["key"] for i in order]
     values = [layers[i]["value"] for i in order]
     max_len = _dim(keys[0], 2) if (shared and keys) else None
-    dtype = keys[0].dtype.name.lower() if keys and keys[0].dtype is not None else "float32"
+    dtype = keys[0].dtype.numpy().name if keys and keys[0].dtype is not None else "float32"
     contract: dict[str, Any] = {
         "layout": "shared" if shared else "concat",
         "inputs": [[f"past_key_values.{i}.key", f"past_key_values.{i}.value"] for i in order],

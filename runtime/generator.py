@@ -63,7 +63,9 @@ class Generator:
     def __init__(self, session: Any, manifest: Manifest) -> None:
         self.session = session
         self.manifest = manifest
-        self.context_length = manifest.context_length
+        # A shared-layout artifact's KV buffer may be shorter than the model's context.
+        limit = manifest.kv.max_length if manifest.kv.layout == "shared" else None
+        self.context_length = min(manifest.context_length, limit or manifest.context_length)
         self._output_names = [o.name for o in session.get_outputs()]
         # shared layout: run on_step for token t while onnxruntime computes step t+1 (only pays
         # with a core to spare; on 2 cores / 2 threads it raised overhead from 2.7% to 7.8%)
@@ -74,6 +76,7 @@ class Generator:
         if longest >= self.context_length:
             raise ContextLengthError(
                 f"prompt has {longest} tokens but the model's context window is {self.context_length} "
+                "(the artifact's KV buffer length, for a shared-layout artifact) "
                 f"(and at least one new token must fit). Shorten the prompt to at most {self.context_length - 1} tokens."
             )
 

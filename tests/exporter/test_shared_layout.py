@@ -76,12 +76,14 @@ def test_shared_batch_equals_one_by_one(shared_art):
 
 
 @pytest.mark.slow
-def test_shared_refuses_past_its_max_length(shared_art):
+def test_shared_stops_at_its_max_length(shared_art):
     from specport.errors import ContextLengthError
 
     model = specport.load(shared_art, provider="cpu", threads=1)
-    with pytest.raises(ContextLengthError, match="limit of 96"):
-        model.generate(prompt_ids=[1] * (MAX_LENGTH - 3), max_new_tokens=10, ignore_eos=True)
+    result = model.generate(prompt_ids=[1] * (MAX_LENGTH - 3), max_new_tokens=10, ignore_eos=True)
+    assert len(result.tokens) == 3 and result.finish_reason == "context"
+    with pytest.raises(ContextLengthError, match="KV buffer length"):
+        model.generate(prompt_ids=[1] * MAX_LENGTH, max_new_tokens=1)
 
 
 def test_default_max_length_is_context_capped():
