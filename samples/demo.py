@@ -89,24 +89,73 @@ def _optional_stages(
             )
         except Exception as e:  # noqa: BLE001 - an optional stage must not sink the demo
             logger.warning("quantization stage skipped: %s", e)
-    if hasattr(model, "generate") and "speculative" in model.generate.__code__.co_varnames:
-        try:
-            s = model.generate(
-                DEMO_PROMPT, max_new_tokens=max_new_tokens, speculative="ngram", num_draft=4
-            )
-            rows.append(
-                {
-                    "stage": "speculative-ngram",
-                    **_speed(s.metrics),
-                    "mean_accepted_length": round(
-                        s.metrics.get("speculative", {}).get("mean_accepted_length", 0.0), 3
-                    ),
-                    "tokens_equal_plain": s.tokens == reference,
-                }
-            )
-        except Exception as e:  # noqa: BLE001
-            logger.warning("speculative stage skipped: %s", e)
+    try:
+        s = model.generate(
+            DEMO_PROMPT, max_new_tokens=max_new_tokens, speculative="ngram", num_draft=4
+        )
+        rows.append(_spec_row("speculative-ngram", s, reference))
+    except Exception as e:  # noqa: BLE001
+        logger.warning("n-gram speculative stage skipped: %s", e)
+    try:
+        rows += _mtp_rows(api, model, out, max_new_tokens, progress)
+    except Exception as e:  # noqa: BLE001
+        logger.warning("MTP stage skipped: %s", e)
     return rows
+
+
+def _spec_row(stage: str, result: Any, reference: list[int]) -> dict[str, Any]:
+    spec = result.metrics.get("speculative", {})
+    return {
+        "stage": stage,
+        **_speed(result.metrics),
+        "mean_accepted_length": round(spec.get("mean_accepted_length", 0.0), 3),
+        "tokens_equal_plain": result.tokens == reference,
+    }
+
+
+def _mtp_rows(
+    api: Any, model: Any, out: Path, max_new_tokens: int, progress: bool
+) -> list[dict[str, Any]]:
+    """Train 3 MTP heads on the demo corpus (once, cached), then plain vs MTP side by side.
+
+    EOS is ignored here so both runs decode the same, longer stretch: short demo stories would
+    otherwise end before speculation has anything to show.
+    """
+    from specport.artifact import read_manifest
+    from specport.errors import ArtifactError
+    from specport.exporter.mtp_train import train_mtp
+    from specport.samples.corpus import generate_corpus
+    from specport.samples.demo_model import DEMO_PROMPT
+
+    mtp_dir = out / "mtp"
+    try:
+        read_manifest(mtp_dir)
+    except ArtifactError:
+        data = out / "mtp-train.txt"
+        data.write_text("\n\n".join(generate_corpus(600, seed=7)) + "\n")
+        train_mtp(
+            out / "fp32",
+            mtp_dir,
+            num_heads=3,
+            data=data,
+            steps=300,
+            num_sequences=384,
+            progress=progress,
+        )
+    mtp_model = api.load(mtp_dir)
+    n = max(max_new_tokens, 96)
+    plain = mtp_model.generate(DEMO_PROMPT, max_new_tokens=n, ignore_eos=True)
+    spec = mtp_model.generate(
+        DEMO_PROMPT, max_new_tokens=n, ignore_eos=True, speculative="mtp", num_draft=3
+    )
+    row = _spec_row("speculative-mtp", spec, plain.tokens)
+    plain_tps, spec_tps = (
+        plain.metrics.get("decode_tok_per_s"),
+        spec.metrics.get("decode_tok_per_s"),
+    )
+    if plain_tps and spec_tps:
+        row["speedup_vs_plain"] = round(spec_tps / plain_tps, 2)
+    return [{"stage": "plain (MTP graph)", **_speed(plain.metrics)}, row]
 
 
 def print_report(report: dict[str, Any]) -> None:
