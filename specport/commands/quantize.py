@@ -36,9 +36,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--lm-head-bits",
         type=int,
-        default=8,
+        default=None,
         choices=[0, 4, 8],
-        help="0 keeps the LM head in float",
+        help="LM head precision; 0 keeps it in float (default: float for weight-only, 8 for w8a8)",
+    )
+    p.add_argument(
+        "--float-zero",
+        action="store_true",
+        help="keep float zero points (slightly better ppl; onnxruntime CPU runs them much slower)",
     )
     p.add_argument(
         "--embedding-bits",
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
         calib_docs=args.calib_docs,
         lm_head_bits=args.lm_head_bits,
+        float_zero=args.float_zero,
         embedding_bits=args.embedding_bits,
         form=args.form,
     )
