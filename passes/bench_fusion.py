@@ -158,6 +158,16 @@ def run_bench(threads: int = 1, repeat: int = 30, root: Path | None = None) -> d
         long_fns[name] = _bound_run(sess, long, shared)
         prefill_fns[name] = _bound_run(sess, prefill, shared)
         results["variants"][name] = {"ops": counts, "nodes": sum(counts.values())}
+    for name, model_path in _peer_models(src, root).items():
+        # Peers take the same unfused export and keep the concat I/O contract.
+        sess = cpu_session(model_path, threads=threads)
+        decode_fns[name] = _bound_run(sess, _feeds(dims, 1, 64, vocab), False)
+        long_fns[name] = _bound_run(sess, _feeds(dims, 1, 1024, vocab), False)
+        prefill_fns[name] = _bound_run(sess, _feeds(dims, 128, 0, vocab), False)
+        import onnx_ir as ir
+
+        counts = op_counts(ir.load(str(model_path)))
+        results["variants"][name] = {"ops": counts, "nodes": sum(counts.values())}
     for name, t in _interleaved(decode_fns, repeat).items():
         results["variants"][name]["decode_past64"] = t
     for name, t in _interleaved(long_fns, max(5, repeat // 2)).items():
@@ -175,6 +185,42 @@ def run_bench(threads: int = 1, repeat: int = 30, root: Path | None = None) -> d
             v[f"{short}_speedup_median"] = round(base[key]["median_ms"] / v[key]["median_ms"], 2)
             v[f"{short}_speedup_min"] = round(base[key]["min_ms"] / v[key]["min_ms"], 2)
     return results
+
+
+def _peer_models(src: Path, root: Path) -> dict[str, Path]:
+    """The same export optimized by onnxscript's `optimize_for_ort` and by onnxruntime's own
+    `transformers.optimizer`; a peer that fails on this graph is reported and left out."""
+    import onnx_ir as ir
+
+    peers: dict[str, Path] = {}
+    try:
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+        model = ir.load(str(src))
+        optimize_for_ort(model)
+        out = root / "peer_optimize_for_ort" / "model.onnx"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        ir.save(model, out, external_data="model.onnx.data")
+        peers["peer_optimize_for_ort"] = out
+    except Exception as e:  # noqa: BLE001 - a peer's failure is a finding, not our crash
+        logger.warning("onnxscript optimize_for_ort failed on this graph: %s", e)
+    try:
+        from onnxruntime.transformers.optimizer import optimize_model as ort_optimize
+
+        opt = ort_optimize(
+            str(src),
+            model_type="gpt2",  # its decoder-with-past fusions; no dedicated Llama type here
+            num_heads=int(BENCH_CONFIG["num_attention_heads"]),
+            hidden_size=int(BENCH_CONFIG["hidden_size"]),
+            opt_level=1,
+        )
+        out = root / "peer_ort_transformers_optimizer" / "model.onnx"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        opt.save_model_to_file(str(out), use_external_data_format=True)
+        peers["peer_ort_transformers_optimizer"] = out
+    except Exception as e:  # noqa: BLE001
+        logger.warning("onnxruntime.transformers optimizer failed on this graph: %s", e)
+    return peers
 
 
 def _cache_root() -> Path:
