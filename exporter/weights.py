@@ -143,7 +143,7 @@ def fold_weight_transposes(model: ir.Model, min_elements: int = FOLD_MIN_ELEMENT
         rank = len(tensor.shape)
         perm_attr = node.attributes.get("perm")
         perm = list(perm_attr.as_ints()) if perm_attr is not None else list(range(rank))[::-1]
-        shape = ir.Shape([tensor.shape[p] for p in perm])
+        shape = ir.Shape([int(tensor.shape[p]) for p in perm])  # initializers have static shapes
         name = f"{src.name}.T"
         lazy = StoredWeight(store, src.name, perm, dtype=tensor.dtype, shape=shape, name=name)
         new = ir.Value(name=name, shape=shape, type=ir.TensorType(tensor.dtype))
