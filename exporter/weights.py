@@ -143,7 +143,8 @@ def fold_weight_transposes(model: ir.Model, min_elements: int = FOLD_MIN_ELEMENT
         rank = len(tensor.shape)
         perm_attr = node.attributes.get("perm")
         perm = list(perm_attr.as_ints()) if perm_attr is not None else list(range(rank))[::-1]
-        shape = ir.Shape([int(tensor.shape[p]) for p in perm])  # initializers have static shapes
+        dims = tensor.shape.numpy()  # initializers have static shapes
+        shape = ir.Shape([dims[p] for p in perm])
         name = f"{src.name}.T"
         lazy = StoredWeight(store, src.name, perm, dtype=tensor.dtype, shape=shape, name=name)
         new = ir.Value(name=name, shape=shape, type=ir.TensorType(tensor.dtype))
