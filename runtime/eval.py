@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from specport.contract import prefill_feeds
 from specport.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -106,24 +107,6 @@ def _encode(model: _Model, docs: list[str], context: int | None) -> list[np.ndar
     return out
 
 
-def _feeds(sess: ort.InferenceSession, ids: np.ndarray) -> dict[str, np.ndarray]:
-    s = ids.shape[0]
-    feeds: dict[str, np.ndarray] = {}
-    for inp in sess.get_inputs():
-        if inp.name == "input_ids":
-            feeds[inp.name] = ids[None, :]
-        elif inp.name == "attention_mask":
-            feeds[inp.name] = np.ones((1, s), dtype=np.int64)
-        elif inp.name == "position_ids":
-            feeds[inp.name] = np.arange(s, dtype=np.int64)[None, :]
-        elif inp.name.startswith("past_key_values."):
-            dtype = np.float16 if "float16" in inp.type else np.float32
-            feeds[inp.name] = np.zeros((1, int(inp.shape[1]), 0, int(inp.shape[3])), dtype=dtype)
-        else:
-            raise InputError(f"model input {inp.name!r} is not part of the artifact contract")
-    return feeds
-
-
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     x = x - x.max(-1, keepdims=True)
@@ -132,7 +115,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def _logits(model: _Model, ids: np.ndarray) -> np.ndarray:
     """ids [T] -> logits [T, V]."""
-    (out,) = model.sess.run(["logits"], _feeds(model.sess, ids))
+    (out,) = model.sess.run(["logits"], prefill_feeds(model.sess, ids))
     return np.asarray(out[0])
 
 

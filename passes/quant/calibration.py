@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from specport.contract import prefill_feeds
 from specport.errors import QuantizationError
 
 logger = logging.getLogger(__name__)
@@ -118,32 +119,6 @@ class ActStats:
             take = min(keep - have, x.shape[0])
             idx = rng.choice(x.shape[0], size=take, replace=False)
             self.sample.append(x[idx].astype(np.float32))
-
-
-def prefill_feeds(sess: ort.InferenceSession, ids: np.ndarray) -> dict[str, np.ndarray]:
-    """Feeds for one sequence ids [S] with an empty cache (past length 0), batch 1."""
-    s = ids.shape[0]
-    feeds: dict[str, np.ndarray] = {}
-    for inp in sess.get_inputs():
-        if inp.name == "input_ids":
-            feeds[inp.name] = ids[None, :]
-        elif inp.name == "attention_mask":
-            feeds[inp.name] = np.ones((1, s), dtype=np.int64)
-        elif inp.name == "position_ids":
-            feeds[inp.name] = np.arange(s, dtype=np.int64)[None, :]
-        elif inp.name.startswith("past_key_values."):
-            shape = inp.shape
-            if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
-                raise QuantizationError(
-                    f"cannot build an empty KV cache for input {inp.name} with shape {shape}"
-                )
-            dtype = np.float16 if "float16" in inp.type else np.float32
-            feeds[inp.name] = np.zeros((1, shape[1], 0, shape[3]), dtype=dtype)
-        else:
-            raise QuantizationError(
-                f"unexpected model input {inp.name!r}; calibration expects the spine contract"
-            )
-    return feeds
 
 
 def capture(

@@ -1,0 +1,40 @@
+"""The concat I/O contract in code: feeds for a full-sequence pass with an empty KV cache.
+
+Used by calibration (passes) and perplexity evaluation (runtime), which both run whole
+documents through an artifact; it lives here so neither package imports the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specport.errors import InputError
+
+
+def prefill_feeds(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Feeds for one sequence ids [S], batch 1, past length 0 (concat KV layout)."""
+    s = ids.shape[0]
+    feeds: dict[str, np.ndarray] = {}
+    for inp in session.get_inputs():
+        if inp.name == "input_ids":
+            feeds[inp.name] = ids[None, :]
+        elif inp.name == "attention_mask":
+            feeds[inp.name] = np.ones((1, s), dtype=np.int64)
+        elif inp.name == "position_ids":
+            feeds[inp.name] = np.arange(s, dtype=np.int64)[None, :]
+        elif inp.name.startswith("past_key_values."):
+            shape = inp.shape
+            if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
+                raise InputError(
+                    f"cannot build an empty KV cache for input {inp.name} with shape {shape}"
+                )
+            dtype = np.float16 if "float16" in inp.type else np.float32
+            feeds[inp.name] = np.zeros((1, shape[1], 0, shape[3]), dtype=dtype)
+        else:
+            raise InputError(
+                f"model input {inp.name!r} is not part of the concat artifact contract "
+                "(export with the default --kv-layout concat)"
+            )
+    return feeds
