@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from specport import artifact as art
 from specport.errors import InputError
 from specport.exporter.mtp_heads import MTPHeads, export_branch, load_deepseek_mtp, save_heads
+from specport.progress import enabled
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +188,8 @@ def train_heads(
     )
     gen = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
-    bar = tqdm(range(steps), desc="train-mtp", disable=progress is False, leave=False)
+    # None: a bar only when stderr is a terminal (not in logs or CI output).
+    bar = tqdm(range(steps), desc="train-mtp", disable=not enabled(progress), leave=False)
     for _ in bar:
         idx = torch.randint(0, len(train_s), (batch,), generator=gen)
         loss = chain_loss(heads, base, train_h[idx], train_s[idx])
