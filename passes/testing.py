@@ -109,11 +109,9 @@ def kv_dims(model) -> tuple[int, ...]:
     return n_layers, kv, hd
 
 
-class FlatKVWrapper:  # built lazily so importing this module does not import torch
-    pass
-
-
 def _wrapper(model):
+    """Like the exporter's FlatKVWrapper, but with a config-built cache: its sliding-window
+    layers crop the past, the graph shape third-party exports have (fusion must handle it)."""
     import torch
     from transformers import DynamicCache
 
@@ -142,12 +140,10 @@ def _wrapper(model):
 
 
 def io_names(n_layers: int) -> tuple[list[str], list[str]]:
-    ins = ["input_ids", "attention_mask", "position_ids"]
-    outs = ["logits"]
-    for i in range(n_layers):
-        ins += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-        outs += [f"present.{i}.key", f"present.{i}.value"]
-    return ins, outs
+    from specport.exporter.wrapper import kv_input_names, kv_output_names
+
+    ins = ["input_ids", "attention_mask", "position_ids", *kv_input_names(n_layers)]
+    return ins, ["logits", *kv_output_names(n_layers)]
 
 
 def export_tiny(model, path: str | os.PathLike, dynamo: bool = True) -> Path:
@@ -172,14 +168,9 @@ def export_tiny(model, path: str | os.PathLike, dynamo: bool = True) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if dynamo:
-            dim = torch.export.Dim
-            bd, sd, pd, td = dim("batch"), dim("seq"), dim("past"), dim("total")
-            ds = {
-                "input_ids": {0: bd, 1: sd},
-                "attention_mask": {0: bd, 1: td},
-                "position_ids": {0: bd, 1: sd},
-                "past": tuple({0: bd, 2: pd} for _ in past),
-            }
+            from specport.exporter.wrapper import dynamic_shapes
+
+            ds = dynamic_shapes(n_layers)
             prog = torch.onnx.export(
                 _wrapper(model),
                 args,
