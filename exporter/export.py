@@ -17,12 +17,14 @@ from typing import Any
 import onnx_ir as ir
 
 from specport import artifact as art
+from specport.contract import TREE_MASK
 from specport.errors import ExportError
 from specport.exporter import source as src_mod
 from specport.exporter.verify import compare, reference_cases
 from specport.exporter.weights import detach_weights, fold_weight_transposes, release_weights
 from specport.exporter.wrapper import (
     FlatKVWrapper,
+    TreeMaskKVWrapper,
     dynamic_shapes,
     example_inputs,
     kv_input_names,
@@ -49,15 +51,21 @@ def export_model(
     progress: bool | None = None,
     kv_layout: str = "concat",
     max_length: int | None = None,
+    tree_mask: bool = False,
 ) -> art.Manifest:
     """Export `model` (HF dir, cached hub id, or llama2c .bin) to the artifact directory `out`.
 
     `kv_layout="shared"` (target cpu/cuda) ships the runtime's fast path: one in-place KV buffer
     per layer of up to `max_length` positions (default min(context, 4096)), `logits_index` in
     and greedy `next_token` out (passes/shared_kv.py, passes/select_logits.py).
+    `tree_mask=True` adds the `tree_mask` int64 [B, S, S] input (speculative tree
+    verification: new token i attends new token j iff 1; feed a lower-triangular mask for
+    plain causal runs). Attention is then left unfused (the fused op builds its own causal
+    mask); the other fusions still apply. Concat layout only.
     Raises ExportError when verification against PyTorch is over tolerance (unless skipped).
     """
     _check_kv_layout(kv_layout, target, fuse)  # before any slow step
+    _check_tree_mask(tree_mask, kv_layout, passes)
     stages = Stages(total=5, show=progress)
     stages.start("resolving source model")
     source = src_mod.resolve(model, tokenizer)
@@ -68,18 +76,26 @@ def export_model(
     kv_shapes = probe_kv_shapes(torch_model)
     num_layers = len(kv_shapes)
     norm["num_layers"] = num_layers
+    if tree_mask:
+        _check_tree_model(config)
 
     stages.start("exporting to ONNX (torch.onnx.export, dynamo)")
-    ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"])
+    ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"], tree_mask=tree_mask)
 
     stages.start("rewriting the graph")
     buffer_length = _shared_buffer_length(kv_layout, kv_shapes, norm, max_length)
+    if tree_mask and fuse and passes is None:
+        passes = _tree_passes(target)
     pass_reports, kv, target_used, runtime_io = _apply_passes(
         ir_model, target, fuse, passes, norm, kv_shapes, kv_layout, buffer_length
     )
+    if tree_mask:
+        runtime_io[TREE_MASK] = TREE_MASK_INFO
 
     references = (
-        None if skip_verify else reference_cases(torch_model, kv_shapes, norm["vocab_size"])
+        None
+        if skip_verify
+        else reference_cases(torch_model, kv_shapes, norm["vocab_size"], tree_mask=tree_mask)
     )
     extra = source.arch.extra_weights(source.path, config)
     # From here on only the ONNX graph holds the weights: free the PyTorch copy before
@@ -142,15 +158,19 @@ def export_model(
 
 
 def trace_to_onnx(
-    torch_model: Any, kv_shapes: list[tuple[int, int, int]], vocab_size: int
+    torch_model: Any,
+    kv_shapes: list[tuple[int, int, int]],
+    vocab_size: int,
+    tree_mask: bool = False,
 ) -> ir.Model:
     import torch
 
     num_layers = len(kv_shapes)
     # torch's exporter logs one line per optional op library it cannot find (torchvision).
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    wrapper = FlatKVWrapper(torch_model, num_layers).eval()
-    args = example_inputs(vocab_size, kv_shapes)
+    wrapper_cls = TreeMaskKVWrapper if tree_mask else FlatKVWrapper
+    wrapper = wrapper_cls(torch_model, num_layers).eval()
+    args = example_inputs(vocab_size, kv_shapes, tree_mask=tree_mask)
     t0 = time.perf_counter()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -158,13 +178,14 @@ def trace_to_onnx(
             program = torch.onnx.export(
                 wrapper,
                 args,
-                dynamic_shapes=dynamic_shapes(num_layers),
+                dynamic_shapes=dynamic_shapes(num_layers, tree_mask=tree_mask),
                 dynamo=True,
                 opset_version=OPSET,
                 input_names=[
                     "input_ids",
                     "attention_mask",
                     "position_ids",
+                    *([TREE_MASK] if tree_mask else []),
                     *kv_input_names(num_layers),
                 ],
                 output_names=["logits", *kv_output_names(num_layers)],
@@ -208,6 +229,56 @@ def save_artifact_model(model: ir.Model, path: Path, release: bool = True) -> No
 
 
 SHARED_MAX_LENGTH = 4096  # default KV buffer limit of a shared-layout artifact
+
+# manifest["tree_mask"] of an artifact exported with tree_mask=True (the runtime checks the
+# graph input itself; this record is for people and other tools reading the manifest).
+TREE_MASK_INFO = {
+    "input": TREE_MASK,
+    "dtype": "int64",
+    "shape": ["batch", "sequence_length", "sequence_length"],
+    "meaning": "1 = new token i may attend new token j; lower-triangular = plain causal",
+}
+# The fused attention op derives a causal mask from attention_mask: it would drop the tree.
+TREE_UNFUSABLE = ("fuse_attention",)
+
+
+def _check_tree_mask(tree_mask: bool, kv_layout: str, passes: list[str] | None) -> None:
+    """Refuse tree-mask options no graph can honour (before loading anything)."""
+    if not tree_mask:
+        return
+    if kv_layout != "concat":
+        raise ExportError(
+            "--tree-mask needs --kv-layout concat: the shared layout's GroupQueryAttention "
+            "builds its own causal mask and cannot take a tree."
+        )
+    bad = [p for p in passes or [] if p in TREE_UNFUSABLE]
+    if bad:
+        raise ExportError(
+            f"--tree-mask cannot run pass(es) {bad}: the fused attention builds its own causal "
+            "mask and would ignore the tree. Drop them from --passes."
+        )
+
+
+def _check_tree_model(config: Any) -> None:
+    """The tree mask replaces HF's mask, so per-layer sliding windows would be lost."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    uses_window = any("sliding" in str(t) for t in layer_types) or (
+        window is not None and not layer_types and getattr(config, "use_sliding_window", True)
+    )
+    if window and uses_window:
+        raise ExportError(
+            f"--tree-mask does not support sliding-window attention (this model's window is "
+            f"{window}); export without --tree-mask and use chain speculative decoding."
+        )
+
+
+def _tree_passes(target: str) -> list[str]:
+    """The target's pipeline minus the passes that would drop the tree mask."""
+    from specport.passes.pipelines import pipeline_for
+
+    names = [p.name for p in pipeline_for(target).passes]
+    return [n for n in names if n not in TREE_UNFUSABLE]
 
 
 def _check_kv_layout(kv_layout: str, target: str, fuse: bool) -> None:

@@ -46,28 +46,48 @@ def positions_from_mask(mask: np.ndarray, seq: int) -> np.ndarray:
 
 
 def reference_cases(
-    model: Any, kv_shapes: list[tuple[int, int, int]], vocab_size: int, seed: int = 0
+    model: Any,
+    kv_shapes: list[tuple[int, int, int]],
+    vocab_size: int,
+    seed: int = 0,
+    tree_mask: bool = False,
 ) -> list[ReferenceCase]:
-    """Random inputs and the PyTorch wrapper's outputs for each verification case."""
+    """Random inputs and the PyTorch wrapper's outputs for each verification case.
+
+    With `tree_mask` every case also feeds a causal (lower-triangular) `tree_mask`, and one
+    more case scores a branching token tree on top of a past.
+    """
     import torch
 
-    from specport.exporter.wrapper import FlatKVWrapper
+    from specport.contract import TREE_MASK
+    from specport.exporter.wrapper import FlatKVWrapper, TreeMaskKVWrapper
 
     rng = np.random.default_rng(seed)
     num_layers = len(kv_shapes)
-    wrapper = FlatKVWrapper(model, num_layers).eval()
+    wrapper_cls = TreeMaskKVWrapper if tree_mask else FlatKVWrapper
+    wrapper = wrapper_cls(model, num_layers).eval()
     names = kv_input_names(num_layers)
     cases: list[ReferenceCase] = []
 
     def run(
-        name: str, ids: np.ndarray, mask: np.ndarray, past: list[np.ndarray]
+        name: str,
+        ids: np.ndarray,
+        mask: np.ndarray,
+        past: list[np.ndarray],
+        tree: tuple[np.ndarray, np.ndarray] | None = None,  # (tree_mask [B,S,S], pos [B,S])
     ) -> list[np.ndarray]:
-        pos = positions_from_mask(mask, ids.shape[1])
+        batch, seq = ids.shape
+        pos = positions_from_mask(mask, seq) if tree is None else tree[1]
+        extra: dict[str, np.ndarray] = {}
+        if tree_mask:
+            causal = np.tril(np.ones((seq, seq), np.int64))
+            extra[TREE_MASK] = tree[0] if tree is not None else np.repeat(causal[None], batch, 0)
         with torch.no_grad():
             out = wrapper(
                 torch.from_numpy(ids),
                 torch.from_numpy(mask),
                 torch.from_numpy(pos),
+                *[torch.from_numpy(v) for v in extra.values()],
                 *[torch.from_numpy(p) for p in past],
             )
         arrays = [t.numpy().copy() for t in out]
@@ -75,6 +95,7 @@ def reference_cases(
             "input_ids": ids,
             "attention_mask": mask,
             "position_ids": pos,
+            **extra,
             **dict(zip(names, past)),
         }
         valid = mask[:, -ids.shape[1] :].astype(bool)
@@ -92,8 +113,20 @@ def reference_cases(
     for step in range(2):
         mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
         past = run(f"decode_b2_step{step}", rng.integers(0, vocab_size, (batch, 1)), mask, past)
-    mask = np.concatenate([mask, np.ones((batch, 3), np.int64)], axis=1)
-    run("chunk_b2_past", rng.integers(0, vocab_size, (batch, 3)), mask, past)
+    chunk_mask = np.concatenate([mask, np.ones((batch, 3), np.int64)], axis=1)
+    run("chunk_b2_past", rng.integers(0, vocab_size, (batch, 3)), chunk_mask, past)
+    if tree_mask:  # root -> {a -> {c, d}, b}: nodes 0..4 at depths 0, 1, 1, 2, 2
+        parents, depths = [-1, 0, 0, 1, 1], np.array([0, 1, 1, 2, 2])
+        anc = np.zeros((5, 5), np.int64)
+        for i, p in enumerate(parents):
+            anc[i] = anc[p] if p >= 0 else 0
+            anc[i, i] = 1
+        tree_mask_arr = np.repeat(anc[None], batch, 0)
+        start = positions_from_mask(mask, 1)[:, :1] + 1  # [B, 1]: the next position per row
+        tree_pos = (start + depths[None]).astype(np.int64)
+        tree_full = np.concatenate([mask, np.ones((batch, 5), np.int64)], axis=1)
+        ids = rng.integers(0, vocab_size, (batch, 5))
+        run("tree_b2_past", ids, tree_full, past, (tree_mask_arr, tree_pos))
     return cases
 
 

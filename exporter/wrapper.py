@@ -3,6 +3,11 @@
 transformers' `DynamicCache` is not an accepted export input. The wrapper rebuilds one from
 `past_key_values.{i}.key/value` tensors on every call and returns the updated per-layer tensors
 as `present.{i}.key/value`: the classic "concat" layout (present = past + new along T).
+
+`TreeMaskKVWrapper` adds a `tree_mask` input [B, S, S] so one run can score a token tree
+(speculative tree verification): new token i attends new token j iff tree_mask[b, i, j] == 1,
+and every real past token. The wrapper builds the 4-D additive mask itself and hands it to the
+HF model, which uses a prepared 4-D mask as-is (transformers' masking_utils early exit).
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+
+from specport.contract import TREE_MASK
 
 
 def kv_input_names(num_layers: int) -> list[str]:
@@ -53,6 +60,46 @@ class FlatKVWrapper(torch.nn.Module):
         return (out.logits, *present)
 
 
+def tree_attention_mask(
+    attention_mask: torch.Tensor,  # [B, P+S] int64, 1 = real token
+    tree_mask: torch.Tensor,  # [B, S, S] int64, 1 = new token i may attend new token j
+    dtype: torch.dtype,
+) -> torch.Tensor:  # [B, 1, S, P+S] additive: 0 where allowed, dtype's min elsewhere
+    """The 4-D mask HF attention takes instead of building its own causal one.
+
+    Additive float (not bool): eager attention adds the mask to the scores, and a fully masked
+    row (a left-pad query) then stays finite instead of turning NaN in SDPA.
+    """
+    b, s = tree_mask.shape[0], tree_mask.shape[1]
+    past = attention_mask.shape[1] - s
+    allowed = torch.cat([tree_mask.new_ones((b, s, past)), tree_mask], dim=2) != 0
+    allowed = allowed & (attention_mask[:, None, :] != 0)
+    zero = torch.zeros((), dtype=dtype)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
+
+
+class TreeMaskKVWrapper(FlatKVWrapper):
+    """forward(input_ids [B,S], attention_mask [B,P+S], position_ids [B,S], tree_mask [B,S,S],
+    *past [B,Hkv,P,D]) -> (logits [B,S,V], *present [B,Hkv,P+S,D]).
+
+    A lower-triangular tree_mask reproduces FlatKVWrapper (plain causal attention); position
+    ids are the caller's (a tree node at depth d sits at P + d). Sliding windows are not
+    applied (export refuses sliding-window models with a tree mask).
+    """
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        tree_mask: torch.Tensor,
+        *past: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        dtype = next(self.model.parameters()).dtype
+        mask = tree_attention_mask(attention_mask, tree_mask, dtype)
+        return super().forward(input_ids, mask, position_ids, *past)
+
+
 def probe_kv_shapes(model: torch.nn.Module) -> list[tuple[int, int, int]]:
     """Per layer (kv_heads, key_dim, value_dim), read off a real forward pass.
 
@@ -71,7 +118,12 @@ def probe_kv_shapes(model: torch.nn.Module) -> list[tuple[int, int, int]]:
 
 
 def example_inputs(
-    vocab_size: int, kv: list[tuple[int, int, int]], batch: int = 2, seq: int = 3, past: int = 4
+    vocab_size: int,
+    kv: list[tuple[int, int, int]],
+    batch: int = 2,
+    seq: int = 3,
+    past: int = 4,
+    tree_mask: bool = False,
 ) -> tuple[Any, ...]:
     """Tracing inputs: sizes chosen > 1 and distinct so no dynamic axis gets specialized."""
     g = torch.Generator().manual_seed(0)
@@ -84,10 +136,13 @@ def example_inputs(
             torch.randn(batch, heads, past, kd, generator=g),
             torch.randn(batch, heads, past, vd, generator=g),
         ]
+    if tree_mask:
+        tree = torch.tril(torch.ones(seq, seq, dtype=torch.int64)).expand(batch, seq, seq)
+        return (ids, mask, pos, tree.contiguous(), *flat)
     return (ids, mask, pos, *flat)
 
 
-def dynamic_shapes(num_layers: int) -> dict[str, Any]:
+def dynamic_shapes(num_layers: int, tree_mask: bool = False) -> dict[str, Any]:
     from torch.export import Dim
 
     b, s, p, t = (
@@ -97,9 +152,12 @@ def dynamic_shapes(num_layers: int) -> dict[str, Any]:
         Dim("total_sequence_length"),
     )
     kv = tuple({0: b, 2: p} for _ in range(2 * num_layers))
-    return {
+    shapes: dict[str, Any] = {
         "input_ids": {0: b, 1: s},
         "attention_mask": {0: b, 1: t},
         "position_ids": {0: b, 1: s},
-        "past": kv,
     }
+    if tree_mask:
+        shapes[TREE_MASK] = {0: b, 1: s, 2: s}
+    shapes["past"] = kv
+    return shapes

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
+from specport.contract import TREE_MASK, causal_tree_mask
 from specport.errors import ContextLengthError, InputError
 from specport.runtime.kv import make_kv_state
 
@@ -67,6 +68,7 @@ class Generator:
         limit = manifest.kv.max_length if manifest.kv.layout == "shared" else None
         self.context_length = min(manifest.context_length, limit or manifest.context_length)
         self._output_names = [o.name for o in session.get_outputs()]
+        self._tree_mask = TREE_MASK in {i.name for i in session.get_inputs()}  # --tree-mask
         # shared layout: run on_step for token t while onnxruntime computes step t+1 (only pays
         # with a core to spare; on 2 cores / 2 threads it raised overhead from 2.7% to 7.8%)
         self.overlap_callbacks = spare_core(session)
@@ -138,6 +140,8 @@ class Generator:
 
         t_start = time.perf_counter()
         feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **kv.feeds()}
+        if self._tree_mask:
+            feeds[TREE_MASK] = causal_tree_mask(batch, longest)
         t0 = time.perf_counter()
         outputs = self.session.run(self._output_names, feeds)
         ort_seconds += time.perf_counter() - t0
@@ -167,6 +171,8 @@ class Generator:
                 "position_ids": next_pos[:, None].copy(),
                 **kv.feeds(),
             }
+            if self._tree_mask:
+                feeds[TREE_MASK] = causal_tree_mask(batch, 1)
             next_pos = next_pos + 1
             t0 = time.perf_counter()
             outputs = self.session.run(self._output_names, feeds)

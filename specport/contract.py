@@ -12,6 +12,15 @@ import numpy as np
 
 from specport.errors import InputError
 
+# Optional input of artifacts exported with --tree-mask: int64 [B, S, S], 1 = new token i may
+# attend new token j. Plain runs feed `causal_tree_mask` (exporter/wrapper.py builds the mask).
+TREE_MASK = "tree_mask"
+
+
+def causal_tree_mask(batch: int, s: int) -> np.ndarray:  # [B, S, S] int64, lower-triangular
+    """The tree_mask that makes a tree-mask artifact run plain causal attention."""
+    return np.ascontiguousarray(np.broadcast_to(np.tri(s, dtype=np.int64), (batch, s, s)))
+
 
 def prefill_feeds(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]:
     """Feeds for one sequence ids [S], batch 1, past length 0 (concat KV layout)."""
@@ -24,6 +33,8 @@ def prefill_feeds(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]:
             feeds[inp.name] = np.ones((1, s), dtype=np.int64)
         elif inp.name == "position_ids":
             feeds[inp.name] = np.arange(s, dtype=np.int64)[None, :]
+        elif inp.name == TREE_MASK:
+            feeds[inp.name] = causal_tree_mask(1, s)
         elif inp.name.startswith("past_key_values."):
             shape = inp.shape
             if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):

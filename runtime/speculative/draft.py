@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
+from specport.contract import TREE_MASK, causal_tree_mask
 from specport.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
 from specport.runtime.speculative.base import Drafts
@@ -81,6 +82,8 @@ def run_step(
         "position_ids": np.arange(start, start + s, dtype=np.int64)[None, :],  # [1, S]
         **kv.feeds(),
     }
+    if any(i.name == TREE_MASK for i in session.get_inputs()):  # a --tree-mask artifact
+        feeds[TREE_MASK] = causal_tree_mask(1, s)
     return session.run(output_names, feeds)
 
 

@@ -39,6 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="KV buffer limit for --kv-layout shared (default min(context length, 4096))",
     )
+    p.add_argument(
+        "--tree-mask",
+        action="store_true",
+        help="add a tree_mask [B,S,S] input so speculative decoding can verify a token tree "
+        "in one run (concat layout; attention stays unfused)",
+    )
     p.add_argument("--quant", help="quantize after export: w8a8|w8a16|w4a16|w4a8")
     p.add_argument(
         "--skip-verify", action="store_true", help="do not compare against PyTorch after export"
@@ -62,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         progress=None if not args.json else False,
         kv_layout=args.kv_layout,
         max_length=args.max_length,
+        tree_mask=args.tree_mask,
     )
     if args.quant:
         manifest = api.quantize(args.out, args.out, scheme=args.quant)
