@@ -119,3 +119,25 @@ class InsertMTPBranchPass(Pass):
             "initializers_added": len(inits),
             "outputs": [v.name for v in branch_outputs],
         }
+
+
+def strip_mtp_branch(model: ir.Model) -> int:
+    """Remove the MTP outputs and every node only they needed (in place); returns nodes removed.
+
+    What is left is the base decoder graph: the plain-decoding reference a speculative benchmark
+    must compare against (onnxruntime runs every node of a graph whatever outputs are fetched,
+    so plain decoding on the MTP graph would also pay for the heads).
+    """
+    from onnx_ir.passes.common import RemoveUnusedFunctionsPass, RemoveUnusedNodesPass
+
+    graph = model.graph
+    before = len(list(graph.all_nodes()))
+    kept = [v for v in graph.outputs if v.name not in BRANCH_OUTPUTS]
+    graph.outputs.clear()
+    graph.outputs.extend(kept)
+    RemoveUnusedNodesPass()(model)
+    RemoveUnusedFunctionsPass()(model)
+    for name in [n for n in graph.initializers if n.startswith("mtp.")]:
+        if not graph.initializers[name].uses():
+            graph.initializers.pop(name)
+    return before - len(list(graph.all_nodes()))

@@ -85,11 +85,13 @@ class Model:
         speculative: str | None = None,
         num_draft: int = 4,
         draft: Model | str | os.PathLike[str] | None = None,
+        adaptive: bool | None = None,
     ) -> GenerationResult:
         """Generate for one prompt (text or ids). `on_text` receives text as it is produced.
 
         `speculative` ("ngram" | "draft" | "mtp") drafts `num_draft` tokens per step and verifies
         them in one run of this model; greedy output is token-for-token that of plain greedy.
+        `adaptive` picks the draft length per step from recent acceptance (None: per-method default).
         """
         if (prompt is None) == (prompt_ids is None):
             raise InputError("give exactly one of prompt (text) or prompt_ids.")
@@ -107,6 +109,7 @@ class Model:
                 method=speculative,
                 num_draft=num_draft,
                 draft=draft,
+                adaptive=adaptive,
             )
         prompts = [prompt] if prompt is not None else None
         ids = [list(prompt_ids)] if prompt_ids is not None else None
@@ -229,6 +232,7 @@ class Model:
         method: str,
         num_draft: int,
         draft: Model | str | os.PathLike[str] | None,
+        adaptive: bool | None = None,
     ) -> GenerationResult:
         from specport.runtime.speculative.loop import generate_speculative
         from specport.runtime.streaming import TextStreams
@@ -260,6 +264,7 @@ class Model:
             sampling,
             eos,
             on_token,
+            adaptive,
         )
         text = streams.finish()[0] if self.tokenizer is not None else ""
         metrics["provider"] = self.provider

@@ -27,13 +27,16 @@ from specport.errors import ContextLengthError, InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts, Proposer
 from specport.runtime.speculative.draft import DraftModelProposer, TrimmableKV, run_step
-from specport.runtime.speculative.metrics import SpecDecodingStats
+from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
+from specport.runtime.speculative.mtp import MTPProposer, decode_greedy
 from specport.runtime.speculative.verify import VerifyResult, greedy_verify, rejection_verify
 
 logger = logging.getLogger(__name__)
 
 MAX_DRAFT = 16
 METHODS = ("ngram", "draft", "mtp")
+# Methods whose adaptive draft length is on by default (README "Speculative decoding").
+ADAPTIVE_BY_DEFAULT: frozenset[str] = frozenset()
 
 # on_token(token_id) -> True to stop generation here (e.g. a stop string matched)
 OnToken = Callable[[int], "bool | None"]
@@ -61,12 +64,20 @@ class SpeculativeGenerator:
     """Batch-1 speculative generation over a session that follows the artifact I/O contract."""
 
     def __init__(
-        self, session: Any, manifest: Manifest, proposer: Proposer, num_draft: int
+        self,
+        session: Any,
+        manifest: Manifest,
+        proposer: Proposer,
+        num_draft: int,
+        adaptive: bool | None = None,
+        fast: bool = True,
     ) -> None:
         self.session = session
         self.manifest = manifest
         self.proposer = proposer
         self.num_draft = check_num_draft(num_draft)
+        self.adaptive = default_adaptive(proposer) if adaptive is None else bool(adaptive)
+        self.fast = fast  # greedy MTP: trust the graph's verification (``mtp.decode_greedy``)
         self.output_names = [o.name for o in session.get_outputs()]
         self.n_kv = 2 * len(manifest.kv.inputs)
 
@@ -113,15 +124,35 @@ class SpeculativeGenerator:
         t_prefill = time.perf_counter()
         prefill_ort = ort_s
 
+        controller = AdaptiveDraftLength(self.num_draft) if self.adaptive else None
         context = list(prompt)
         out: list[int] = []
         reason = "length"
         t_first: float | None = None
         done = False
+        if self.fast and self._fast_ok(sampler):
+            assert isinstance(self.proposer, MTPProposer)
+            res = decode_greedy(
+                self.session,
+                self.manifest,
+                self.proposer,
+                kv.past,
+                prompt[-1],
+                budget,
+                max_new_tokens,
+                self.num_draft,
+                eos,
+                on_token,
+                stats,
+                controller,
+            )
+            out, reason, t_first, done = res.tokens, res.reason, res.t_first, True
+            kv.past = res.past
+            ort_s += res.ort_s
         while not done:
             pos = kv.length  # == len(context) - 1: the last token is not in the cache yet
             room = min(budget - len(out) - 1, ctx_len - 1 - pos)
-            k = min(self.num_draft, room)
+            k = min(self.num_draft if controller is None else controller.choose(), room)
             t0 = time.perf_counter()
             drafts = self.proposer.propose([context], k) if k > 0 else Drafts.empty(1)
             if drafts.width > k:
@@ -141,6 +172,8 @@ class SpeculativeGenerator:
             if hasattr(self.proposer, "observe"):
                 self.proposer.observe(dict(zip(self.output_names, outputs)), result)
             stats.observe(drafts, result)
+            if controller is not None:
+                controller.observe(int(drafts.lengths[0]), int(result.accepted[0]))
             if t_first is None:
                 t_first = time.perf_counter()
             for tok in result.tokens[0]:
@@ -174,10 +207,24 @@ class SpeculativeGenerator:
             "speculative": {
                 "method": getattr(self.proposer, "name", "custom"),
                 "num_draft": self.num_draft,
+                "adaptive": self.adaptive,
                 **stats.as_dict(),
             },
         }
         return SpeculativeOutput(out, reason, metrics, stats)
+
+    def _fast_ok(self, sampler: Sampler) -> bool:
+        """Greedy MTP without a repetition penalty: the graph's own verification is exact."""
+        cfg = sampler.config
+        contract = {"input_ids", "attention_mask", "position_ids"}
+        contract.update(name for pair in self.manifest.kv.inputs for name in pair)
+        plain_inputs = {i.name for i in self.session.get_inputs()} == contract  # no extra feeds
+        return (
+            isinstance(self.proposer, MTPProposer)
+            and cfg.greedy
+            and cfg.repetition_penalty == 1.0
+            and plain_inputs
+        )
 
     @staticmethod
     def _verify(
@@ -227,8 +274,6 @@ def make_proposer(
             draft_model.session, draft_model.manifest, model.manifest.vocab_size
         )
     if method == "mtp":
-        from specport.runtime.speculative.mtp import MTPProposer
-
         proposer = MTPProposer(model.manifest)
         if num_draft > proposer.heads:
             raise InputError(
@@ -241,6 +286,11 @@ def make_proposer(
     )
 
 
+def default_adaptive(proposer: Proposer) -> bool:
+    """Whether adaptive draft length is on by default for this proposer (chosen by measurement)."""
+    return getattr(proposer, "name", "") in ADAPTIVE_BY_DEFAULT
+
+
 def generate_speculative(
     model: Any,
     prompt_ids: list[int],
@@ -251,16 +301,20 @@ def generate_speculative(
     sampling: SamplingConfig | None = None,
     eos_ids: Sequence[int] = (),
     on_token: OnToken | None = None,
+    adaptive: bool | None = None,
 ) -> tuple[list[int], str, dict[str, Any]]:
     """Speculative generation for one prompt with a loaded ``specport.api.Model``.
 
     ``method``: ``ngram`` | ``draft`` (needs ``draft_model``, same vocabulary) | ``mtp`` (needs
-    an artifact with MTP heads). Returns (new tokens, finish reason, metrics); metrics carry the
-    plain generator's timing keys plus ``speculative`` (acceptance counters).
+    an artifact with MTP heads). ``adaptive``: choose the draft length per step (at most
+    ``num_draft``) from recent acceptance per position (``metrics.AdaptiveDraftLength``); None
+    takes the measured default per method (``ADAPTIVE_BY_DEFAULT``). Returns (new tokens,
+    finish reason, metrics); metrics carry the plain generator's timing keys plus
+    ``speculative`` (acceptance counters).
     """
     num_draft = check_num_draft(num_draft)
     proposer = make_proposer(method, model, num_draft, draft_model)
-    gen = SpeculativeGenerator(model.session, model.manifest, proposer, num_draft)
+    gen = SpeculativeGenerator(model.session, model.manifest, proposer, num_draft, adaptive)
     out = gen.generate(prompt_ids, max_new_tokens, sampling, eos_ids, on_token)
     out.metrics["provider"] = getattr(model, "provider", None)
     return out.tokens, out.finish_reason, out.metrics

@@ -95,3 +95,54 @@ class SpecDecodingStats:
             100 * self.acceptance_rate,
             ", ".join(f"{r:.2f}" for r in self.acceptance_rate_per_pos),
         )
+
+
+class AdaptiveDraftLength:
+    """Chooses K per step from an exponential moving average of recent acceptance per position.
+
+    ``rate[i]`` estimates P(draft i accepted | drafts 0..i-1 accepted): a step that drafted
+    ``d`` and accepted ``a`` updates positions 0..min(a, d-1) (1 before ``a``, 0 at ``a``);
+    later positions were never put to the test. The expected tokens of a step with k drafts are
+    ``1 + sum_{i<k} prod_{j<=i} rate[j]`` and its cost grows by ``cost_per_draft`` (relative to
+    a plain step) per fed draft, so ``choose`` returns the k in 0..max_draft that maximizes
+    tokens per cost. Positions not drafted for a while drift back to ``prior`` so that a
+    proposer that recovers (an n-gram entering a repeated passage) is tried again.
+    """
+
+    def __init__(
+        self,
+        max_draft: int,
+        cost_per_draft: float = 0.08,
+        decay: float = 0.8,
+        prior: float = 0.6,
+        drift: float = 0.05,
+    ) -> None:
+        if max_draft < 1:
+            raise ValueError(f"max_draft must be >= 1, got {max_draft}")
+        self.max_draft = int(max_draft)
+        self.cost_per_draft = float(cost_per_draft)
+        self.decay = float(decay)
+        self.prior = float(prior)
+        self.drift = float(drift)
+        self.rate = [self.prior] * self.max_draft
+
+    def choose(self) -> int:
+        """The draft length with the best expected tokens per unit of step cost."""
+        best_k, best, expected, reach = 0, 1.0, 1.0, 1.0
+        for i, r in enumerate(self.rate):
+            reach *= r
+            expected += reach
+            value = expected / (1.0 + self.cost_per_draft * (i + 1))
+            if value > best:
+                best_k, best = i + 1, value
+        return best_k
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One step: ``accepted`` of the ``drafted`` drafts were accepted."""
+        d = self.decay
+        tested = min(accepted + 1, drafted)
+        for i in range(self.max_draft):
+            if i < tested:
+                self.rate[i] = d * self.rate[i] + (1.0 - d) * (1.0 if i < accepted else 0.0)
+            elif i >= drafted:
+                self.rate[i] += self.drift * (self.prior - self.rate[i])

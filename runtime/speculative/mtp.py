@@ -3,14 +3,19 @@
 An artifact with an MTP branch (``manifest.mtp``) computes, inside the same session run that
 scores ``[last token, drafts]``, the greedy accepted prefix length, the bonus token and K new
 draft ids from the MTP heads (see ``specport.passes.mtp``). The proposer only carries those
-ids to the next step. The host still verifies every step (the same argmax on the same
-logits), so the in-graph drafts are used only when the graph and the host agree on what was
-accepted; under sampling they often disagree and the step simply runs without drafts.
+ids to the next step. Under sampling (or a repetition penalty) the host verifies every step
+and the in-graph drafts are used only when the graph and the host agree on what was accepted;
+they often disagree and the step simply runs without drafts. Under plain greedy decoding the
+host would only repeat the graph's argmax, so ``decode_greedy`` trusts the graph and runs a
+lean loop (no logits leave the session).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,6 +23,7 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.errors import InputError
 from specport.runtime.speculative.base import Drafts
+from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
 from specport.runtime.speculative.verify import VerifyResult
 
 logger = logging.getLogger(__name__)
@@ -69,3 +75,99 @@ class MTPProposer:
         else:
             self.mismatches += 1
             self.pending = []
+
+
+@dataclass
+class FastDecode:
+    """What the greedy MTP loop hands back to the generator (which owns the metrics)."""
+
+    tokens: list[int]
+    reason: str
+    past: list[np.ndarray]  # the final KV cache, [1, Hkv, T, D] per tensor in manifest order
+    ort_s: float
+    t_first: float | None
+
+
+def decode_greedy(
+    session: Any,
+    manifest: Manifest,
+    proposer: MTPProposer,
+    past: list[np.ndarray],  # prefilled cache of prompt[:-1], [1, Hkv, P, D] each
+    last: int,  # the prompt's last token (not in the cache yet)
+    budget: int,  # new tokens allowed (max_new_tokens capped by the context window)
+    max_new_tokens: int,
+    num_draft: int,
+    eos: set[int],
+    on_token: Callable[[int], bool | None] | None,
+    stats: SpecDecodingStats,
+    controller: AdaptiveDraftLength | None = None,
+) -> FastDecode:
+    """Greedy MTP decoding that trusts the graph's own verification.
+
+    The graph already takes the argmax of the verified logits, the accepted prefix and the
+    bonus token (``passes.mtp``); under greedy decoding without a repetition penalty the host
+    would recompute exactly that, so here nothing but the presents and the three small MTP
+    outputs leave the session (no logits), the host keeps plain lists, and the per-step feeds
+    are views of buffers prepared once (attention mask of ones, position ids). The KV cache is
+    copied only when drafts were rejected (cut back to the accepted prefix).
+    """
+    info = mtp_info(manifest)
+    outputs = info["outputs"]
+    kv_in = [name for pair in manifest.kv.inputs for name in pair]
+    kv_out = [name for pair in manifest.kv.outputs for name in pair]
+    fetch = [*kv_out, outputs["accepted"], outputs["bonus"], outputs["drafts"]]
+    n_kv = len(kv_out)
+    ctx_len = manifest.context_length
+    ones = np.ones((1, ctx_len), dtype=np.int64)  # [1, ctx]: attention_mask = ones[:, :P+S]
+    arange = np.arange(ctx_len, dtype=np.int64)[None, :]  # [1, ctx]: position_ids slices
+    feeds: dict[str, np.ndarray] = dict(zip(kv_in, past))
+    pending = list(proposer.pending)
+    pos = int(past[0].shape[2]) if past else 0
+    out: list[int] = []
+    reason = "length"
+    ort_s = 0.0
+    t_first: float | None = None
+    run = session.run
+    clock = time.perf_counter
+    while True:
+        room = min(budget - len(out) - 1, ctx_len - 1 - pos)
+        k = min(num_draft if controller is None else controller.choose(), room, len(pending))
+        fed = [last, *pending[:k]] if k > 0 else [last]
+        s = k + 1
+        feeds["input_ids"] = np.array([fed], dtype=np.int64)  # [1, S]
+        feeds["attention_mask"] = ones[:, : pos + s]  # [1, P+S]
+        feeds["position_ids"] = arange[:, pos : pos + s]  # [1, S]
+        t0 = clock()
+        res = run(fetch, feeds)
+        ort_s += clock() - t0
+        accepted = int(res[n_kv][0])  # [B] int64
+        bonus = int(res[n_kv + 1][0])  # [B] int64
+        pending = res[n_kv + 2][0].tolist()  # [B, K] int64
+        pos += accepted + 1
+        if accepted == k:  # nothing rejected: the presents are the next step's past as they are
+            feeds.update(zip(kv_in, res[:n_kv]))
+        else:  # [1, Hkv, P+S, D] -> [1, Hkv, P+accepted+1, D]
+            feeds.update((n, np.ascontiguousarray(p[:, :, :pos])) for n, p in zip(kv_in, res))
+        stats.observe_draft(k, accepted)
+        if controller is not None:
+            controller.observe(k, accepted)
+        if t_first is None:
+            t_first = clock()
+        new = fed[1 : accepted + 1]
+        new.append(bonus)
+        done = False
+        for tok in new:
+            out.append(tok)
+            if tok in eos:
+                reason, done = "eos", True
+            elif on_token is not None and on_token(tok):
+                reason, done = "stop", True
+            elif len(out) >= budget:
+                reason, done = ("context" if budget < max_new_tokens else "length"), True
+            if done:
+                break
+        if done:
+            break
+        last = bonus
+    proposer.pending = pending
+    return FastDecode(out, reason, [feeds[n] for n in kv_in], ort_s, t_first)

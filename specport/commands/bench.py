@@ -61,6 +61,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     spec.add_argument("--num-draft", type=int, default=4, help="draft tokens per step")
     spec.add_argument("--draft", help="draft artifact for --speculative draft")
+    spec.add_argument(
+        "--adaptive",
+        choices=["default", "on", "off", "both"],
+        default="default",
+        help="adaptive draft length (per-step K from recent acceptance); both = each method twice",
+    )
     spec.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     spec.add_argument(
         "--prompt-set", default="story", help="built-in prompts when no --prompt: story | copy"
@@ -136,6 +142,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
         max_new_tokens=args.new_tokens,
         runs=args.runs,
         threads=args.threads,
+        adaptive=args.adaptive,
     )
     report = run_speculative_bench(args.artifact, config)
     if args.json:

@@ -292,6 +292,7 @@ def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, tmp_path_factory)
     from specport.exporter.export import export_model
     from specport.exporter.mtp_heads import MTPHeads
     from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from specport.runtime.speculative.mtp import MTPProposer
 
     base = load_base(stories.manifest)
     out = tmp_path_factory.mktemp("spec_stories_mtp")
@@ -303,7 +304,102 @@ def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, tmp_path_factory)
     for text in STORY_PROMPTS:
         ids = stories.encode(text)
         plain = stories.generate(prompt_ids=ids, max_new_tokens=60)
-        got = generate_speculative(mtp, ids, 60, "mtp", 3, None, SamplingConfig(), eos, None)
-        assert got[0] == plain.tokens and got[1] == plain.finish_reason, text
+        for adaptive in (False, True):  # the greedy MTP fast path, fixed and adaptive K
+            got = generate_speculative(
+                mtp, ids, 60, "mtp", 3, None, SamplingConfig(), eos, None, adaptive
+            )
+            assert got[0] == plain.tokens and got[1] == plain.finish_reason, text
+        slow = SpeculativeGenerator(
+            mtp.session, mtp.manifest, MTPProposer(mtp.manifest), 3, fast=False
+        )
+        assert slow.generate(ids, 60, eos_ids=eos).tokens == plain.tokens, text
         got = generate_speculative(stories, ids, 60, "draft", 3, draft, SamplingConfig(), eos, None)
         assert got[0] == plain.tokens, text
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_mtp_fast_path_equals_host_verified_loop(tiny, tiny_mtp, adaptive):
+    """The greedy MTP fast path (graph-side verification, no logits fetched) changes nothing."""
+    from specport.runtime.speculative.mtp import MTPProposer
+
+    model, _ = tiny
+    m = tiny_mtp.manifest
+    for i, ids in enumerate(_prompts(6, seed=4)):
+        budget = 12 + 5 * i
+        plain = model.generate(prompt_ids=ids, max_new_tokens=budget, ignore_eos=True)
+        eos = [plain.tokens[budget // 2]]  # stop in the middle of some accepted run
+        plain_eos = model.generate(prompt_ids=ids, max_new_tokens=budget)
+        runs = {}
+        for fast in (True, False):
+            gen = SpeculativeGenerator(tiny_mtp.session, m, MTPProposer(m), 2, adaptive, fast)
+            out = gen.generate(ids, budget)
+            assert out.tokens == plain.tokens, (fast, ids)
+            assert gen.last_kv.length == len(ids) + budget - 1  # cache cut to what was emitted
+            stopped = gen.generate(ids, budget, eos_ids=eos)
+            assert stopped.finish_reason == "eos"
+            assert stopped.tokens == plain.tokens[: plain.tokens.index(eos[0]) + 1]
+            runs[fast] = out.metrics["speculative"]
+            assert runs[fast]["adaptive"] is adaptive
+        assert plain_eos.tokens  # (the model's own EOS is not necessarily hit)
+        assert runs[True]["steps"] == runs[False]["steps"]  # same acceptance, step for step
+    # The context window still bounds the fast path.
+    ids = _prompts(1, seed=5)[0]
+    gen = SpeculativeGenerator(tiny_mtp.session, m, MTPProposer(m), 2, adaptive)
+    room = m.context_length - len(ids)
+    out = gen.generate(ids, room + 50)
+    assert out.finish_reason == "context" and len(out.tokens) == room
+
+
+@pytest.mark.parametrize("method,k", [("ngram", 4), ("draft", 3)])
+def test_adaptive_draft_length_equals_plain(tiny, method, k):
+    model, draft = tiny
+    for ids in _prompts(6, seed=11):
+        plain = model.generate(prompt_ids=ids, max_new_tokens=30, ignore_eos=True)
+        toks, _, metrics = generate_speculative(
+            model, ids, 30, method, k, draft, SamplingConfig(), (), None, adaptive=True
+        )
+        assert toks == plain.tokens, (method, ids)
+        assert metrics["speculative"]["adaptive"] is True
+        assert len(metrics["speculative"]["drafted_per_position"]) <= k
+
+
+def test_bench_plain_reference_strips_the_mtp_branch(tiny, tiny_mtp):
+    """Plain decoding in the bench runs the base graph, not the graph with the heads."""
+    from specport.runtime.bench_speculative import (
+        SpecBenchConfig,
+        plain_reference,
+        run_speculative_bench,
+    )
+
+    model, _ = tiny
+    with plain_reference(tiny_mtp, threads=1) as (plain, what):
+        assert what.startswith("base graph")
+        names = [o.name for o in plain.session.get_outputs()]
+        assert names == [o.name for o in model.session.get_outputs()]
+        ids = _prompts(1, seed=2)[0]
+        assert (
+            plain.generate(prompt_ids=ids, max_new_tokens=10).tokens
+            == model.generate(prompt_ids=ids, max_new_tokens=10).tokens
+        )
+    with plain_reference(model) as (same, what):
+        assert same is model and what == "same artifact"
+    report = run_speculative_bench(
+        str(tiny_mtp.path),
+        SpecBenchConfig(
+            methods=["mtp"],
+            num_draft=2,
+            prompt_ids=_prompts(2),
+            max_new_tokens=10,
+            runs=1,
+            threads=1,
+            adaptive="both",
+        ),
+    )
+    assert report["plain"].startswith("base graph")
+    rows = {r["engine"]: r for r in report["rows"]}
+    assert set(rows) == {"plain", "mtp", "mtp+adaptive"}
+    assert all(r["tokens_equal_plain"] for r in rows.values())
+    with pytest.raises(InputError, match="--adaptive"):
+        run_speculative_bench(
+            str(tiny_mtp.path), SpecBenchConfig(methods=["mtp"], prompt_ids=[[3, 4]], adaptive="x")
+        )

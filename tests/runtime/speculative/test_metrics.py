@@ -41,3 +41,42 @@ def test_observe_batch_and_merge():
 def test_empty_stats():
     d = SpecDecodingStats().as_dict()
     assert d["acceptance_rate"] == 0.0 and d["acceptance_rate_per_position"] == []
+
+
+def test_adaptive_draft_length_follows_acceptance():
+    from specport.runtime.speculative.metrics import AdaptiveDraftLength
+
+    ctl = AdaptiveDraftLength(4, cost_per_draft=0.1)
+    for _ in range(30):  # everything accepted: draft the maximum, never more
+        ctl.observe(ctl.choose(), ctl.choose())
+    assert ctl.choose() == 4
+    for _ in range(30):  # only the first draft survives: K shrinks
+        ctl.observe(ctl.choose(), 1 if ctl.choose() else 0)
+    assert 1 <= ctl.choose() < 4
+    chosen = []
+    for _ in range(40):  # nothing is accepted: at most a cheap probe of one draft
+        chosen.append(ctl.choose())
+        ctl.observe(chosen[-1], 0)
+    assert max(chosen[10:]) <= 1
+    assert all(0.0 <= r <= 1.0 for r in ctl.rate)
+
+    costly = AdaptiveDraftLength(2, cost_per_draft=0.5)
+    chosen = []
+    for _ in range(40):
+        chosen.append(costly.choose())
+        costly.observe(chosen[-1], 0)
+    assert chosen[10:].count(0) > 20  # a draft never accepted is not worth half a step...
+    assert chosen[10:].count(1) >= 1  # ...but it is probed again now and then
+    for _ in range(200):  # untested positions drift back to the prior: drafting resumes
+        costly.observe(0, 0)
+    assert costly.choose() >= 1
+
+
+def test_adaptive_draft_length_updates_only_tested_positions():
+    from specport.runtime.speculative.metrics import AdaptiveDraftLength
+
+    ctl = AdaptiveDraftLength(3, decay=0.5, prior=0.5, drift=0.0)
+    ctl.observe(3, 1)  # draft 0 accepted, draft 1 rejected, draft 2 never judged
+    assert ctl.rate == [0.75, 0.25, 0.5]
+    with pytest.raises(ValueError):
+        AdaptiveDraftLength(0)
