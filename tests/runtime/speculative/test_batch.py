@@ -1,0 +1,302 @@
+"""Batched speculative decoding: every row equals plain greedy, caches stay exact, sampling lossless."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specport.errors import ContextLengthError, InputError
+from specport.runtime.sampler import Sampler, SamplingConfig
+from specport.runtime.speculative.base import Drafts
+from specport.runtime.speculative.batch import (
+    BatchSpeculativeGenerator,
+    generate_speculative_batch,
+)
+from specport.runtime.speculative.draft import TrimmableKV, run_step
+
+pytestmark = pytest.mark.slow  # the fixtures export tiny models (a few seconds each)
+
+GREEDY = SamplingConfig()
+
+
+def _load(path: Path):
+    import specport
+
+    return specport.load(path)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_zoo, tmp_path_factory):
+    """The zoo's tiny Llama, its 1-layer self-draft and a copy with 2 untrained MTP heads."""
+    torch = pytest.importorskip("torch")
+    from specport.exporter.export import export_model
+    from specport.exporter.mtp_heads import MTPHeads
+    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+
+    model = _load(tiny_zoo.artifact("llama", fuse=False))
+    tmp = tmp_path_factory.mktemp("spec_batch")
+    export_model(
+        tiny_zoo.source("llama"), tmp / "l1", fuse=False, layers=1, skip_verify=True, progress=False
+    )
+    torch.manual_seed(0)
+    heads = MTPHeads(load_base(model.manifest), 2).eval()
+    write_mtp_artifact(model.path, heads, tmp / "mtp", {"source": "test"})
+    return model, _load(tmp / "l1"), _load(tmp / "mtp")
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Prompts of 1..33 tokens; some repeat themselves so the n-gram proposer has hits."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        base = rng.integers(3, 256, size=int(rng.integers(1, 12))).tolist()
+        out.append(base * (1 + i % 3))
+    out[0] = out[0][:1]  # a one-token prompt: nothing to prefill for that row
+    return out
+
+
+def _plain(model, prompts, n, eos=True):
+    return [
+        r.tokens
+        for r in model.generate_batch(prompt_ids=prompts, max_new_tokens=n, ignore_eos=not eos)
+    ]
+
+
+class RandomProposer:
+    """Random drafts of random length per row: most are rejected, rows drift apart."""
+
+    name = "random"
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def propose(self, context, num_draft):
+        k = int(self.rng.integers(0, num_draft + 1))
+        return Drafts.from_lists([self.rng.integers(3, 256, size=k).tolist()])
+
+
+def _random_gen(model, k: int, seed: int = 0) -> BatchSpeculativeGenerator:
+    rng = np.random.default_rng(seed)
+    return BatchSpeculativeGenerator(model.session, model.manifest, lambda: RandomProposer(rng), k)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gpt2", "phi3"])
+def test_greedy_equals_plain_across_architectures(tiny_zoo, arch):
+    """Left padding + ragged drafts: each row equals plain batched and one-by-one decoding."""
+    model = _load(tiny_zoo.artifact(arch, fuse=False))
+    prompts = _prompts(7, seed=1)
+    for batch in (prompts[:2], prompts[2:5], prompts[3:7]):
+        plain = _plain(model, batch, 20, eos=False)
+        one = [
+            model.generate(prompt_ids=p, max_new_tokens=20, ignore_eos=True).tokens for p in batch
+        ]
+        assert plain == one
+        toks, reasons, metrics = generate_speculative_batch(model, batch, 20, "ngram", 4)
+        assert toks == plain, arch
+        assert reasons == ["length"] * len(batch)
+        out = _random_gen(model, 4).generate(batch, 20)
+        assert out.tokens == plain, arch
+        assert metrics["batch"] == len(batch) and metrics["new_tokens"] == 20 * len(batch)
+
+
+@pytest.mark.parametrize("method,k", [("ngram", 1), ("ngram", 5), ("draft", 2), ("draft", 4)])
+def test_methods_greedy_equal_plain(llama, method, k):
+    model, draft, _ = llama
+    prompts = _prompts(8, seed=2)
+    for batch in (prompts[:4], prompts[4:7], prompts[6:8]):
+        toks, reasons, metrics = generate_speculative_batch(
+            model, batch, 24, method, k, draft, GREEDY, ()
+        )
+        assert toks == _plain(model, batch, 24, eos=False), (method, k)
+        spec = metrics["speculative"]
+        assert spec["method"] == method and spec["num_draft"] == k
+        assert len(spec["rows"]) == len(batch)
+        assert spec["steps"] == sum(r["steps"] for r in spec["rows"])
+        assert 1.0 <= spec["mean_accepted_length"] <= k + 1
+
+
+def test_self_draft_accepts_everything(llama):
+    model, _, _ = llama
+    prompts = _prompts(4, seed=3)
+    toks, _, metrics = generate_speculative_batch(model, prompts, 21, "draft", 4, model)
+    assert toks == _plain(model, prompts, 21, eos=False)
+    assert metrics["speculative"]["acceptance_rate"] == 1.0
+    assert metrics["decode_steps"] == 5  # 21 tokens in steps of 5, 5, 5, 5, 1
+
+
+def test_mtp_greedy_equals_plain(llama):
+    model, _, mtp = llama
+    prompts = _prompts(6, seed=4)
+    for batch in (prompts[:3], prompts[2:6]):
+        plain = _plain(model, batch, 20, eos=False)
+        for k in (1, 2):
+            toks, _, metrics = generate_speculative_batch(mtp, batch, 20, "mtp", k)
+            assert toks == plain, k
+            assert metrics["speculative"]["drafted"] > 0  # rows read their drafts from the graph
+    with pytest.raises(InputError, match="MTP heads"):
+        generate_speculative_batch(mtp, prompts[:2], 4, "mtp", 3)
+
+
+def test_kv_cache_equals_plain_state(llama):
+    """After ragged accept/reject steps, each row's cache equals one run over its tokens."""
+    model, _, _ = llama
+    prompts = _prompts(4, seed=5)
+    gen = _random_gen(model, 5, seed=1)
+    gen.record_kv = True
+    out = gen.generate(prompts, 16)
+    assert out.tokens == _plain(model, prompts, 16, eos=False)
+    names = [o.name for o in model.session.get_outputs()]
+    for b, p in enumerate(prompts):
+        seq = p + out.tokens[b][:-1]
+        want = run_step(model.session, names, TrimmableKV(model.manifest), seq, 0)
+        got = gen.row_kv[b]
+        assert got[0].shape[2] == len(seq)
+        for g, w in zip(got, want[1 : 1 + len(got)]):
+            np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_per_row_eos_stop_and_context(llama):
+    model, draft, _ = llama
+    prompts = _prompts(3, seed=7)
+    plain = _plain(model, prompts, 16, eos=False)
+    eos = plain[1][4]  # row 1 ends at its 5th token; the others end wherever eos appears
+    want = [t[: t.index(eos) + 1] if eos in t else t for t in plain]
+    toks, reasons, _ = generate_speculative_batch(model, prompts, 16, "ngram", 3, eos_ids=[eos])
+    assert toks == want
+    assert reasons == ["eos" if eos in t else "length" for t in plain]
+
+    def stop(row: int, tok: int) -> bool:
+        return row == 2 and tok == plain[2][2]  # row 2 stops at its 3rd token
+
+    toks, reasons, _ = generate_speculative_batch(
+        model, prompts, 16, "draft", 3, draft, on_token=stop
+    )
+    assert toks[2] == plain[2][: plain[2].index(plain[2][2]) + 1] and reasons[2] == "stop"
+    assert toks[:2] == plain[:2] and reasons[:2] == ["length", "length"]
+
+    # A row near the end of the 128-token window stops at the window ("context"); others go on.
+    ctx = model.manifest.context_length
+    long = (prompts[1] * ctx)[: ctx - 6]
+    batch = [prompts[0], long]
+    toks, reasons, _ = generate_speculative_batch(model, batch, 12, "ngram", 4)
+    one = [model.generate(prompt_ids=p, max_new_tokens=12, ignore_eos=True) for p in batch]
+    assert toks == [r.tokens for r in one]
+    assert reasons == ["length", "context"] == [r.finish_reason for r in one]
+
+
+def test_bad_inputs(llama):
+    model, _, _ = llama
+    ctx = model.manifest.context_length
+    with pytest.raises(InputError, match="empty"):
+        generate_speculative_batch(model, [], 4, "ngram", 2)
+    with pytest.raises(ContextLengthError, match="context window"):
+        generate_speculative_batch(model, [[5, 6], [7] * ctx], 4, "ngram", 2)
+    with pytest.raises(InputError, match="at least one token"):
+        generate_speculative_batch(model, [[5, 6], []], 4, "ngram", 2)
+    with pytest.raises(InputError, match="vocabulary"):
+        generate_speculative_batch(model, [[5, 6], [10_000]], 4, "ngram", 2)
+    with pytest.raises(InputError, match="max-new-tokens"):
+        generate_speculative_batch(model, [[5, 6]], 0, "ngram", 2)
+    with pytest.raises(InputError, match="num-draft"):
+        generate_speculative_batch(model, [[5, 6]], 4, "ngram", 0)
+    with pytest.raises(InputError, match="--draft"):
+        generate_speculative_batch(model, [[5, 6]], 4, "draft", 2)
+    with pytest.raises(InputError, match="MTP"):
+        generate_speculative_batch(model, [[5, 6]], 4, "mtp", 2)
+    with pytest.raises(InputError, match="unknown"):
+        generate_speculative_batch(model, [[5, 6]], 4, "medusa", 2)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft", "mtp"])
+def test_sampling_is_seeded(llama, method):
+    model, draft, mtp = llama
+    target = mtp if method == "mtp" else model
+    prompts = _prompts(3, seed=8)
+    cfg = SamplingConfig(greedy=False, temperature=0.8, top_p=0.95, repetition_penalty=1.1, seed=5)
+    a = generate_speculative_batch(target, prompts, 16, method, 2, draft, cfg)[0]
+    b = generate_speculative_batch(target, prompts, 16, method, 2, draft, cfg)[0]
+    assert a == b and all(len(t) == 16 for t in a)
+    assert all(0 <= t < model.manifest.vocab_size for row in a for t in row)
+    other = SamplingConfig(greedy=False, temperature=0.8, top_p=0.95, seed=6)
+    assert generate_speculative_batch(target, prompts, 16, method, 2, draft, other)[0] != a
+
+
+def test_rejection_sampling_preserves_distribution(llama):
+    """Joint law of each row's first two sampled tokens equals the target's (draft model)."""
+    model, draft, _ = llama
+    ids = [5, 17, 42]
+    cfg = dict(greedy=False, temperature=1.0, top_k=3)
+    names = [o.name for o in model.session.get_outputs()]
+    sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
+    logits = run_step(model.session, names, TrimmableKV(model.manifest), ids, 0)[0]
+    p1 = sampler.probs(logits[:, -1])[0]
+    expected: dict[tuple[int, int], float] = {}
+    for t1 in np.flatnonzero(p1):
+        l2 = run_step(model.session, names, TrimmableKV(model.manifest), [*ids, int(t1)], 0)[0]
+        p2 = sampler.probs(l2[:, -1])[0]
+        for t2 in np.flatnonzero(p2):
+            expected[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    counts: Counter[tuple[int, int]] = Counter()
+    drafted = 0
+    runs, rows = 400, 4
+    for seed in range(runs):
+        toks, _, metrics = generate_speculative_batch(
+            model, [ids] * rows, 3, "draft", 2, draft, SamplingConfig(**cfg, seed=seed)
+        )
+        counts.update((t[0], t[1]) for t in toks)
+        drafted += metrics["speculative"]["drafted"]
+    n = runs * rows
+    assert drafted > n // 10
+    assert set(counts) <= set(expected)
+    tv = 0.5 * sum(abs(counts[c] / n - p) for c, p in expected.items())
+    assert tv < 0.06, (tv, counts, expected)
+
+
+STORY_PROMPTS = [
+    "Once upon a time",
+    "Lily and Ben went to the park.",
+    "The cat sat on the mat. The cat sat on the mat. The cat",
+    "One day, a little boy named Tim",
+    "Tom had a red ball. He liked to play with his red ball. One day, Tom",
+    "Sue",
+]
+
+
+@pytest.fixture(scope="module")
+def stories(shared_dir, tmp_path_factory):
+    """stories260K, its 1-layer self-draft and a copy with 3 untrained MTP heads."""
+    from specport.exporter.export import export_model
+    from specport.exporter.mtp_heads import MTPHeads
+    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+
+    src = shared_dir / "models" / "stories260K"
+    if not (src / "config.json").exists():
+        pytest.skip(f"stories260K not found under {shared_dir}")
+    out = tmp_path_factory.mktemp("spec_batch_stories")
+    export_model(src, out / "s260", fuse=False, skip_verify=True, progress=False)
+    export_model(src, out / "l1", fuse=False, layers=1, skip_verify=True, progress=False)
+    model = _load(out / "s260")
+    write_mtp_artifact(model.path, MTPHeads(load_base(model.manifest), 3).eval(), out / "mtp", {})
+    return model, _load(out / "l1"), _load(out / "mtp")
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft", "mtp"])
+def test_stories260k_greedy_equals_plain(stories, method):
+    model, draft, mtp = stories
+    target = mtp if method == "mtp" else model
+    eos = model.manifest.eos_token_ids
+    ids = [model.encode(t) for t in STORY_PROMPTS]
+    for batch in (ids[:4], ids[3:6]):
+        plain = model.generate_batch(prompt_ids=batch, max_new_tokens=60)
+        one = [model.generate(prompt_ids=p, max_new_tokens=60) for p in batch]
+        assert [r.tokens for r in plain] == [r.tokens for r in one]
+        toks, reasons, metrics = generate_speculative_batch(
+            target, batch, 60, method, 3, draft, GREEDY, eos
+        )
+        assert toks == [r.tokens for r in plain], method
+        assert reasons == [r.finish_reason for r in plain]
+        if method == "ngram":
+            assert metrics["speculative"]["accepted"] > 0
