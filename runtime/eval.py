@@ -4,6 +4,10 @@ Protocol (kept identical everywhere so numbers compare): documents are separated
 lines; each gets BOS prepended and is truncated to the context; the model runs each document
 as one prefill with past length 0; the loss is the token-weighted mean NLL over all predicted
 tokens (positions 1..T-1 of every document), perplexity = exp(loss).
+
+`chunk=N` feeds each document N tokens per run instead, carrying the KV cache (presents fed
+back as pasts) the way generation does: the only way to score what a model reads back from its
+cache (e.g. an int8 KV cache, which a single prefill with an empty past never reads).
 """
 
 from __future__ import annotations
@@ -113,10 +117,34 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def _logits(model: _Model, ids: np.ndarray) -> np.ndarray:
-    """ids [T] -> logits [T, V]."""
-    (out,) = model.sess.run(["logits"], prefill_feeds(model.sess, ids))
-    return np.asarray(out[0])
+def _logits(model: _Model, ids: np.ndarray, chunk: int | None = None) -> np.ndarray:
+    """ids [T] -> logits [T, V]; with `chunk`, N tokens per run on top of the carried KV."""
+    feeds = prefill_feeds(model.sess, ids)
+    if not chunk or chunk >= len(ids):
+        (out,) = model.sess.run(["logits"], feeds)
+        return np.asarray(out[0])
+    pasts = {k: v for k, v in feeds.items() if k.startswith("past_key_values.")}
+    if not pasts:
+        raise InputError("--chunk needs a model with a KV cache (past_key_values.* inputs)")
+    names = ["logits", *(k.replace("past_key_values.", "present.", 1) for k in pasts)]
+    parts = []
+    for start in range(0, len(ids), chunk):
+        end = min(start + chunk, len(ids))
+        step = {
+            "input_ids": ids[None, start:end],  # [1, S]
+            "attention_mask": np.ones((1, end), np.int64),  # [1, P+S]
+            "position_ids": np.arange(start, end, dtype=np.int64)[None, :],  # [1, S]
+            **pasts,
+        }
+        outs = model.sess.run(names, step)
+        parts.append(np.asarray(outs[0][0]))
+        pasts = dict(zip(pasts, outs[1:]))
+    return np.concatenate(parts, axis=0)
+
+
+def _check_chunk(chunk: int | None) -> None:
+    if chunk is not None and chunk < 1:
+        raise InputError(f"--chunk must be at least 1, not {chunk}")
 
 
 def perplexity(
@@ -126,13 +154,15 @@ def perplexity(
     context: int | None = None,
     last: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    chunk: int | None = None,
 ) -> dict[str, Any]:
     """Token-weighted perplexity of a model on a text file: {ppl, nll, tokens, docs}."""
+    _check_chunk(chunk)
     model = _open(artifact_or_onnx_path)
     seqs = _encode(model, read_documents(text_file, max_docs, last), context)
     total, count = 0.0, 0
     for i, ids in enumerate(seqs):
-        lp = _log_softmax(_logits(model, ids))
+        lp = _log_softmax(_logits(model, ids, chunk))
         total -= float(lp[np.arange(len(ids) - 1), ids[1:]].sum())
         count += len(ids) - 1
         if progress:
@@ -140,7 +170,8 @@ def perplexity(
     if count == 0:
         raise InputError(f"{text_file} gave no tokens to score")
     nll = total / count
-    return {"ppl": math.exp(nll), "nll": nll, "tokens": count, "docs": len(seqs)}
+    out = {"ppl": math.exp(nll), "nll": nll, "tokens": count, "docs": len(seqs)}
+    return {**out, "chunk": chunk} if chunk else out
 
 
 def compare(
@@ -150,18 +181,20 @@ def compare(
     max_docs: int | None = None,
     context: int | None = None,
     last: bool = False,
+    chunk: int | None = None,
 ) -> dict[str, Any]:
     """How closely model `b` follows model `a` on the same text, teacher-forced.
 
     top1_agreement: fraction of positions where both argmaxes agree; kl: mean KL(a || b) in
     nats per position; also both perplexities.
     """
+    _check_chunk(chunk)
     ma, mb = _open(a), _open(b)
     seqs = _encode(ma, read_documents(text_file, max_docs, last), context)
     agree = kl = nll_a = nll_b = 0.0
     n = 0
     for ids in seqs:
-        la, lb = _log_softmax(_logits(ma, ids)), _log_softmax(_logits(mb, ids))
+        la, lb = _log_softmax(_logits(ma, ids, chunk)), _log_softmax(_logits(mb, ids, chunk))
         agree += float((la.argmax(-1) == lb.argmax(-1)).sum())
         kl += float((np.exp(la) * (la - lb)).sum())
         idx = np.arange(len(ids) - 1)
@@ -172,6 +205,7 @@ def compare(
         raise InputError(f"{text_file} gave no tokens to compare")
     m = n - len(seqs)
     return {
+        **({"chunk": chunk} if chunk else {}),
         "top1_agreement": agree / n,
         "kl": kl / n,
         "ppl_a": math.exp(nll_a / m),

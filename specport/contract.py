@@ -22,6 +22,9 @@ def causal_tree_mask(batch: int, s: int) -> np.ndarray:  # [B, S, S] int64, lowe
     return np.ascontiguousarray(np.broadcast_to(np.tri(s, dtype=np.int64), (batch, s, s)))
 
 
+_KV_DTYPES: dict[str, Any] = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}
+
+
 def prefill_feeds(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]:
     """Feeds for one sequence ids [S], batch 1, past length 0 (concat KV layout)."""
     s = ids.shape[0]
@@ -41,7 +44,7 @@ def prefill_feeds(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]:
                 raise InputError(
                     f"cannot build an empty KV cache for input {inp.name} with shape {shape}"
                 )
-            dtype = np.float16 if "float16" in inp.type else np.float32
+            dtype = _KV_DTYPES.get(inp.type, np.float32)  # int8: an int8 KV cache
             feeds[inp.name] = np.zeros((1, shape[1], 0, shape[3]), dtype=dtype)
         else:
             raise InputError(

@@ -8,6 +8,8 @@ Schemes:
 Algorithms (weight-only schemes): rtn, hqq (no calibration); gptq, clip, default (GPTQ with
 MSE-clipped group ranges; calibrated); ort-default / ort-hqq run onnxruntime's own
 MatMulNBitsQuantizer on the same graph, as baselines.
+Scheme `none` leaves the weights in float; with kv_cache="int8" (passes/quant/kv_cache.py) the
+KV cache is int8 with calibrated per-head scales, alone or on top of any weight scheme.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from specport.passes.base import PassResult
 from specport.passes.quant import calibration as C
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
 from specport.passes.quant.graph import find_weight_matmuls
+from specport.passes.quant.kv_cache import KV_CLIPS, apply_int8_kv, int8_kv_manifest
 from specport.passes.quant.mixed import plan_mixed_precision
 from specport.passes.quant.ort_check import integer_kernel_summary
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
@@ -47,7 +50,27 @@ ALGOS = ("rtn", "hqq", "gptq", "clip", "default", "ort-default", "ort-hqq")
 Progress = Callable[[str, int, int], None]
 
 
+def _check_kv(scheme: str, algo: str, kv_cache: str, kv_clip: str, calib: Sequence[Any]) -> None:
+    if kv_cache not in ("float", "int8"):
+        raise QuantizationError(f"--kv-cache must be float or int8, not {kv_cache!r}")
+    if kv_clip not in KV_CLIPS:
+        raise QuantizationError(f"--kv-clip must be one of {', '.join(KV_CLIPS)}, not {kv_clip!r}")
+    if scheme == "none" and kv_cache == "float":
+        raise QuantizationError("nothing to do: pass a weight --scheme and/or --kv-cache int8")
+    if kv_cache == "int8" and algo.startswith("ort-"):
+        raise QuantizationError(f"{algo} is a weight-only baseline; drop --kv-cache int8")
+    if kv_cache == "int8" and not calib:
+        raise QuantizationError(
+            "--kv-cache int8 needs calibration text for its per-head scales; "
+            "pass --calib FILE (documents separated by blank lines)"
+        )
+
+
 def _check(scheme: str, algo: str, group_size: int, calib_files: Sequence[Any], mixed: str) -> None:
+    if scheme == "none":
+        if mixed == "auto":
+            raise QuantizationError("--mixed-precision auto needs a weight --scheme")
+        return
     if scheme not in SCHEMES:
         raise QuantizationError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     if algo not in ALGOS:
@@ -129,11 +152,14 @@ def quantize_artifact(
     embedding_bits: int = 0,
     form: str = "matmulnbits",
     float_zero: bool = False,
+    kv_cache: str = "float",
+    kv_clip: str = "absmax",
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
     The manifest's `quant` records the recipe, per-layer precision and the calibration hash,
-    and each pass report is appended to `passes`.
+    and each pass report is appended to `passes`. `scheme="none"` keeps float weights (for a
+    KV-only recipe); `kv_cache="int8"` adds the calibrated int8 KV cache (`quant.kv_cache`).
     """
     src_p, out_p = Path(src), Path(out)
     if lm_head_bits is None:
@@ -144,16 +170,21 @@ def quantize_artifact(
     if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
         algo = "hqq"  # the best calibration-free algorithm
         logger.info("no calibration text: using hqq")
+    _check_kv(scheme, algo, kv_cache, kv_clip, calib_files)
     _check(scheme, algo, group_size, calib_files, mixed_precision)
     manifest = read_manifest(src_p)
     if manifest.kv.layout != "concat":
         raise QuantizationError(
             f"{src_p} uses the {manifest.kv.layout!r} KV layout; quantize the concat artifact "
             "(the default export) and lower it afterwards"
+            + (" (the shared layout cannot take an int8 KV cache)" if kv_cache == "int8" else "")
         )
     model_path = src_p / manifest.model_file
+    if kv_cache == "int8" and manifest.kv.dtype != "float32":
+        raise QuantizationError(f"{src_p} already has a {manifest.kv.dtype} KV cache")
+    prior_quant, kv_report = manifest.quant, {}  # scheme none keeps the source's weight recipe
     stats = None
-    if calib_files and not algo.startswith("ort-"):
+    if calib_files and not algo.startswith("ort-") and scheme != "none":
         stats = _calibrate(model_path, manifest, src_p, calib_files, calib_docs, progress)
     bits = 8 if scheme == "w8a16" else 4
     accuracy_level = 4 if scheme == "w4a8" else None
@@ -174,7 +205,9 @@ def quantize_artifact(
                 assert stats is not None
                 plan, plan_report = plan_mixed_precision(model, stats, bits, group_size, algo)
                 reports.append(plan_report)
-            if scheme == "w8a8":
+            if scheme == "none":
+                pass
+            elif scheme == "w8a8":
                 assert stats is not None
                 passes.append(
                     QuantizeW8A8Pass(stats, lm_head_bits=lm_head_bits, group_size=group_size)
@@ -201,6 +234,10 @@ def quantize_artifact(
                 result: PassResult = p(model)
                 reports.append(result.report)
                 per_layer.update(result.report.get("layers", {}))
+            if kv_cache == "int8":  # calibrated on the graph as it runs, after the weight passes
+                kv_args = (manifest, src_p, calib_files, calib_docs, kv_clip, progress)
+                kv_report = apply_int8_kv(model, None if passes else model_path, *kv_args)
+                reports.append(kv_report)
             ir.save(model, tmp / manifest.model_file, external_data=DATA_NAME)
         for f in src_p.iterdir():
             if f.is_file() and f.name not in (MANIFEST_NAME, manifest.model_file, DATA_NAME):
@@ -231,11 +268,27 @@ def quantize_artifact(
             # told otherwise; the runtime should pass this to SessionOptions for true W4A16.
             level = "4" if scheme == "w4a8" else "0"
             manifest.quant["ort_session_config"] = {"session.qdq_matmulnbits_accuracy_level": level}
+        if scheme == "none":
+            manifest.quant = dict(prior_quant or {"scheme": "none"})
+        if kv_cache == "int8":
+            recipe = {
+                "dtype": "int8",
+                "granularity": "per_kv_head",
+                "axis": 1,
+                "symmetric": True,
+                "clip": kv_clip,
+                "calibration": {
+                    "files": [Path(f).name for f in calib_files],
+                    "sha256": C.files_sha256(calib_files),
+                    "docs": calib_docs,
+                },
+            }
+            int8_kv_manifest(manifest, kv_report, recipe)
         try:
             manifest.quant["ort_cpu"] = integer_kernel_summary(tmp / manifest.model_file)
         except Exception as e:  # the artifact is still valid for other runtimes
             logger.warning("onnxruntime could not load the quantized graph for inspection: %s", e)
             manifest.quant["ort_cpu"] = {"error": str(e)}
         write_manifest(tmp, manifest)
-    logger.info("quantized %s -> %s (%s, %s)", src_p, out_p, scheme, algo)
+    logger.info("quantized %s -> %s (%s, %s, kv %s)", src_p, out_p, scheme, algo, kv_cache)
     return manifest

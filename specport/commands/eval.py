@@ -31,6 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             type=int,
             help="truncate documents to this many tokens (default: model context)",
         )
+        q.add_argument(
+            "--chunk",
+            type=int,
+            help="feed N tokens per run, carrying the KV cache (scores what the model reads "
+            "back from its cache, e.g. --kv-cache int8); default: one pass per document",
+        )
         q.add_argument("--json", action="store_true", help="print one JSON object on stdout")
         q.set_defaults(run=run)
 
@@ -47,7 +53,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.eval_command == "ppl":
         r = perplexity(
-            args.artifact, args.text, args.max_docs, args.context, last=args.last, progress=progress
+            args.artifact,
+            args.text,
+            args.max_docs,
+            args.context,
+            last=args.last,
+            progress=progress,
+            chunk=args.chunk,
         )
         if args.json:
             emit_json(r)
@@ -56,7 +68,15 @@ def run(args: argparse.Namespace) -> int:
                 f"perplexity {r['ppl']:.4f} (nll {r['nll']:.4f}) on {r['tokens']} tokens, {r['docs']} docs"
             )
         return 0
-    r = compare(args.artifact, args.other, args.text, args.max_docs, args.context, last=args.last)
+    r = compare(
+        args.artifact,
+        args.other,
+        args.text,
+        args.max_docs,
+        args.context,
+        last=args.last,
+        chunk=args.chunk,
+    )
     if args.json:
         emit_json(r)
     else:

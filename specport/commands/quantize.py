@@ -10,10 +10,16 @@ from specport.cli import emit_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("quantize", help="quantize an artifact (W8A8, W8A16, W4A16, W4A8)")
+    p = sub.add_parser(
+        "quantize", help="quantize an artifact (W8A8, W8A16, W4A16, W4A8; int8 KV cache)"
+    )
     p.add_argument("artifact", help="source artifact directory")
     p.add_argument("--out", required=True, help="output artifact directory")
-    p.add_argument("--scheme", required=True, choices=["w8a8", "w8a16", "w4a16", "w4a8"])
+    p.add_argument(
+        "--scheme",
+        choices=["w8a8", "w8a16", "w4a16", "w4a8", "none"],
+        help="weight scheme; none keeps float weights (default none with --kv-cache int8)",
+    )
     p.add_argument("--group-size", type=int, default=32, choices=[16, 32, 64, 128, 256])
     p.add_argument(
         "--algo",
@@ -58,6 +64,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["matmulnbits", "qdq"],
         help="weight-only graph form",
     )
+    p.add_argument(
+        "--kv-cache",
+        default="float",
+        choices=["float", "int8"],
+        help="int8: int8 KV cache with per-head scales calibrated on --calib (concat layout)",
+    )
+    p.add_argument(
+        "--kv-clip",
+        default="absmax",
+        choices=["absmax", "mse", "p99.9", "p99.99"],
+        help="clipping range of the int8 KV scales (default absmax)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=run)
 
@@ -67,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
     from specport.progress import enabled
 
     show = enabled(None) and not args.json
+    if args.scheme is None and args.kv_cache == "float":
+        print("specport quantize: pass --scheme and/or --kv-cache int8", file=sys.stderr)
+        return 2
 
     def progress(stage: str, i: int, n: int) -> None:
         if show and (i == n or i % 50 == 0):
@@ -75,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     m = quantize_artifact(
         args.artifact,
         args.out,
-        scheme=args.scheme,
+        scheme=args.scheme or "none",
         group_size=args.group_size,
         algo=args.algo,
         calib_files=args.calib,
@@ -86,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         float_zero=args.float_zero,
         embedding_bits=args.embedding_bits,
         form=args.form,
+        kv_cache=args.kv_cache,
+        kv_clip=args.kv_clip,
     )
     q: dict[str, Any] = dict(m.quant or {})
     bits = list((q.get("layers") or {}).values())
@@ -98,14 +121,21 @@ def run(args: argparse.Namespace) -> int:
         "layers_by_bits": {str(b): bits.count(b) for b in sorted(set(bits), key=str)},
         "ort_cpu": q.get("ort_cpu"),
         "calibration": q.get("calibration"),
+        "kv_cache": {k: v for k, v in (q.get("kv_cache") or {}).items() if k != "scales"} or None,
     }
     if args.json:
         emit_json(summary)
         return 0
-    print(
-        f"{args.artifact} -> {args.out} ({summary['scheme']}, {summary['algorithm']}, group {summary['group_size']})"
+    recipe = (
+        "float weights"
+        if summary["scheme"] == "none"
+        else f"{summary['scheme']}, {summary['algorithm']}, group {summary['group_size']}"
     )
-    print(f"  layers: {summary['layers']} {summary['layers_by_bits']}")
+    print(f"{args.artifact} -> {args.out} ({recipe})")
+    if summary["scheme"] != "none":
+        print(f"  layers: {summary['layers']} {summary['layers_by_bits']}")
+    if summary["kv_cache"]:
+        print(f"  KV cache: {summary['kv_cache']['dtype']} ({summary['kv_cache']['clip']} scales)")
     if summary["ort_cpu"]:
         print(f"  onnxruntime CPU kernels: {summary['ort_cpu'].get('kernels')}")
     return 0
