@@ -33,18 +33,21 @@ class SpecDecodingStats:
         for counts in (self.drafted_per_pos, self.accepted_per_pos):
             counts.extend([0] * (n - len(counts)))
 
-    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        """One sequence, one step: ``num_accepted_tokens`` of ``num_draft_tokens`` accepted."""
+    def observe_draft(
+        self, num_draft_tokens: int, num_accepted_tokens: int, count: int = 1
+    ) -> None:
+        """One sequence, one step (``count`` alike steps): ``num_accepted_tokens`` of
+        ``num_draft_tokens`` accepted."""
         if not 0 <= num_accepted_tokens <= num_draft_tokens:
             raise ValueError(f"accepted {num_accepted_tokens} not in [0, {num_draft_tokens}]")
         self._grow(num_draft_tokens)
-        self.num_steps += 1
-        self.num_draft_tokens += num_draft_tokens
-        self.num_accepted_tokens += num_accepted_tokens
+        self.num_steps += count
+        self.num_draft_tokens += num_draft_tokens * count
+        self.num_accepted_tokens += num_accepted_tokens * count
         for i in range(num_draft_tokens):
-            self.drafted_per_pos[i] += 1
+            self.drafted_per_pos[i] += count
         for i in range(num_accepted_tokens):
-            self.accepted_per_pos[i] += 1
+            self.accepted_per_pos[i] += count
 
     def observe(self, drafts: Drafts, result: VerifyResult, rows: np.ndarray | None = None) -> None:
         """A batch step; ``rows`` limits counting to live sequences (default: all)."""

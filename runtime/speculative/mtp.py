@@ -127,7 +127,11 @@ def decode_greedy(
     reason = "length"
     ort_s = 0.0
     t_first: float | None = None
-    run = session.run
+    tally = [[0] * (k + 1) for k in range(num_draft + 1)]  # [k][a]: steps drafting k, accepting a
+    # onnxruntime's Python wrapper re-validates the feed names on every call; the names are
+    # fixed here, so call the binding directly when there is one (a plain session otherwise)
+    inner = getattr(session, "_sess", None)
+    run = (lambda names, f: inner.run(names, f, None)) if inner is not None else session.run
     clock = time.perf_counter
     while True:
         room = min(budget - len(out) - 1, ctx_len - 1 - pos)
@@ -145,10 +149,12 @@ def decode_greedy(
         pending = res[n_kv + 2][0].tolist()  # [B, K] int64
         pos += accepted + 1
         if accepted == k:  # nothing rejected: the presents are the next step's past as they are
-            feeds.update(zip(kv_in, res[:n_kv]))
-        else:  # [1, Hkv, P+S, D] -> [1, Hkv, P+accepted+1, D]
-            feeds.update((n, np.ascontiguousarray(p[:, :, :pos])) for n, p in zip(kv_in, res))
-        stats.observe_draft(k, accepted)
+            for name, present in zip(kv_in, res):
+                feeds[name] = present
+        else:  # [1, Hkv, P+S, D] -> view [1, Hkv, P+accepted+1, D]; onnxruntime packs it
+            for name, present in zip(kv_in, res):
+                feeds[name] = present[:, :, :pos]
+        tally[k][accepted] += 1
         if controller is not None:
             controller.observe(k, accepted)
         if t_first is None:
@@ -170,4 +176,9 @@ def decode_greedy(
             break
         last = bonus
     proposer.pending = pending
-    return FastDecode(out, reason, [feeds[n] for n in kv_in], ort_s, t_first)
+    for k, row in enumerate(tally):
+        for accepted, count in enumerate(row):
+            if count:
+                stats.observe_draft(k, accepted, count)
+    past_out = [np.ascontiguousarray(feeds[n]) for n in kv_in]
+    return FastDecode(out, reason, past_out, ort_s, t_first)
