@@ -33,11 +33,12 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
+from specport.contract import with_causal_tree_mask
 from specport.errors import ContextLengthError, InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import PAD, Drafts, Proposer
-from specport.runtime.speculative.loop import check_num_draft, make_proposer
-from specport.runtime.speculative.metrics import SpecDecodingStats
+from specport.runtime.speculative.loop import check_num_draft, default_adaptive, make_proposer
+from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
 from specport.runtime.speculative.ngram import NgramProposer
 from specport.runtime.speculative.verify import VerifyResult, greedy_verify, rejection_verify
 
@@ -104,21 +105,21 @@ class PaddedKV:
         built on a cache this class made; false for a prefill's computed padding)."""
         start, keep = start[rows], keep[rows]
         new_w = int(keep.max()) if rows.size else 0
-        pad = new_w - keep
-        off = start - pad
+        pad = (new_w - keep).tolist()
+        off = (start - (new_w - keep)).tolist()
         # Slots before a row's start are its old padding, already zero: when every row shifts
         # by the same offset (e.g. all accepted as many drafts) one slice does it.
-        same = rows.size == len(self.lengths) and np.all(off == off[0]) and off[0] >= 0
+        same = rows.size == len(self.lengths) > 0 and min(off) == max(off) >= 0
         if pad_is_zero and same:
-            o = int(off[0])
+            o = off[0]
             self.past = [np.ascontiguousarray(p[:, :, o : o + new_w]) for p in presents]
         else:
+            segments = list(zip(rows.tolist(), start.tolist(), keep.tolist(), pad))
             out = []
             for p in presents:
-                q = np.empty((rows.size, p.shape[1], new_w, p.shape[3]), p.dtype)
-                for i, r in enumerate(rows):
-                    q[i, :, : pad[i]] = 0
-                    q[i, :, pad[i] :] = p[r, :, start[i] : start[i] + keep[i]]
+                q = np.zeros((rows.size, p.shape[1], new_w, p.shape[3]), p.dtype)
+                for i, (r, a, k, z) in enumerate(segments):
+                    q[i, :, z:] = p[r, :, a : a + k]
                 out.append(q)
             self.past = out
         self.lengths = keep.astype(np.int64)
@@ -139,8 +140,10 @@ class BatchSpeculativeGenerator:
         make_row_proposer: Callable[[], Proposer],
         num_draft: int,
         method: str = "custom",
+        adaptive: bool = False,
     ) -> None:
         self.session = session
+        self.adaptive = adaptive  # per-row draft length from recent acceptance
         self.manifest = manifest
         self.make_row_proposer = make_row_proposer
         self.num_draft = check_num_draft(num_draft)
@@ -190,6 +193,9 @@ class BatchSpeculativeGenerator:
         sampling = sampling or SamplingConfig()
         sampler = Sampler(sampling, vocab)
         proposers = [self._row_proposer(b, sampling) for b in range(n_rows)]
+        controllers = [
+            AdaptiveDraftLength(self.num_draft) if self.adaptive else None for _ in range(n_rows)
+        ]
         budgets = [min(max_new_tokens, ctx_len - len(r)) for r in rows]
         eos = {int(e) for e in eos_ids}
         stats = [SpecDecodingStats() for _ in range(n_rows)]
@@ -211,7 +217,7 @@ class BatchSpeculativeGenerator:
 
         while live.size:
             t0 = time.perf_counter()
-            drafts = self._propose(live, kv, proposers, contexts, out, budgets)
+            drafts = self._propose(live, kv, proposers, controllers, contexts, out, budgets)
             propose_s += time.perf_counter() - t0
             s = drafts.width + 1
             ids = np.full((live.size, s), FILLER, dtype=np.int64)  # [n, S]
@@ -224,6 +230,7 @@ class BatchSpeculativeGenerator:
                 "position_ids": positions.astype(np.int64),  # [n, S]
                 **kv.feeds(),
             }
+            feeds = with_causal_tree_mask(self.session, feeds)  # a --tree-mask artifact
             t0 = time.perf_counter()
             outputs = self.session.run(self.output_names, feeds)
             ort_s += time.perf_counter() - t0
@@ -235,6 +242,9 @@ class BatchSpeculativeGenerator:
             alive = np.ones(live.size, dtype=bool)
             for i, b in enumerate(live.tolist()):
                 stats[b].observe_draft(int(drafts.lengths[i]), int(result.accepted[i]))
+                controller = controllers[b]
+                if controller is not None:
+                    controller.observe(int(drafts.lengths[i]), int(result.accepted[i]))
                 proposer = proposers[b]
                 if hasattr(proposer, "observe"):
                     row_out = {k: named[k][i : i + 1] for k in observed}
@@ -293,6 +303,7 @@ class BatchSpeculativeGenerator:
             "speculative": {
                 "method": self.method,
                 "num_draft": self.num_draft,
+                "adaptive": self.adaptive,
                 **total.as_dict(),
                 "rows": [st.as_dict() for st in stats],
             },
@@ -325,6 +336,7 @@ class BatchSpeculativeGenerator:
                 mask[i, width - lengths[i] :] = 1
         positions = np.where(mask > 0, np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
         feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **kv.feeds()}
+        feeds = with_causal_tree_mask(self.session, feeds)  # a --tree-mask artifact
         t0 = time.perf_counter()
         outputs = self.session.run(self.output_names, feeds)
         seconds = time.perf_counter() - t0
@@ -338,6 +350,7 @@ class BatchSpeculativeGenerator:
         live: np.ndarray,
         kv: PaddedKV,
         proposers: list[Proposer],
+        controllers: list[AdaptiveDraftLength | None],
         contexts: list[list[int]],
         out: list[list[int]],
         budgets: list[int],
@@ -348,7 +361,8 @@ class BatchSpeculativeGenerator:
         probs: list[np.ndarray | None] = []
         for i, b in enumerate(live.tolist()):
             room = min(budgets[b] - len(out[b]) - 1, ctx_len - 1 - int(kv.lengths[i]))
-            k = min(self.num_draft, room)
+            controller = controllers[b]
+            k = min(self.num_draft if controller is None else controller.choose(), room)
             if k <= 0:
                 tokens.append([])
                 probs.append(None)
@@ -418,22 +432,26 @@ def generate_speculative_batch(
     sampling: SamplingConfig | None = None,
     eos_ids: Sequence[int] = (),
     on_token: OnRowToken | None = None,
+    adaptive: bool | None = None,
 ) -> tuple[list[list[int]], list[str], dict[str, Any]]:
     """Speculative generation for several prompts with a loaded ``specport.api.Model``.
 
     ``method``: ``ngram`` | ``draft`` (needs ``draft_model``, same vocabulary; one draft cache
     per row) | ``mtp`` (an artifact with MTP heads). ``on_token(row, token)`` returning True
-    stops that row ("stop"). Returns (new tokens per row, finish reason per row, metrics);
+    stops that row ("stop"). ``adaptive``: each row picks its draft length per step from its
+    recent acceptance (``metrics.AdaptiveDraftLength``; None = the batch-1 default for the
+    method, ``loop.default_adaptive``). Returns (new tokens per row, finish reason per row, metrics);
     metrics carry the batch-1 speculative counters summed over rows plus ``rows`` (per row).
     """
     num_draft = check_num_draft(num_draft)
-    make_proposer(method, model, num_draft, draft_model)  # validate once, with a clear error
+    first = make_proposer(method, model, num_draft, draft_model)  # validates, clear errors
     gen = BatchSpeculativeGenerator(
         model.session,
         model.manifest,
         lambda: make_proposer(method, model, num_draft, draft_model),
         num_draft,
         method,
+        default_adaptive(first) if adaptive is None else bool(adaptive),
     )
     out = gen.generate(prompts, max_new_tokens, sampling, eos_ids, on_token)
     out.metrics["provider"] = getattr(model, "provider", None)

@@ -118,6 +118,17 @@ def test_methods_greedy_equal_plain(llama, method, k):
         assert 1.0 <= spec["mean_accepted_length"] <= k + 1
 
 
+def test_adaptive_draft_length_stays_exact(llama):
+    model, draft, _ = llama
+    prompts = _prompts(4, seed=6)
+    plain = _plain(model, prompts, 24, eos=False)
+    for method in ("ngram", "draft"):
+        toks, _, metrics = generate_speculative_batch(
+            model, prompts, 24, method, 4, draft, adaptive=True
+        )
+        assert toks == plain and metrics["speculative"]["adaptive"] is True
+
+
 def test_self_draft_accepts_everything(llama):
     model, _, _ = llama
     prompts = _prompts(4, seed=3)
