@@ -37,6 +37,8 @@ MAX_DRAFT = 16
 METHODS = ("ngram", "draft", "mtp")
 # Methods whose adaptive draft length is on by default (README "Speculative decoding").
 ADAPTIVE_BY_DEFAULT: frozenset[str] = frozenset()
+# Proposers whose cost grows with every draft (one model run each), for the adaptive cost model.
+PER_DRAFT_COST = frozenset({"draft"})
 
 # on_token(token_id) -> True to stop generation here (e.g. a stop string matched)
 OnToken = Callable[[int], "bool | None"]
@@ -149,11 +151,16 @@ class SpeculativeGenerator:
             out, reason, t_first, done = res.tokens, res.reason, res.t_first, True
             kv.past = res.past
             ort_s += res.ort_s
+        per_draft = getattr(self.proposer, "name", "") in PER_DRAFT_COST
+        last_step: tuple[int, float, float] | None = None  # (k, start, propose seconds)
         while not done:
             pos = kv.length  # == len(context) - 1: the last token is not in the cache yet
             room = min(budget - len(out) - 1, ctx_len - 1 - pos)
             k = min(self.num_draft if controller is None else controller.choose(), room)
             t0 = time.perf_counter()
+            if controller is not None and last_step is not None:  # the whole previous step
+                k_prev, t_prev, propose_prev = last_step
+                controller.observe_cost(k_prev, propose_prev, t0 - t_prev - propose_prev, per_draft)
             drafts = self.proposer.propose([context], k) if k > 0 else Drafts.empty(1)
             if drafts.width > k:
                 drafts = Drafts(
@@ -161,11 +168,12 @@ class SpeculativeGenerator:
                     np.minimum(drafts.lengths, k),
                     None if drafts.probs is None else drafts.probs[:, :k],
                 )
-            propose_s += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            propose_s += t1 - t0
             fed = [context[-1], *drafts.row(0)]
-            t0 = time.perf_counter()
             outputs = run_step(self.session, self.output_names, kv, fed, pos)
-            ort_s += time.perf_counter() - t0
+            ort_s += time.perf_counter() - t1
+            last_step = (k, t0, t1 - t0)
             logits = outputs[0][:, : len(fed)]  # [1, S, V]
             result = self._verify(drafts, logits, sampler, context)
             kv.update(outputs[1 : 1 + self.n_kv], keep=pos + int(result.accepted[0]) + 1)

@@ -110,6 +110,9 @@ class AdaptiveDraftLength:
     a plain step) per fed draft, so ``choose`` returns the k in 0..max_draft that maximizes
     tokens per cost. Positions not drafted for a while drift back to ``prior`` so that a
     proposer that recovers (an n-gram entering a repeated passage) is tried again.
+
+    ``cost_per_draft`` starts as the verify cost of one more fed token; ``observe_cost`` adds
+    what proposing costs, measured (a draft model runs once per draft, MTP drafts are free).
     """
 
     def __init__(
@@ -128,6 +131,27 @@ class AdaptiveDraftLength:
         self.prior = float(prior)
         self.drift = float(drift)
         self.rate = [self.prior] * self.max_draft
+        self.verify_cost = self.cost_per_draft
+        self.propose_cost = 0.0  # per step that drafts anything, relative to a plain step
+
+    def observe_cost(
+        self, drafted: int, propose_s: float, rest_s: float, per_draft: bool = False
+    ) -> None:
+        """Timings of one step that asked for ``drafted`` tokens: proposing, and the rest of
+        the step (verify run and host work), which stands for the cost of a plain step.
+
+        ``per_draft``: proposing costs per draft (a draft model runs once per token) rather
+        than per step (an n-gram lookup).
+        """
+        if drafted <= 0 or rest_s <= 0.0:
+            return
+        d = self.decay
+        ratio = min(propose_s / rest_s, float(drafted))  # a stall (GC, preemption) is not a trend
+        if per_draft:
+            cost = self.verify_cost + ratio / drafted
+            self.cost_per_draft = d * self.cost_per_draft + (1.0 - d) * cost
+        else:
+            self.propose_cost = d * self.propose_cost + (1.0 - d) * min(ratio, 1.0)
 
     def choose(self) -> int:
         """The draft length with the best expected tokens per unit of step cost."""
@@ -135,7 +159,7 @@ class AdaptiveDraftLength:
         for i, r in enumerate(self.rate):
             reach *= r
             expected += reach
-            value = expected / (1.0 + self.cost_per_draft * (i + 1))
+            value = expected / (1.0 + self.propose_cost + self.cost_per_draft * (i + 1))
             if value > best:
                 best_k, best = i + 1, value
         return best_k
@@ -149,3 +173,6 @@ class AdaptiveDraftLength:
                 self.rate[i] = d * self.rate[i] + (1.0 - d) * (1.0 if i < accepted else 0.0)
             elif i >= drafted:
                 self.rate[i] += self.drift * (self.prior - self.rate[i])
+        if drafted == 0:  # costs are measured only while drafting: let them be tried again
+            self.propose_cost -= self.drift * self.propose_cost
+            self.cost_per_draft += self.drift * (self.verify_cost - self.cost_per_draft)
