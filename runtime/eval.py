@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from specport.contract import prefill_feeds
+from specport.contract import prefill_feeds, with_causal_tree_mask
 from specport.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def _logits(model: _Model, ids: np.ndarray, chunk: int | None = None) -> np.ndar
             "position_ids": np.arange(start, end, dtype=np.int64)[None, :],  # [1, S]
             **pasts,
         }
-        outs = model.sess.run(names, step)
+        outs = model.sess.run(names, with_causal_tree_mask(model.sess, step))
         parts.append(np.asarray(outs[0][0]))
         pasts = dict(zip(pasts, outs[1:]))
     return np.concatenate(parts, axis=0)

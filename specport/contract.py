@@ -6,6 +6,7 @@ documents through an artifact; it lives here so neither package imports the othe
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,31 @@ TREE_MASK = "tree_mask"
 
 
 def causal_tree_mask(batch: int, s: int) -> np.ndarray:  # [B, S, S] int64, lower-triangular
-    """The tree_mask that makes a tree-mask artifact run plain causal attention."""
+    """The tree_mask that makes a tree-mask artifact run plain causal attention.
+
+    Small shapes (decode steps, which repeat them every token) come from a read-only cache.
+    """
+    if batch * s * s <= 4096:
+        return _small_causal_tree_mask(batch, s)
     return np.ascontiguousarray(np.broadcast_to(np.tri(s, dtype=np.int64), (batch, s, s)))
+
+
+def with_causal_tree_mask(session: Any, feeds: dict[str, Any]) -> dict[str, Any]:
+    """``feeds`` plus a causal tree_mask sized from input_ids [B, S] when ``session`` takes one.
+
+    One line for any feed builder that may meet a --tree-mask artifact (no-op otherwise).
+    """
+    if any(i.name == TREE_MASK for i in session.get_inputs()):
+        b, s = feeds["input_ids"].shape
+        feeds[TREE_MASK] = causal_tree_mask(int(b), int(s))
+    return feeds
+
+
+@functools.lru_cache(maxsize=256)
+def _small_causal_tree_mask(batch: int, s: int) -> np.ndarray:
+    mask = np.ascontiguousarray(np.broadcast_to(np.tri(s, dtype=np.int64), (batch, s, s)))
+    mask.flags.writeable = False
+    return mask
 
 
 _KV_DTYPES: dict[str, Any] = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -161,3 +162,20 @@ def test_plain_generation_on_tree_artifact(tiny_zoo):
     batch = tree.generate_batch(prompt_ids=rows, max_new_tokens=6, ignore_eos=True)
     ref = plain.generate_batch(prompt_ids=rows, max_new_tokens=6, ignore_eos=True)
     assert [r.tokens for r in batch] == [r.tokens for r in ref]
+
+
+@pytest.mark.slow
+def test_other_feed_builders_on_tree_artifact(tiny_zoo):
+    """Batched speculative decoding and chunked evaluation feed a causal tree_mask too."""
+    import specport
+    from specport.runtime.eval import _logits
+    from specport.runtime.speculative.batch import generate_speculative_batch
+
+    plain_path, tree_path = tiny_zoo.artifact("llama", fuse=False), tree_artifact(tiny_zoo, True)
+    rows = [[5, 6, 7, 5, 6, 7, 5], [8, 9]]
+    want = generate_speculative_batch(specport.load(plain_path), rows, 10, "ngram", 3)[0]
+    assert generate_speculative_batch(specport.load(tree_path), rows, 10, "ngram", 3)[0] == want
+    ids = np.random.default_rng(0).integers(3, 256, size=40)
+    ref = _logits(SimpleNamespace(sess=_session(plain_path)), ids)  # type: ignore[arg-type]
+    got = _logits(SimpleNamespace(sess=_session(tree_path)), ids, chunk=16)  # type: ignore[arg-type]
+    np.testing.assert_allclose(got, ref, atol=1e-5)

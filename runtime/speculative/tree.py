@@ -1,0 +1,427 @@
+"""Tree speculative decoding: several candidate continuations verified in one target run.
+
+A chain step scores ``[last, d1..dK]`` and keeps the longest agreeing prefix; when the text
+could continue in several ways that were all seen before (a word followed by different words
+in different places), the chain bets on one of them. A tree step puts every candidate into a
+trie under the last emitted token and scores all trie nodes in ONE run of an artifact exported
+with ``--tree-mask``: node i sits at position ``P + depth(i)`` and attends the past plus its own
+ancestors (``tree_mask[i, j] = 1`` iff j is i or an ancestor of i), so its logits equal those of
+a chain run of its root path. Verification walks down from the root while the target agrees
+with some child; the accepted path and one more token (the target's) are emitted, and the KV
+cache keeps the past plus the accepted path's positions, gathered in order.
+
+Candidates come from n-gram matches (``ngram_candidates``): every distinct continuation of the
+longest suffix n-grams that recur in prompt + output, most recent first (the chain n-gram
+proposer keeps only the most recent). MTP top-k candidates are not wired in.
+
+Greedy output is token-for-token the plain greedy output (up to float ties). Sampling is
+lossless: the drafts are deterministic (one-hot q), so at a node the children are tried in
+order, each accepted with the current p(child), and a rejected child's mass is removed and p
+renormalised (SpecInfer's multi-round speculative sampling with one-hot drafts, which is the
+chain rule of a single draw from p); when no child is accepted the token is drawn from what
+is left of p.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from specport.artifact import Manifest
+from specport.contract import TREE_MASK
+from specport.errors import ContextLengthError, InputError
+from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
+from specport.runtime.speculative.draft import TrimmableKV, run_step
+from specport.runtime.speculative.loop import OnToken, SpeculativeOutput, check_num_draft
+from specport.runtime.speculative.metrics import SpecDecodingStats
+
+logger = logging.getLogger(__name__)
+
+MAX_TREE_WIDTH = 16
+METHOD = "ngram-tree"
+
+# candidates(context, depth, width) -> up to `width` continuations of up to `depth` tokens,
+# best first (earlier candidates win node slots and are tried first when sampling)
+CandidateSource = Callable[[list[int], int, int], list[list[int]]]
+
+
+class TokenTree:
+    """A trie of candidate continuations under a root token (node 0), capped at ``max_nodes``.
+
+    Nodes are numbered in insertion order, so a parent always precedes its children (the
+    flattened order is a valid run order and the ancestor mask is lower-triangular).
+    """
+
+    def __init__(self, root: int, max_nodes: int) -> None:
+        if max_nodes < 1:
+            raise InputError(f"a token tree needs room for its root, got max_nodes={max_nodes}")
+        self.max_nodes = int(max_nodes)
+        self.tokens: list[int] = [int(root)]
+        self.parents: list[int] = [-1]
+        self.depths: list[int] = [0]
+        self.children: list[dict[int, int]] = [{}]  # per node: token -> child node
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    def add(self, path: Sequence[int]) -> int:
+        """Insert ``path`` below the root (shared prefixes merge); returns the nodes added.
+
+        Stops early when the tree is full: a candidate is kept as far as it fits.
+        """
+        node, added = 0, 0
+        for tok in path:
+            tok = int(tok)
+            child = self.children[node].get(tok)
+            if child is None:
+                if len(self.tokens) >= self.max_nodes:
+                    break
+                child = len(self.tokens)
+                self.tokens.append(tok)
+                self.parents.append(node)
+                self.depths.append(self.depths[node] + 1)
+                self.children.append({})
+                self.children[node][tok] = child
+                added += 1
+            node = child
+        return added
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root down to ``node`` (inclusive)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def flatten(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens [N] int64, depths [N] int64, ancestor mask [N, N] int64).
+
+        mask[i, j] == 1 iff node j is node i or one of its ancestors: what the graph's
+        ``tree_mask`` input takes; position ids are ``P + depths``.
+        """
+        n = len(self.tokens)
+        mask = np.zeros((n, n), dtype=np.int64)
+        for i, parent in enumerate(self.parents):
+            if parent >= 0:
+                mask[i] = mask[parent]
+            mask[i, i] = 1
+        return (
+            np.asarray(self.tokens, dtype=np.int64),
+            np.asarray(self.depths, dtype=np.int64),
+            mask,
+        )
+
+
+def ngram_candidates(
+    tokens: Sequence[int] | np.ndarray,  # [L] the context so far
+    length: int,
+    max_candidates: int,
+    min_n: int = 1,
+    max_n: int = 4,
+    max_scan: int = 64,
+) -> list[list[int]]:
+    """Up to ``max_candidates`` distinct continuations (each ``length`` tokens) of earlier
+    occurrences of the context's suffix: longest n first, most recent match first within n.
+
+    A copy that runs into the end of the context continues with the match's period, as the
+    chain n-gram proposer does, so a loop still yields full-length candidates. At most
+    ``max_scan`` matches per n are looked at (a long repetitive context has thousands).
+    """
+    arr = np.asarray(tokens, dtype=np.int64)
+    total = arr.shape[0]
+    if length < 1 or max_candidates < 1 or total < min_n + 1:
+        return []
+    # cand[e] stays True while arr[e-j] == arr[L-1-j] for all j < n (e in [0, L-2]).
+    cand = arr[: total - 1] == arr[total - 1]
+    hits_by_n: list[np.ndarray] = []
+    for n in range(1, min(max_n, total - 1) + 1):
+        if n > 1:
+            cand[n - 1 :] &= arr[: total - n] == arr[total - n]
+            cand[n - 2] = False  # the n-gram would start before position 0
+        hits = np.flatnonzero(cand)
+        if hits.size == 0:
+            break
+        hits_by_n.append(hits)
+    out: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for n in range(len(hits_by_n), min_n - 1, -1):
+        # ends matched by a longer n were visited already (every longer match is one here too)
+        longer = set(hits_by_n[n].tolist()) if n < len(hits_by_n) else set()
+        for end in hits_by_n[n - 1][::-1][:max_scan].tolist():
+            if end in longer:
+                continue
+            draft: list[int] = []
+            for j in range(length):
+                src = end + 1 + j
+                draft.append(int(arr[src]) if src < total else draft[src - total])
+            key = tuple(draft)
+            if key not in seen:
+                seen.add(key)
+                out.append(draft)
+                if len(out) >= max_candidates:
+                    return out
+    return out
+
+
+def has_tree_mask(session: Any) -> bool:
+    return any(i.name == TREE_MASK for i in session.get_inputs())
+
+
+def check_tree_width(tree_width: int, limit: int = MAX_TREE_WIDTH) -> int:
+    if (
+        isinstance(tree_width, bool)
+        or not isinstance(tree_width, (int, np.integer))
+        or not 1 <= tree_width <= limit
+    ):
+        raise InputError(f"--tree-width must be an integer in 1..{limit}, got {tree_width!r}.")
+    return int(tree_width)
+
+
+class TreeSpeculativeGenerator:
+    """Batch-1 tree speculative generation over a session exported with ``--tree-mask``."""
+
+    def __init__(
+        self,
+        session: Any,
+        manifest: Manifest,
+        num_draft: int,
+        tree_width: int,
+        min_n: int = 1,
+        max_n: int = 4,
+        candidates: CandidateSource | None = None,
+    ) -> None:
+        """``candidates`` replaces the n-gram source (e.g. MTP top-k, or an oracle in tests)."""
+        if not has_tree_mask(session):
+            raise InputError(
+                "tree speculative decoding needs an artifact with a 'tree_mask' input; re-export "
+                "the model with `specport export MODEL --out DIR --tree-mask`, or use chain "
+                "speculative decoding (tree width 1) on this artifact."
+            )
+        self.session = session
+        self.manifest = manifest
+        self.num_draft = check_num_draft(num_draft)
+        self.tree_width = check_tree_width(tree_width)
+        self.candidates: CandidateSource = candidates or (
+            lambda ctx, depth, width: ngram_candidates(ctx, depth, width, min_n, max_n)
+        )
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.n_kv = 2 * len(manifest.kv.inputs)
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        eos_ids: Sequence[int] = (),
+        on_token: OnToken | None = None,
+    ) -> SpeculativeOutput:
+        prompt = [int(t) for t in prompt]
+        ctx_len, vocab = self.manifest.context_length, self.manifest.vocab_size
+        _check_prompt(prompt, max_new_tokens, ctx_len, vocab)
+        sampler = Sampler(sampling or SamplingConfig(), vocab)
+        budget = min(max_new_tokens, ctx_len - len(prompt))
+        eos = {int(e) for e in eos_ids}
+        stats = SpecDecodingStats()
+        kv = TrimmableKV(self.manifest)
+        ort_s = propose_s = 0.0
+        nodes_scored = 0
+
+        t_start = time.perf_counter()
+        if len(prompt) > 1:  # prefill all but the last token: it is the first tree's root
+            t0 = time.perf_counter()
+            outputs = run_step(self.session, self.output_names, kv, prompt[:-1], 0)
+            ort_s += time.perf_counter() - t0
+            kv.update(outputs[1 : 1 + self.n_kv])
+        t_prefill = time.perf_counter()
+        prefill_ort = ort_s
+
+        context = list(prompt)
+        out: list[int] = []
+        reason = "length"
+        t_first: float | None = None
+        done = False
+        while not done:
+            pos = kv.length  # == len(context) - 1: the root is not in the cache yet
+            room = min(budget - len(out) - 1, ctx_len - 1 - pos)
+            depth = min(self.num_draft, room)
+            t0 = time.perf_counter()
+            tree = TokenTree(context[-1], 1 + max(depth, 0) * self.tree_width)
+            if depth > 0:
+                for cand in self.candidates(context, depth, self.tree_width):
+                    tree.add(cand[:depth])
+            tokens, depths, anc = tree.flatten()
+            propose_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            outputs = self._run(kv, tokens, depths, anc, pos)
+            ort_s += time.perf_counter() - t0
+            path, extra = _verify(tree, outputs[0][0], sampler, context)
+            _keep_path(kv, outputs[1 : 1 + self.n_kv], pos, path)
+            nodes_scored += len(tree) - 1
+            stats.observe_draft(tree.max_depth, len(path) - 1)
+            if t_first is None:
+                t_first = time.perf_counter()
+            for tok in [*(tree.tokens[i] for i in path[1:]), extra]:
+                out.append(tok)
+                context.append(tok)
+                if tok in eos:
+                    reason, done = "eos", True
+                elif on_token is not None and on_token(tok):
+                    reason, done = "stop", True
+                elif len(out) >= budget:
+                    reason, done = ("context" if budget < max_new_tokens else "length"), True
+                if done:
+                    break
+        t_end = time.perf_counter()
+        self.last_kv = kv  # the cache after the final step (tests compare it to plain decoding)
+        stats.log("tree spec decode")
+        decode_wall = t_end - t_prefill
+        metrics: dict[str, Any] = {
+            "batch": 1,
+            "prompt_tokens": len(prompt),
+            "new_tokens": len(out),
+            "ttft_ms": round(((t_first or t_end) - t_start) * 1e3, 3),
+            "prefill_s": round(t_prefill - t_start, 6),
+            "decode_steps": stats.num_steps,
+            "decode_tok_per_s": round(len(out) / decode_wall, 2) if decode_wall > 0 else None,
+            "tpot_ms": round(decode_wall / len(out) * 1e3, 4) if out else None,
+            "decode_ort_s": round(ort_s - prefill_ort, 6),
+            "decode_wall_s": round(decode_wall, 6),
+            "propose_s": round(propose_s, 6),
+            "total_s": round(t_end - t_start, 6),
+            "speculative": {
+                "method": METHOD,
+                "num_draft": self.num_draft,
+                "tree_width": self.tree_width,
+                # drafted/accepted count the deepest branch per step (comparable to a chain);
+                # tree_nodes counts every scored draft node
+                "tree_nodes": nodes_scored,
+                "mean_tree_nodes": nodes_scored / stats.num_steps if stats.num_steps else 0.0,
+                **stats.as_dict(),
+            },
+        }
+        return SpeculativeOutput(out, reason, metrics, stats)
+
+    def _run(
+        self,
+        kv: TrimmableKV,
+        tokens: np.ndarray,  # [N]
+        depths: np.ndarray,  # [N]
+        anc: np.ndarray,  # [N, N]
+        pos: int,
+    ) -> list[np.ndarray]:
+        n = tokens.shape[0]
+        feeds = {
+            "input_ids": tokens[None, :],  # [1, N]
+            "attention_mask": np.ones((1, pos + n), dtype=np.int64),  # [1, P+N]
+            "position_ids": (pos + depths)[None, :],  # [1, N]
+            TREE_MASK: anc[None],  # [1, N, N]
+            **kv.feeds(),
+        }
+        return self.session.run(self.output_names, feeds)
+
+
+def _check_prompt(prompt: list[int], max_new_tokens: int, ctx_len: int, vocab: int) -> None:
+    if not prompt:
+        raise InputError("the prompt needs at least one token.")
+    if max_new_tokens < 1:
+        raise InputError("--max-new-tokens must be at least 1.")
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise InputError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1}).")
+    if len(prompt) >= ctx_len:
+        raise ContextLengthError(
+            f"prompt has {len(prompt)} tokens but the model's context window is {ctx_len} "
+            f"(and at least one new token must fit). Shorten the prompt to at most {ctx_len - 1} tokens."
+        )
+
+
+def _verify(
+    tree: TokenTree,
+    logits: np.ndarray,  # [N, V] one row per tree node
+    sampler: Sampler,
+    context: list[int],
+) -> tuple[list[int], int]:
+    """(accepted node path from the root, the extra token after it).
+
+    Greedy without penalty: follow the child equal to the argmax. Otherwise the node's
+    processed distribution (history = context + the path's tokens) decides: its argmax
+    (greedy) or multi-round rejection sampling over the children (one-hot drafts).
+    """
+    cfg = sampler.config
+    if cfg.greedy and cfg.repetition_penalty == 1.0:
+        best = np.argmax(logits, axis=-1).tolist()
+        path = [0]
+        while (child := tree.children[path[-1]].get(best[path[-1]])) is not None:
+            path.append(child)
+        return path, int(best[path[-1]])
+    path = [0]
+    while True:
+        node = path[-1]
+        history = np.asarray(context + [tree.tokens[i] for i in path[1:]], dtype=np.int64)
+        p = sampler.probs(logits[node][None], [history])[0]  # [V] float64
+        if cfg.greedy:
+            tok = int(np.argmax(p))
+            child = tree.children[node].get(tok)
+            if child is None:
+                return path, tok
+            path.append(child)
+            continue
+        nxt = None
+        for tok, child in tree.children[node].items():  # candidates in priority order
+            if sampler.rng.random() < p[tok]:
+                nxt = child
+                break
+            residual = p.copy()
+            residual[tok] = 0.0
+            mass = residual.sum()
+            if mass <= 0:  # p == one-hot up to rounding: rejection had probability ~0
+                break
+            p = residual / mass
+        if nxt is None:
+            return path, int(sample_from_probs(p[None], sampler.rng)[0])
+        path.append(nxt)
+
+
+def _keep_path(kv: TrimmableKV, presents: list[np.ndarray], pos: int, path: list[int]) -> None:
+    """Keep the past ``pos`` positions plus the accepted path's nodes, in path order.
+
+    presents: [1, Hkv, P+N, D] per tensor. A path that is a prefix of the node order (a chain)
+    is a slice; otherwise the kept positions are gathered.
+    """
+    if path == list(range(len(path))):
+        kv.update(presents, keep=pos + len(path))
+        return
+    index = np.concatenate([np.arange(pos), pos + np.asarray(path)])
+    kv.past = [np.take(p, index, axis=2) for p in presents]
+
+
+def generate_tree(
+    model: Any,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    num_draft: int,
+    tree_width: int,
+    sampling: SamplingConfig | None = None,
+    eos_ids: Sequence[int] = (),
+    on_token: OnToken | None = None,
+) -> tuple[list[int], str, dict[str, Any]]:
+    """Tree speculative generation for one prompt with a loaded ``specport.api.Model``.
+
+    ``num_draft``: the tree's depth (tokens per candidate); ``tree_width``: how many distinct
+    n-gram candidates it holds (at most ``1 + num_draft * tree_width`` nodes scored per run).
+    The artifact must have been exported with ``--tree-mask``. Returns (new tokens, finish
+    reason, metrics) with the keys of ``generate_speculative``'s metrics.
+    """
+    gen = TreeSpeculativeGenerator(model.session, model.manifest, num_draft, tree_width)
+    out = gen.generate(prompt_ids, max_new_tokens, sampling, eos_ids, on_token)
+    out.metrics["provider"] = getattr(model, "provider", None)
+    return out.tokens, out.finish_reason, out.metrics
