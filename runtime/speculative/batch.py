@@ -39,6 +39,7 @@ from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import PAD, Drafts, Proposer
 from specport.runtime.speculative.loop import check_num_draft, default_adaptive, make_proposer
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
+from specport.runtime.speculative.mtp import MTPProposer
 from specport.runtime.speculative.ngram import NgramProposer
 from specport.runtime.speculative.verify import VerifyResult, greedy_verify, rejection_verify
 
@@ -152,6 +153,9 @@ class BatchSpeculativeGenerator:
         self.n_kv = 2 * len(manifest.kv.inputs)
         mtp_outputs = (manifest.mtp or {}).get("outputs") or {}
         self._observed = [n for n in mtp_outputs.values() if n in self.output_names]
+        kv_out = [n for pair in manifest.kv.outputs for n in pair]
+        self._lean_fetch = [*kv_out, *self._observed]
+        self.trust_graph = True  # greedy MTP: use the graph's own verification (no logits)
         self.record_kv = False  # tests: keep each row's final cache in ``row_kv``
         self.row_kv: dict[int, list[np.ndarray]] = {}
 
@@ -208,6 +212,7 @@ class BatchSpeculativeGenerator:
         ort_s = propose_s = 0.0
         batch_steps = 0
 
+        trust = self._can_trust_graph(sampling, proposers)
         t_start = time.perf_counter()
         if max(len(r) for r in rows) > 1:  # prefill all but each row's last token
             ort_s += self._prefill(kv, rows)
@@ -231,13 +236,20 @@ class BatchSpeculativeGenerator:
                 **kv.feeds(),
             }
             feeds = with_causal_tree_mask(self.session, feeds)  # a --tree-mask artifact
+            fetch = self._lean_fetch if trust else self.output_names
             t0 = time.perf_counter()
-            outputs = self.session.run(self.output_names, feeds)
+            outputs = self.session.run(fetch, feeds)
             ort_s += time.perf_counter() - t0
             batch_steps += 1
-            result = self._verify(drafts, outputs[0], sampler, [contexts[b] for b in live.tolist()])
+            named = dict(zip(fetch, outputs))
+            if trust:  # presents and the three mtp_* outputs only; no logits left the graph
+                presents = outputs[: self.n_kv]
+                result = self._graph_verify(drafts, named)
+            else:
+                presents = outputs[1 : 1 + self.n_kv]
+                ctxs = [contexts[b] for b in live.tolist()]
+                result = self._verify(drafts, outputs[0], sampler, ctxs)
             keep = kv.lengths + result.accepted + 1
-            named = dict(zip(self.output_names, outputs))
             observed = self._observed or named  # MTP rows read only the mtp_* outputs
             alive = np.ones(live.size, dtype=bool)
             for i, b in enumerate(live.tolist()):
@@ -270,7 +282,6 @@ class BatchSpeculativeGenerator:
             if t_first is None:
                 t_first = time.perf_counter()
             stay = np.flatnonzero(alive)
-            presents = outputs[1 : 1 + self.n_kv]
             start = kv.width - kv.lengths  # old cache right-aligned at W-1, new tokens from W
             if self.record_kv:
                 for j in np.flatnonzero(~alive).tolist():
@@ -311,6 +322,40 @@ class BatchSpeculativeGenerator:
         return BatchSpeculativeOutput(out, reasons, metrics, stats)
 
     # ---- pieces ----------------------------------------------------------------------
+    def _can_trust_graph(self, sampling: SamplingConfig, proposers: list[Proposer]) -> bool:
+        """Greedy MTP without a penalty: the graph's argmax verification is the host's."""
+        return (
+            self.trust_graph
+            and sampling.greedy
+            and sampling.repetition_penalty == 1.0
+            and len(self._observed) == 3
+            and all(isinstance(p, MTPProposer) for p in proposers)
+        )
+
+    def _graph_verify(self, drafts: Drafts, named: dict[str, np.ndarray]) -> VerifyResult:
+        """The host's greedy verdict read from ``mtp_accepted`` / ``mtp_bonus`` [n].
+
+        The graph compares every fed slot, fillers included: when a filler equals the argmax
+        after a row's last real draft the graph accepts past it, while the host stops at the
+        row's drafts and emits that argmax (= the filler) as the extra token. The graph's new
+        drafts then belong to a later position; the MTP proposer sees the disagreement in
+        ``observe`` and drafts nothing for that row next step.
+        """
+        info = (self.manifest.mtp or {})["outputs"]
+        acc = named[info["accepted"]].reshape(-1).tolist()  # [n] int64
+        bonus = named[info["bonus"]].reshape(-1).tolist()  # [n] int64
+        accepted, tokens = [], []
+        for i, row in enumerate(drafts.tokens.tolist()):
+            n = int(drafts.lengths[i])
+            if acc[i] <= n:
+                a, extra = int(acc[i]), int(bonus[i])
+            else:
+                a, extra = n, FILLER
+            accepted.append(a)
+            tokens.append([*row[:a], extra])
+        arr = np.array(accepted, dtype=np.int64)
+        return VerifyResult(arr, tokens, arr == drafts.lengths)
+
     def _row_proposer(self, b: int, sampling: SamplingConfig) -> Proposer:
         proposer = self.make_row_proposer()
         configure = getattr(proposer, "configure", None)

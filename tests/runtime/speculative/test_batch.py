@@ -12,10 +12,12 @@ from specport.errors import ContextLengthError, InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts
 from specport.runtime.speculative.batch import (
+    FILLER,
     BatchSpeculativeGenerator,
     generate_speculative_batch,
 )
 from specport.runtime.speculative.draft import TrimmableKV, run_step
+from specport.runtime.speculative.mtp import MTPProposer
 
 pytestmark = pytest.mark.slow  # the fixtures export tiny models (a few seconds each)
 
@@ -138,7 +140,16 @@ def test_self_draft_accepts_everything(llama):
     assert metrics["decode_steps"] == 5  # 21 tokens in steps of 5, 5, 5, 5, 1
 
 
+def _mtp_gen(mtp, k: int, trust: bool) -> BatchSpeculativeGenerator:
+    gen = BatchSpeculativeGenerator(
+        mtp.session, mtp.manifest, lambda: MTPProposer(mtp.manifest), k, "mtp"
+    )
+    gen.trust_graph = trust
+    return gen
+
+
 def test_mtp_greedy_equals_plain(llama):
+    """Both verifications: the graph's own (greedy default, no logits) and the host's."""
     model, _, mtp = llama
     prompts = _prompts(6, seed=4)
     for batch in (prompts[:3], prompts[2:6]):
@@ -147,8 +158,25 @@ def test_mtp_greedy_equals_plain(llama):
             toks, _, metrics = generate_speculative_batch(mtp, batch, 20, "mtp", k)
             assert toks == plain, k
             assert metrics["speculative"]["drafted"] > 0  # rows read their drafts from the graph
+            host = _mtp_gen(mtp, k, trust=False).generate(batch, 20)
+            assert host.tokens == plain and host.metrics["speculative"]["drafted"] > 0
     with pytest.raises(InputError, match="MTP heads"):
         generate_speculative_batch(mtp, prompts[:2], 4, "mtp", 3)
+
+
+def test_graph_verify_stops_at_a_rows_drafts(llama):
+    """A filler equal to the argmax makes the graph accept past a row's drafts; the host not."""
+    _, _, mtp = llama
+    gen = _mtp_gen(mtp, 2, trust=True)
+    drafts = Drafts.from_lists([[7], [], [8, 9]])
+    named = {
+        "mtp_accepted": np.array([2, 1, 1]),  # rows 0 and 1: a filler matched
+        "mtp_bonus": np.array([FILLER, FILLER, 33]),
+    }
+    res = gen._graph_verify(drafts, named)
+    assert res.accepted.tolist() == [1, 0, 1]
+    assert res.tokens == [[7, FILLER], [FILLER], [8, 33]]
+    assert res.bonus.tolist() == [True, True, False]
 
 
 def test_kv_cache_equals_plain_state(llama):
@@ -309,5 +337,8 @@ def test_stories260k_greedy_equals_plain(stories, method):
         )
         assert toks == [r.tokens for r in plain], method
         assert reasons == [r.finish_reason for r in plain]
+        if method == "mtp":  # and with the host verifying (logits out of the graph)
+            host = _mtp_gen(mtp, 3, trust=False).generate(batch, 60, GREEDY, eos)
+            assert host.tokens == toks and host.finish_reasons == reasons
         if method == "ngram":
             assert metrics["speculative"]["accepted"] > 0
