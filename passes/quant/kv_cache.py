@@ -24,8 +24,9 @@ Scales come from calibration text run through the fp32 artifact as prefills with
 so the present outputs hold every position's keys (after rotary) and values. Per head we keep
 the exact absmax and a bounded random sample of |x|; `clip` turns them into a clipping range:
 `absmax` (no clipping), `mse` (the fraction of absmax that minimises the squared quantization
-error on the sample) or `pNN.N` (a percentile of |x|). On stories260K (fused, token by token)
-absmax +0.20%, p99.9 +0.37%, p99.99 +0.48%, mse +0.56%: absmax is the default.
+error on the sample) or `pNN.N` (a percentile of |x|). On stories260K (token by token, new
+positions read in float) absmax +0.20%, p99.9 +0.37%, p99.99 +0.48%, mse +0.56%: absmax is the
+default.
 """
 
 from __future__ import annotations
