@@ -18,8 +18,11 @@ stop, budget) are removed from the batch and cost nothing afterwards.
 Proposers are batch-1 objects (``make_proposer`` from the batch-1 loop), one per row: n-gram is
 stateless, a draft model keeps one cache per row, and an MTP row reads its next drafts from its
 own row of the graph's ``mtp_*`` outputs (the MTP branch is per row: argmax, gather and heads
-all carry the batch axis). Greedy output equals plain greedy decoding token for token per row
-(up to float ties); sampling uses lossless rejection sampling per row with one seeded RNG.
+all carry the batch axis). Under greedy decoding without a penalty an all-MTP batch trusts the
+graph's own verification (``mtp_accepted`` / ``mtp_bonus``, no logits fetched), as the batch-1
+fast path does; ``trust_graph = False`` makes the host verify. Greedy output equals plain
+greedy decoding token for token per row (up to float ties); sampling uses lossless rejection
+sampling per row with one seeded RNG.
 """
 
 from __future__ import annotations
@@ -124,11 +127,6 @@ class PaddedKV:
                 out.append(q)
             self.past = out
         self.lengths = keep.astype(np.int64)
-
-    def row(self, i: int) -> list[np.ndarray]:
-        """Row i's cache without padding: per tensor [1, Hkv, lengths[i], D]."""
-        w = self.width
-        return [np.array(p[i : i + 1, :, w - int(self.lengths[i]) :]) for p in self.past]
 
 
 class BatchSpeculativeGenerator:
