@@ -50,7 +50,7 @@ from specport.contract import prefill_feeds
 from specport.errors import QuantizationError
 from specport.passes.base import Pass
 from specport.passes.quant import calibration as C
-from specport.passes.quant.graph import add_initializer, named
+from specport.passes.quant.graph import add_initializer, named, remove_unused
 
 logger = logging.getLogger(__name__)
 
@@ -212,6 +212,8 @@ class QuantizeKVCachePass(Pass):
         self._cache: dict[str, tuple[ir.Value, ir.Value]] = {}
         layers: dict[str, Any] = {}
         float_step: list[str] = []
+        pasts: dict[str, tuple[ir.Value, ir.Value]] = {}  # present name -> (int8 past, dequantized)
+        shortcuts = 0
         for idx, old in enumerate(list(g.inputs)):
             m = _PAST.match(old.name or "")
             if not m:
@@ -237,6 +239,7 @@ class QuantizeKVCachePass(Pass):
                 use.node.replace_input_with(use.idx, target)
             g.inputs[idx] = new
             layers[present] = [round(float(s), 8) for s in scale]
+            pasts[present] = (new, dq.outputs[0])
         for idx, old in enumerate(list(g.outputs)):
             m = _PRESENT.match(old.name or "")
             if not m:
@@ -250,10 +253,20 @@ class QuantizeKVCachePass(Pass):
                 attributes={"axis": 1},
                 name=f"/model/layers.{m[1]}/kv_cache/{m[2]}/QuantizeLinear",
             )
-            out = q.outputs[0]
+            new_nodes = [q]
+            new_part = _concat_after(old.producer(), pasts.get(name), g)
+            if new_part is not None:
+                # present = Concat(dequant(past), new): as int8 it is Concat(past, quant(new))
+                # (quant(dequant(past)) is past), which skips requantizing the whole cache.
+                q.replace_input_with(0, new_part)
+                q.outputs[0].name = f"/model/layers.{m[1]}/kv_cache/{m[2]}/new_int8"
+                cat = ir.node("Concat", [pasts[name][0], q.outputs[0]], attributes={"axis": 2})
+                cat.name = f"/model/layers.{m[1]}/kv_cache/{m[2]}/Concat"
+                new_nodes.append(cat)
+                shortcuts += 1
+            out = new_nodes[-1].outputs[0]
             out.name, out.shape, out.type = name, old.shape, ir.TensorType(ir.DataType.INT8)
             readers = [u for u in old.uses() if u.node is not q]
-            new_nodes = [q]
             if readers:  # attention reads the concatenated cache: give it the int8 values
                 dq = named(
                     ir.node(
@@ -277,6 +290,8 @@ class QuantizeKVCachePass(Pass):
             g.outputs[idx] = out
         if len(layers) != sum(1 for v in g.outputs if _PRESENT.match(v.name or "")):
             raise QuantizationError("past inputs and present outputs of the graph do not pair up")
+        if shortcuts:
+            remove_unused(model)  # the float concatenations and their dequantized pasts
         return True, {
             "dtype": "int8",
             "axis": 1,
@@ -286,6 +301,7 @@ class QuantizeKVCachePass(Pass):
             # float: fused attention (GroupQueryAttention) reads the new positions in float.
             "current_step": "float" if float_step else "int8",
             "float_step_tensors": float_step,
+            "int8_concat": shortcuts,
             "scales": layers,
         }
 
@@ -309,6 +325,22 @@ class QuantizeKVCachePass(Pass):
             zv = add_initializer(g, f"{key}/zero_point", np.zeros(scale.shape, np.int8))
             self._cache[key] = (sv, zv)
         return self._cache[key]
+
+
+def _concat_after(
+    producer: ir.Node | None, past: tuple[ir.Value, ir.Value] | None, g: ir.Graph
+) -> ir.Value | None:
+    """The new part S of `present = Concat(dequantized past, S, axis=2)`, else None."""
+    if producer is None or past is None or producer.graph is not g:
+        return None
+    if producer.op_type != "Concat" or producer.domain not in ("", "ai.onnx"):
+        return None
+    axis = producer.attributes.get("axis")
+    if axis is None or axis.value not in (2, -2) or len(producer.inputs) != 2:
+        return None
+    if producer.inputs[0] is not past[1]:
+        return None
+    return producer.inputs[1]
 
 
 def int8_kv_manifest(manifest: Manifest, report: dict[str, Any], recipe: dict[str, Any]) -> None:

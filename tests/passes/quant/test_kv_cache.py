@@ -64,23 +64,30 @@ def test_scales_from_stats_clips():
 # -- the pass on a hand-built concat graph -------------------------------------------------
 
 
-def _concat_graph(heads: int = 2, dim: int = 4) -> ir.Model:
-    """past [B,H,P,D] ++ new [B,H,S,D] -> present; out = ReduceSum(present) reads the cache."""
+def _concat_graph(heads: int = 2, dim: int = 4, wrap: bool = False) -> ir.Model:
+    """past [B,H,P,D] ++ new [B,H,S,D] -> present; out = ReduceSum(present) reads the cache.
+
+    wrap: present = Identity(Concat(...)), a producer the pass does not see through."""
     f = ir.TensorType(ir.DataType.FLOAT)
     past = ir.Value(name="past_key_values.0.key", shape=ir.Shape(["B", heads, "P", dim]), type=f)
     new = ir.Value(name="new", shape=ir.Shape(["B", heads, "S", dim]), type=f)
     cat = ir.node("Concat", [past, new], attributes={"axis": 2}, name="cat")
-    cat.outputs[0].name, cat.outputs[0].type = "present.0.key", f
-    cat.outputs[0].shape = ir.Shape(["B", heads, "T", dim])
-    red = ir.node("ReduceSum", [cat.outputs[0]], attributes={"keepdims": 0}, name="sum")
+    nodes = [cat]
+    if wrap:
+        cat.outputs[0].name = "cat_out"
+        nodes.append(ir.node("Identity", [cat.outputs[0]], name="wrap"))
+    present = nodes[-1].outputs[0]
+    present.name, present.type = "present.0.key", f
+    present.shape = ir.Shape(["B", heads, "T", dim])
+    red = ir.node("ReduceSum", [present], attributes={"keepdims": 0}, name="sum")
     red.outputs[0].name, red.outputs[0].type = "total", f
     red.outputs[0].shape = ir.Shape([])
     shape = ir.node("Shape", [past], name="shape")
     shape.outputs[0].name, shape.outputs[0].type = "past_shape", ir.TensorType(ir.DataType.INT64)
     graph = ir.Graph(
         [past, new],
-        [red.outputs[0], cat.outputs[0], shape.outputs[0]],
-        nodes=[cat, red, shape],
+        [red.outputs[0], present, shape.outputs[0]],
+        nodes=[*nodes, red, shape],
         opset_imports={"": 23},
     )
     return ir.Model(graph, ir_version=10)
@@ -92,12 +99,16 @@ def _session(model: ir.Model, tmp_path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def test_pass_on_concat_graph(tmp_path):
+@pytest.mark.parametrize("wrap", [False, True], ids=["int8_concat", "requantize"])
+def test_pass_on_concat_graph(tmp_path, wrap):
     scale = np.array([0.05, 0.2], np.float32)
-    model = _concat_graph()
+    model = _concat_graph(wrap=wrap)
     result = QuantizeKVCachePass({"present.0.key": scale})(model)
     assert result.modified and result.report["scales"]["present.0.key"] == [0.05, 0.2]
-    assert result.report["ops_after"]["DequantizeLinear"] == 2  # past, and present for ReduceSum
+    # Concat(dequant(past), new) becomes Concat(past, quant(new)): the float concat and the
+    # past's DequantizeLinear go; the present's DequantizeLinear feeds ReduceSum.
+    assert result.report["int8_concat"] == (0 if wrap else 1)
+    assert result.report["ops_after"]["DequantizeLinear"] == (2 if wrap else 1)
     assert result.report["current_step"] == "int8"
     assert result.report["ops_after"]["QuantizeLinear"] == 1
     sess = _session(model, tmp_path)
@@ -119,7 +130,7 @@ def test_pass_on_concat_graph(tmp_path):
 
 def test_pass_without_cache_reader_keeps_current_step_float(tmp_path):
     """A fused attention that outputs present itself reads its new positions in float."""
-    model = _concat_graph()
+    model = _concat_graph(wrap=True)
     g = model.graph
     g.outputs.pop(0)
     g.remove(next(n for n in g if n.op_type == "ReduceSum"), safe=True)
