@@ -226,6 +226,30 @@ def test_per_row_eos_stop_and_context(llama):
     assert reasons == ["length", "context"] == [r.finish_reason for r in one]
 
 
+def test_edge_shapes_and_greedy_penalty(llama):
+    """One-token prompts only (no prefill), batch 1, one new token, greedy with a penalty."""
+    model, draft, _ = llama
+    ones = [[5], [77], [200]]
+    assert generate_speculative_batch(model, ones, 12, "ngram", 3)[0] == _plain(
+        model, ones, 12, False
+    )
+    single = _prompts(3, seed=9)[2:]
+    assert generate_speculative_batch(model, single, 12, "draft", 3, draft)[0] == _plain(
+        model, single, 12, False
+    )
+    toks, reasons, metrics = generate_speculative_batch(model, ones, 1, "draft", 3, draft)
+    assert toks == _plain(model, ones, 1, False) and reasons == ["length"] * 3
+    assert metrics["speculative"]["drafted"] == 0  # no room for drafts with one token to go
+    prompts = _prompts(4, seed=10)
+    cfg = SamplingConfig(greedy=True, repetition_penalty=1.3)
+    want = model.generate_batch(
+        prompt_ids=prompts, max_new_tokens=16, greedy=True, repetition_penalty=1.3, ignore_eos=True
+    )
+    for method in ("ngram", "draft"):
+        got = generate_speculative_batch(model, prompts, 16, method, 3, draft, cfg)[0]
+        assert got == [r.tokens for r in want], method
+
+
 def test_bad_inputs(llama):
     model, _, _ = llama
     ctx = model.manifest.context_length
