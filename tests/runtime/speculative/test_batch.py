@@ -8,20 +8,69 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specport.artifact import KVLayout, Manifest
 from specport.errors import ContextLengthError, InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts
 from specport.runtime.speculative.batch import (
     FILLER,
     BatchSpeculativeGenerator,
+    PaddedKV,
+    _greedy_rows,
     generate_speculative_batch,
 )
 from specport.runtime.speculative.draft import TrimmableKV, run_step
 from specport.runtime.speculative.mtp import MTPProposer
-
-pytestmark = pytest.mark.slow  # the fixtures export tiny models (a few seconds each)
+from specport.runtime.speculative.verify import greedy_verify
 
 GREEDY = SamplingConfig()
+slow = pytest.mark.slow  # the model fixtures export tiny models (a few seconds each)
+
+
+def _kv(batch: int) -> PaddedKV:
+    layout = KVLayout(
+        inputs=[["k0", "v0"]], outputs=[["pk0", "pv0"]], num_heads=[2], key_dim=[3], value_dim=[3]
+    )
+    manifest = Manifest("llama", {"vocab_size": 16, "context_length": 64}, {}, layout)
+    return PaddedKV(manifest, batch)
+
+
+def test_compact_keeps_each_rows_segment_left_padded():
+    """Synthetic presents: row r's kept positions move to the right edge, pads become zero."""
+    kv = _kv(3)
+    kv.lengths = np.array([2, 4, 0])
+    w, s = 4, 3
+    presents = [np.random.default_rng(i).standard_normal((3, 2, w + s, 3)) + 5 for i in range(2)]
+    start = w - kv.lengths
+    keep = kv.lengths + np.array([0, 2, 1]) + 1  # accepted 0, 2, 1
+    kv.compact(presents, start, keep, np.array([0, 2]))  # row 1 finished: dropped
+    assert kv.lengths.tolist() == [3, 2] and kv.width == 3
+    for got, p in zip(kv.past, presents):
+        np.testing.assert_array_equal(got[0], p[0, :, 2:5])
+        np.testing.assert_array_equal(got[1, :, 1:], p[2, :, 4:6])
+        assert not got[1, :, :1].any()  # padding is zero
+    np.testing.assert_array_equal(kv.mask(2), [[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    # Every row accepting the same count is one slice of the presents.
+    kv.lengths = np.array([3, 3])
+    presents = [np.arange(2 * 2 * 5 * 3, dtype=float).reshape(2, 2, 5, 3) for _ in range(2)]
+    kv.compact(presents, 3 - kv.lengths, kv.lengths + 2, np.array([0, 1]))
+    np.testing.assert_array_equal(kv.past[0], presents[0])
+
+
+def test_greedy_rows_equals_greedy_verify():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        logits = rng.standard_normal((4, 5, 7)).astype(np.float32)
+        best = logits.argmax(-1)
+        rows = [
+            [int(best[b, j]) if rng.random() < 0.7 else int(rng.integers(7)) for j in range(n)]
+            for b, n in enumerate(rng.integers(0, 5, size=4))
+        ]
+        drafts = Drafts.from_lists(rows)
+        want = greedy_verify(drafts, logits[:, : drafts.width + 1])
+        got = _greedy_rows(drafts, logits)
+        assert got.tokens == want.tokens and got.accepted.tolist() == want.accepted.tolist()
+        assert got.bonus.tolist() == want.bonus.tolist()
 
 
 def _load(path: Path):
@@ -85,6 +134,7 @@ def _random_gen(model, k: int, seed: int = 0) -> BatchSpeculativeGenerator:
     return BatchSpeculativeGenerator(model.session, model.manifest, lambda: RandomProposer(rng), k)
 
 
+@slow
 @pytest.mark.parametrize("arch", ["llama", "mistral", "gpt2", "phi3"])
 def test_greedy_equals_plain_across_architectures(tiny_zoo, arch):
     """Left padding + ragged drafts: each row equals plain batched and one-by-one decoding."""
@@ -104,6 +154,7 @@ def test_greedy_equals_plain_across_architectures(tiny_zoo, arch):
         assert metrics["batch"] == len(batch) and metrics["new_tokens"] == 20 * len(batch)
 
 
+@slow
 @pytest.mark.parametrize("method,k", [("ngram", 1), ("ngram", 5), ("draft", 2), ("draft", 4)])
 def test_methods_greedy_equal_plain(llama, method, k):
     model, draft, _ = llama
@@ -120,6 +171,7 @@ def test_methods_greedy_equal_plain(llama, method, k):
         assert 1.0 <= spec["mean_accepted_length"] <= k + 1
 
 
+@slow
 def test_adaptive_draft_length_stays_exact(llama):
     model, draft, _ = llama
     prompts = _prompts(4, seed=6)
@@ -131,6 +183,7 @@ def test_adaptive_draft_length_stays_exact(llama):
         assert toks == plain and metrics["speculative"]["adaptive"] is True
 
 
+@slow
 def test_self_draft_accepts_everything(llama):
     model, _, _ = llama
     prompts = _prompts(4, seed=3)
@@ -148,6 +201,7 @@ def _mtp_gen(mtp, k: int, trust: bool) -> BatchSpeculativeGenerator:
     return gen
 
 
+@slow
 def test_mtp_greedy_equals_plain(llama):
     """Both verifications: the graph's own (greedy default, no logits) and the host's."""
     model, _, mtp = llama
@@ -164,6 +218,7 @@ def test_mtp_greedy_equals_plain(llama):
         generate_speculative_batch(mtp, prompts[:2], 4, "mtp", 3)
 
 
+@slow
 def test_graph_verify_stops_at_a_rows_drafts(llama):
     """A filler equal to the argmax makes the graph accept past a row's drafts; the host not."""
     _, _, mtp = llama
@@ -179,6 +234,7 @@ def test_graph_verify_stops_at_a_rows_drafts(llama):
     assert res.bonus.tolist() == [True, True, False]
 
 
+@slow
 def test_kv_cache_equals_plain_state(llama):
     """After ragged accept/reject steps, each row's cache equals one run over its tokens."""
     model, _, _ = llama
@@ -197,6 +253,7 @@ def test_kv_cache_equals_plain_state(llama):
             np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
 
 
+@slow
 def test_per_row_eos_stop_and_context(llama):
     model, draft, _ = llama
     prompts = _prompts(3, seed=7)
@@ -226,6 +283,7 @@ def test_per_row_eos_stop_and_context(llama):
     assert reasons == ["length", "context"] == [r.finish_reason for r in one]
 
 
+@slow
 def test_edge_shapes_and_greedy_penalty(llama):
     """One-token prompts only (no prefill), batch 1, one new token, greedy with a penalty."""
     model, draft, _ = llama
@@ -250,6 +308,7 @@ def test_edge_shapes_and_greedy_penalty(llama):
         assert got == [r.tokens for r in want], method
 
 
+@slow
 def test_bad_inputs(llama):
     model, _, _ = llama
     ctx = model.manifest.context_length
@@ -273,6 +332,7 @@ def test_bad_inputs(llama):
         generate_speculative_batch(model, [[5, 6]], 4, "medusa", 2)
 
 
+@slow
 @pytest.mark.parametrize("method", ["ngram", "draft", "mtp"])
 def test_sampling_is_seeded(llama, method):
     model, draft, mtp = llama
@@ -287,6 +347,7 @@ def test_sampling_is_seeded(llama, method):
     assert generate_speculative_batch(target, prompts, 16, method, 2, draft, other)[0] != a
 
 
+@slow
 def test_rejection_sampling_preserves_distribution(llama):
     """Joint law of each row's first two sampled tokens equals the target's (draft model)."""
     model, draft, _ = llama
@@ -346,6 +407,7 @@ def stories(shared_dir, tmp_path_factory):
     return model, _load(out / "l1"), _load(out / "mtp")
 
 
+@slow
 @pytest.mark.parametrize("method", ["ngram", "draft", "mtp"])
 def test_stories260k_greedy_equals_plain(stories, method):
     model, draft, mtp = stories
