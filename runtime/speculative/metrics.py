@@ -131,7 +131,8 @@ class AdaptiveDraftLength:
         self.prior = float(prior)
         self.drift = float(drift)
         self.rate = [self.prior] * self.max_draft
-        self.verify_cost = self.cost_per_draft
+        self.verify_cost = self.cost_per_draft  # what one more fed token costs the verify run
+        self.prior_cost = self.cost_per_draft  # where an unmeasured cost drifts back to
         self.propose_cost = 0.0  # per step that drafts anything, relative to a plain step
 
     def observe_cost(
@@ -175,4 +176,4 @@ class AdaptiveDraftLength:
                 self.rate[i] += self.drift * (self.prior - self.rate[i])
         if drafted == 0:  # costs are measured only while drafting: let them be tried again
             self.propose_cost -= self.drift * self.propose_cost
-            self.cost_per_draft += self.drift * (self.verify_cost - self.cost_per_draft)
+            self.cost_per_draft += self.drift * (self.prior_cost - self.cost_per_draft)

@@ -40,3 +40,30 @@ def test_cli_bench_speculative_json(tiny_llama_artifact, capsys):
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["engine"] for r in report["rows"]] == ["plain", "ngram"]
+
+
+def test_cli_bench_speculative_adaptive_both(tiny_llama_artifact, capsys):
+    rc = main(
+        [
+            "bench",
+            str(tiny_llama_artifact),
+            "--speculative",
+            "ngram",
+            "--adaptive",
+            "both",
+            "--prompt-ids",
+            "3,4,5,3,4,5,3",
+            "--new-tokens",
+            "8",
+            "--runs",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["engine"] for r in report["rows"]] == ["plain", "ngram", "ngram+adaptive"]
+    assert all(r["tokens_equal_plain"] for r in report["rows"])
+    assert report["plain"] == "same artifact" and report["adaptive"] == "both"

@@ -82,8 +82,8 @@ def test_self_draft_accepts_everything(tiny):
     model, _ = tiny
     ids = _prompts(1, seed=3)[0]
     plain = model.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True)
-    toks, _, metrics = generate_speculative(
-        model, ids, 20, "draft", 4, model, SamplingConfig(), (), None
+    toks, _, metrics = generate_speculative(  # fixed K: adaptive would (rightly) stop drafting
+        model, ids, 20, "draft", 4, model, SamplingConfig(), (), None, adaptive=False
     )
     assert toks == plain.tokens
     assert metrics["speculative"]["acceptance_rate"] == 1.0

@@ -80,3 +80,20 @@ def test_adaptive_draft_length_updates_only_tested_positions():
     assert ctl.rate == [0.75, 0.25, 0.5]
     with pytest.raises(ValueError):
         AdaptiveDraftLength(0)
+
+
+def test_adaptive_cost_model_learns_expensive_drafts():
+    from specport.runtime.speculative.loop import default_adaptive
+    from specport.runtime.speculative.metrics import AdaptiveDraftLength
+    from specport.runtime.speculative.ngram import NgramProposer
+
+    ctl = AdaptiveDraftLength(3)
+    for _ in range(30):  # half the drafts survive; each draft costs a whole plain step
+        k = ctl.choose()
+        ctl.observe(k, min(k, 1))
+        ctl.observe_cost(k, propose_s=1.0 * k, rest_s=1.0, per_draft=True)
+    assert ctl.cost_per_draft > 0.5
+    assert ctl.choose() <= 1
+    ctl.observe_cost(2, propose_s=100.0, rest_s=1.0)  # a stall is clipped, not a trend
+    assert ctl.propose_cost <= 1.0
+    assert not default_adaptive(NgramProposer())
