@@ -260,17 +260,16 @@ def _check_tree_mask(tree_mask: bool, kv_layout: str, passes: list[str] | None) 
 
 
 def _check_tree_model(config: Any) -> None:
-    """The tree mask replaces HF's mask, so per-layer sliding windows would be lost."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None) or []
-    uses_window = any("sliding" in str(t) for t in layer_types) or (
-        window is not None and not layer_types and getattr(config, "use_sliding_window", True)
-    )
-    if window and uses_window:
+    """The tree mask replaces HF's masks: refuse layer kinds it cannot reproduce."""
+    from specport.exporter.wrapper import sliding_layout
+
+    try:
+        sliding_layout(config)
+    except ValueError as e:
         raise ExportError(
-            f"--tree-mask does not support sliding-window attention (this model's window is "
-            f"{window}); export without --tree-mask and use chain speculative decoding."
-        )
+            f"--tree-mask supports full and sliding-window attention layers; this model has {e}. "
+            "Export without --tree-mask and use chain speculative decoding."
+        ) from e
 
 
 def _tree_passes(target: str) -> list[str]:

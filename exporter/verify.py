@@ -54,50 +54,44 @@ def reference_cases(
 ) -> list[ReferenceCase]:
     """Random inputs and the PyTorch wrapper's outputs for each verification case.
 
-    With `tree_mask` every case also feeds a causal (lower-triangular) `tree_mask`, and one
-    more case scores a branching token tree on top of a past.
+    With `tree_mask` every case also feeds a causal (lower-triangular) `tree_mask` and is still
+    compared with the plain model, and one more case scores a branching token tree on top of a
+    past, each node compared with a plain chain run of its path.
     """
     import torch
 
-    from specport.contract import TREE_MASK
-    from specport.exporter.wrapper import FlatKVWrapper, TreeMaskKVWrapper
+    from specport.contract import TREE_MASK, causal_tree_mask
+    from specport.exporter.wrapper import FlatKVWrapper
 
     rng = np.random.default_rng(seed)
     num_layers = len(kv_shapes)
-    wrapper_cls = TreeMaskKVWrapper if tree_mask else FlatKVWrapper
-    wrapper = wrapper_cls(model, num_layers).eval()
+    wrapper = FlatKVWrapper(model, num_layers).eval()
     names = kv_input_names(num_layers)
     cases: list[ReferenceCase] = []
 
-    def run(
-        name: str,
-        ids: np.ndarray,
-        mask: np.ndarray,
-        past: list[np.ndarray],
-        tree: tuple[np.ndarray, np.ndarray] | None = None,  # (tree_mask [B,S,S], pos [B,S])
-    ) -> list[np.ndarray]:
-        batch, seq = ids.shape
-        pos = positions_from_mask(mask, seq) if tree is None else tree[1]
-        extra: dict[str, np.ndarray] = {}
-        if tree_mask:
-            causal = np.tril(np.ones((seq, seq), np.int64))
-            extra[TREE_MASK] = tree[0] if tree is not None else np.repeat(causal[None], batch, 0)
+    def forward(ids: np.ndarray, mask: np.ndarray, past: list[np.ndarray]) -> list[np.ndarray]:
+        pos = positions_from_mask(mask, ids.shape[1])
         with torch.no_grad():
             out = wrapper(
                 torch.from_numpy(ids),
                 torch.from_numpy(mask),
                 torch.from_numpy(pos),
-                *[torch.from_numpy(v) for v in extra.values()],
                 *[torch.from_numpy(p) for p in past],
             )
-        arrays = [t.numpy().copy() for t in out]
+        return [t.numpy().copy() for t in out]
+
+    def run(
+        name: str, ids: np.ndarray, mask: np.ndarray, past: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        arrays = forward(ids, mask, past)
         feeds = {
             "input_ids": ids,
             "attention_mask": mask,
-            "position_ids": pos,
-            **extra,
+            "position_ids": positions_from_mask(mask, ids.shape[1]),
             **dict(zip(names, past)),
         }
+        if tree_mask:
+            feeds[TREE_MASK] = causal_tree_mask(*ids.shape).copy()
         valid = mask[:, -ids.shape[1] :].astype(bool)
         cases.append(ReferenceCase(name, feeds, arrays[0], arrays[1:], valid, mask.copy()))
         return arrays[1:]
@@ -115,19 +109,55 @@ def reference_cases(
         past = run(f"decode_b2_step{step}", rng.integers(0, vocab_size, (batch, 1)), mask, past)
     chunk_mask = np.concatenate([mask, np.ones((batch, 3), np.int64)], axis=1)
     run("chunk_b2_past", rng.integers(0, vocab_size, (batch, 3)), chunk_mask, past)
-    if tree_mask:  # root -> {a -> {c, d}, b}: nodes 0..4 at depths 0, 1, 1, 2, 2
-        parents, depths = [-1, 0, 0, 1, 1], np.array([0, 1, 1, 2, 2])
-        anc = np.zeros((5, 5), np.int64)
-        for i, p in enumerate(parents):
-            anc[i] = anc[p] if p >= 0 else 0
-            anc[i, i] = 1
-        tree_mask_arr = np.repeat(anc[None], batch, 0)
-        start = positions_from_mask(mask, 1)[:, :1] + 1  # [B, 1]: the next position per row
-        tree_pos = (start + depths[None]).astype(np.int64)
-        tree_full = np.concatenate([mask, np.ones((batch, 5), np.int64)], axis=1)
-        ids = rng.integers(0, vocab_size, (batch, 5))
-        run("tree_b2_past", ids, tree_full, past, (tree_mask_arr, tree_pos))
+    if tree_mask:
+        cases.append(
+            _tree_case(forward, names, rng.integers(0, vocab_size, (batch, 5)), mask, past)
+        )
     return cases
+
+
+def _tree_case(
+    forward: Any,
+    names: list[str],
+    ids: np.ndarray,  # [B, 5] node tokens
+    mask: np.ndarray,  # [B, P] the past's padding mask
+    past: list[np.ndarray],  # [B, Hkv, P, D]
+) -> ReferenceCase:
+    """root -> {a -> {c, d}, b} (nodes 0..4, depths 0, 1, 1, 2, 2) on a left-padded past.
+
+    The reference for node n is a plain chain run of its root path: logits at its last token,
+    and that token's key/value at slot P + n of the present.
+    """
+    from specport.contract import TREE_MASK
+
+    parents, depths = [-1, 0, 0, 1, 1], np.array([0, 1, 1, 2, 2])
+    batch, n, p = ids.shape[0], len(parents), mask.shape[1]
+    anc = np.zeros((n, n), np.int64)
+    for i, parent in enumerate(parents):
+        anc[i] = anc[parent] if parent >= 0 else 0
+        anc[i, i] = 1
+    full = np.concatenate([mask, np.ones((batch, n), np.int64)], axis=1)
+    start = positions_from_mask(mask, 1) + 1  # [B, 1]: each row's next position
+    logits: np.ndarray | None = None
+    present = [np.concatenate([x, np.zeros_like(x[:, :, :1]).repeat(n, 2)], 2) for x in past]
+    for node in range(n):
+        path = np.flatnonzero(anc[node])  # ancestors in order, then the node
+        chain_mask = np.concatenate([mask, np.ones((batch, len(path)), np.int64)], axis=1)
+        out = forward(np.ascontiguousarray(ids[:, path]), chain_mask, past)
+        if logits is None:
+            logits = np.zeros((batch, n, out[0].shape[-1]), out[0].dtype)
+        logits[:, node] = out[0][:, -1]
+        for dst, src in zip(present, out[1:]):
+            dst[:, :, p + node] = src[:, :, -1]
+    assert logits is not None
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": full,
+        "position_ids": (start + depths[None]).astype(np.int64),
+        TREE_MASK: np.repeat(anc[None], batch, 0),
+        **dict(zip(names, past)),
+    }
+    return ReferenceCase("tree_b2_past", feeds, logits, present, np.ones((batch, n), bool), full)
 
 
 def compare(

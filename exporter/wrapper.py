@@ -64,28 +64,61 @@ def tree_attention_mask(
     attention_mask: torch.Tensor,  # [B, P+S] int64, 1 = real token
     tree_mask: torch.Tensor,  # [B, S, S] int64, 1 = new token i may attend new token j
     dtype: torch.dtype,
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, 1, S, P+S] additive: 0 where allowed, dtype's min elsewhere
     """The 4-D mask HF attention takes instead of building its own causal one.
 
     Additive float (not bool): eager attention adds the mask to the scores, and a fully masked
-    row (a left-pad query) then stays finite instead of turning NaN in SDPA.
+    row (a left-pad query) then stays finite instead of turning NaN in SDPA. With a sliding
+    `window`, HF's rule `kv_slot > q_slot - window` is applied with node i at the slot a chain
+    run of its path would give it, P + depth(i) (depth = its ancestors in tree_mask).
     """
     b, s = tree_mask.shape[0], tree_mask.shape[1]
     past = attention_mask.shape[1] - s
     allowed = torch.cat([tree_mask.new_ones((b, s, past)), tree_mask], dim=2) != 0
     allowed = allowed & (attention_mask[:, None, :] != 0)
+    if window is not None:
+        slot = past + tree_mask.sum(dim=-1) - 1  # [B, S]
+        past_slots = torch.arange(past, dtype=slot.dtype).unsqueeze(0).expand(b, past)
+        kv_slot = torch.cat([past_slots, slot], dim=1)  # [B, P+S]
+        allowed = allowed & (kv_slot[:, None, :] > slot[:, :, None] - window)
     zero = torch.zeros((), dtype=dtype)
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
+
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+def sliding_layout(config: Any) -> tuple[int | None, bool]:
+    """(window, mixed): the sliding window the model's masks use, and whether only some layers
+    slide (HF then takes a dict of masks keyed by layer type). Raises ValueError for layer
+    types a tree mask cannot reproduce (chunked, linear attention ...)."""
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or [])
+    if types - {FULL, SLIDING}:
+        raise ValueError(f"layer types {sorted(types - {FULL, SLIDING})}")
+    if types:
+        return (
+            (int(window), types == {FULL, SLIDING})
+            if window and SLIDING in types
+            else (None, False)
+        )
+    if window and getattr(config, "use_sliding_window", True):
+        return int(window), False  # every layer slides (Mistral)
+    return None, False
 
 
 class TreeMaskKVWrapper(FlatKVWrapper):
     """forward(input_ids [B,S], attention_mask [B,P+S], position_ids [B,S], tree_mask [B,S,S],
     *past [B,Hkv,P,D]) -> (logits [B,S,V], *present [B,Hkv,P+S,D]).
 
-    A lower-triangular tree_mask reproduces FlatKVWrapper (plain causal attention); position
-    ids are the caller's (a tree node at depth d sits at P + d). Sliding windows are not
-    applied (export refuses sliding-window models with a tree mask).
+    A lower-triangular tree_mask reproduces FlatKVWrapper (plain causal attention, sliding
+    windows included); position ids are the caller's (a tree node at depth d sits at P + d).
     """
+
+    def __init__(self, model: torch.nn.Module, num_layers: int) -> None:
+        super().__init__(model, num_layers)
+        self.window, self.mixed = sliding_layout(getattr(model, "config", None))
 
     def forward(  # type: ignore[override]
         self,
@@ -96,7 +129,10 @@ class TreeMaskKVWrapper(FlatKVWrapper):
         *past: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         dtype = next(self.model.parameters()).dtype
-        mask = tree_attention_mask(attention_mask, tree_mask, dtype)
+        mask: Any = tree_attention_mask(attention_mask, tree_mask, dtype, self.window)
+        if self.mixed:
+            full = tree_attention_mask(attention_mask, tree_mask, dtype)
+            mask = {FULL: full, SLIDING: mask}
         return super().forward(input_ids, mask, position_ids, *past)
 
 
