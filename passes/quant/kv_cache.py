@@ -10,15 +10,18 @@ x ~ q * scale. Because present = concat(dequant(past), new), re-quantizing it wi
 scale gives back the past bytes exactly: only the new positions pick up rounding error, and the
 error does not grow with the number of decode steps.
 
-Where the graph's attention reads the concatenated float present (unfused exports), that read is
-rerouted through DequantizeLinear(present int8): every position, the new ones included, is seen
-through int8, so a token's logits do not depend on how the sequence was split into runs (one
-prefill = token-by-token decode; greedy speculative decoding stays token-exact with plain
-greedy). A fused GroupQueryAttention concatenates and attends internally, so there the new
-positions of a run are read in float and later runs read them as int8; the report's
-`current_step` says which ("int8" / "float"). Measured on stories260K (calibration: first 300
-documents, evaluation: last 500, fp32 5.2647): unfused int8 5.2805 (+0.30%, one pass or token by
-token alike); fused, token by token, 5.2755 (+0.20%).
+Attention reads every position, the new ones included, through int8, so a token's logits do not
+depend on how the sequence was split into runs (one prefill = token-by-token decode; greedy
+speculative decoding stays token-exact with plain greedy):
+  - unfused graphs read the concatenated present: that read goes through
+    DequantizeLinear(present int8), and `Concat(dequant(past), new)` becomes
+    `Concat(past, quant(new))` (no requantizing the whole cache every step);
+  - com.microsoft GroupQueryAttention (fused exports, also inside the If fallback) concatenates
+    internally: its new key/value inputs [B, S, Hkv*D] are round-tripped through int8 first.
+Any other attention reads its new positions in float (later runs read them as int8); the
+report's `current_step` says "int8" or "float". Measured on stories260K (calibration: first 300
+documents, evaluation: last 500, fp32 5.2647): int8 KV 5.2805 (+0.30%), fused or unfused, in
+one pass or token by token.
 
 Scales come from calibration text run as prefills with an empty past through the graph the
 pass is applied to (the fp32 artifact, or the graph after the weight passes: for W4A16 on
@@ -240,6 +243,7 @@ class QuantizeKVCachePass(Pass):
             g.inputs[idx] = new
             layers[present] = [round(float(s), 8) for s in scale]
             pasts[present] = (new, dq.outputs[0])
+        fused = self._quantize_gqa_inputs(g, pasts)
         for idx, old in enumerate(list(g.outputs)):
             m = _PRESENT.match(old.name or "")
             if not m:
@@ -280,7 +284,7 @@ class QuantizeKVCachePass(Pass):
                 for use in readers:
                     use.node.replace_input_with(use.idx, dq.outputs[0])
                 new_nodes.append(dq)
-            else:
+            elif name not in fused:
                 float_step.append(name)
             producer = old.producer()
             if producer is not None and producer.graph is g:
@@ -302,14 +306,66 @@ class QuantizeKVCachePass(Pass):
             "current_step": "float" if float_step else "int8",
             "float_step_tensors": float_step,
             "int8_concat": shortcuts,
+            "gqa_int8_inputs": len(fused),
             "scales": layers,
         }
+
+    def _quantize_gqa_inputs(
+        self, g: ir.Graph, pasts: dict[str, tuple[ir.Value, ir.Value]]
+    ) -> set[str]:
+        """Fused attention: round-trip the new keys/values of com.microsoft GroupQueryAttention
+        (key/value [B, S, Hkv*D], read with the dequantized past) through int8 before they
+        reach it, so it attends to the same values later steps read from the cache. The new
+        values are main-graph tensors, so the portable branch of an If fallback reading them
+        gets the same. Returns the present names whose new positions are now int8."""
+        done: set[str] = set()
+        by_past = {dq: name for name, (_, dq) in pasts.items()}
+        seen: dict[ir.Value, ir.Value] = {}
+        for node in list(ir.traversal.RecursiveGraphIterator(g)):
+            if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft":
+                continue
+            for new_idx, past_idx in ((1, 3), (2, 4)):
+                if len(node.inputs) <= past_idx:
+                    continue
+                name = by_past.get(node.inputs[past_idx])  # type: ignore[arg-type]
+                x = node.inputs[new_idx]
+                producer = x.producer() if x is not None else None
+                if name is None or x is None or producer is None or producer.graph is not g:
+                    continue
+                if x not in seen:
+                    seen[x] = self._qdq_packed(g, x, producer, name)
+                node.replace_input_with(new_idx, seen[x])
+                done.add(name)
+        return done
+
+    def _qdq_packed(self, g: ir.Graph, x: ir.Value, producer: ir.Node, present: str) -> ir.Value:
+        """x [B, S, Hkv*D] -> Reshape [B, S, Hkv, D] -> Q -> DQ (axis 2) -> Reshape back;
+        every other reader of x is moved to the result too (the If fallback's branch)."""
+        m = _PRESENT.match(present)
+        assert m is not None
+        scale = self._scale(present, x)
+        sv, zv = self._params(g, m[1], m[2], scale)
+        base = f"/model/layers.{m[1]}/kv_cache/{m[2]}/new"
+        heads = add_initializer(g, f"{base}/heads_shape", np.array([0, 0, len(scale), -1]))
+        flat = add_initializer(g, f"{base}/flat_shape", np.array([0, 0, -1]))
+        r1 = ir.node("Reshape", [x, heads], name=f"{base}/Reshape")
+        q = ir.node("QuantizeLinear", [r1.outputs[0], sv, zv], {"axis": 2}, name=f"{base}/Q")
+        dq = ir.node("DequantizeLinear", [q.outputs[0], sv, zv], {"axis": 2}, name=f"{base}/DQ")
+        r2 = ir.node("Reshape", [dq.outputs[0], flat], name=f"{base}/ReshapeBack")
+        nodes = [named(n) for n in (r1, q, dq, r2)]
+        out = r2.outputs[0]
+        out.shape, out.type = x.shape, x.type
+        for use in list(x.uses()):
+            if use.node is not r1:
+                use.node.replace_input_with(use.idx, out)
+        g.insert_after(producer, nodes)
+        return out
 
     def _scale(self, present: str, past: ir.Value) -> np.ndarray:
         if present not in self.scales:
             raise QuantizationError(f"no calibrated KV scale for {present}")
         scale = np.asarray(self.scales[present], np.float32)
-        heads = past.shape[1] if past.shape is not None else None
+        heads = past.shape[1] if past.shape is not None and past.shape.rank() == 4 else None
         if isinstance(heads, int) and scale.shape != (heads,):
             raise QuantizationError(
                 f"KV scale of {present} has shape {scale.shape}, the graph has {heads} KV heads"

@@ -333,3 +333,23 @@ def test_cli(quant_src, calib_text, eval_text, tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", "ppl", str(out), "--text", str(eval_text), "--chunk", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["chunk"] == 4
+
+
+@pytest.mark.slow
+def test_fused_gqa_artifact(tiny_zoo, calib_text, eval_text, tmp_path):
+    """The default (fused GroupQueryAttention, If fallback) export: the new keys/values are
+    round-tripped through int8 before attention, so chunking does not change the logits."""
+    from specport import api
+    from tests.passes.quant._tiny import with_tokenizer
+
+    src = with_tokenizer(tiny_zoo.artifact("llama", fuse=True), tmp_path / "fused")
+    out = tmp_path / "fused8"
+    m = quantize_artifact(src, out, "none", kv_cache="int8", calib_files=[calib_text])
+    report = m.passes[-1]
+    assert report["gqa_int8_inputs"] == 2 * m.num_layers and report["current_step"] == "int8"
+    one = perplexity(out, eval_text)["ppl"]
+    assert np.isclose(perplexity(out, eval_text, chunk=1)["ppl"], one, rtol=1e-5)
+    assert abs(one / perplexity(src, eval_text)["ppl"] - 1) < 0.05
+    model = api.load(out)
+    kw = {"prompt_ids": [1, 40, 41, 42], "max_new_tokens": 16, "greedy": True, "ignore_eos": True}
+    assert model.generate(**kw, speculative="ngram").tokens == model.generate(**kw).tokens
