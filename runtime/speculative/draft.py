@@ -56,15 +56,24 @@ class TrimmableKV:
         return dict(zip(self.names, self.past))
 
     def update(self, presents: list[np.ndarray], keep: int | None = None) -> None:
-        """presents: [1, Hkv, P+S, D] per tensor in manifest order; keep: positions kept."""
+        """presents: [1, Hkv, P+S, D] per tensor in manifest order; keep: positions kept.
+
+        A cut keeps views of the presents: onnxruntime packs a strided input while it reads
+        it, which is the one copy a cut needs anyway (a host copy first would be a second).
+        """
         if keep is None or keep >= presents[0].shape[2]:
             self.past = list(presents)
         else:
-            self.past = [np.ascontiguousarray(p[:, :, :keep]) for p in presents]
+            self.past = [p[:, :, :keep] for p in presents]
 
     def trim(self, keep: int) -> None:
         if keep < self.length:
-            self.past = [np.ascontiguousarray(p[:, :, :keep]) for p in self.past]
+            self.past = [p[:, :, :keep] for p in self.past]
+
+
+def has_tree_mask(session: Any) -> bool:
+    """Whether the session is a --tree-mask artifact (it then needs a ``tree_mask`` feed)."""
+    return any(i.name == TREE_MASK for i in session.get_inputs())
 
 
 def run_step(
@@ -73,8 +82,13 @@ def run_step(
     kv: TrimmableKV,
     tokens: list[int],
     start: int,
+    tree_mask: bool | None = None,
 ) -> list[np.ndarray]:
-    """Feed ``tokens`` at positions start.. on top of ``kv`` (batch 1, no padding)."""
+    """Feed ``tokens`` at positions start.. on top of ``kv`` (batch 1, no padding).
+
+    ``tree_mask``: whether the session takes a tree_mask (None: ask the session; loops pass
+    ``has_tree_mask(session)`` computed once).
+    """
     s = len(tokens)
     feeds = {
         "input_ids": np.asarray([tokens], dtype=np.int64),  # [1, S]
@@ -82,7 +96,7 @@ def run_step(
         "position_ids": np.arange(start, start + s, dtype=np.int64)[None, :],  # [1, S]
         **kv.feeds(),
     }
-    if any(i.name == TREE_MASK for i in session.get_inputs()):  # a --tree-mask artifact
+    if has_tree_mask(session) if tree_mask is None else tree_mask:  # a --tree-mask artifact
         feeds[TREE_MASK] = causal_tree_mask(1, s)
     return session.run(output_names, feeds)
 
@@ -105,6 +119,7 @@ class DraftModelProposer:
         self.manifest = manifest
         self.output_names = [o.name for o in session.get_outputs()]
         self.n_kv = 2 * len(manifest.kv.inputs)
+        self.tree_mask = has_tree_mask(session)
         self.sampler: Sampler | None = None
         self.rng = np.random.default_rng()
         self.reset()
@@ -142,7 +157,9 @@ class DraftModelProposer:
         drafts: list[int] = []
         probs: list[np.ndarray] = []
         for i in range(k):
-            outputs = run_step(self.session, self.output_names, self.kv, feed, len(self.tokens))
+            outputs = run_step(
+                self.session, self.output_names, self.kv, feed, len(self.tokens), self.tree_mask
+            )
             self.kv.update(outputs[1 : 1 + self.n_kv])
             self.tokens += feed
             logits = outputs[0][:, -1, :]  # [1, V]

@@ -26,7 +26,12 @@ from specport.artifact import Manifest
 from specport.errors import ContextLengthError, InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts, Proposer
-from specport.runtime.speculative.draft import DraftModelProposer, TrimmableKV, run_step
+from specport.runtime.speculative.draft import (
+    DraftModelProposer,
+    TrimmableKV,
+    has_tree_mask,
+    run_step,
+)
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
 from specport.runtime.speculative.mtp import MTPProposer, decode_greedy
 from specport.runtime.speculative.verify import VerifyResult, greedy_verify, rejection_verify
@@ -85,6 +90,7 @@ class SpeculativeGenerator:
         self.fast = fast  # greedy MTP: trust the graph's verification (``mtp.decode_greedy``)
         self.output_names = [o.name for o in session.get_outputs()]
         self.n_kv = 2 * len(manifest.kv.inputs)
+        self.tree_mask = has_tree_mask(session)
 
     def generate(
         self,
@@ -178,7 +184,7 @@ class SpeculativeGenerator:
             t1 = time.perf_counter()
             propose_s += t1 - t0
             fed = [context[-1], *drafts.row(0)]
-            outputs = run_step(self.session, self.output_names, kv, fed, pos)
+            outputs = run_step(self.session, self.output_names, kv, fed, pos, self.tree_mask)
             ort_s += time.perf_counter() - t1
             last_step = (k, t0, t1 - t0)
             logits = outputs[0][:, : len(fed)]  # [1, S, V]
