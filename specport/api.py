@@ -86,13 +86,20 @@ class Model:
         num_draft: int = 4,
         draft: Model | str | os.PathLike[str] | None = None,
         adaptive: bool | None = None,
+        tree_width: int = 1,
     ) -> GenerationResult:
         """Generate for one prompt (text or ids). `on_text` receives text as it is produced.
 
         `speculative` ("ngram" | "draft" | "mtp") drafts `num_draft` tokens per step and verifies
         them in one run of this model; greedy output is token-for-token that of plain greedy.
         `adaptive` picks the draft length per step from recent acceptance (None: per-method default).
+        `tree_width` > 1 (ngram only, artifact exported with `--tree-mask`) verifies that many
+        candidate continuations at once as a token tree.
         """
+        if tree_width != 1 and speculative != "ngram":
+            raise InputError(
+                "--tree-width needs --speculative ngram (tree candidates come from n-gram matches)."
+            )
         if (prompt is None) == (prompt_ids is None):
             raise InputError("give exactly one of prompt (text) or prompt_ids.")
         if speculative is not None:
@@ -110,6 +117,7 @@ class Model:
                 num_draft=num_draft,
                 draft=draft,
                 adaptive=adaptive,
+                tree_width=tree_width,
             )
         prompts = [prompt] if prompt is not None else None
         ids = [list(prompt_ids)] if prompt_ids is not None else None
@@ -146,8 +154,16 @@ class Model:
         ignore_eos: bool = False,
         stop: Sequence[str] = (),
         on_text: Callable[[int, str], None] | None = None,
+        speculative: str | None = None,
+        num_draft: int = 4,
+        draft: Model | str | os.PathLike[str] | None = None,
+        adaptive: bool | None = None,
     ) -> list[GenerationResult]:
-        """Generate for several prompts at once (left padding, per-row stopping)."""
+        """Generate for several prompts at once (left padding, per-row stopping).
+
+        With `speculative` the rows are drafted and verified together (one batched run per step);
+        greedy output equals plain greedy for every row.
+        """
         from specport.runtime.generator import Generator
         from specport.runtime.sampler import Sampler
         from specport.runtime.streaming import TextStreams
@@ -159,6 +175,11 @@ class Model:
         else:
             raise InputError("give prompts (text) or prompt_ids.")
         config = self._sampling(greedy, temperature, top_k, top_p, min_p, repetition_penalty, seed)
+        if speculative is not None:
+            return self._generate_speculative_batch(
+                rows, max_new_tokens, config, ignore_eos, stop, on_text,
+                speculative, num_draft, draft, adaptive,
+            )  # fmt: skip
         sampler = Sampler(config, self.manifest.vocab_size)
         history = [np.asarray(r, dtype=np.int64) for r in rows]
         needs_history = repetition_penalty != 1.0
@@ -233,17 +254,12 @@ class Model:
         num_draft: int,
         draft: Model | str | os.PathLike[str] | None,
         adaptive: bool | None = None,
+        tree_width: int = 1,
     ) -> GenerationResult:
         from specport.runtime.speculative.loop import generate_speculative
         from specport.runtime.streaming import TextStreams
 
-        draft_model = (
-            load(draft, provider=self.provider) if isinstance(draft, (str, os.PathLike)) else draft
-        )
-        if method == "draft" and draft_model is None:
-            raise InputError(
-                "--speculative draft needs a draft artifact: pass --draft DIR (e.g. from `specport export MODEL --layers 2`)."
-            )
+        draft_model = self._draft_model(method, draft)
         streams = TextStreams(
             self.tokenizer, 1, list(stop), (lambda row, piece: on_text(piece)) if on_text else None
         )
@@ -254,9 +270,71 @@ class Model:
             return bool(hit is not None and hit[0])
 
         eos = [] if ignore_eos else self.manifest.eos_token_ids
-        tokens, reason, metrics = generate_speculative(
+        if tree_width != 1:
+            from specport.runtime.speculative.tree import generate_tree
+
+            tokens, reason, metrics = generate_tree(
+                self, prompt_ids, max_new_tokens, num_draft, tree_width, sampling, eos, on_token
+            )
+        else:
+            tokens, reason, metrics = generate_speculative(
+                self,
+                prompt_ids,
+                max_new_tokens,
+                method,
+                num_draft,
+                draft_model,
+                sampling,
+                eos,
+                on_token,
+                adaptive,
+            )
+        text = streams.finish()[0] if self.tokenizer is not None else ""
+        metrics["provider"] = self.provider
+        return GenerationResult(list(tokens), text, reason, metrics, prompt_ids)
+
+    def _draft_model(
+        self, method: str, draft: Model | str | os.PathLike[str] | None
+    ) -> Model | None:
+        draft_model = (
+            load(draft, provider=self.provider) if isinstance(draft, (str, os.PathLike)) else draft
+        )
+        if method == "draft" and draft_model is None:
+            raise InputError(
+                "--speculative draft needs a draft artifact: pass --draft DIR (e.g. from `specport export MODEL --layers 2`)."
+            )
+        return draft_model
+
+    def _generate_speculative_batch(
+        self,
+        rows: list[list[int]],
+        max_new_tokens: int,
+        sampling: Any,
+        ignore_eos: bool,
+        stop: Sequence[str],
+        on_text: Callable[[int, str], None] | None,
+        method: str,
+        num_draft: int,
+        draft: Model | str | os.PathLike[str] | None,
+        adaptive: bool | None,
+    ) -> list[GenerationResult]:
+        from specport.runtime.speculative.batch import generate_speculative_batch
+        from specport.runtime.streaming import TextStreams
+
+        draft_model = self._draft_model(method, draft)
+        streams = TextStreams(self.tokenizer, len(rows), list(stop), on_text)
+
+        def on_token(row: int, tok: int) -> bool:
+            new = np.zeros(len(rows), dtype=np.int64)
+            active = np.zeros(len(rows), dtype=bool)
+            new[row], active[row] = tok, True
+            hit = streams.push(new, active)
+            return bool(hit is not None and hit[row])
+
+        eos = [] if ignore_eos else self.manifest.eos_token_ids
+        tokens, reasons, metrics = generate_speculative_batch(
             self,
-            prompt_ids,
+            rows,
             max_new_tokens,
             method,
             num_draft,
@@ -266,9 +344,18 @@ class Model:
             on_token,
             adaptive,
         )
-        text = streams.finish()[0] if self.tokenizer is not None else ""
+        texts = streams.finish()
         metrics["provider"] = self.provider
-        return GenerationResult(list(tokens), text, reason, metrics, prompt_ids)
+        return [
+            GenerationResult(
+                list(toks),
+                texts[r] if self.tokenizer is not None else "",
+                reasons[r],
+                dict(metrics),
+                rows[r],
+            )
+            for r, toks in enumerate(tokens)
+        ]
 
 
 def load(

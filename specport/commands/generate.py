@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from specport.cli import emit_json
 from specport.errors import InputError
@@ -13,8 +14,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text from an artifact")
     p.add_argument("artifact")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (tokenized with the artifact's tokenizer)")
-    src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,403,407")
+    src.add_argument(
+        "--prompt",
+        action="append",
+        help="prompt text (tokenized with the artifact's tokenizer); repeat for a batch",
+    )
+    src.add_argument(
+        "--prompt-ids",
+        action="append",
+        help="comma-separated token ids, e.g. 1,403,407; repeat for a batch",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument(
         "--greedy",
@@ -34,6 +43,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--num-draft", type=int, default=4, help="draft tokens per step (speculative)")
     p.add_argument("--draft", help="draft artifact for --speculative draft (same vocabulary)")
+    p.add_argument(
+        "--adaptive",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="choose the draft length per step from recent acceptance (default: per method)",
+    )
+    p.add_argument(
+        "--tree-width",
+        type=int,
+        default=1,
+        help="ngram only: verify this many candidate continuations as a token tree in one run "
+        "(the artifact must be exported with --tree-mask)",
+    )
     add_runtime_options(p)
     p.add_argument(
         "--json",
@@ -71,14 +93,18 @@ def run(args: argparse.Namespace) -> int:
             "--greedy cannot be combined with --temperature/--top-k/--top-p/--min-p/--seed."
         )
     model = api.load(args.artifact, provider=args.provider, threads=args.threads)
-    ids = parse_ids(args.prompt_ids) if args.prompt_ids else None
+    texts: list[str] | None = args.prompt
+    ids_list = [parse_ids(t) for t in args.prompt_ids] if args.prompt_ids else None
+    if len(texts or ids_list or []) > 1:
+        return _run_batch(model, args, texts, ids_list, sampling)
+    ids = ids_list[0] if ids_list else None
 
     def stream(piece: str) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
     result = model.generate(
-        args.prompt,
+        texts[0] if texts else None,
         prompt_ids=ids,
         max_new_tokens=args.max_new_tokens,
         greedy=not sampling,
@@ -94,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         speculative=args.speculative,
         num_draft=args.num_draft,
         draft=args.draft,
+        adaptive=args.adaptive,
+        tree_width=args.tree_width,
     )
     if args.json:
         emit_json(result.to_json())
@@ -108,4 +136,49 @@ def run(args: argparse.Namespace) -> int:
             f"{m['provider']}, finish: {result.finish_reason}]",
             file=sys.stderr,
         )
+    return 0
+
+
+def _run_batch(
+    model: Any,
+    args: argparse.Namespace,
+    texts: list[str] | None,
+    ids_list: list[list[int]] | None,
+    sampling: bool,
+) -> int:
+    """Several prompts: one batched call; JSON lines with --json, else one block per prompt."""
+    if args.tree_width != 1:
+        raise InputError("--tree-width runs one prompt at a time; pass a single --prompt.")
+    results = model.generate_batch(
+        texts,
+        prompt_ids=ids_list,
+        max_new_tokens=args.max_new_tokens,
+        greedy=not sampling,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+        stop=args.stop,
+        speculative=args.speculative,
+        num_draft=args.num_draft,
+        draft=args.draft,
+        adaptive=args.adaptive,
+    )
+    for i, result in enumerate(results):
+        if args.json:
+            emit_json(result.to_json())
+            continue
+        body = result.text if model.tokenizer is not None else " ".join(map(str, result.tokens))
+        print(f"[{i}] {body}")
+        print(
+            f"[{i}: {len(result.tokens)} tokens, finish: {result.finish_reason}]", file=sys.stderr
+        )
+    m = results[0].metrics
+    print(
+        f"[batch {len(results)}, decode {m.get('decode_tok_per_s') or 0:.1f} tok/s, {m.get('provider')}]",
+        file=sys.stderr,
+    )
     return 0

@@ -1,0 +1,62 @@
+"""`specport generate` with several prompts and the speculative options, end to end."""
+
+import json
+
+import pytest
+
+from specport.cli import main
+
+PROMPTS = ["1,5,9,5,9,5,9", "1,7", "1,3,4,3,4"]
+
+
+def _generate(capsys, artifact, *extra):
+    args = ["generate", str(artifact), "--max-new-tokens", "12", "--ignore-eos", "--json"]
+    for p in PROMPTS:
+        args += ["--prompt-ids", p]
+    assert main([*args, *extra]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_batched_speculative_equals_plain_batch(capsys, tiny_llama_artifact):
+    plain = _generate(capsys, tiny_llama_artifact)
+    spec = _generate(capsys, tiny_llama_artifact, "--speculative", "ngram", "--num-draft", "3")
+    assert len(plain) == len(spec) == len(PROMPTS)
+    assert [r["tokens"] for r in spec] == [r["tokens"] for r in plain]
+    assert spec[0]["metrics"]["speculative"]["method"] == "ngram"
+
+
+@pytest.mark.slow
+def test_tree_width_with_mtp_is_refused(capsys, tiny_llama_artifact):
+    rc = main(
+        [
+            "generate",
+            str(tiny_llama_artifact),
+            "--prompt-ids",
+            "1,2",
+            "--speculative",
+            "mtp",
+            "--tree-width",
+            "2",
+        ]
+    )
+    assert rc == 1
+    assert "--tree-width needs --speculative ngram" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tree_width_without_tree_mask_artifact_says_reexport(capsys, tiny_llama_artifact):
+    rc = main(
+        [
+            "generate",
+            str(tiny_llama_artifact),
+            "--prompt-ids",
+            "1,2,1,2",
+            "--speculative",
+            "ngram",
+            "--tree-width",
+            "2",
+        ]
+    )
+    assert rc == 1
+    assert "--tree-mask" in capsys.readouterr().err
