@@ -17,13 +17,12 @@ from specport.contract import prefill_feeds
 from specport.errors import QuantizationError
 from specport.passes.quant.apply import quantize_artifact
 from specport.passes.quant.kv_cache import (
-    HeadStats,
     QuantizeKVCachePass,
     dequantize_int8,
     kv_bytes_per_token,
     quantize_int8,
-    scales_from_stats,
 )
+from specport.passes.quant.kv_calibration import HeadStats, scales_from_stats
 from specport.runtime.eval import compare, perplexity
 
 # -- numpy reference ------------------------------------------------------------------------
