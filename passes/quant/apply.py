@@ -4,7 +4,11 @@ Schemes:
   w4a16  4-bit blockwise weights, MatMulNBits (float activations)
   w4a8   same weights, MatMulNBits accuracy_level=4 (int8 activations inside the kernel)
   w8a16  8-bit blockwise weights, MatMulNBits
-  w8a8   int8 per-channel weights + static uint8 activations in QDQ form, SmoothQuant
+  w8a8   int8 weights + int8 activations, SmoothQuant; form matmulnbits (default: MatMulNBits
+         8-bit accuracy_level 4, dynamic per-block activations), dynamic
+         (DynamicQuantizeMatMul) or qdq (static per-tensor activations)
+Both KV layouts: a `shared` artifact is quantized as it is (calibration runs the shared graph),
+so the quantized model keeps the IO-bound decode loop.
 Algorithms (weight-only schemes): rtn, hqq (no calibration); gptq, clip, default (GPTQ with
 MSE-clipped group ranges; calibrated); ort-default / ort-hqq run onnxruntime's own
 MatMulNBitsQuantizer on the same graph, as baselines.
@@ -37,8 +41,10 @@ from specport.passes.quant import calibration as C
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
 from specport.passes.quant.graph import find_weight_matmuls
 from specport.passes.quant.kv_cache import KV_CLIPS, apply_int8_kv, int8_kv_manifest
+from specport.passes.quant.layout import shared_prefill_feeds
 from specport.passes.quant.mixed import plan_mixed_precision
 from specport.passes.quant.ort_check import integer_kernel_summary
+from specport.passes.quant.w8a8 import FORMS as W8A8_FORMS
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import NEEDS_CALIB, QuantizeWeightsNBitsPass
 
@@ -66,7 +72,12 @@ def _check_kv(scheme: str, algo: str, kv_cache: str, kv_clip: str, calib: Sequen
         )
 
 
-def _check(scheme: str, algo: str, group_size: int, calib_files: Sequence[Any], mixed: str) -> None:
+def _check(
+    scheme: str, algo: str, group_size: int, calib_files: Sequence[Any], mixed: str, form: str
+) -> None:
+    forms = W8A8_FORMS if scheme == "w8a8" else ("matmulnbits", "qdq")
+    if form not in forms:
+        raise QuantizationError(f"--form {form} is not a {scheme} form; choose {', '.join(forms)}")
     if scheme == "none":
         if mixed == "auto":
             raise QuantizationError("--mixed-precision auto needs a weight --scheme")
@@ -112,6 +123,8 @@ def _calibrate(
     seqs = C.tokenize(docs, tok, bos, context)
     names = sorted({s.x.name for s in find_weight_matmuls(ir.load(model_path)) if s.x.name})
     cb = (lambda i, n: progress("calibrate", i, n)) if progress else None
+    if manifest.kv.layout == "shared":
+        return C.capture(model_path, names, seqs, progress=cb, feeds=shared_prefill_feeds)
     return C.capture(model_path, names, seqs, progress=cb)
 
 
@@ -142,7 +155,7 @@ def quantize_artifact(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
     scheme: str = "w4a16",
-    group_size: int = 32,
+    group_size: int | None = None,
     algo: str = "default",
     calib_files: Sequence[str | os.PathLike[str]] = (),
     mixed_precision: str = "off",
@@ -160,23 +173,27 @@ def quantize_artifact(
     The manifest's `quant` records the recipe, per-layer precision and the calibration hash,
     and each pass report is appended to `passes`. `scheme="none"` keeps float weights (for a
     KV-only recipe); `kv_cache="int8"` adds the calibrated int8 KV cache (`quant.kv_cache`).
+    `group_size` None: 32 for weight-only schemes, 128 for w8a8 (its MatMulNBits blocks).
     """
     src_p, out_p = Path(src), Path(out)
+    if group_size is None:
+        group_size = 128 if scheme == "w8a8" else 32
     if lm_head_bits is None:
-        # Weight-only: a float LM head. onnxruntime 1.31's CPU MatMulNBits has no fast 8-bit
-        # path (measured 3.4x slower decode than a float head on a 32M Llama), and 4 bits on the
-        # head costs stories260K +1.2% ppl. W8A8 keeps its int8 head.
-        lm_head_bits = 8 if scheme == "w8a8" else 0
+        # An 8-bit head where activations are int8 anyway (w4a8, w8a8: MatMulNBits with
+        # accuracy_level 4 runs int8 VNNI/AMX kernels; ~1.15x slower decode than a 4-bit head on
+        # the 32M Llama, but a 4-bit head costs stories260K +1.2% ppl). w4a16/w8a16 keep a float
+        # head: onnxruntime 1.31's CPU MatMulNBits with float activations has no fast 8-bit path.
+        lm_head_bits = 8 if scheme in ("w8a8", "w4a8") else 0
     if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
         algo = "hqq"  # the best calibration-free algorithm
         logger.info("no calibration text: using hqq")
     _check_kv(scheme, algo, kv_cache, kv_clip, calib_files)
-    _check(scheme, algo, group_size, calib_files, mixed_precision)
+    _check(scheme, algo, group_size, calib_files, mixed_precision, form)
     manifest = read_manifest(src_p)
-    if manifest.kv.layout != "concat":
+    if manifest.kv.layout != "concat" and (manifest.kv.layout != "shared" or kv_cache == "int8"):
         raise QuantizationError(
             f"{src_p} uses the {manifest.kv.layout!r} KV layout; quantize the concat artifact "
-            "(the default export) and lower it afterwards"
+            "(the default export)"
             + (" (the shared layout cannot take an int8 KV cache)" if kv_cache == "int8" else "")
         )
     model_path = src_p / manifest.model_file
@@ -210,7 +227,9 @@ def quantize_artifact(
             elif scheme == "w8a8":
                 assert stats is not None
                 passes.append(
-                    QuantizeW8A8Pass(stats, lm_head_bits=lm_head_bits, group_size=group_size)
+                    QuantizeW8A8Pass(
+                        stats, lm_head_bits=lm_head_bits, group_size=group_size, form=form
+                    )
                 )
             else:
                 passes.append(
@@ -247,7 +266,8 @@ def quantize_artifact(
             "scheme": scheme,
             "algorithm": algo,
             "group_size": group_size,
-            "form": "qdq" if scheme == "w8a8" else form,
+            "form": form,
+            "accuracy_level": 4 if scheme in ("w4a8", "w8a8") and form != "qdq" else 0,
             "lm_head_bits": lm_head_bits,
             "float_zero_points": float_zero,
             "embedding_bits": embedding_bits,

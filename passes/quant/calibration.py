@@ -128,8 +128,11 @@ def capture(
     keep_rows: int = 2048,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    feeds: Callable[[ort.InferenceSession, np.ndarray], dict[str, np.ndarray]] = prefill_feeds,
 ) -> dict[str, ActStats]:
-    """Run the fp32 model on `sequences` and gather ActStats for each tensor in `tensor_names`."""
+    """Run the fp32 model on `sequences` and gather ActStats for each tensor in `tensor_names`.
+
+    `feeds(session, ids [S])` builds one prefill's inputs (the concat contract by default)."""
     if not sequences:
         raise QuantizationError(
             "calibration produced no sequences; pass a non-empty text file to --calib"
@@ -155,7 +158,7 @@ def capture(
         rng = np.random.default_rng(seed)
         per_seq = max(1, keep_rows // len(sequences) + 1)
         for i, ids in enumerate(sequences):
-            outs = sess.run(names, prefill_feeds(sess, ids))
+            outs = sess.run(names, feeds(sess, ids))
             for name, x in zip(names, outs):
                 x = np.asarray(x, dtype=np.float32)
                 st = stats.get(name)

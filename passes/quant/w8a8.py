@@ -1,4 +1,17 @@
-"""W8A8 in QDQ form: int8 per-channel weights, static per-tensor uint8 activations, SmoothQuant.
+"""W8A8: int8 weights, int8 activations, SmoothQuant migration folded into the weights.
+
+Three graph forms of the same smoothed weights (`form`):
+
+- `matmulnbits` (default): com.microsoft.MatMulNBits bits=8, accuracy_level=4, blockwise
+  asymmetric int8 weights (block `group_size` along K, default 128); the kernel quantizes the
+  activations to int8 per block at run time (dynamic, symmetric) and runs integer dot products.
+  Fastest on onnxruntime's CPU provider (AVX512-VNNI/AMX), and needs no activation ranges.
+- `dynamic`: com.microsoft.DynamicQuantizeMatMul (what onnxruntime's quantize_dynamic emits
+  after fusion): int8 per-channel weights, uint8 per-tensor activations computed per run.
+- `qdq`: static per-tensor uint8 activations from the calibration ranges, in QDQ form
+  (portable; onnxruntime fuses it into MatMulIntegerToFloat).
+
+The QDQ form in detail:
 
 For each activation x feeding one or more weight MatMuls (q/k/v share the attention norm
 output, gate/up share the MLP norm output):
@@ -12,18 +25,22 @@ output, gate/up share the MLP norm output):
 
 onnxruntime's QDQ transformer fuses DQ->MatMul<-DQ into MatMulIntegerToFloat (or QLinearMatMul
 when the output is quantized too), so the integer kernels run; the pass does not depend on it.
-The LM head stays weight-only (8-bit MatMulNBits) unless `lm_head_bits` is 0 (kept float).
+The LM head is an 8-bit MatMulNBits with accuracy_level 4 (int8 activations) in every form,
+unless `lm_head_bits` is 0 (kept float) or 4.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
+from specport.errors import QuantizationError
 from specport.passes.base import Pass
+from specport.passes.quant import algorithms as A
 from specport.passes.quant import smoothquant as SQ
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.graph import (
@@ -44,6 +61,7 @@ NORM_OPS = {
     "SimplifiedLayerNormalization": 1,
     "SkipSimplifiedLayerNormalization": 2,
 }
+FORMS = ("matmulnbits", "dynamic", "qdq")
 
 
 def _norm_scale(x: ir.Value, sites: list[WeightSite]) -> tuple[ir.Node, int] | None:
@@ -85,9 +103,14 @@ class QuantizeW8A8Pass(Pass):
         lm_head_bits: int = 8,
         group_size: int = 128,
         alphas: tuple[float, ...] = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
+        form: str = "matmulnbits",
     ) -> None:
+        if form not in FORMS:
+            raise QuantizationError(f"unknown W8A8 form {form!r}; choose one of {', '.join(FORMS)}")
         self.stats, self.smooth, self.lm_head_bits = stats, smooth, lm_head_bits
-        self.group_size, self.alphas = group_size, alphas
+        self.group_size, self.alphas, self.form = group_size, alphas, form
+        # Emits MatMulNBits nodes (the int8-activation body in `matmulnbits` form, and the head).
+        self._nbits = QuantizeWeightsNBitsPass(8, group_size, "rtn", accuracy_level=4)
 
     def precondition(self, model: ir.Model) -> str | None:
         sites = [s for s in find_weight_matmuls(model) if not s.lm_head]
@@ -136,33 +159,14 @@ class QuantizeW8A8Pass(Pass):
             else:
                 how = "none"
                 lo, hi = float(st.lo.min()), float(st.hi.max())
-            sa, za = SQ.quantize_activation_uint8(lo, hi)
-            sv = add_initializer(graph, f"{xname}.act_scale", np.array(sa, dtype=np.float32))
-            zv = add_initializer(graph, f"{xname}.act_zero", np.array(za, dtype=np.uint8))
-            ql = ir.node("QuantizeLinear", [x, sv, zv], name=f"{sites[0].name}/QuantizeLinear")
-            dql = ir.node(
-                "DequantizeLinear",
-                [ql.outputs[0], sv, zv],
-                name=f"{sites[0].name}/DequantizeLinear",
-            )
-            graph.insert_before(sites[0].node, [named(ql), named(dql)])
-            xq = dql.outputs[0]
+            xq = self._quantize_input(graph, x, xname, sites[0], lo, hi)
             for site, w in zip(sites, weights):
                 ws = w if s is None else w * s[:, None]
-                q, sw = SQ.quantize_int8_per_channel(ws)
-                qv = add_initializer(graph, f"{site.name}.w8", q)
-                swv = add_initializer(graph, f"{site.name}.w8_scale", sw)
-                dqw = ir.node(
-                    "DequantizeLinear",
-                    [qv, swv],
-                    {"axis": 1},
-                    name=f"{site.name}/DequantizeLinearW",
-                )
-                mm = ir.node("MatMul", [xq, dqw.outputs[0]], name=f"{site.name}/MatMul")
-                replace_node(graph, site.node, [dqw, mm], mm.outputs[0])
+                self._emit(graph, dataclasses.replace(site, x=x), xq, ws)
                 layers[site.name] = {
                     "bits": 8,
                     "activation_bits": 8,
+                    "form": self.form,
                     "smooth_alpha": alpha,
                     "smoothing": how,
                     "act_range": [round(lo, 6), round(hi, 6)],
@@ -172,15 +176,64 @@ class QuantizeW8A8Pass(Pass):
         if heads and self.lm_head_bits:
             plan = {h.name: self.lm_head_bits for h in heads}
             sub = QuantizeWeightsNBitsPass(
-                8, self.group_size, "rtn", lm_head_bits=self.lm_head_bits, plan=plan
+                8,
+                self.group_size,
+                "rtn",
+                lm_head_bits=self.lm_head_bits,
+                plan=plan,
+                accuracy_level=4,
             )
             _, head_report = sub.rewrite(model)
             layers.update(head_report["layers"])
         remove_unused(model)
         if model.opset_imports.get("", 0) < 21:
             model.opset_imports[""] = 21
+        if self.form != "qdq" and model.opset_imports.get("com.microsoft", 0) < 1:
+            model.opset_imports["com.microsoft"] = 1
         return bool(layers), {
+            "form": self.form,
             "smoothing_folded": folded,
             "smoothing_explicit": explicit,
             "layers": layers,
         }
+
+    def _quantize_input(
+        self, graph: ir.Graph, x: ir.Value, xname: str, first: WeightSite, lo: float, hi: float
+    ) -> ir.Value:
+        """QDQ form: x -> QuantizeLinear -> DequantizeLinear with the static range [lo, hi];
+        the dynamic forms quantize inside the kernel and take x as it is."""
+        if self.form != "qdq":
+            return x
+        sa, za = SQ.quantize_activation_uint8(lo, hi)
+        sv = add_initializer(graph, f"{xname}.act_scale", np.array(sa, dtype=np.float32))
+        zv = add_initializer(graph, f"{xname}.act_zero", np.array(za, dtype=np.uint8))
+        ql = ir.node("QuantizeLinear", [x, sv, zv], name=f"{first.name}/QuantizeLinear")
+        dql = ir.node(
+            "DequantizeLinear", [ql.outputs[0], sv, zv], name=f"{first.name}/DequantizeLinear"
+        )
+        graph.insert_before(first.node, [named(ql), named(dql)])
+        return dql.outputs[0]
+
+    def _emit(self, graph: ir.Graph, site: WeightSite, xq: ir.Value, ws: np.ndarray) -> None:
+        """Replace site's MatMul by the form's int8 op on the smoothed weight ws [K, N]."""
+        if self.form == "matmulnbits":
+            bq = A.quantize_rtn(ws, 8, self.group_size, symmetric=False)
+            self._nbits._emit_nbits(graph, site, bq)
+            return
+        q, sw = SQ.quantize_int8_per_channel(ws)
+        qv = add_initializer(graph, f"{site.name}.w8", q)
+        swv = add_initializer(graph, f"{site.name}.w8_scale", sw)
+        if self.form == "dynamic":
+            node = ir.node(
+                "DynamicQuantizeMatMul",
+                [site.x, qv, swv],
+                domain="com.microsoft",
+                name=f"{site.name}/DynamicQuantizeMatMul",
+            )
+            replace_node(graph, site.node, [node], node.outputs[0])
+            return
+        dqw = ir.node(
+            "DequantizeLinear", [qv, swv], {"axis": 1}, name=f"{site.name}/DequantizeLinearW"
+        )
+        mm = ir.node("MatMul", [xq, dqw.outputs[0]], name=f"{site.name}/MatMul")
+        replace_node(graph, site.node, [dqw, mm], mm.outputs[0])

@@ -20,7 +20,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["w8a8", "w8a16", "w4a16", "w4a8", "none"],
         help="weight scheme; none keeps float weights (default none with --kv-cache int8)",
     )
-    p.add_argument("--group-size", type=int, default=32, choices=[16, 32, 64, 128, 256])
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        choices=[16, 32, 64, 128, 256],
+        help="block size along K (default 32; 128 for w8a8)",
+    )
     p.add_argument(
         "--algo",
         default="default",
@@ -44,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         choices=[0, 4, 8],
-        help="LM head precision; 0 keeps it in float (default: float for weight-only, 8 for w8a8)",
+        help="LM head precision; 0 keeps it in float (default: 8 for w4a8/w8a8, float otherwise)",
     )
     p.add_argument(
         "--float-zero",
@@ -61,8 +67,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--form",
         default="matmulnbits",
-        choices=["matmulnbits", "qdq"],
-        help="weight-only graph form",
+        choices=["matmulnbits", "qdq", "dynamic"],
+        help="graph form: matmulnbits (default), qdq (weight-only: blocked-int4 QDQ; w8a8: "
+        "static QDQ), dynamic (w8a8: DynamicQuantizeMatMul)",
     )
     p.add_argument(
         "--kv-cache",

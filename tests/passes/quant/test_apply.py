@@ -77,10 +77,11 @@ def test_cli_quantize_and_eval(quant_src, calib_text, eval_text, tmp_path, capsy
     )
     assert rc == 0
     info = json.loads(capsys.readouterr().out)
-    assert (
-        info["scheme"] == "w8a8"
-        and info["ort_cpu"]["kernels"]["com.microsoft.MatMulIntegerToFloat"] >= 1
-    )
+    assert info["scheme"] == "w8a8" and info["group_size"] == 128
+    # default form: 8-bit MatMulNBits with int8 activations (accuracy_level 4), head included
+    assert info["ort_cpu"]["kernels"]["com.microsoft.MatMulNBits"] == info["layers"]
+    assert read_manifest(out).quant["form"] == "matmulnbits"
+    assert read_manifest(out).quant["accuracy_level"] == 4
     assert main(["eval", "ppl", str(out), "--text", str(eval_text), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ppl"] > 1
     assert (
@@ -113,18 +114,20 @@ def test_calib_file_missing_message(tmp_path):
         read_documents([Path(tmp_path / "missing.txt")])
 
 
-def test_shared_kv_layout_refused(quant_src, tmp_path, eval_text):
+def test_unknown_layout_refused(quant_src, tmp_path):
     import shutil
 
     from specport.artifact import write_manifest
-    from specport.errors import InputError
 
-    art = tmp_path / "shared"
+    art = tmp_path / "odd"
     shutil.copytree(quant_src, art)
     m = read_manifest(art)
-    m.kv.layout = "shared"
+    m.kv.layout = "paged"
     write_manifest(art, m)
     with pytest.raises(QuantizationError, match="concat"):
         quantize_artifact(art, tmp_path / "o", "w4a16", 32, "rtn", [])
-    with pytest.raises(InputError, match="concat"):
-        perplexity(art, eval_text)
+
+
+def test_form_checked_per_scheme(quant_src, tmp_path):
+    with pytest.raises(QuantizationError, match="form"):
+        quantize_artifact(quant_src, tmp_path / "o", "w4a16", 32, "rtn", [], form="dynamic")

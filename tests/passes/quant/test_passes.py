@@ -96,7 +96,7 @@ def test_w8a8_fuses_into_integer_kernels(quant_src, tmp_path, stats, eval_text):
         C.tokenize(C.read_documents([eval_text]), quant_src / "tokenizer.json", 1, 128)[:4]
     )
     model = _load(quant_src)
-    result = QuantizeW8A8Pass(stats)(model)
+    result = QuantizeW8A8Pass(stats, form="qdq")(model)
     assert result.modified
     rep = result.report
     assert rep["smoothing_folded"] + rep["smoothing_explicit"] >= 1
@@ -105,7 +105,8 @@ def test_w8a8_fuses_into_integer_kernels(quant_src, tmp_path, stats, eval_text):
     base = _logits(_load(quant_src), tmp_path, "fp32", ids)
     got = _logits(model, tmp_path, "w8a8", ids)
     assert np.mean(base.argmax(-1) == got.argmax(-1)) >= 0.8  # random weights: near-flat logits
-    assert float(np.abs(got - base).mean()) < 0.05 * float(np.abs(base).mean())
+    # 7%: the LM head's activations are int8 too (MatMulNBits accuracy_level 4)
+    assert float(np.abs(got - base).mean()) < 0.07 * float(np.abs(base).mean())
     summary = integer_kernel_summary(tmp_path / "w8a8.onnx")
     assert summary["kernels"].get("com.microsoft.MatMulIntegerToFloat", 0) >= 4
     assert summary["float_matmuls"] <= 1 and summary["dequantize_linear_left"] == 0
