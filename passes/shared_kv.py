@@ -57,6 +57,17 @@ class SharedKVPass(Pass):
         self.pack_qkv = pack_qkv
 
     def precondition(self, model: ir.Model) -> str | None:
+        int8_kv = [
+            v.name
+            for v in model.graph.inputs
+            if v.name and v.name.startswith("past_key_values.") and v.dtype == ir.DataType.INT8
+        ]
+        if int8_kv:
+            return (
+                "the KV cache is int8 (quantize --kv-cache int8); the shared layout's "
+                "GroupQueryAttention reads a float cache: apply the shared layout to the float "
+                "artifact instead"
+            )
         if not _gqa_nodes(model):
             if any(n.op_type == "If" for n in model.graph):
                 return "GroupQueryAttention sits in an If fallback: lower with gqa_fallback='none'"
