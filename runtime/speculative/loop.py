@@ -42,9 +42,9 @@ MAX_DRAFT = 16
 METHODS = ("ngram", "draft", "mtp")
 # Methods whose adaptive draft length is on by default. Measured on stories260K (README
 # "Speculative decoding", medians of 6 bench runs): it lifts a poor draft model from 0.46x to
-# 0.87x of plain (it stops paying for drafts that get rejected), and MTP by 0.01-0.09x in all
-# four settings measured (3/4 heads, story/copy prompts); for n-gram it was no better than a
-# fixed K (two settings worse, one better, one equal), so n-gram keeps a fixed K.
+# 0.87x of plain (it stops paying for drafts that get rejected), and MTP by 0.01-0.09x in the
+# four settings measured (3/4 heads, story/copy prompts; a small effect, near the noise); for
+# n-gram it was no better than a fixed K (two settings worse, one better, one equal).
 ADAPTIVE_BY_DEFAULT: frozenset[str] = frozenset({"draft", "mtp"})
 # Proposers whose cost grows with every draft (one model run each), for the adaptive cost model.
 PER_DRAFT_COST = frozenset({"draft"})
