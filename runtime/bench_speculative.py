@@ -59,6 +59,7 @@ class SpecBenchConfig:
     runs: int = 3
     threads: int = 0
     adaptive: str = "default"  # "default" | "on" | "off" | "both" (each method twice)
+    tree_widths: list[int] = field(default_factory=list)  # ngram as a token tree, per width
 
 
 ADAPTIVE_CHOICES = ("default", "on", "off", "both")
@@ -139,20 +140,22 @@ def _run(model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig) -
         encoded = [model.encode(text) for text in prompts]
     draft = specport.load(config.draft, threads=config.threads) if config.draft else None
     variants = _adaptive_variants(config.adaptive)
-    engines: list[tuple[str, str | None, bool | None]] = [("plain", None, None)] + [
-        (m + suffix, m, adaptive) for m in config.methods for suffix, adaptive in variants
+    engines: list[tuple[str, str | None, bool | None, int]] = [("plain", None, None, 1)]
+    engines += [
+        (m + suffix, m, adaptive, 1) for m in config.methods for suffix, adaptive in variants
     ]
+    engines += [(f"ngram-tree{w}", "ngram", None, w) for w in config.tree_widths]
     totals: dict[str, dict[str, Any]] = {
         name: {"seconds": 0.0, "tokens": 0, "equal": True, "drafted": 0, "accepted": 0, "steps": 0}
-        for name, _, _ in engines
+        for name, *_ in engines
     }
     for ids in encoded:
         reference: list[int] | None = None
-        per: dict[str, list[float]] = {name: [] for name, _, _ in engines}
+        per: dict[str, list[float]] = {name: [] for name, *_ in engines}
         stats: dict[str, dict[str, Any]] = {}
         counts: dict[str, int] = {}
         for _ in range(config.runs):
-            for name, method, adaptive in engines:
+            for name, method, adaptive, width in engines:
                 if method is None:
                     result = plain_model.generate(
                         prompt_ids=ids, max_new_tokens=config.max_new_tokens
@@ -165,6 +168,7 @@ def _run(model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig) -
                         num_draft=config.num_draft,
                         draft=draft,
                         adaptive=adaptive,
+                        tree_width=width,
                     )
                 if reference is None:
                     reference = result.tokens
@@ -175,14 +179,14 @@ def _run(model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig) -
                 counts[name] = len(result.tokens)
                 if method is not None:
                     stats[name] = result.metrics.get("speculative", {})
-        for name, _, _ in engines:
+        for name, *_ in engines:
             totals[name]["seconds"] += statistics.median(per[name]) * counts[name]
             totals[name]["tokens"] += counts[name]
             for key in ("drafted", "accepted", "steps"):
                 totals[name][key] += int(stats.get(name, {}).get(key, 0))
     plain_s = totals["plain"]["seconds"]
     rows = []
-    for name, _, _ in engines:
+    for name, *_ in engines:
         t = totals[name]
         row: dict[str, Any] = {
             "engine": name,

@@ -67,6 +67,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="default",
         help="adaptive draft length (per-step K from recent acceptance); both = each method twice",
     )
+    spec.add_argument(
+        "--tree-width",
+        type=int,
+        action="append",
+        default=[],
+        help="also run ngram as a token tree of this many candidates (repeatable; the artifact "
+        "must be exported with --tree-mask)",
+    )
     spec.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     spec.add_argument(
         "--prompt-set", default="story", help="built-in prompts when no --prompt: story | copy"
@@ -79,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from specport.commands.generate import parse_ids
     from specport.runtime.bench import BenchConfig, format_table, run_bench
 
-    if args.speculative:
+    if args.speculative or args.tree_width:
         return _run_speculative(args)
 
     if args.new_tokens < 2:
@@ -133,7 +141,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
     )
 
     config = SpecBenchConfig(
-        methods=list(dict.fromkeys(args.speculative)),
+        methods=list(dict.fromkeys(args.speculative or [])),
         num_draft=args.num_draft,
         draft=args.draft,
         prompts=args.prompt,
@@ -143,6 +151,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
         runs=args.runs,
         threads=args.threads,
         adaptive=args.adaptive,
+        tree_widths=args.tree_width,
     )
     report = run_speculative_bench(args.artifact, config)
     if args.json:

@@ -282,3 +282,23 @@ def test_stories260k_greedy_equal_and_tree_accepts_more(stories):
             chain_acc += mc["speculative"]["mean_accepted_length"]
             tree_acc += m["speculative"]["mean_accepted_length"]
     assert tree_acc >= chain_acc > len(PROMPT_SETS["copy"])  # n-gram drafting pays at all
+
+
+@pytest.mark.slow
+def test_api_and_bench_run_tree_width(tiny):
+    from specport.runtime.bench_speculative import SpecBenchConfig, _run
+
+    plain, tree = tiny
+    prompt = [1, 5, 9, 5, 9, 5, 9, 5]
+    want = plain.generate(prompt_ids=prompt, max_new_tokens=16, ignore_eos=True).tokens
+    got = tree.generate(
+        prompt_ids=prompt, max_new_tokens=16, ignore_eos=True, speculative="ngram", tree_width=3
+    )
+    assert got.tokens == want
+    assert got.metrics["speculative"]["method"] == "ngram-tree"
+    config = SpecBenchConfig(
+        methods=[], prompt_ids=[prompt], max_new_tokens=16, runs=1, tree_widths=[2]
+    )
+    report = _run(tree, tree, "tiny", config)
+    assert [r["engine"] for r in report["rows"]] == ["plain", "ngram-tree2"]
+    assert all(r["tokens_equal_plain"] for r in report["rows"])
