@@ -24,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from specport.contract import prefill_feeds, with_causal_tree_mask
+from specport.documents import read_text_documents
 from specport.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -84,9 +85,9 @@ def read_documents(
 ) -> list[str]:
     """Blank-line separated documents of `text_file` (the first or last `max_docs`)."""
     p = Path(text_file)
-    if not p.is_file():
+    docs = read_text_documents(p)
+    if docs is None:
         raise InputError(f"text file not found: {p}")
-    docs = [d.strip() for d in p.read_text(encoding="utf-8").split("\n\n") if d.strip()]
     if not docs:
         raise InputError(f"{p} holds no documents (they are separated by blank lines)")
     if max_docs is not None:

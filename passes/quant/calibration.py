@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 
 from specport.contract import prefill_feeds
+from specport.documents import read_text_documents
 from specport.errors import QuantizationError
 
 logger = logging.getLogger(__name__)
@@ -32,15 +33,12 @@ def read_documents(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Documents are separated by blank lines; empty ones are dropped."""
     docs: list[str] = []
     for p in paths:
-        path = Path(p)
-        if not path.is_file():
+        found = read_text_documents(p)
+        if found is None:
             raise QuantizationError(
-                f"calibration file not found: {path}; pass an existing text file to --calib"
+                f"calibration file not found: {p}; pass an existing text file to --calib"
             )
-        for chunk in path.read_text(encoding="utf-8").split("\n\n"):
-            chunk = chunk.strip()
-            if chunk:
-                docs.append(chunk)
+        docs.extend(found)
     return docs
 
 
