@@ -129,7 +129,7 @@ class QuantizeW8A8Pass(Pass):
             else:
                 groups.setdefault(site.x.name or "", []).append(site)
         layers: dict[str, Any] = {}
-        folded = explicit = 0
+        folded = explicit = packed_groups = 0
         for xname, sites in groups.items():
             st = self.stats[xname]
             x = sites[0].x
@@ -160,9 +160,14 @@ class QuantizeW8A8Pass(Pass):
                 how = "none"
                 lo, hi = float(st.lo.min()), float(st.hi.max())
             xq = self._quantize_input(graph, x, xname, sites[0], lo, hi)
+            packed: list[tuple[WeightSite, A.BlockQuant]] = []
             for site, w in zip(sites, weights):
                 ws = w if s is None else w * s[:, None]
-                self._emit(graph, dataclasses.replace(site, x=x), xq, ws)
+                if self.form == "matmulnbits":  # siblings packed into one MatMulNBits
+                    bq = A.quantize_rtn(ws, 8, self.group_size, symmetric=False)
+                    packed.append((dataclasses.replace(site, x=x), bq))
+                else:
+                    self._emit(graph, dataclasses.replace(site, x=x), xq, ws)
                 layers[site.name] = {
                     "bits": 8,
                     "activation_bits": 8,
@@ -172,6 +177,7 @@ class QuantizeW8A8Pass(Pass):
                     "act_range": [round(lo, 6), round(hi, 6)],
                     "sample_rel_error": None if err is None else round(err / len(sites), 8),
                 }
+            packed_groups += self._nbits.emit_nbits_groups(graph, packed)
         head_report: dict[str, Any] = {}
         if heads and self.lm_head_bits:
             plan = {h.name: self.lm_head_bits for h in heads}
@@ -194,6 +200,7 @@ class QuantizeW8A8Pass(Pass):
             "form": self.form,
             "smoothing_folded": folded,
             "smoothing_explicit": explicit,
+            "packed_groups": packed_groups,
             "layers": layers,
         }
 
@@ -215,11 +222,7 @@ class QuantizeW8A8Pass(Pass):
         return dql.outputs[0]
 
     def _emit(self, graph: ir.Graph, site: WeightSite, xq: ir.Value, ws: np.ndarray) -> None:
-        """Replace site's MatMul by the form's int8 op on the smoothed weight ws [K, N]."""
-        if self.form == "matmulnbits":
-            bq = A.quantize_rtn(ws, 8, self.group_size, symmetric=False)
-            self._nbits._emit_nbits(graph, site, bq)
-            return
+        """Replace site's MatMul by the dynamic or QDQ int8 op on the smoothed weight ws [K, N]."""
         q, sw = SQ.quantize_int8_per_channel(ws)
         qv = add_initializer(graph, f"{site.name}.w8", q)
         swv = add_initializer(graph, f"{site.name}.w8_scale", sw)

@@ -34,6 +34,7 @@ from specport.passes.quant.graph import (
     WeightSite,
     add_initializer,
     find_weight_matmuls,
+    named,
     remove_unused,
     replace_node,
 )
@@ -128,6 +129,7 @@ class QuantizeWeightsNBitsPass(Pass):
         lm_head_bits: int = 8,
         plan: dict[str, int] | None = None,
         float_zero: bool = False,
+        pack: bool = True,
     ) -> None:
         # float_zero: let refit/HQQ keep float zero points (MatMulNBits accepts them). Measured on
         # onnxruntime 1.31 CPU they take a slow kernel path (~10x slower decode on a 32M Llama),
@@ -144,6 +146,10 @@ class QuantizeWeightsNBitsPass(Pass):
         self.form, self.accuracy_level = form, accuracy_level
         self.lm_head_bits, self.plan = lm_head_bits, plan or {}
         self.float_zero = float_zero
+        # pack: sibling MatMuls that read the same input (q/k/v, gate/up) become one
+        # MatMulNBits + Split. Blocks run along K, so this changes no number; it saves a kernel
+        # launch and an activation quantization per sibling (decode is launch-bound at batch 1).
+        self.pack = pack
 
     def precondition(self, model: ir.Model) -> str | None:
         return None if find_weight_matmuls(model) else "no MatMul with a constant 2-D float weight"
@@ -157,6 +163,7 @@ class QuantizeWeightsNBitsPass(Pass):
         graph = model.graph
         layers: dict[str, dict[str, Any]] = {}
         modified = False
+        pending: list[tuple[WeightSite, A.BlockQuant]] = []
         for site in find_weight_matmuls(model):
             bits = self.bits_for(site)
             if bits not in (4, 8):
@@ -182,7 +189,7 @@ class QuantizeWeightsNBitsPass(Pass):
                 bq = integer_zero_points(bq, w)
             err = output_rel_error(w, A.dequantize(bq), stats)
             if self.form == "matmulnbits":
-                self._emit_nbits(graph, site, bq)
+                pending.append((site, bq))
             else:
                 self._emit_qdq(graph, site, bq)
             layers[site.name] = {
@@ -195,6 +202,7 @@ class QuantizeWeightsNBitsPass(Pass):
                 "rel_output_error": round(err, 8),
             }
             modified = True
+        packed = self.emit_nbits_groups(graph, pending)
         remove_unused(model)
         if modified:
             _ensure_opset(
@@ -206,18 +214,68 @@ class QuantizeWeightsNBitsPass(Pass):
             "group_size": self.group_size,
             "symmetric": self.symmetric,
             "accuracy_level": self.accuracy_level,
+            "packed_groups": packed,
             "layers": layers,
         }
         return modified, details
 
-    def _emit_nbits(self, graph: ir.Graph, site: WeightSite, bq: A.BlockQuant) -> None:
+    def emit_nbits_groups(
+        self, graph: ir.Graph, items: list[tuple[WeightSite, A.BlockQuant]]
+    ) -> int:
+        """Emit MatMulNBits for every (site, quantized weight); with `pack`, siblings sharing an
+        input and a precision are packed along N (LM heads stay alone). Returns the packed count."""
+        groups: dict[tuple[int, int, bool], list[tuple[WeightSite, A.BlockQuant]]] = {}
+        for site, bq in items:
+            key = (id(site.x), bq.bits, bq.integer_zero) if self.pack and not site.lm_head else None
+            groups.setdefault(key or (id(site), -1, False), []).append((site, bq))
+        for group in groups.values():
+            if len(group) == 1:
+                self._emit_nbits(graph, *group[0])
+            else:
+                self._emit_packed(graph, group)
+        return sum(len(g) > 1 for g in groups.values())
+
+    def _emit_packed(self, graph: ir.Graph, group: list[tuple[WeightSite, A.BlockQuant]]) -> None:
+        sites = [s for s, _ in group]
+        bqs = [b for _, b in group]
+        bq = dataclasses.replace(
+            bqs[0],
+            q=np.concatenate([b.q for b in bqs], axis=0),
+            scale=np.concatenate([b.scale for b in bqs], axis=0),
+            zero=np.concatenate([b.zero for b in bqs], axis=0),
+            symmetric=all(b.symmetric for b in bqs),
+        )
+        first = sites[0]
+        packed = dataclasses.replace(first, n=sum(s.n for s in sites))
+        node = self._nbits_node(packed, bq, graph, f"{first.name}.packed{len(sites)}")
+        sizes = add_initializer(
+            graph, f"{first.name}.packed_split", np.array([s.n for s in sites], dtype=np.int64)
+        )
+        split = ir.node(
+            "Split",
+            [node.outputs[0], sizes],
+            {"axis": -1},
+            num_outputs=len(sites),
+            name=f"{first.name}/PackedSplit",
+        )
+        graph.insert_before(first.node, [named(node), named(split)])
+        for site, out in zip(sites, split.outputs):
+            old = site.node.outputs[0]
+            out.shape, out.type, name = old.shape, old.type, old.name
+            ir.convenience.replace_all_uses_with(old, out, replace_graph_outputs=True)
+            graph.remove(site.node, safe=True)
+            old.name, out.name = f"{name}_replaced", name
+
+    def _nbits_node(
+        self, site: WeightSite, bq: A.BlockQuant, graph: ir.Graph, base: str
+    ) -> ir.Node:
         packed = A.pack_matmul_nbits(bq)
-        base = f"{site.name}.q{bq.bits}"
-        b = add_initializer(graph, f"{base}.B", packed["B"])
-        s = add_initializer(graph, f"{base}.scales", packed["scales"])
+        b = add_initializer(graph, f"{base}.q{bq.bits}.B", packed["B"])
+        s = add_initializer(graph, f"{base}.q{bq.bits}.scales", packed["scales"])
         inputs: list[ir.Value | None] = [site.x, b, s]
         if "zero_points" in packed:
-            inputs.append(add_initializer(graph, f"{base}.zero_points", packed["zero_points"]))
+            zp = add_initializer(graph, f"{base}.q{bq.bits}.zero_points", packed["zero_points"])
+            inputs.append(zp)
         attrs: dict[str, Any] = {
             "K": site.k,
             "N": site.n,
@@ -226,9 +284,12 @@ class QuantizeWeightsNBitsPass(Pass):
         }
         if self.accuracy_level:
             attrs["accuracy_level"] = self.accuracy_level
-        node = ir.node(
-            "MatMulNBits", inputs, attrs, domain="com.microsoft", name=f"{site.name}/MatMulNBits"
+        return ir.node(
+            "MatMulNBits", inputs, attrs, domain="com.microsoft", name=f"{base}/MatMulNBits"
         )
+
+    def _emit_nbits(self, graph: ir.Graph, site: WeightSite, bq: A.BlockQuant) -> None:
+        node = self._nbits_node(site, bq, graph, site.name)
         replace_node(graph, site.node, [node], node.outputs[0])
 
     def _emit_qdq(self, graph: ir.Graph, site: WeightSite, bq: A.BlockQuant) -> None:

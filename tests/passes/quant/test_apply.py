@@ -25,7 +25,10 @@ def test_w4_artifact_manifest_and_ppl(quant_src, calib_text, eval_text, tmp_path
     assert len(m2.passes) == len(read_manifest(quant_src).passes) + 1
     assert (out / "tokenizer.json").is_file() and "tokenizer.json" in m2.files
     quantized = [b for b in m.quant["layers"].values() if b != 32]
-    assert m2.quant["ort_cpu"]["kernels"]["com.microsoft.MatMulNBits"] == len(quantized)
+    # q/k/v and gate/up are packed into one MatMulNBits each: 4 nodes per layer
+    packed = m2.passes[-1]["packed_groups"]
+    assert packed == 4  # 2 layers x (qkv, gate/up)
+    assert m2.quant["ort_cpu"]["kernels"]["com.microsoft.MatMulNBits"] == len(quantized) - 6
     ppl = perplexity(out, eval_text)["ppl"]
     base = perplexity(quant_src, eval_text)["ppl"]
     assert abs(ppl / base - 1) < 0.25
@@ -79,7 +82,7 @@ def test_cli_quantize_and_eval(quant_src, calib_text, eval_text, tmp_path, capsy
     info = json.loads(capsys.readouterr().out)
     assert info["scheme"] == "w8a8" and info["group_size"] == 128
     # default form: 8-bit MatMulNBits with int8 activations (accuracy_level 4), head included
-    assert info["ort_cpu"]["kernels"]["com.microsoft.MatMulNBits"] == info["layers"]
+    assert info["ort_cpu"]["kernels"]["com.microsoft.MatMulNBits"] == info["layers"] - 6  # packed
     assert read_manifest(out).quant["form"] == "matmulnbits"
     assert read_manifest(out).quant["accuracy_level"] == 4
     assert main(["eval", "ppl", str(out), "--text", str(eval_text), "--json"]) == 0

@@ -60,7 +60,9 @@ def test_w4_pass_equals_numpy_dequant_model(quant_src, tmp_path, form):
     assert result.modified
     ops = op_counts(model)
     if form == "matmulnbits":
-        assert ops["com.microsoft.MatMulNBits"] == len(result.report["layers"]) - 1  # head kept
+        # head kept in float; q/k/v and gate/up packed (one MatMulNBits + Split each)
+        assert ops["com.microsoft.MatMulNBits"] == len(result.report["layers"]) - 1 - 6
+        assert ops["Split"] >= 4
     else:
         assert ops["DequantizeLinear"] >= 1
     ref = _load(quant_src)
@@ -138,3 +140,14 @@ def test_embedding_gather_block_quantized(quant_src, tmp_path):
     np.testing.assert_allclose(
         _logits(model, tmp_path, "emb"), _logits(ref, tmp_path, "embref"), atol=1e-4, rtol=1e-3
     )
+
+
+def test_packed_siblings_compute_the_same(quant_src, tmp_path):
+    """Packing q/k/v and gate/up into one MatMulNBits + Split changes no number."""
+    got = {}
+    for pack in (False, True):
+        model = _load(quant_src)
+        QuantizeWeightsNBitsPass(4, 32, "hqq", pack=pack, accuracy_level=4)(model)
+        assert op_counts(model).get("Split", 0) == (4 if pack else 0)
+        got[pack] = _logits(model, tmp_path, f"pack{pack}")
+    np.testing.assert_allclose(got[True], got[False], atol=1e-5, rtol=1e-5)
