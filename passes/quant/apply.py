@@ -180,7 +180,7 @@ def quantize_artifact(
         group_size = 128 if scheme == "w8a8" else 32
     if lm_head_bits is None:
         # An 8-bit head where activations are int8 anyway (w4a8, w8a8: MatMulNBits with
-        # accuracy_level 4 runs int8 VNNI/AMX kernels; ~1.15x slower decode than a 4-bit head on
+        # accuracy_level 4 runs int8 VNNI/AMX kernels; 1.05-1.08x slower decode than a 4-bit head on
         # the 32M Llama, but a 4-bit head costs stories260K +1.2% ppl). w4a16/w8a16 keep a float
         # head: onnxruntime 1.31's CPU MatMulNBits with float activations has no fast 8-bit path.
         lm_head_bits = 8 if scheme in ("w8a8", "w4a8") else 0
