@@ -5,6 +5,7 @@
     cpu/cuda same fusions -> lower(com.microsoft contrib ops) -> cleanup
     cann     same fusions but fuse_gelu -> lower(inline function bodies: standard ops) -> cleanup
     kv_layout="shared" (cpu/cuda) appends shared_kv: one preallocated KV buffer per layer,
+             pack_projections (sibling MatMuls of one input, e.g. gate/up, as one MatMul + Split)
              and with select_logits=True select_logits (logits_index in, next_token out).
 
 `passes=[...]` picks a subset by name, in pipeline order ("lower" and "normalize" are always
@@ -30,6 +31,7 @@ from specport.passes.fuse_rms_norm import FuseRMSNormPass
 from specport.passes.fuse_rotary import FuseRotaryPass
 from specport.passes.fuse_skip_norm import FuseSkipNormPass
 from specport.passes.lower import LowerPass
+from specport.passes.pack_projections import PackProjectionsPass
 from specport.passes.select_logits import SelectLogitsPass
 from specport.passes.shared_kv import SharedKVPass
 
@@ -65,13 +67,23 @@ def _make(name: str, target: str, options: dict[str, Any]) -> Pass:
             options.get("rotary_length"),
             pack_qkv=bool(options.get("pack_qkv")),
         )
+    if name == "pack_projections":
+        return PackProjectionsPass()
     if name == "select_logits":
         return SelectLogitsPass()
     raise PassError(f"unknown pass {name!r}: choose from {', '.join(all_pass_names())}")
 
 
 def all_pass_names() -> list[str]:
-    return ["normalize", *FUSIONS, "lower", "cleanup", "shared_kv", "select_logits"]
+    return [
+        "normalize",
+        *FUSIONS,
+        "lower",
+        "cleanup",
+        "shared_kv",
+        "pack_projections",
+        "select_logits",
+    ]
 
 
 def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -> Pipeline:
@@ -84,12 +96,15 @@ def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -
     `logits_index` input, LM head on the selected positions, `next_token` argmax output).
     `rotary_length` (shared layout: fold rotary into GroupQueryAttention with cos/sin caches
     for that many positions; position_ids leaves the graph), `pack_qkv` (shared layout: q/k/v
-    projections as one MatMul into GQA's packed input).
+    projections as one MatMul into GQA's packed input), `pack_projections` (shared layout,
+    default = pack_qkv: the other sibling float MatMuls of one input, e.g. gate/up, packed
+    into one MatMul + Split).
     """
     if target not in TARGETS:
         raise PassError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
     names = all_pass_names()
     names.remove("shared_kv")
+    names.remove("pack_projections")
     names.remove("select_logits")
     opt_in: list[str] = []
     if target == "neutral":
@@ -103,6 +118,8 @@ def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -
                 f"cpu or cuda, not {target!r}"
             )
         opt_in.append("shared_kv")
+        if options.get("pack_projections", options.get("pack_qkv", False)):
+            opt_in.append("pack_projections")  # gate/up (q/k/v: shared_kv's pack_qkv)
         if options.get("select_logits"):
             opt_in.append("select_logits")
     if passes is not None:
