@@ -52,7 +52,7 @@ def test_shared_export_verifies_its_own_contract(shared_art):
     assert runtime["logits_index_input"] == "logits_index"
     assert runtime["next_token_output"] == "next_token"
     names = [p["name"] for p in m.passes]
-    assert names[-2:] == ["shared_kv", "select_logits"]
+    assert names[-3:] == ["shared_kv", "pack_projections", "select_logits"]
 
 
 @pytest.mark.slow
