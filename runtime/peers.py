@@ -105,8 +105,10 @@ class GenaiPeer:
         )
         gen = og.Generator(self.model, params)
         t0 = time.perf_counter()
-        gen.append_tokens(ids)  # prefill + first token
-        t1 = time.perf_counter()
+        gen.append_tokens(ids)  # prefill: runs the model, leaves the logits for the first token
+        if not gen.is_done():
+            gen.generate_next_token()  # only samples from the prefill logits (no model run)
+        t1 = time.perf_counter()  # first token: from here every step runs the model once
         steps = 0
         while not gen.is_done():
             gen.generate_next_token()
