@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from specport.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -90,3 +92,36 @@ class Proposer(Protocol):
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         """Up to ``num_draft`` drafts per row, given every row's tokens so far."""
         ...
+
+
+def stop_reason(
+    token: int,
+    produced: int,
+    eos: set[int] | frozenset[int],
+    on_token: Any,
+    budget: int,
+    max_new_tokens: int,
+) -> str | None:
+    """Why generation ends at this emitted token (``produced`` tokens so far), or None.
+
+    One rule for every speculative loop, so they all stop exactly where plain decoding would:
+    EOS first, then a caller's stop (e.g. a stop string), then the token budget (``context``
+    when the context window, not ``max_new_tokens``, set it)."""
+    if token in eos:
+        return "eos"
+    if on_token is not None and on_token(token):
+        return "stop"
+    if produced >= budget:
+        return "context" if budget < max_new_tokens else "length"
+    return None
+
+
+def check_int_range(value: Any, option: str, limit: int) -> int:
+    """``value`` as an int in 1..limit, or an InputError naming the CLI option."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or not 1 <= value <= limit
+    ):
+        raise InputError(f"{option} must be an integer in 1..{limit}, got {value!r}.")
+    return int(value)

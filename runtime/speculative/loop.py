@@ -25,7 +25,7 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.errors import ContextLengthError, InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.speculative.base import Drafts, Proposer
+from specport.runtime.speculative.base import Drafts, Proposer, check_int_range, stop_reason
 from specport.runtime.speculative.draft import (
     DraftModelProposer,
     TrimmableKV,
@@ -62,13 +62,7 @@ class SpeculativeOutput:
 
 
 def check_num_draft(num_draft: int, limit: int = MAX_DRAFT) -> int:
-    if (
-        isinstance(num_draft, bool)
-        or not isinstance(num_draft, (int, np.integer))
-        or not 1 <= num_draft <= limit
-    ):
-        raise InputError(f"--num-draft must be an integer in 1..{limit}, got {num_draft!r}.")
-    return int(num_draft)
+    return check_int_range(num_draft, "--num-draft", limit)
 
 
 class SpeculativeGenerator:
@@ -201,13 +195,9 @@ class SpeculativeGenerator:
             for tok in result.tokens[0]:
                 out.append(tok)
                 context.append(tok)
-                if tok in eos:
-                    reason, done = "eos", True
-                elif on_token is not None and on_token(tok):
-                    reason, done = "stop", True
-                elif len(out) >= budget:
-                    reason, done = ("context" if budget < max_new_tokens else "length"), True
-                if done:
+                why = stop_reason(tok, len(out), eos, on_token, budget, max_new_tokens)
+                if why is not None:
+                    reason, done = why, True
                     break
         t_end = time.perf_counter()
         self.last_kv = kv  # the cache after the final step (tests compare it to plain decoding)

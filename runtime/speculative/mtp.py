@@ -22,7 +22,7 @@ import numpy as np
 
 from specport.artifact import Manifest
 from specport.errors import InputError
-from specport.runtime.speculative.base import Drafts
+from specport.runtime.speculative.base import Drafts, stop_reason
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
 from specport.runtime.speculative.verify import VerifyResult
 
@@ -164,13 +164,9 @@ def decode_greedy(
         done = False
         for tok in new:
             out.append(tok)
-            if tok in eos:
-                reason, done = "eos", True
-            elif on_token is not None and on_token(tok):
-                reason, done = "stop", True
-            elif len(out) >= budget:
-                reason, done = ("context" if budget < max_new_tokens else "length"), True
-            if done:
+            why = stop_reason(tok, len(out), eos, on_token, budget, max_new_tokens)
+            if why is not None:
+                reason, done = why, True
                 break
         if done:
             break

@@ -35,6 +35,7 @@ from specport.artifact import Manifest
 from specport.contract import TREE_MASK
 from specport.errors import ContextLengthError, InputError
 from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
+from specport.runtime.speculative.base import check_int_range, stop_reason
 from specport.runtime.speculative.draft import TrimmableKV, run_step
 from specport.runtime.speculative.loop import OnToken, SpeculativeOutput, check_num_draft
 from specport.runtime.speculative.metrics import SpecDecodingStats
@@ -177,13 +178,7 @@ def has_tree_mask(session: Any) -> bool:
 
 
 def check_tree_width(tree_width: int, limit: int = MAX_TREE_WIDTH) -> int:
-    if (
-        isinstance(tree_width, bool)
-        or not isinstance(tree_width, (int, np.integer))
-        or not 1 <= tree_width <= limit
-    ):
-        raise InputError(f"--tree-width must be an integer in 1..{limit}, got {tree_width!r}.")
-    return int(tree_width)
+    return check_int_range(tree_width, "--tree-width", limit)
 
 
 class TreeSpeculativeGenerator:
@@ -272,13 +267,9 @@ class TreeSpeculativeGenerator:
             for tok in [*(tree.tokens[i] for i in path[1:]), extra]:
                 out.append(tok)
                 context.append(tok)
-                if tok in eos:
-                    reason, done = "eos", True
-                elif on_token is not None and on_token(tok):
-                    reason, done = "stop", True
-                elif len(out) >= budget:
-                    reason, done = ("context" if budget < max_new_tokens else "length"), True
-                if done:
+                why = stop_reason(tok, len(out), eos, on_token, budget, max_new_tokens)
+                if why is not None:
+                    reason, done = why, True
                     break
         t_end = time.perf_counter()
         self.last_kv = kv  # the cache after the final step (tests compare it to plain decoding)
