@@ -32,7 +32,11 @@ from specport.runtime.speculative.draft import (
     has_tree_mask,
     run_step,
 )
-from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
+from specport.runtime.speculative.metrics import (
+    AdaptiveDraftLength,
+    SpecDecodingStats,
+    timing_metrics,
+)
 from specport.runtime.speculative.mtp import MTPProposer, decode_greedy
 from specport.runtime.speculative.verify import VerifyResult, greedy_verify, rejection_verify
 
@@ -202,20 +206,11 @@ class SpeculativeGenerator:
         t_end = time.perf_counter()
         self.last_kv = kv  # the cache after the final step (tests compare it to plain decoding)
         stats.log()
-        decode_wall = t_end - t_prefill
+        clock = {"start": t_start, "prefill": t_prefill, "first": t_first, "end": t_end}
         metrics: dict[str, Any] = {
-            "batch": 1,
-            "prompt_tokens": len(prompt),
-            "new_tokens": len(out),
-            "ttft_ms": round(((t_first or t_end) - t_start) * 1e3, 3),
-            "prefill_s": round(t_prefill - t_start, 6),
-            "decode_steps": stats.num_steps,
-            "decode_tok_per_s": round(len(out) / decode_wall, 2) if decode_wall > 0 else None,
-            "tpot_ms": round(decode_wall / len(out) * 1e3, 4) if out else None,
-            "decode_ort_s": round(ort_s - prefill_ort, 6),
-            "decode_wall_s": round(decode_wall, 6),
-            "propose_s": round(propose_s, 6),
-            "total_s": round(t_end - t_start, 6),
+            **timing_metrics(
+                len(prompt), len(out), stats.num_steps, clock, ort_s, prefill_ort, propose_s
+            ),
             "speculative": {
                 "method": getattr(self.proposer, "name", "custom"),
                 "num_draft": self.num_draft,

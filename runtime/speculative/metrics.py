@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -177,3 +178,40 @@ class AdaptiveDraftLength:
         if drafted == 0:  # costs are measured only while drafting: let them be tried again
             self.propose_cost -= self.drift * self.propose_cost
             self.cost_per_draft += self.drift * (self.prior_cost - self.cost_per_draft)
+
+
+def timing_metrics(
+    prompt_tokens: int,
+    new_tokens: int,
+    steps: int,
+    clock: dict[str, float | None],
+    ort_s: float,
+    prefill_ort_s: float,
+    propose_s: float,
+) -> dict[str, Any]:
+    """The plain generator's timing keys for one speculative run (batch 1).
+
+    ``clock`` holds perf_counter stamps ``start``, ``prefill`` (prefill done), ``first`` (first
+    token emitted, or None) and ``end``. Every loop reports through here so the bench compares
+    like with like."""
+    start, prefill, end = (
+        float(clock["start"] or 0),
+        float(clock["prefill"] or 0),
+        float(clock["end"] or 0),
+    )
+    first = clock.get("first") or end
+    decode_wall = end - prefill
+    return {
+        "batch": 1,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "ttft_ms": round((first - start) * 1e3, 3),
+        "prefill_s": round(prefill - start, 6),
+        "decode_steps": steps,
+        "decode_tok_per_s": round(new_tokens / decode_wall, 2) if decode_wall > 0 else None,
+        "tpot_ms": round(decode_wall / new_tokens * 1e3, 4) if new_tokens else None,
+        "decode_ort_s": round(ort_s - prefill_ort_s, 6),
+        "decode_wall_s": round(decode_wall, 6),
+        "propose_s": round(propose_s, 6),
+        "total_s": round(end - start, 6),
+    }
