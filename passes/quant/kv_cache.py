@@ -111,15 +111,7 @@ class QuantizeKVCachePass(Pass):
             sv, zv = self._params(g, m[1], m[2], scale)
             new = ir.Value(name=old.name, shape=old.shape, type=ir.TensorType(ir.DataType.INT8))
             old.name = f"{new.name}/float"
-            dq = named(
-                ir.node(
-                    "DequantizeLinear",
-                    [new, sv, zv],
-                    attributes={"axis": 1},
-                    name=f"/model/layers.{m[1]}/kv_cache/{m[2]}/DequantizeLinear",
-                )
-            )
-            dq.outputs[0].shape, dq.outputs[0].type = old.shape, old.type
+            dq = _dequantize(new, sv, zv, old, f"/model/layers.{m[1]}/kv_cache/{m[2]}")
             g.insert_before(first, dq)
             # Shape needs no dequantized data: keep it on the int8 input.
             for use in list(old.uses()):
@@ -157,15 +149,7 @@ class QuantizeKVCachePass(Pass):
             out.name, out.shape, out.type = name, old.shape, ir.TensorType(ir.DataType.INT8)
             readers = [u for u in old.uses() if u.node is not q]
             if readers:  # attention reads the concatenated cache: give it the int8 values
-                dq = named(
-                    ir.node(
-                        "DequantizeLinear",
-                        [out, sv, zv],
-                        attributes={"axis": 1},
-                        name=f"/model/layers.{m[1]}/kv_cache/{m[2]}/present/DequantizeLinear",
-                    )
-                )
-                dq.outputs[0].shape, dq.outputs[0].type = old.shape, old.type
+                dq = _dequantize(out, sv, zv, old, f"/model/layers.{m[1]}/kv_cache/{m[2]}/present")
                 for use in readers:
                     use.node.replace_input_with(use.idx, dq.outputs[0])
                 new_nodes.append(dq)
@@ -331,3 +315,19 @@ def apply_int8_kv(
     if not result.modified:
         raise QuantizationError(f"int8 KV cache not applied: {result.report.get('skipped')}")
     return result.report
+
+
+def _dequantize(
+    q: ir.Value, scale: ir.Value, zero: ir.Value, like: ir.Value, prefix: str
+) -> ir.Node:
+    """DequantizeLinear over KV heads (axis 1) whose output has ``like``'s float shape and type."""
+    dq = named(
+        ir.node(
+            "DequantizeLinear",
+            [q, scale, zero],
+            attributes={"axis": 1},
+            name=f"{prefix}/DequantizeLinear",
+        )
+    )
+    dq.outputs[0].shape, dq.outputs[0].type = like.shape, like.type
+    return dq

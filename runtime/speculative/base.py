@@ -8,12 +8,13 @@ small is what lets the generator swap n-gram, MTP and draft-model proposers free
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.errors import ContextLengthError, InputError
 
 logger = logging.getLogger(__name__)
 
@@ -125,3 +126,30 @@ def check_int_range(value: Any, option: str, limit: int) -> int:
     ):
         raise InputError(f"{option} must be an integer in 1..{limit}, got {value!r}.")
     return int(value)
+
+
+def check_prompts(
+    prompts: Sequence[Sequence[int]], max_new_tokens: int, context_length: int, vocab_size: int
+) -> list[list[int]]:
+    """Prompts as int lists, or the error a user can act on (the same for every loop)."""
+    if not prompts:
+        raise InputError("give at least one prompt (the prompt list is empty).")
+    rows = [[int(t) for t in p] for p in prompts]
+    if any(not r for r in rows):
+        raise InputError("every prompt needs at least one token.")
+    if isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise InputError("--max-new-tokens must be at least 1.")
+    for r in rows:
+        bad = [t for t in r if not 0 <= t < vocab_size]
+        if bad:
+            raise InputError(
+                f"token ids {bad[:5]} are outside the vocabulary (0..{vocab_size - 1})."
+            )
+    longest = max(len(r) for r in rows)
+    if longest >= context_length:
+        raise ContextLengthError(
+            f"a prompt has {longest} tokens but the model's context window is {context_length} "
+            f"(and at least one new token must fit). Shorten it to at most "
+            f"{context_length - 1} tokens."
+        )
+    return rows

@@ -37,9 +37,9 @@ import numpy as np
 
 from specport.artifact import Manifest
 from specport.contract import with_causal_tree_mask
-from specport.errors import ContextLengthError, InputError
+from specport.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.speculative.base import PAD, Drafts, Proposer
+from specport.runtime.speculative.base import PAD, Drafts, Proposer, check_prompts
 from specport.runtime.speculative.loop import check_num_draft, default_adaptive, make_proposer
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
 from specport.runtime.speculative.mtp import MTPProposer
@@ -158,28 +158,8 @@ class BatchSpeculativeGenerator:
         self.row_kv: dict[int, list[np.ndarray]] = {}
 
     def _check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-        ctx_len, vocab = self.manifest.context_length, self.manifest.vocab_size
-        if not prompts:
-            raise InputError("give at least one prompt (the prompt list is empty).")
-        rows = [[int(t) for t in p] for p in prompts]
-        if any(not r for r in rows):
-            raise InputError("every prompt needs at least one token.")
-        if isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise InputError("--max-new-tokens must be at least 1.")
-        for r in rows:
-            bad = [t for t in r if not 0 <= t < vocab]
-            if bad:
-                raise InputError(
-                    f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})."
-                )
-        longest = max(len(r) for r in rows)
-        if longest >= ctx_len:
-            raise ContextLengthError(
-                f"a prompt has {longest} tokens but the model's context window is {ctx_len} "
-                f"(and at least one new token must fit). Shorten every prompt to at most "
-                f"{ctx_len - 1} tokens."
-            )
-        return rows
+        m = self.manifest
+        return check_prompts(prompts, max_new_tokens, m.context_length, m.vocab_size)
 
     def generate(
         self,

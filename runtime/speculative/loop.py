@@ -23,9 +23,15 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
-from specport.errors import ContextLengthError, InputError
+from specport.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.speculative.base import Drafts, Proposer, check_int_range, stop_reason
+from specport.runtime.speculative.base import (
+    Drafts,
+    Proposer,
+    check_int_range,
+    check_prompts,
+    stop_reason,
+)
 from specport.runtime.speculative.draft import (
     DraftModelProposer,
     TrimmableKV,
@@ -99,20 +105,8 @@ class SpeculativeGenerator:
         eos_ids: Sequence[int] = (),
         on_token: OnToken | None = None,
     ) -> SpeculativeOutput:
-        prompt = [int(t) for t in prompt]
         ctx_len, vocab = self.manifest.context_length, self.manifest.vocab_size
-        if not prompt:
-            raise InputError("the prompt needs at least one token.")
-        if max_new_tokens < 1:
-            raise InputError("--max-new-tokens must be at least 1.")
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise InputError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1}).")
-        if len(prompt) >= ctx_len:
-            raise ContextLengthError(
-                f"prompt has {len(prompt)} tokens but the model's context window is {ctx_len} "
-                f"(and at least one new token must fit). Shorten the prompt to at most {ctx_len - 1} tokens."
-            )
+        prompt = check_prompts([prompt], max_new_tokens, ctx_len, vocab)[0]
         sampling = sampling or SamplingConfig()
         sampler = Sampler(sampling, vocab)
         if hasattr(self.proposer, "configure"):

@@ -33,9 +33,9 @@ import numpy as np
 
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK
-from specport.errors import ContextLengthError, InputError
+from specport.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
-from specport.runtime.speculative.base import check_int_range, stop_reason
+from specport.runtime.speculative.base import check_int_range, check_prompts, stop_reason
 from specport.runtime.speculative.draft import TrimmableKV, run_step
 from specport.runtime.speculative.loop import OnToken, SpeculativeOutput, check_num_draft
 from specport.runtime.speculative.metrics import SpecDecodingStats, timing_metrics
@@ -219,9 +219,8 @@ class TreeSpeculativeGenerator:
         eos_ids: Sequence[int] = (),
         on_token: OnToken | None = None,
     ) -> SpeculativeOutput:
-        prompt = [int(t) for t in prompt]
         ctx_len, vocab = self.manifest.context_length, self.manifest.vocab_size
-        _check_prompt(prompt, max_new_tokens, ctx_len, vocab)
+        prompt = check_prompts([prompt], max_new_tokens, ctx_len, vocab)[0]
         sampler = Sampler(sampling or SamplingConfig(), vocab)
         budget = min(max_new_tokens, ctx_len - len(prompt))
         eos = {int(e) for e in eos_ids}
@@ -309,21 +308,6 @@ class TreeSpeculativeGenerator:
             **kv.feeds(),
         }
         return self.session.run(self.output_names, feeds)
-
-
-def _check_prompt(prompt: list[int], max_new_tokens: int, ctx_len: int, vocab: int) -> None:
-    if not prompt:
-        raise InputError("the prompt needs at least one token.")
-    if max_new_tokens < 1:
-        raise InputError("--max-new-tokens must be at least 1.")
-    bad = [t for t in prompt if not 0 <= t < vocab]
-    if bad:
-        raise InputError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1}).")
-    if len(prompt) >= ctx_len:
-        raise ContextLengthError(
-            f"prompt has {len(prompt)} tokens but the model's context window is {ctx_len} "
-            f"(and at least one new token must fit). Shorten the prompt to at most {ctx_len - 1} tokens."
-        )
 
 
 def _verify(

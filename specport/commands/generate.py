@@ -106,22 +106,9 @@ def run(args: argparse.Namespace) -> int:
     result = model.generate(
         texts[0] if texts else None,
         prompt_ids=ids,
-        max_new_tokens=args.max_new_tokens,
-        greedy=not sampling,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        ignore_eos=args.ignore_eos,
-        stop=args.stop,
         on_text=None if args.json else stream,
-        speculative=args.speculative,
-        num_draft=args.num_draft,
-        draft=args.draft,
-        adaptive=args.adaptive,
         tree_width=args.tree_width,
+        **_generation_options(args, sampling),
     )
     if args.json:
         emit_json(result.to_json())
@@ -139,6 +126,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _generation_options(args: argparse.Namespace, sampling: bool) -> dict[str, Any]:
+    """The keyword arguments `Model.generate` and `Model.generate_batch` share."""
+    return {
+        "max_new_tokens": args.max_new_tokens,
+        "greedy": not sampling,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "seed": args.seed,
+        "ignore_eos": args.ignore_eos,
+        "stop": args.stop,
+        "speculative": args.speculative,
+        "num_draft": args.num_draft,
+        "draft": args.draft,
+        "adaptive": args.adaptive,
+    }
+
+
 def _run_batch(
     model: Any,
     args: argparse.Namespace,
@@ -150,22 +157,7 @@ def _run_batch(
     if args.tree_width != 1:
         raise InputError("--tree-width runs one prompt at a time; pass a single --prompt.")
     results = model.generate_batch(
-        texts,
-        prompt_ids=ids_list,
-        max_new_tokens=args.max_new_tokens,
-        greedy=not sampling,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        ignore_eos=args.ignore_eos,
-        stop=args.stop,
-        speculative=args.speculative,
-        num_draft=args.num_draft,
-        draft=args.draft,
-        adaptive=args.adaptive,
+        texts, prompt_ids=ids_list, **_generation_options(args, sampling)
     )
     for i, result in enumerate(results):
         if args.json:
