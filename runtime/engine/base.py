@@ -1,0 +1,115 @@
+"""What an engine promises its callers (the HTTP server, tests): submit a request, read its stream.
+
+An engine owns one loaded `specport.api.Model` and a worker thread that runs onnxruntime; callers
+on other threads `submit` requests and consume each request's events from its handle. Two engines
+share this contract: `SerialEngine` (any artifact, one request at a time) and `BatchingEngine`
+(shared-KV artifacts, continuous batching: requests join and leave the running batch between
+decode steps). Keeping the contract this small lets the server stay ignorant of scheduling.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from specport.runtime.sampler import SamplingConfig
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request, already tokenized.
+
+    `stop` strings end the text (not included); `ignore_eos` keeps going past EOS tokens.
+    """
+
+    prompt_ids: Sequence[int]
+    max_new_tokens: int = 64
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stop: Sequence[str] = ()
+    ignore_eos: bool = False
+    request_id: str = ""
+
+
+@dataclass
+class Event:
+    """A piece of a request's output. The last event has `finish_reason` set.
+
+    `text` is final text (never half a character, never a held-back stop-string prefix);
+    `token_ids` are the new tokens since the previous event. finish_reason is one of
+    "stop" (EOS or a stop string), "length" (max_new_tokens), "context" (the KV buffer is full),
+    "error" (then `error` holds the message), "cancelled".
+    """
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+_END = object()
+
+
+class RequestHandle:
+    """The caller's side of one request: iterate events, or wait for the whole result.
+
+    Events are pushed by the engine's worker thread. `cancel()` asks the engine to drop the
+    request at its next step (e.g. the HTTP client went away); it then ends with "cancelled".
+    """
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.created = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self._events: queue.Queue[Event | object] = queue.Queue()
+        self._cancel = threading.Event()
+
+    # -- engine side --------------------------------------------------------------
+    def push(self, event: Event) -> None:
+        if event.token_ids and self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self._events.put(event)
+        if event.finish_reason is not None:
+            self.finished_at = time.perf_counter()
+            self._events.put(_END)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    # -- caller side --------------------------------------------------------------
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Yield events until the final one (inclusive). `timeout` bounds each wait (seconds)."""
+        while True:
+            item = self._events.get(timeout=timeout)
+            if item is _END:
+                return
+            assert isinstance(item, Event)
+            yield item
+
+    def result(self, timeout: float | None = None) -> Event:
+        """Wait for the end; one Event with all text and tokens and the finish reason."""
+        text, tokens = [], []
+        last = Event()
+        for ev in self.events(timeout):
+            text.append(ev.text)
+            tokens.extend(ev.token_ids)
+            last = ev
+        return Event("".join(text), tokens, last.finish_reason, last.error)
+
+
+class Engine(Protocol):
+    """Thread-safe request intake over one model. `close()` finishes or cancels what is queued."""
+
+    def submit(self, request: Request) -> RequestHandle: ...
+
+    def close(self) -> None: ...
+
+    def stats(self) -> dict[str, float | int]: ...
