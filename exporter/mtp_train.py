@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from specport import artifact as art
 from specport.errors import InputError
 from specport.exporter.mtp_heads import MTPHeads, export_branch, load_deepseek_mtp, save_heads
-from specport.progress import enabled
+from specport.progress import bar_enabled, every_tenth
 
 logger = logging.getLogger(__name__)
 
@@ -189,8 +189,8 @@ def train_heads(
     gen = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     # None: a bar only when stderr is a terminal (not in logs or CI output).
-    bar = tqdm(range(steps), desc="train-mtp", disable=not enabled(progress), leave=False)
-    for _ in bar:
+    bar = tqdm(range(steps), desc="train-mtp", disable=not bar_enabled(progress), leave=False)
+    for step in bar:
         idx = torch.randint(0, len(train_s), (batch,), generator=gen)
         loss = chain_loss(heads, base, train_h[idx], train_s[idx])
         opt.zero_grad(set_to_none=True)
@@ -199,6 +199,7 @@ def train_heads(
         opt.step()
         sched.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
+        every_tenth(step, steps, f"train-mtp loss {loss.item():.3f} step", progress)
     heads.eval()
     report: dict[str, Any] = {
         "steps": steps,

@@ -16,6 +16,21 @@ def enabled(requested: bool | None = None) -> bool:
     return sys.stderr.isatty()
 
 
+def bar_enabled(requested: bool | None = None) -> bool:
+    """Bars redraw with carriage returns: in a log file that is one line per refresh, so a bar
+    shows only on a terminal even when progress was asked for (stage lines still print)."""
+    return requested is not False and sys.stderr.isatty()
+
+
+def every_tenth(step: int, total: int, message: str, requested: bool | None = None) -> None:
+    """Where a bar cannot show (progress asked for, stderr not a terminal): one plain line per
+    tenth of the work, so logs of long jobs still say how far they got."""
+    if not requested or sys.stderr.isatty() or total <= 0:
+        return
+    if (step + 1) % max(1, total // 10) == 0 or step + 1 == total:
+        print(f"{message} {step + 1}/{total}", file=sys.stderr, flush=True)
+
+
 class Stages:
     """Numbered stage lines ("[2/5] exporting to ONNX ... 4.1s") for multi-step commands."""
 
@@ -52,7 +67,7 @@ def bar(
     items: Iterable[T], desc: str, total: int | None = None, show: bool | None = None
 ) -> Iterator[T]:
     """tqdm on stderr when shown, the bare iterable otherwise."""
-    if not enabled(show):
+    if not bar_enabled(show):
         yield from items
         return
     from tqdm.auto import tqdm
