@@ -71,7 +71,7 @@ def run_bound(
 
     def choose(logits: np.ndarray, next_ids: np.ndarray | None, step: int) -> np.ndarray:
         if greedy and next_ids is not None:
-            return next_ids.copy()
+            return next_ids  # a view of the bound output: read before the next run overwrites it
         return np.asarray(select(logits, step), dtype=np.int64)
 
     def apply_stops(stop_rows: np.ndarray | None, rows: np.ndarray) -> None:
@@ -79,7 +79,13 @@ def run_bound(
             for r in np.flatnonzero(stop_rows & rows):
                 reasons[r] = "stop"
                 active[r] = False
+                if int(r) in alive:
+                    alive.remove(int(r))
 
+    # The loop body runs between onnxruntime steps with caches cold from the weight stream:
+    # plain Python lists and sets for the per-row bookkeeping, numpy only to feed the graph.
+    eos_set = set(eos.tolist())
+    alive = list(range(batch))  # rows still generating, kept in step with `active`
     try:
         t_start = time.perf_counter()
         logits, next_ids = bound.prefill(ids, lengths)
@@ -88,28 +94,37 @@ def run_bound(
         t_first = time.perf_counter()
         steps = 0
         while True:
-            step_rows = active.copy()
-            Generator._record(new, active, out_tokens, reasons, eos)
+            tokens = new.tolist()
+            step_rows = active.copy() if on_step is not None else active
+            ended = []
+            for r in alive:
+                out_tokens[r].append(tokens[r])
+                if tokens[r] in eos_set:
+                    reasons[r] = "eos"
+                    ended.append(r)
             pending: Future[Any] | None = None
-            if on_step is not None:
+            if on_step is not None:  # sees this step's rows before EOS retires any
                 if worker is not None:
                     pending = worker.submit(on_step, new.copy(), step_rows)
                 else:
                     apply_stops(on_step(new, step_rows.copy()), step_rows)
-            if eos.size:
-                active &= ~np.isin(new, eos)
+            for r in ended:
+                active[r] = False
+                if r in alive:
+                    alive.remove(r)
             steps += 1
-            if not active.any() or steps >= budget:
+            if not alive or steps >= budget:
                 if pending is not None:
                     apply_stops(pending.result(), step_rows)
                 if steps >= budget and budget < max_new_tokens:
-                    for r in np.flatnonzero(active):
+                    for r in alive:
                         reasons[r] = "context"
                 break
-            logits, next_ids = bound.decode(np.where(active, new, pad_id))
+            feed = new if len(alive) == batch else np.where(active, new, pad_id)
+            logits, next_ids = bound.decode(feed)
             if pending is not None:
                 apply_stops(pending.result(), step_rows)
-                if not active.any():
+                if not alive:
                     break
             new = choose(logits, next_ids, steps)
         t_end = time.perf_counter()

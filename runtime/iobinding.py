@@ -39,14 +39,22 @@ class BoundSession:
     (logits [B, V] view, greedy ids [B] view or None); both views are overwritten by the next step.
     """
 
-    def __init__(self, session: Any, manifest: Manifest, batch: int, max_length: int) -> None:
+    def __init__(
+        self,
+        session: Any,
+        manifest: Manifest,
+        batch: int,
+        max_length: int,
+        kv: SharedKV | None = None,
+    ) -> None:
+        """`kv` binds existing buffers (see SharedKV's `buffers`) instead of allocating new ones."""
         import onnxruntime as ort
 
         if manifest.kv.layout != "shared":
             raise ArtifactError("IO binding with in-place KV needs a `shared` KV layout artifact.")
         self.session = session
         self.io = runtime_io(manifest)
-        self.kv = SharedKV(manifest, batch, max_length)
+        self.kv = kv if kv is not None else SharedKV(manifest, batch, max_length)
         self.batch = batch
         self.ort_seconds = 0.0  # time inside onnxruntime since the last reset
         self.input_names = {i.name for i in session.get_inputs()}
@@ -64,6 +72,7 @@ class BoundSession:
         self.seqlens = np.zeros(batch, dtype=np.int32)
         self.total = np.zeros((), dtype=np.int32)
         self.decode_ids = np.zeros((batch, 1), dtype=np.int64)
+        self._bind_in("input_ids", self.decode_ids)  # decode() may come before any prefill
         self._bind_in(self.io["seqlens_input"], self.seqlens)
         self._bind_in(self.io["total_length_input"], self.total)
         self.logits_index = np.zeros((batch, 1), dtype=np.int64)
@@ -139,21 +148,28 @@ class BoundSession:
         self.logits_index[:, 0] = 0
         return out
 
-    def extend(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def extend(
+        self, ids: np.ndarray, last_only: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """ids [B, S] appended after each row's cache (e.g. draft tokens to verify).
 
         Returns logits [B, S, V] and greedy ids [B, S] for every position (fresh arrays, bound
-        for this call only). Undo rejected positions with `self.kv.rollback(n)`. onnxruntime's
-        CPU GroupQueryAttention takes several new tokens on a non-empty cache only at batch 1.
+        for this call only); with `last_only` (a chunk of a prompt) only the last position's
+        are computed and returned ([B, 1, V], [B, 1]). Undo rejected positions with
+        `self.kv.rollback(n)`. onnxruntime's CPU GroupQueryAttention takes several new tokens
+        on a non-empty cache only at batch 1.
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         batch, s = ids.shape
         seqlens, total = self.kv.step_lengths(s)
         self.seqlens[:] = seqlens
         self.total[...] = total
-        index = np.ascontiguousarray(np.broadcast_to(np.arange(s, dtype=np.int64), (batch, s)))
-        logits = np.zeros((batch, s, self.logits.shape[-1]), dtype=np.float32)
-        next_token = np.zeros((batch, s), dtype=np.int64)
+        kept = 1 if last_only and self.has_index else s
+        index = np.ascontiguousarray(
+            np.broadcast_to(np.arange(s - kept, s, dtype=np.int64), (batch, kept))
+        )
+        logits = np.zeros((batch, kept, self.logits.shape[-1]), dtype=np.float32)
+        next_token = np.zeros((batch, kept), dtype=np.int64)
         self._bind_in("input_ids", ids)
         if self.has_positions:
             self._bind_in("position_ids", self.kv.lengths[:, None] + np.arange(s, dtype=np.int64))
@@ -174,14 +190,19 @@ class BoundSession:
             if self.has_next:
                 self._bind_out(self.io["next_token_output"], self.next_token)
         self.kv.advance(s)
+        if last_only and kept != 1:  # the graph scored every position: keep the last
+            logits, next_token = logits[:, -1:], next_token[:, -1:]
         return logits, (next_token if self.has_next else None)
 
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """ids [B]: one new token per row (finished rows may pass anything)."""
+        lengths = self.kv.lengths
+        total = int(lengths.max()) + 1
+        if total > self.kv.max_length:
+            self.kv.step_lengths(1)  # raises the context error with its message
         self.decode_ids[:, 0] = ids
-        self.decode_pos[:, 0] = self.kv.lengths
-        seqlens, total = self.kv.step_lengths(1)
-        self.seqlens[:] = seqlens
+        self.decode_pos[:, 0] = lengths
+        np.copyto(self.seqlens, lengths, casting="unsafe")  # seqlens_k = length after - 1
         self.total[...] = total
         out = self._run()
         self.kv.advance(1)

@@ -202,7 +202,12 @@ class Model:
 
         eos = [] if ignore_eos else self.manifest.eos_token_ids
         gen = Generator(self.session, self.manifest)
-        out = gen.generate(rows, max_new_tokens, select=select, eos_ids=eos, on_step=on_step)
+        per_step = needs_history or streams.needs_steps
+        out = gen.generate(
+            rows, max_new_tokens, select=select, eos_ids=eos, on_step=on_step if per_step else None
+        )
+        if not per_step:
+            streams.push_all(out.tokens)
         texts = streams.finish()
         out.metrics["provider"] = self.provider
         results = []
