@@ -358,6 +358,7 @@ def run_bench(
         engine.close = peer.close
         engines.append(engine)
     weights = bytes_per_token(path / manifest.model_file)
+    kernels = _kernel_floor(path / manifest.model_file, manifest, config)
     samples = []
     for i in range(config.runs):
         shift = i % len(engines)  # rotate the order: no engine always runs first (cold caches)
@@ -376,9 +377,14 @@ def run_bench(
         samples.append(
             measure_bandwidth(weights["all_initializers"], repeats=3, threads=config.threads)
         )
+        if kernels is not None:
+            kernels.sample()
     for engine in engines[1:]:
         engine.close()
     hardware = hardware_floor(manifest, config, weights, samples)
+    if kernels is not None:
+        hardware["kernel_floor"] = kernels.summary()
+        kernels.close()
     ours = engines[0].result
     report: dict[str, Any] = {
         "artifact": str(path),
@@ -395,7 +401,33 @@ def run_bench(
         summary = engine.result.summary()
         summary["specport_speedup"] = paired_speedup(ours.runs, engine.result.runs)
         report["engines"][engine.name] = summary
+    floor_ms = hardware.get("kernel_floor", {}).get("median_ms")
+    for summary in report["engines"].values():
+        tpot = summary.get("tpot_ms")
+        summary["tpot_vs_kernel_floor"] = round(tpot / floor_ms, 3) if tpot and floor_ms else None
     return report
+
+
+def _kernel_floor(model_path: Path, manifest: art.Manifest, config: BenchConfig) -> Any:
+    """The artifact's weight kernels alone (runtime/kernel_floor.py), CPU only; None elsewhere.
+
+    Decode runs them once per step at batch `config.batch`; nothing built on onnxruntime can
+    step faster than they run, which bounds every speedup over a peer on the same kernels."""
+    from specport.api import artifact_session_entries
+    from specport.runtime.kernel_floor import KernelFloor
+
+    if config.provider not in ("auto", "cpu"):
+        return None
+    try:
+        return KernelFloor(
+            model_path,
+            threads=config.threads,
+            rows=config.batch,
+            session_config=artifact_session_entries(manifest),
+        )
+    except Exception as exc:  # an op or dtype the standalone graph cannot rebuild: skip the line
+        logger.warning("kernel floor not measured: %s", exc)
+        return None
 
 
 def _cpu_seconds() -> float:
@@ -457,6 +489,20 @@ def format_table(report: dict[str, Any]) -> str:
         f"bandwidth floor: TPOT {hw['floor_tpot_ms']} ms ({hw['floor_decode_tok_per_s']} tok/s); "
         f"specport TPOT / floor = {engines['specport'].get('tpot_vs_floor')}; load average {hw['load_average']}"
     )
+    kernel = hw.get("kernel_floor")
+    if kernel and kernel.get("median_ms"):
+        text += (
+            f"\nkernel floor: {kernel['median_ms']} ms per step ({kernel['method']}, "
+            f"{kernel['weight_bytes'] / 1e6:.1f} MB); TPOT / kernel floor: "
+            + ", ".join(f"{n} {engines[n].get('tpot_vs_kernel_floor')}" for n in names)
+        )
+        for n in names[1:]:
+            peer_tpot = engines[n].get("tpot_ms")
+            if peer_tpot:
+                text += (
+                    f"\nthe most any runtime on these kernels could gain over {n} here: "
+                    f"{peer_tpot / kernel['median_ms']:.2f}x"
+                )
     if hw.get("weights_fit_in_cache"):
         text += (
             f"\nnote: the bytes of a step fit in the last-level cache "
