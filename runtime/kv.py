@@ -57,7 +57,15 @@ class SharedKV:
     valid slots; the graph derives slot positions from `seqlens_k = lengths_after_step - 1`.
     """
 
-    def __init__(self, manifest: Manifest, batch: int, max_length: int) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        batch: int,
+        max_length: int,
+        buffers: list[np.ndarray] | None = None,
+    ) -> None:
+        """`buffers` wraps existing arrays (e.g. row views of a larger batch's buffers, so a
+        request engine can prefill one row in place) instead of allocating new ones."""
         kv = manifest.kv
         limit = kv.max_length or manifest.context_length
         if max_length > limit:
@@ -71,8 +79,18 @@ class SharedKV:
         dtype = np.dtype(kv.dtype)
         self.buffers: list[np.ndarray] = []
         for heads, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim):
-            self.buffers.append(np.zeros((batch, heads, max_length, kd), dtype))
-            self.buffers.append(np.zeros((batch, heads, max_length, vd), dtype))
+            for dim in (kd, vd):
+                shape = (batch, heads, max_length, dim)
+                if buffers is None:
+                    self.buffers.append(np.zeros(shape, dtype))
+                    continue
+                given = buffers[len(self.buffers)]
+                if given.shape != shape or given.dtype != dtype or not given.flags.c_contiguous:
+                    raise ArtifactError(
+                        f"KV buffer {len(self.buffers)} must be a C-contiguous {dtype} array "
+                        f"of shape {shape}, got {given.dtype} {given.shape}."
+                    )
+                self.buffers.append(given)
         self.lengths = np.zeros(batch, dtype=np.int64)
         self._ortvalues: list[Any] = []
 

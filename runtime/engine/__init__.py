@@ -1,1 +1,50 @@
-"""Request engines: many concurrent generation requests over one loaded artifact (the server's core)."""
+"""Request engines: many concurrent generation requests over one loaded artifact (the server's core).
+
+`make_engine(model)` picks the engine the artifact can run: continuous batching with prefix
+caching (`BatchingEngine`) for a shared-KV artifact, one request at a time (`SerialEngine`)
+otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specport.errors import ArtifactError, InputError
+from specport.runtime.engine.base import Engine, Event, Request, RequestHandle
+
+__all__ = ["ENGINE_KINDS", "Engine", "Event", "Request", "RequestHandle", "make_engine"]
+
+ENGINE_KINDS = ("auto", "batching", "serial")
+
+
+def make_engine(
+    model: Any,  # specport.api.Model
+    max_batch: int = 8,
+    kind: str = "auto",
+    max_length: int | None = None,
+    prefix_cache: bool = True,
+) -> Engine:
+    """The engine for `model`: "batching" (shared KV layout), "serial" (any), or "auto".
+
+    "auto" batches when the artifact has the shared layout and `max_batch` > 1. `max_length`
+    caps the batching engine's KV rows (default: the artifact's limit; memory is
+    max_batch x layers x 2 x Hkv x max_length x D floats).
+    """
+    if kind not in ENGINE_KINDS:
+        raise InputError(f"unknown engine kind {kind!r}; use one of {', '.join(ENGINE_KINDS)}.")
+    shared = model.manifest.kv.layout == "shared"
+    if kind == "batching" and not shared:
+        raise ArtifactError(
+            f"the batching engine needs a shared-KV artifact but {model.path} has the "
+            f"{model.manifest.kv.layout!r} KV layout: re-export it with "
+            "`specport export MODEL OUT --kv-layout shared`, or use the serial engine."
+        )
+    if kind == "batching" or (kind == "auto" and shared and max_batch > 1):
+        from specport.runtime.engine.batching import BatchingEngine
+
+        return BatchingEngine(
+            model, max_batch=max_batch, max_length=max_length, prefix_cache=prefix_cache
+        )
+    from specport.runtime.engine.serial import SerialEngine
+
+    return SerialEngine(model)

@@ -1,0 +1,312 @@
+"""Continuous batching for shared-KV artifacts: requests join and leave the batch between steps.
+
+One worker thread owns the model. Each round it (1) takes new requests, drops cancelled and
+stopped ones, (2) admits waiting requests into free KV rows, the row whose cached ids share the
+longest prefix with the prompt first (`PrefixCache`), (3) prefills admitted prompts in chunks
+of at most `prefill_chunk` tokens per round while other rows are decoding (batch-1 runs on the
+row's own buffer view, see `KVSlots`), and (4) runs one decode step over rows [0, highest busy
+row]. Tokens go to the `TextOut` thread, which pushes the events. Per request: its own sampler
+(seeded), EOS, max_new_tokens, stop strings and the KV budget ("context"), as `Model.generate`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specport.errors import ArtifactError, InputError, SpecportError
+from specport.runtime.engine.base import Request, RequestHandle
+from specport.runtime.engine.prefix_cache import PrefixCache
+from specport.runtime.engine.slots import KVSlots
+from specport.runtime.engine.textout import Stream, TextOut
+from specport.runtime.sampler import Sampler
+
+logger = logging.getLogger(__name__)
+
+_CLOSE = object()
+
+
+@dataclass
+class _Job:
+    """A request admitted to row `row`: its prompt is prefilled up to `done` tokens."""
+
+    handle: RequestHandle
+    stream: Stream
+    prompt: np.ndarray  # [P] int64
+    row: int
+    budget: int  # new tokens allowed: min(max_new_tokens, max_length - P)
+    sampler: Sampler | None  # None: greedy, the graph's argmax
+    eos: frozenset[int]
+    done: int = 0  # prompt tokens with KV in the row
+    tokens: list[int] = field(default_factory=list)  # generated, in order (last not fed yet)
+
+    @property
+    def decoding(self) -> bool:
+        return self.done == len(self.prompt)
+
+
+class BatchingEngine:
+    """`max_batch` concurrent requests over one shared-layout model (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: Any,  # specport.api.Model
+        max_batch: int = 8,
+        max_length: int | None = None,
+        prefill_chunk: int = 256,
+        prefix_cache: bool = True,
+    ) -> None:
+        manifest = model.manifest
+        if manifest.kv.layout != "shared":
+            raise ArtifactError(
+                f"the batching engine needs a shared-KV artifact, {model.path} has the "
+                f"{manifest.kv.layout!r} layout: re-export it with `--kv-layout shared` "
+                "(or serve it with the serial engine)."
+            )
+        if max_batch < 1 or prefill_chunk < 1:
+            raise InputError("max_batch and prefill_chunk must be at least 1.")
+        limit = min(manifest.context_length, manifest.kv.max_length or manifest.context_length)
+        self.max_length = min(max_length or limit, limit)
+        self.model, self.max_batch, self.prefill_chunk = model, max_batch, prefill_chunk
+        self.vocab = manifest.vocab_size
+        self.eos = frozenset(int(e) for e in manifest.eos_token_ids)
+        self.slots = KVSlots(model.session, manifest, max_batch, self.max_length)
+        self.cache = PrefixCache(max_batch, enabled=prefix_cache)
+        self.rows: list[_Job | None] = [None] * max_batch
+        self.waiting: deque[RequestHandle] = deque()
+        self.text = TextOut(model.tokenizer)
+        self._intake: queue.Queue[Any] = queue.Queue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self.counters = dict.fromkeys(
+            (
+                "requests", "finished", "errors", "cancelled", "prompt_tokens",
+                "prefill_tokens", "generated_tokens", "decode_steps", "decode_rows",
+                "decode_batch_rows",
+            ),
+            0,
+        )  # fmt: skip
+        self.decode_seconds = 0.0
+        self._worker = threading.Thread(target=self._loop, name="specport-batching", daemon=True)
+        self._worker.start()
+
+    # ---- the Engine contract --------------------------------------------------------
+    def submit(self, request: Request) -> RequestHandle:
+        handle = RequestHandle(request)
+        with self._lock:
+            if self._closed:
+                raise InputError("the engine is closed; start a new one.")
+            self.counters["requests"] += 1
+            self._intake.put(handle)
+        return handle
+
+    def close(self) -> None:
+        """Cancel what is queued or running, deliver the final events, stop the threads."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._intake.put(_CLOSE)
+        self._worker.join()
+        self.text.close()
+
+    def stats(self) -> dict[str, float | int]:
+        c = dict(self.counters)
+        steps = max(c["decode_steps"], 1)
+        busy = sum(job is not None for job in self.rows)
+        return {
+            **c,
+            **self.cache.stats(),
+            "running": busy,
+            "waiting": len(self.waiting) + self._intake.qsize(),
+            "max_batch": self.max_batch,
+            "max_length": self.max_length,
+            "mean_decode_rows": round(c["decode_rows"] / steps, 3),
+            "mean_decode_batch": round(c["decode_batch_rows"] / steps, 3),
+            "decode_seconds": round(self.decode_seconds, 6),
+            "ort_seconds": round(self.slots.ort_seconds, 6),
+        }
+
+    # ---- the worker -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            busy = any(job is not None for job in self.rows)
+            if not self._take(block=not busy and not self.waiting):
+                break
+            try:
+                self._sweep()
+                self._admit()
+                self._prefill()
+                self._decode()
+            except Exception as exc:  # never let one bad step kill the engine
+                logger.exception("engine step failed")
+                for job in self.rows:
+                    if job is not None:
+                        self._end(job, "error", f"{type(exc).__name__}: {exc}")
+        for handle in self.waiting:
+            self._reject(handle, "cancelled")
+        for job in self.rows:
+            if job is not None:
+                self._end(job, "cancelled")
+
+    def _take(self, block: bool) -> bool:
+        """Move new requests to `waiting`; False once `close()` was called."""
+        try:
+            item = self._intake.get() if block else self._intake.get_nowait()
+            while True:
+                if item is _CLOSE:
+                    return False
+                self.waiting.append(item)
+                item = self._intake.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _sweep(self) -> None:
+        """Drop cancelled requests and rows a stop string ended."""
+        for handle in [h for h in self.waiting if h.cancelled]:
+            self.waiting.remove(handle)
+            self._reject(handle, "cancelled")
+        for job in self.rows:
+            if job is None:
+                continue
+            if job.stream.stopped:  # TextOut already pushed the final event
+                self.counters["finished"] += 1
+                self._release(job)
+            elif job.handle.cancelled:
+                self._end(job, "cancelled")
+
+    def _admit(self) -> None:
+        while self.waiting:
+            free = [r for r, job in enumerate(self.rows) if job is None]
+            if not free:
+                return
+            handle = self.waiting.popleft()
+            try:
+                prompt, budget, sampler = self._check(handle.request)
+            except SpecportError as exc:
+                self._reject(handle, "error", str(exc))
+                continue
+            row, hit = self.cache.choose(prompt, free, self.slots.lengths)
+            self.slots.lengths[row] = hit
+            stream = self.text.open(handle)
+            job = _Job(handle, stream, prompt, row, budget, sampler, self._eos(handle.request))
+            job.done = hit
+            self.rows[row] = job
+            self.counters["prompt_tokens"] += len(prompt)
+
+    def _check(self, request: Request) -> tuple[np.ndarray, int, Sampler | None]:
+        prompt = np.asarray([int(t) for t in request.prompt_ids], dtype=np.int64)
+        if prompt.size == 0:
+            raise InputError("the prompt has no tokens; give at least one.")
+        if prompt.min() < 0 or prompt.max() >= self.vocab:
+            raise InputError(f"prompt token ids must be in 0..{self.vocab - 1}.")
+        if len(prompt) >= self.max_length:
+            raise InputError(
+                f"the prompt has {len(prompt)} tokens but the engine's context is "
+                f"{self.max_length}; shorten it to at most {self.max_length - 1} tokens."
+            )
+        if request.max_new_tokens < 1:
+            raise InputError("max_new_tokens must be at least 1.")
+        config = request.sampling.validate()
+        plain_greedy = config.greedy and config.repetition_penalty == 1.0
+        sampler = None if plain_greedy else Sampler(config, self.vocab)
+        return prompt, min(request.max_new_tokens, self.max_length - len(prompt)), sampler
+
+    def _eos(self, request: Request) -> frozenset[int]:
+        return frozenset() if request.ignore_eos else self.eos
+
+    def _prefill(self) -> None:
+        """Prefill waiting prompts: one chunk per round while rows decode, else all of them."""
+        decoding = any(job is not None and job.decoding for job in self.rows)
+        budget = self.prefill_chunk if decoding else None
+        for job in sorted((j for j in self.rows if j is not None), key=lambda j: j.handle.created):
+            while not job.decoding and (budget is None or budget > 0):
+                n = min(len(job.prompt) - job.done, self.prefill_chunk)
+                if budget is not None:
+                    n = min(n, budget)
+                    budget -= n
+                try:
+                    logits, greedy = self.slots.extend(job.row, job.prompt[job.done : job.done + n])
+                except Exception as exc:
+                    logger.exception("prefill failed")
+                    self._end(job, "error", f"prefill failed: {type(exc).__name__}: {exc}")
+                    break
+                job.done += n
+                self.counters["prefill_tokens"] += n
+                if job.decoding:
+                    self._record(job, self._choose(job, logits[None, :], greedy))
+
+    def _decode(self) -> None:
+        live_rows = [r for r, job in enumerate(self.rows) if job is not None and job.decoding]
+        if not live_rows:
+            return
+        batch = live_rows[-1] + 1
+        ids = np.zeros(batch, dtype=np.int64)
+        live = np.zeros(batch, dtype=bool)
+        for r in live_rows:
+            ids[r] = self.rows[r].tokens[-1]  # type: ignore[union-attr]
+            live[r] = True
+        t0 = time.perf_counter()
+        try:
+            logits, greedy = self.slots.decode(ids, live)
+        except Exception as exc:
+            logger.exception("decode step failed")
+            for r in live_rows:
+                self._end(self.rows[r], "error", f"decode failed: {type(exc).__name__}: {exc}")  # type: ignore[arg-type]
+            return
+        self.decode_seconds += time.perf_counter() - t0
+        self.counters["decode_steps"] += 1
+        self.counters["decode_rows"] += len(live_rows)
+        self.counters["decode_batch_rows"] += batch
+        for r in live_rows:
+            job = self.rows[r]
+            assert job is not None
+            pick = None if greedy is None else int(greedy[r])
+            self._record(job, self._choose(job, logits[r : r + 1], pick))
+
+    def _choose(self, job: _Job, logits: np.ndarray, greedy: int | None) -> int:
+        """The next token of `job` from its logits [1, V] (greedy: the graph's argmax)."""
+        if job.sampler is None:
+            return greedy if greedy is not None else int(np.argmax(logits[0]))
+        history = None
+        if job.sampler.config.repetition_penalty != 1.0:
+            history = [np.concatenate([job.prompt, np.asarray(job.tokens, dtype=np.int64)])]
+        return int(job.sampler(logits, history)[0])
+
+    def _record(self, job: _Job, token: int) -> None:
+        job.tokens.append(token)
+        self.counters["generated_tokens"] += 1
+        finish = None
+        if token in job.eos:
+            finish = "stop"
+        elif len(job.tokens) >= job.budget:
+            finish = "length" if job.budget == job.handle.request.max_new_tokens else "context"
+        self.text.token(job.stream, token, finish)
+        if finish is not None:
+            self.counters["finished"] += 1
+            self._release(job)
+
+    def _end(self, job: _Job, reason: str, error: str | None = None) -> None:
+        self.counters["errors" if reason == "error" else "cancelled"] += 1
+        self.text.finish(job.stream, reason, error)
+        self._release(job)
+
+    def _reject(self, handle: RequestHandle, reason: str, error: str | None = None) -> None:
+        self.counters["errors" if reason == "error" else "cancelled"] += 1
+        self.text.finish(self.text.open(handle), reason, error)
+
+    def _release(self, job: _Job) -> None:
+        """Free the row; its KV (prompt + fed tokens) stays there for the prefix cache."""
+        if self.rows[job.row] is job:
+            self.rows[job.row] = None
+            self.cache.set(
+                job.row,
+                np.concatenate([job.prompt[: job.done], np.asarray(job.tokens, dtype=np.int64)]),
+            )

@@ -1,0 +1,134 @@
+"""One request at a time through `Model.generate`: works for every artifact (concat or shared KV).
+
+The fallback engine: no batching, no prefix cache, but exactly the CLI's generation (same
+sampler, stop strings, speculative-free decode). Text is pushed as `Model.generate` streams it;
+the token ids arrive with the final event (the streaming callback sees text only).
+Cancellation is checked before a request starts and whenever it produces text.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from specport.errors import InputError
+from specport.runtime.engine.base import Event, Request, RequestHandle
+
+logger = logging.getLogger(__name__)
+
+_CLOSE = object()
+REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "context"}
+
+
+class _Cancelled(Exception):
+    """Raised from the streaming callback to abandon a cancelled request."""
+
+
+class SerialEngine:
+    """A queue and a worker thread over `model.generate` (see the module docstring)."""
+
+    def __init__(self, model: Any) -> None:  # specport.api.Model
+        self.model = model
+        self._intake: queue.Queue[Any] = queue.Queue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self.counters = dict.fromkeys(
+            ("requests", "finished", "errors", "cancelled", "prompt_tokens", "generated_tokens"), 0
+        )
+        self.busy_seconds = 0.0
+        self._worker = threading.Thread(target=self._loop, name="specport-serial", daemon=True)
+        self._worker.start()
+
+    def submit(self, request: Request) -> RequestHandle:
+        handle = RequestHandle(request)
+        with self._lock:
+            if self._closed:
+                raise InputError("the engine is closed; start a new one.")
+            self.counters["requests"] += 1
+            self._intake.put(handle)
+        return handle
+
+    def close(self) -> None:
+        """Cancel what is queued, stop after the running request (it is cancelled too)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = []
+            while True:
+                try:
+                    pending.append(self._intake.get_nowait())
+                except queue.Empty:
+                    break
+            for handle in pending:
+                handle.cancel()
+                self._intake.put(handle)
+            self._intake.put(_CLOSE)
+        self._worker.join()
+
+    def stats(self) -> dict[str, float | int]:
+        return {
+            **self.counters,
+            "waiting": self._intake.qsize(),
+            "max_batch": 1,
+            "busy_seconds": round(self.busy_seconds, 6),
+        }
+
+    def _loop(self) -> None:
+        while True:
+            handle = self._intake.get()
+            if handle is _CLOSE:
+                return
+            if handle.cancelled or self._closed:
+                self.counters["cancelled"] += 1
+                handle.push(Event(finish_reason="cancelled"))
+                continue
+            t0 = time.perf_counter()
+            self._run(handle)
+            self.busy_seconds += time.perf_counter() - t0
+
+    def _run(self, handle: RequestHandle) -> None:
+        request = handle.request
+        config = request.sampling
+
+        def on_text(piece: str) -> None:
+            if handle.cancelled or self._closed:
+                raise _Cancelled
+            if handle.first_token_at is None:
+                handle.first_token_at = time.perf_counter()
+            handle.push(Event(text=piece))
+
+        try:
+            config.validate()
+            result = self.model.generate(
+                prompt_ids=list(request.prompt_ids),
+                max_new_tokens=request.max_new_tokens,
+                greedy=config.greedy,
+                temperature=config.temperature,
+                top_k=config.top_k,
+                top_p=config.top_p,
+                min_p=config.min_p,
+                repetition_penalty=config.repetition_penalty,
+                seed=config.seed,
+                ignore_eos=request.ignore_eos,
+                stop=list(request.stop),
+                on_text=on_text,
+            )
+        except _Cancelled:
+            self.counters["cancelled"] += 1
+            handle.push(Event(finish_reason="cancelled"))
+            return
+        except Exception as exc:  # the worker must survive any one request
+            logger.debug("request failed", exc_info=True)
+            self.counters["errors"] += 1
+            handle.push(Event(finish_reason="error", error=f"{exc}"))
+            return
+        self.counters["finished"] += 1
+        self.counters["prompt_tokens"] += len(request.prompt_ids)
+        self.counters["generated_tokens"] += len(result.tokens)
+        handle.push(
+            Event(token_ids=list(result.tokens), finish_reason=REASONS[result.finish_reason])
+        )

@@ -1,0 +1,92 @@
+"""KV slots for continuous batching: one set of batch buffers, bound many ways, no KV copies.
+
+The batch buffers are [R, Hkv, T, D] per layer (R = max_batch rows, T = max_length). Two
+families of IO bindings wrap numpy views of the same memory:
+
+- decode at batch b (1 <= b <= R) binds rows [0, b): a step runs only up to the highest
+  occupied row, so one request alone decodes at batch 1, like `Model.generate`;
+- prefill of row r binds row r alone at batch 1: onnxruntime's CPU GroupQueryAttention takes
+  several new tokens on a non-empty cache only at batch 1, and a batch-1 binding of the row's own
+  view writes the prompt's KV in place, on top of whatever prefix the row already holds (prefix
+  caching), so nothing is ever copied between buffers.
+
+Rows that take part in a decode step without a request in them (free rows, rows halfway
+through a chunked prefill) get a dummy token written at their current length: past their valid
+KV, so it is harmless, and their length is not advanced (`decode(..., live=...)`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from specport.artifact import Manifest
+from specport.errors import ContextLengthError
+from specport.runtime.iobinding import BoundSession
+from specport.runtime.kv import SharedKV
+
+logger = logging.getLogger(__name__)
+
+
+class KVSlots:
+    """`rows` KV rows of `max_length` positions; `lengths[r]` = valid positions of row r."""
+
+    def __init__(self, session: Any, manifest: Manifest, rows: int, max_length: int) -> None:
+        self.session, self.manifest = session, manifest
+        self.rows, self.max_length = rows, max_length
+        self.kv = SharedKV(manifest, rows, max_length)  # owns the buffers
+        self.lengths = np.zeros(rows, dtype=np.int64)
+        self._decode: dict[int, BoundSession] = {}
+        self._prefill: dict[int, BoundSession] = {}
+        self.ort_seconds = 0.0
+
+    def _view(self, start: int, stop: int) -> BoundSession:
+        buffers = [b[start:stop] for b in self.kv.buffers]  # contiguous views, no copies
+        kv = SharedKV(self.manifest, stop - start, self.max_length, buffers=buffers)
+        return BoundSession(self.session, self.manifest, stop - start, self.max_length, kv=kv)
+
+    def decode_session(self, batch: int) -> BoundSession:
+        if batch not in self._decode:
+            self._decode[batch] = self._view(0, batch)
+        return self._decode[batch]
+
+    def prefill_session(self, row: int) -> BoundSession:
+        if row not in self._prefill:
+            self._prefill[row] = self._view(row, row + 1)
+        return self._prefill[row]
+
+    def extend(self, row: int, ids: np.ndarray) -> tuple[np.ndarray, int | None]:
+        """Append ids [S] to row `row` after its `lengths[row]` valid positions.
+
+        Returns the last position's logits [V] (a fresh array) and its greedy id (None when the
+        graph has no in-graph argmax).
+        """
+        bound = self.prefill_session(row)
+        bound.kv.lengths = self.lengths[row : row + 1].copy()
+        before = bound.ort_seconds
+        logits, next_ids = bound.extend(np.asarray(ids, dtype=np.int64)[None, :], last_only=True)
+        self.ort_seconds += bound.ort_seconds - before
+        self.lengths[row] += len(ids)
+        return logits[0, -1], (int(next_ids[0, -1]) if next_ids is not None else None)
+
+    def decode(self, ids: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """One step over rows [0, b), b = len(ids); only `live` rows [b] bool advance.
+
+        Returns logits [b, V] and greedy ids [b] (views, overwritten by the next step). A row
+        that is not live must have room for the dummy position (lengths < max_length).
+        """
+        batch = len(ids)
+        full = (~live) & (self.lengths[:batch] >= self.max_length)
+        if full.any():  # only a free row that cached a full buffer: give up its last position
+            self.lengths[:batch][full] = self.max_length - 1
+        if int(self.lengths[:batch][live].max(initial=0)) >= self.max_length:
+            raise ContextLengthError(f"KV buffer full ({self.max_length} positions).")
+        bound = self.decode_session(batch)
+        bound.kv.lengths = self.lengths[:batch].copy()
+        before = bound.ort_seconds
+        logits, next_ids = bound.decode(np.where(live, ids, 0))
+        self.ort_seconds += bound.ort_seconds - before
+        self.lengths[:batch] += live
+        return logits, next_ids

@@ -1,0 +1,125 @@
+"""Token ids in, Events out, on a thread of its own: detokenization never holds up a decode step.
+
+The batching engine's loop only hands each new token (and, when it knows, the finish reason)
+to `TextOut`; a worker thread turns them into text with one `TextStreams` per request, matches
+stop strings, and pushes `Event`s to the request's handle. When several tokens of a request
+are waiting it sends them as one event. A stop string is found here, after the loop may have
+decoded a step or two more: `stopped` tells the loop to drop the row, and the tokens after the
+one that completed the stop string are discarded (as `Model.generate` does).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any
+
+import numpy as np
+
+from specport.runtime.engine.base import Event, RequestHandle
+from specport.runtime.streaming import TextStreams
+
+logger = logging.getLogger(__name__)
+
+_ONE = np.ones(1, dtype=bool)
+
+
+class Stream:
+    """One request's text state. `stopped` (set by the TextOut thread) ends it early."""
+
+    def __init__(self, handle: RequestHandle, tokenizer: Any | None) -> None:
+        self.handle = handle
+        self.pieces: list[str] = []
+        self.tokens: list[int] = []
+        self.text = TextStreams(
+            tokenizer, 1, list(handle.request.stop), lambda _row, piece: self.pieces.append(piece)
+        )
+        self.done = False  # final event pushed (TextOut thread only)
+        self.stopped = False  # a stop string matched: the engine should drop the request
+
+    def add(self, token: int) -> bool:
+        """Feed one token; True when a stop string just matched."""
+        self.tokens.append(token)
+        hit = self.text.push(np.array([token], dtype=np.int64), _ONE)
+        return bool(hit is not None and hit[0])
+
+    def flush_event(self, finish: str | None = None, error: str | None = None) -> None:
+        if finish is None and not self.tokens and not self.pieces:
+            return
+        event = Event("".join(self.pieces), self.tokens, finish, error)
+        self.pieces, self.tokens = [], []
+        if finish is not None:
+            self.done = True
+        self.handle.push(event)
+
+
+class TextOut:
+    """The detokenizing thread shared by all requests of an engine."""
+
+    def __init__(self, tokenizer: Any | None, name: str = "specport-textout") -> None:
+        self.tokenizer = tokenizer
+        self._queue: queue.Queue[tuple[Stream, int | None, str | None, str | None] | None] = (
+            queue.Queue()
+        )
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def open(self, handle: RequestHandle) -> Stream:
+        return Stream(handle, self.tokenizer)
+
+    def token(self, stream: Stream, token: int, finish: str | None = None) -> None:
+        """A new token of `stream`; `finish` ("stop", "length", "context") when it is the last."""
+        self._queue.put((stream, token, finish, None))
+
+    def finish(self, stream: Stream, reason: str, error: str | None = None) -> None:
+        """End `stream` without a new token ("cancelled", "error")."""
+        self._queue.put((stream, None, reason, error))
+
+    def close(self) -> None:
+        """Deliver everything queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _work(self) -> None:
+        while True:
+            items = [self._queue.get()]
+            while True:  # take what else is waiting: one event per request per round
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            touched: dict[int, Stream] = {}
+            closing = False
+            for item in items:
+                if item is None:
+                    closing = True
+                    continue
+                stream, token, finish, error = item
+                try:
+                    self._apply(stream, token, finish, error)
+                except Exception as exc:  # a broken tokenizer must not kill the thread
+                    logger.exception("detokenization failed")
+                    if not stream.done:
+                        stream.flush_event("error", f"detokenization failed: {exc}")
+                if not stream.done:
+                    touched[id(stream)] = stream
+            for stream in touched.values():
+                if not stream.done:
+                    stream.flush_event()
+            if closing:
+                return
+
+    @staticmethod
+    def _apply(stream: Stream, token: int | None, finish: str | None, error: str | None) -> None:
+        if stream.done:
+            return  # tokens decoded after a stop string matched
+        if token is not None and stream.add(token):
+            stream.stopped = True
+            stream.flush_event("stop")
+            return
+        if finish is None:
+            return
+        if finish in ("stop", "length", "context"):
+            stream.text.finish()  # release held-back text (no stop string completed)
+        stream.flush_event(finish, error)
