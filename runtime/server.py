@@ -46,6 +46,7 @@ from specport.runtime.server_responses import (
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a full 128k-token id list is ~1 MB of JSON
+_SOCKET_TIMEOUT_S = 120.0  # per read/write on a connection, idle keep-alive included
 _POLL_S = 0.25  # how often a waiting thread checks that its client is still there
 
 
@@ -135,6 +136,7 @@ class _ClientGone(Exception):
 class _Handler(BaseHTTPRequestHandler):
     server: SpecportServer
     protocol_version = "HTTP/1.1"  # keep-alive; every answer has a length or is chunked
+    timeout = _SOCKET_TIMEOUT_S  # a stalled client (half a body, unread stream) frees its thread
     server_version = "specport"
 
     # ------------------------------------------------------------------ routing
@@ -277,7 +279,7 @@ class _Handler(BaseHTTPRequestHandler):
                     kind = "server_error" if status == 500 else "service_unavailable"
                     self._sse(error_body(message, kind, code=str(status)))
                     break
-                if ev.text or ev.token_ids:
+                if ev.text or (ev.token_ids and parsed.return_token_ids):
                     self._sse(stream_chunk(parsed, srv.served, created, ev.text, ev.token_ids))
                 if ev.finish_reason is not None:
                     self._sse(
@@ -319,15 +321,18 @@ class _Handler(BaseHTTPRequestHandler):
             logger.info("client left; cancelled request %s", handle.request.request_id)
 
     def _client_gone(self) -> bool:
-        """True when the peer closed its side (readable with EOF) or the socket errored."""
-        sock = self.connection
+        """True when the peer closed its side (readable, and a peek reads EOF) or the socket broke.
+
+        poll, not select: select fails on descriptors past 1024 on a busy server."""
         try:
-            readable, _, errored = select.select([sock], [], [sock], 0)
-            if errored:
-                return True
-            if not readable:
+            poller = select.poll()
+            poller.register(self.connection, select.POLLIN | select.POLLERR | select.POLLHUP)
+            ready = poller.poll(0)
+            if not ready:
                 return False
-            return sock.recv(1, socket.MSG_PEEK) == b""
+            if ready[0][1] & (select.POLLERR | select.POLLHUP):
+                return True
+            return self.connection.recv(1, socket.MSG_PEEK) == b""  # readable: returns at once
         except (OSError, ValueError):
             return True
 

@@ -24,6 +24,7 @@ COMMANDS = [
     "export",
     "inspect",
     "generate",
+    "serve",
     "optimize",
     "quantize",
     "eval",

@@ -80,13 +80,15 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        # SIGTERM (docker, systemd) and SIGINT (even when a shell started us with it ignored)
+        previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             server.serve_forever()
         except KeyboardInterrupt:
             print("shutting down", file=sys.stderr, flush=True)
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
             server.server_close()
     finally:
         engine.close()

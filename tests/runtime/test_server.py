@@ -110,6 +110,22 @@ def tiny_server(tiny_model: Any):
 
 
 @pytest.fixture(scope="module")
+def batching(tiny_zoo: Any, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny Llama exported with the shared KV layout: make_engine picks continuous batching."""
+    from specport.exporter.export import export_model
+
+    art = tmp_path_factory.mktemp("serve_shared") / "art"
+    export_model(tiny_zoo.source("llama"), art, kv_layout="shared", progress=False)
+    model = specport.load(art, threads=1)
+    engine = _make_engine(model)
+    server = make_server(model, engine, port=0)
+    server.start()
+    yield model, server
+    server.stop()
+    engine.close()
+
+
+@pytest.fixture(scope="module")
 def stories(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """stories260K served with a (test-only) chat template added to its artifact."""
     from specport.exporter.export import export_model
@@ -345,6 +361,34 @@ def test_concurrent_requests_all_answered(tiny_server, tiny_model):
     for t in threads:
         t.join(timeout=120)
     assert [results.get(i) for i in range(len(prompts))] == refs
+
+
+@pytest.mark.slow
+def test_batching_engine_concurrent_greedy(batching):
+    """Eight clients at once through continuous batching: each gets its own greedy tokens."""
+    model, server = batching
+    assert type(server.engine).__name__ == "BatchingEngine"
+    prompts = [[1, 10 + i, 20 + 2 * i, 30 + 3 * i][: 2 + i % 3] for i in range(8)]
+    refs = [
+        model.generate(prompt_ids=p, max_new_tokens=20, ignore_eos=True).tokens for p in prompts
+    ]
+    results: dict[int, Any] = {}
+
+    def one(i: int) -> None:
+        req = {"prompt": prompts[i], "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+        if i % 2:
+            events = _stream(server, "/v1/completions", req)
+            results[i] = [t for e in events[:-1] for t in e["choices"][0].get("token_ids", [])]
+        else:
+            results[i] = _call(server, "POST", "/v1/completions", req)[1]["choices"][0]["token_ids"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert [results.get(i) for i in range(len(prompts))] == refs
+    assert server.stats()["engine"]
 
 
 def test_client_disconnect_mid_stream_keeps_serving(tiny_server, tiny_model):
