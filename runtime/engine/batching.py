@@ -193,7 +193,12 @@ class BatchingEngine:
             except SpecportError as exc:
                 self._reject(handle, "error", str(exc))
                 continue
-            row, hit = self.cache.choose(prompt, free, self.slots.lengths)
+            plan = self.cache.plan(prompt, free, self.slots.lengths)
+            row, hit = plan.row, plan.reuse
+            if plan.save_to is not None:  # keep the row's cached KV in a free row
+                self.slots.copy(row, plan.save_to, int(self.slots.lengths[row]))
+            if plan.source != row:
+                self.slots.copy(plan.source, row, hit)
             self.slots.lengths[row] = hit
             stream = self.text.open(handle)
             job = _Job(handle, stream, prompt, row, budget, sampler, self._eos(handle.request))

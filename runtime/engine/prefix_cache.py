@@ -1,14 +1,18 @@
-"""Prefix caching over KV rows: a finished request's KV stays in its row until the row is reused.
+"""Prefix caching over KV rows: a finished request's KV stays in a row until that row is needed.
 
-Each row remembers the token ids whose KV it holds. A new request goes to the free row whose
-ids share the longest prefix with its prompt, and only the rest of the prompt is prefilled on
-top (repeated system prompts, multi-turn chats whose next prompt starts with the previous
-exchange). No KV is copied: the row is simply reused with its length cut to the shared prefix.
+Each row remembers the token ids whose KV it holds. A new request runs in the lowest free row
+(so decode batches stay short: a request alone decodes at batch 1); its prompt's longest prefix
+held by any free row is copied into that row (numpy, per layer: far cheaper than recomputing it)
+and only the rest is prefilled (repeated system prompts, multi-turn chats whose next prompt
+starts with the previous exchange). Before the row's own cached ids are overwritten they are
+moved to an empty free row, or to the least recently used one, so a cache survives while rows
+are free to hold it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,49 +26,80 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else n
 
 
+@dataclass(frozen=True)
+class Plan:
+    """Where a request runs and what to copy first.
+
+    1. if `save_to` is set: copy row `row`'s cached positions there (they would be overwritten);
+    2. if `source` != `row`: copy the first `reuse` positions of `source` into `row`;
+    3. prefill `prompt[reuse:]` on top.
+    """
+
+    row: int
+    source: int
+    reuse: int
+    save_to: int | None
+
+
 class PrefixCache:
-    """Token ids per row; `lengths` (the slots' valid positions) says how many are still valid.
+    """Token ids per row; the slots' `lengths` say how many of them still have valid KV.
 
     At least one prompt token is always left to prefill: its logits choose the first new token.
     """
 
     def __init__(self, rows: int, enabled: bool = True) -> None:
         self.ids: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(rows)]
+        self.used = [0] * rows  # admission counter at the last use: least recently used first
         self.enabled = enabled
+        self.clock = 0
         self.hits = 0
         self.lookups = 0
         self.saved_tokens = 0
+        self.copied_tokens = 0
 
     def set(self, row: int, ids: Sequence[int] | np.ndarray) -> None:
         """Row `row` now holds (at most) the KV of `ids`, in order."""
         self.ids[row] = np.asarray(ids, dtype=np.int64)
 
-    def choose(
-        self, prompt: np.ndarray, free: Sequence[int], lengths: np.ndarray
-    ) -> tuple[int, int]:
-        """(row, reusable prefix length) for `prompt` among the `free` rows.
-
-        Longest shared prefix wins (ties: lowest row, so decode batches stay short). Without a
-        hit the lowest row holding nothing is taken, else the lowest free row.
-        """
+    def plan(self, prompt: np.ndarray, free: Sequence[int], lengths: np.ndarray) -> Plan:
+        """Place `prompt` in the lowest of the `free` rows (see `Plan`)."""
         self.lookups += 1
-        best_row, best = -1, 0
-        if self.enabled:
-            for row in free:
-                valid = self.ids[row][: int(lengths[row])]
-                n = min(common_prefix(valid, prompt), len(prompt) - 1)
-                if n > best:
-                    best_row, best = row, n
-        if best_row >= 0:
+        self.clock += 1
+        row = min(free)
+        if not self.enabled:
+            self.used[row] = self.clock
+            return Plan(row, row, 0, None)
+        held = {r: min(len(self.ids[r]), int(lengths[r])) for r in free}
+        source, reuse = row, 0
+        for r in sorted(free, key=lambda r: (r != row, r)):  # the row itself wins ties
+            n = min(common_prefix(self.ids[r][: held[r]], prompt), len(prompt) - 1)
+            if n > reuse:
+                source, reuse = r, n
+        save_to = None
+        lost = held[row] > (reuse if source == row else 0)  # positions about to be overwritten
+        if lost:
+            others = [r for r in free if r not in (row, source)]
+            empty = [r for r in others if held[r] == 0]
+            older = [r for r in others if self.used[r] < self.used[row]]
+            older.sort(key=self.used.__getitem__)
+            save_to = (empty or older or [None])[0]
+        if reuse:
             self.hits += 1
-            self.saved_tokens += best
-            return best_row, best
-        empty = [r for r in free if int(lengths[r]) == 0 or len(self.ids[r]) == 0]
-        return (empty or list(free))[0], 0
+            self.saved_tokens += reuse
+            self.used[source] = self.clock
+        if save_to is not None:
+            self.copied_tokens += held[row]
+            self.ids[save_to] = self.ids[row][: held[row]]
+            self.used[save_to] = self.used[row]
+        if source != row:
+            self.copied_tokens += reuse
+        self.used[row] = self.clock
+        return Plan(row, source, reuse, save_to)
 
     def stats(self) -> dict[str, int]:
         return {
             "prefix_cache_lookups": self.lookups,
             "prefix_cache_hits": self.hits,
             "prefix_cache_saved_tokens": self.saved_tokens,
+            "prefix_cache_copied_tokens": self.copied_tokens,
         }

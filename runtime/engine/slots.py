@@ -57,6 +57,12 @@ class KVSlots:
             self._prefill[row] = self._view(row, row + 1)
         return self._prefill[row]
 
+    def copy(self, source: int, target: int, positions: int) -> None:
+        """Copy the first `positions` KV positions of row `source` into row `target`."""
+        for buf in self.kv.buffers:  # [R, Hkv, T, D]
+            buf[target, :, :positions] = buf[source, :, :positions]
+        self.lengths[target] = positions
+
     def extend(self, row: int, ids: np.ndarray) -> tuple[np.ndarray, int | None]:
         """Append ids [S] to row `row` after its `lengths[row]` valid positions.
 
