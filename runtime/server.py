@@ -172,6 +172,14 @@ class _Handler(BaseHTTPRequestHandler):
             "/v1/chat/completions": {"POST": self._chat},
         }
         try:
+            if path not in routes and path.startswith("/v1/models/"):
+                raise APIError(
+                    404,
+                    f"the model {path[len('/v1/models/') :]!r} does not exist; this server "
+                    f"serves {served.name!r}",
+                    code="model_not_found",
+                    type="not_found_error",
+                )
             if path not in routes:
                 raise APIError(
                     404,
@@ -179,7 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "/v1/chat/completions, /health",
                     type="not_found_error",
                 )
-            handler = routes[path].get(method)
+            handler = routes[path].get("GET" if method == "HEAD" else method)
             if handler is None:
                 allowed = ", ".join(routes[path])
                 raise APIError(

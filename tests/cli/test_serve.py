@@ -60,3 +60,22 @@ def test_serves_then_stops_cleanly_on_ctrl_c(tiny_llama_artifact):
     assert proc.returncode == 0, err
     assert "serving tiny at http://127.0.0.1:" in err and "shutting down" in err
     assert "Traceback" not in err
+
+
+def test_batching_engine_on_concat_artifact_exits_1(capsys, tiny_llama_artifact):
+    rc = main(["serve", str(tiny_llama_artifact), "--engine", "batching", "--port", "0"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "--kv-layout shared" in err and "Traceback" not in err
+
+
+def test_port_in_use_exits_1(capsys, tiny_llama_artifact):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        assert main(["serve", str(tiny_llama_artifact), "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err

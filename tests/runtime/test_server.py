@@ -29,69 +29,9 @@ CHAT_TEMPLATE = (
 
 
 def _make_engine(model: Any) -> Any:
-    try:
-        from specport.runtime.engine import make_engine
-    except ImportError:  # TEMPORARY until the engines land
-        return _Fallback(model)
+    from specport.runtime.engine import make_engine
+
     return make_engine(model, max_batch=4, kind="auto")
-
-
-class _Fallback:
-    """TEMPORARY one-at-a-time engine over Model.generate."""
-
-    def __init__(self, model: Any) -> None:
-        import queue
-
-        self.model = model
-        self.q: Any = queue.Queue()
-        self.t = threading.Thread(target=self._loop, daemon=True)
-        self.t.start()
-
-    def submit(self, request: Request) -> RequestHandle:
-        h = RequestHandle(request)
-        self.q.put(h)
-        return h
-
-    def _loop(self) -> None:
-        while True:
-            h = self.q.get()
-            if h is None:
-                return
-            r = h.request
-            s = r.sampling
-
-            def on_text(piece: str, h: RequestHandle = h) -> None:
-                if h.cancelled:
-                    raise KeyboardInterrupt
-                h.push(Event(piece))
-
-            try:
-                res = self.model.generate(
-                    prompt_ids=list(r.prompt_ids),
-                    max_new_tokens=r.max_new_tokens,
-                    greedy=s.greedy,
-                    temperature=s.temperature,
-                    top_k=s.top_k,
-                    top_p=s.top_p,
-                    min_p=s.min_p,
-                    repetition_penalty=s.repetition_penalty,
-                    seed=s.seed,
-                    ignore_eos=r.ignore_eos,
-                    stop=list(r.stop),
-                    on_text=on_text,
-                )
-                reason = {"eos": "stop"}.get(res.finish_reason, res.finish_reason)
-                h.push(Event("", res.tokens, reason))
-            except KeyboardInterrupt:
-                h.push(Event(finish_reason="cancelled"))
-            except Exception as e:
-                h.push(Event(finish_reason="error", error=str(e)))
-
-    def close(self) -> None:
-        self.q.put(None)
-
-    def stats(self) -> dict[str, Any]:
-        return {}
 
 
 @pytest.fixture(scope="module")
@@ -303,6 +243,8 @@ def test_routing_and_body_errors(tiny_server):
     )
     _assert_error(*_call(tiny_server, "POST", "/v1/completions", raw=b"[1, 2]"), 400, "JSON object")
     _assert_error(*_call(tiny_server, "GET", "/v1/nothing"), 404, "no route")
+    _assert_error(*_call(tiny_server, "GET", "/v1/models/other"), 404, "'other' does not exist")
+    assert _call(tiny_server, "GET", "/v1/models/tiny")[1]["id"] == "tiny"
     _assert_error(*_call(tiny_server, "GET", "/v1/completions"), 405, "POST")
     _assert_error(*_call(tiny_server, "POST", "/health", {}), 405, "GET")
     status, body = _call(tiny_server, "POST", "/v1/completions", {"model": "gpt-4", "prompt": [1]})
