@@ -397,6 +397,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise _ClientGone() from None
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own errors (malformed request line, unknown method...) as OpenAI JSON."""
+        self.close_connection = True
+        text = message or self.responses.get(code, ("error",))[0]
+        kind = "invalid_request_error" if code < 500 else "server_error"
+        self._send_json(code, error_body(f"{text}{f': {explain}' if explain else ''}", kind))
+
     def log_message(self, format: str, *args: Any) -> None:
         logger.info("%s %s", self.address_string(), format % args)
 

@@ -495,3 +495,26 @@ def test_chat_template_copy_is_not_hashed(tmp_path, tiny_llama_artifact):
     shutil.copytree(tiny_llama_artifact, art)
     (art / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     specport.load(art, threads=1)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"BREW /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+    ],
+)
+def test_malformed_http_gets_json_error(tiny_server, raw):
+    host, port = tiny_server.server_address[:2]
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(raw)
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    text = reply.decode()
+    if text.startswith("HTTP/"):  # a bare "GARBAGE" line is HTTP/0.9: a body, no status line
+        head, _, text = text.partition("\r\n\r\n")
+        assert head.split()[1] in ("400", "501", "505"), head
+    assert set(json.loads(text)["error"]) == {"message", "type", "param", "code"}
+    assert _call(tiny_server, "GET", "/health")[0] == 200
