@@ -76,8 +76,8 @@ class PrefixCache:
             if n > reuse:
                 source, reuse = r, n
         save_to = None
-        lost = held[row] > (reuse if source == row else 0)  # positions about to be overwritten
-        if lost:
+        # the row's cached ids that the new prompt will not rewrite identically would be lost
+        if held[row] > common_prefix(self.ids[row][: held[row]], prompt):
             others = [r for r in free if r not in (row, source)]
             empty = [r for r in others if held[r] == 0]
             older = [r for r in others if self.used[r] < self.used[row]]

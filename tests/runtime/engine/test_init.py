@@ -1,0 +1,32 @@
+"""make_engine: batching for shared-KV artifacts, serial otherwise, clear errors for the rest."""
+
+from __future__ import annotations
+
+import pytest
+
+import specport
+from specport.errors import ArtifactError, InputError
+from specport.runtime.engine import make_engine
+from specport.runtime.engine.batching import BatchingEngine
+from specport.runtime.engine.serial import SerialEngine
+
+
+def test_auto_picks_by_layout(shared_model, tiny_llama_artifact):
+    concat = specport.load(tiny_llama_artifact, provider="cpu", threads=1)
+    for model, kind, want in [
+        (shared_model, "auto", BatchingEngine),
+        (shared_model, "serial", SerialEngine),
+        (concat, "auto", SerialEngine),
+    ]:
+        eng = make_engine(model, max_batch=2, kind=kind)
+        try:
+            assert isinstance(eng, want)
+        finally:
+            eng.close()
+    eng = make_engine(shared_model, max_batch=1)
+    assert isinstance(eng, SerialEngine)  # one row: nothing to batch
+    eng.close()
+    with pytest.raises(ArtifactError, match="--kv-layout shared"):
+        make_engine(concat, kind="batching")
+    with pytest.raises(InputError, match="unknown engine kind"):
+        make_engine(shared_model, kind="vllm")
