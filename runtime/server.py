@@ -312,10 +312,20 @@ class _Handler(BaseHTTPRequestHandler):
                 pass
 
     def _events(self, handle: RequestHandle) -> Iterator[Event]:
-        """The handle's events; cancels the request (and raises _ClientGone) if the client leaves."""
+        """The handle's events; raises _ClientGone if the client leaves (the caller cancels).
+
+        The client is checked at the first event, then every _POLL_S while events flow or not:
+        a non-streamed answer writes nothing until the end, so only this check notices."""
+        checked = 0.0
         while True:
             try:
-                yield from handle.events(timeout=_POLL_S)
+                for ev in handle.events(timeout=_POLL_S):
+                    now = time.monotonic()
+                    if ev.finish_reason is None and now - checked > _POLL_S:
+                        checked = now
+                        if self._client_gone():
+                            raise _ClientGone()
+                    yield ev
                 return
             except queue.Empty:
                 if self._client_gone():

@@ -489,6 +489,27 @@ def test_disconnect_cancels_long_stream(stories):
     assert status == 200 and out["choices"][0]["text"]
 
 
+@pytest.mark.slow
+@pytest.mark.shared
+def test_disconnect_cancels_waiting_whole_answer(stories):
+    """A non-streamed request whose client left is cancelled, not generated to the end."""
+    model, server = stories
+    before = server.stats()["cancelled"]
+    host, port = server.server_address[:2]
+    body = json.dumps({"prompt": "Once", "max_tokens": 500, "temperature": 0, "ignore_eos": True})
+    s = socket.create_connection((host, port), timeout=10)
+    s.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    s.close()
+    deadline = time.time() + 20
+    while server.stats()["cancelled"] == before and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.stats()["cancelled"] == before + 1
+    assert server.stats()["engine"]["cancelled"] >= 1
+    assert _call(server, "GET", "/health")[0] == 200
+
+
 def test_chat_template_copy_is_not_hashed(tmp_path, tiny_llama_artifact):
     """Adding chat_template.jinja to an artifact keeps it loadable (the fixture above relies on it)."""
     art = tmp_path / "a"
