@@ -539,3 +539,54 @@ def test_malformed_http_gets_json_error(tiny_server, raw):
         assert head.split()[1] in ("400", "501", "505"), head
     assert set(json.loads(text)["error"]) == {"message", "type", "param", "code"}
     assert _call(tiny_server, "GET", "/health")[0] == 200
+
+
+# ---------------------------------------------------------------------------- chat template files
+
+
+@pytest.fixture(scope="module")
+def s260_tokenizer(shared_dir: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    path = shared_dir / "models" / "stories260K" / "tokenizer.json"
+    if not path.is_file():
+        pytest.skip(f"shared stories260K tokenizer not found at {path}")
+    return Tokenizer.from_file(str(path))
+
+
+@pytest.mark.shared
+def test_chat_template_from_tokenizer_config(tmp_path, s260_tokenizer):
+    """HF's tokenizer_config.json forms: a list of named templates, special tokens as dicts."""
+    from types import SimpleNamespace
+
+    from specport.errors import InputError
+    from specport.runtime.chat_template import load_chat_template
+
+    model = SimpleNamespace(path=tmp_path, tokenizer=s260_tokenizer)
+    assert load_chat_template(model) is None  # no files: no template
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}"
+        "{% endif %}{{ bos_token }}{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    )
+    config = {
+        "bos_token": {"content": "<s>", "lstrip": False},
+        "eos_token": "</s>",
+        "chat_template": [
+            {"name": "tool_use", "template": "x"},
+            {"name": "default", "template": template},
+        ],
+    }
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    chat = load_chat_template(model)
+    assert chat is not None
+    ids = chat.render_ids(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    )
+    want = s260_tokenizer.encode("<s>Hi</s><s>Yo</s>", add_special_tokens=False).ids
+    assert (
+        ids == want and ids[0] == 1 and ids.count(1) == 2
+    )  # BOS from the template, not added twice
+    with pytest.raises(InputError, match="no tools"):
+        chat.render_ids([{"role": "tool", "content": "x"}])
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")  # file wins
+    assert load_chat_template(model).render([{"role": "user", "content": "A"}]) == "A"
