@@ -61,6 +61,11 @@ class PrefixCache:
         """Row `row` now holds (at most) the KV of `ids`, in order."""
         self.ids[row] = np.asarray(ids, dtype=np.int64)
 
+    def swap(self, a: int, b: int) -> None:
+        """Rows `a` and `b` exchanged their KV (see KVSlots.swap)."""
+        self.ids[a], self.ids[b] = self.ids[b], self.ids[a]
+        self.used[a], self.used[b] = self.used[b], self.used[a]
+
     def plan(self, prompt: np.ndarray, free: Sequence[int], lengths: np.ndarray) -> Plan:
         """Place `prompt` in the lowest of the `free` rows (see `Plan`)."""
         self.lookups += 1

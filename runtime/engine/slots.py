@@ -63,6 +63,15 @@ class KVSlots:
             buf[target, :, :positions] = buf[source, :, :positions]
         self.lengths[target] = positions
 
+    def swap(self, a: int, b: int) -> None:
+        """Exchange the valid KV positions (and lengths) of rows `a` and `b`."""
+        la, lb = int(self.lengths[a]), int(self.lengths[b])
+        for buf in self.kv.buffers:
+            keep = buf[b, :, :lb].copy()
+            buf[b, :, :la] = buf[a, :, :la]
+            buf[a, :, :lb] = keep
+        self.lengths[a], self.lengths[b] = lb, la
+
     def extend(self, row: int, ids: np.ndarray) -> tuple[np.ndarray, int | None]:
         """Append ids [S] to row `row` after its `lengths[row]` valid positions.
 

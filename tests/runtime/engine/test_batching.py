@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from specport.runtime.engine import Request, make_engine
@@ -235,20 +234,19 @@ def test_close_cancels_what_is_left(shared_model):
         eng.submit(Request(PROMPTS[0], 4))
 
 
-def test_free_row_below_a_running_one_keeps_its_cache(shared_model):
-    """A free row inside a decode batch gets a dummy token past its valid KV, nothing else."""
+def test_lone_request_moves_down_and_the_free_rows_cache_survives(shared_model, reference):
     eng = BatchingEngine(shared_model, max_batch=3)
     try:
         short = eng.submit(Request(PROMPTS[0], 2, ignore_eos=True))  # row 0
-        long = eng.submit(Request(PROMPTS[3], 40, ignore_eos=True))  # row 1
-        short.result(timeout=60)
-        valid = int(eng.slots.lengths[0])
-        kept = [b[0, :, :valid].copy() for b in eng.slots.kv.buffers]
-        long.result(timeout=60)
-        for before, buf in zip(kept, eng.slots.kv.buffers):
-            np.testing.assert_array_equal(before, buf[0, :, :valid])
+        long = eng.submit(Request(PROMPTS[3], NEW[3], ignore_eos=True))  # row 1
+        assert short.result(timeout=60).token_ids == reference[0][:2]
+        assert long.result(timeout=60).token_ids == reference[3]  # moved to row 0 midway
         stats = eng.stats()
-        assert stats["mean_decode_batch"] > stats["mean_decode_rows"]  # row 0 rode along
+        assert stats["compactions"] == 1
+        assert stats["mean_decode_batch"] < 2
+        again = eng.submit(Request(PROMPTS[0], NEW[0], ignore_eos=True)).result(timeout=60)
+        assert again.token_ids == reference[0]  # from the cache swapped into row 1
+        assert eng.stats()["prefix_cache_saved_tokens"] == len(PROMPTS[0]) - 1
     finally:
         eng.close()
 
