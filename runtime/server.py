@@ -101,7 +101,7 @@ class SpecportServer(ThreadingHTTPServer):
     def start(self) -> threading.Thread:
         """Serve on a daemon thread; returns it (stop with `shutdown()` then `server_close()`)."""
         self._thread = threading.Thread(
-            target=self.serve_forever, name="specport-server", daemon=True
+            target=self.serve_forever, args=(0.05,), name="specport-server", daemon=True
         )
         self._thread.start()
         return self._thread
