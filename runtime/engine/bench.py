@@ -58,6 +58,19 @@ def run_alone(engine: Any, model: Any, prompt: list[int], new_tokens: int) -> di
     }
 
 
+def run_shared_prefix(
+    engine: Any, prefix: list[int], tails: list[list[int]], new_tokens: int
+) -> float:
+    """Requests one after another that share `prefix` (a system prompt): median TTFT in ms."""
+    ttft = []
+    for tail in tails:
+        handle = engine.submit(Request(prefix + tail, new_tokens, ignore_eos=True))
+        handle.result(timeout=600)
+        assert handle.first_token_at is not None
+        ttft.append(1e3 * (handle.first_token_at - handle.created))
+    return statistics.median(ttft)
+
+
 def main(argv: list[str] | None = None) -> None:
     import specport
     from specport.runtime.engine.batching import BatchingEngine
@@ -71,11 +84,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-length", type=int, default=512, help="batching engine KV rows")
+    parser.add_argument(
+        "--prefix-tokens", type=int, default=384, help="shared system prompt (prefix cache)"
+    )
     args = parser.parse_args(argv)
 
     model = specport.load(args.artifact, threads=args.threads)
     vocab = model.manifest.vocab_size
     batching = BatchingEngine(model, max_batch=args.requests, max_length=args.max_length)
+    uncached = BatchingEngine(
+        model, max_batch=args.requests, max_length=args.max_length, prefix_cache=False
+    )
     serial = SerialEngine(model)
 
     def prompts(seed: int, n: int) -> list[list[int]]:
@@ -91,10 +110,17 @@ def main(argv: list[str] | None = None) -> None:
             b = run_load(batching, load_prompts, args.new_tokens)
             s = run_load(serial, load_prompts, args.new_tokens)
             alone = run_alone(batching, model, prompts(1000 + r, 1)[0], args.new_tokens)
-            rows.append({"batching": b, "serial": s, "alone": alone})
+            system, *tails = prompts(2000 + r, 5)
+            system = (system * (args.prefix_tokens // len(system) + 1))[: args.prefix_tokens]
+            prefix = {
+                "cached_ttft_ms": run_shared_prefix(batching, system, tails, 8),
+                "uncached_ttft_ms": run_shared_prefix(uncached, system, tails, 8),
+            }
+            rows.append({"batching": b, "serial": s, "alone": alone, "prefix": prefix})
             print(json.dumps({"round": r, **rows[-1]}, default=lambda x: round(x, 2)))
     finally:
         batching.close()
+        uncached.close()
         serial.close()
 
     def med(f: Any) -> float:
@@ -122,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
                     )
                 ),
                 "alone_same_tokens": all(x["alone"]["same_tokens"] for x in rows),
+                "prefix_tokens": args.prefix_tokens,
+                "shared_prefix_ttft_ms_cached": med(lambda x: x["prefix"]["cached_ttft_ms"]),
+                "shared_prefix_ttft_ms_uncached": med(lambda x: x["prefix"]["uncached_ttft_ms"]),
             }
         )
     )

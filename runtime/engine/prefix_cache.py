@@ -82,7 +82,12 @@ class PrefixCache:
                 source, reuse = r, n
         save_to = None
         # the row's cached ids that the new prompt will not rewrite identically would be lost
-        if held[row] > common_prefix(self.ids[row][: held[row]], prompt):
+        mine = self.ids[row][: held[row]]
+        if held[row] > common_prefix(mine, prompt) and not any(
+            held[r] >= held[row] and common_prefix(self.ids[r], mine) == held[row]
+            for r in free
+            if r != row
+        ):  # (and no other free row holds them already)
             others = [r for r in free if r not in (row, source)]
             empty = [r for r in others if held[r] == 0]
             older = [r for r in others if self.used[r] < self.used[row]]

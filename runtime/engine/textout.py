@@ -1,5 +1,8 @@
 """Token ids in, Events out, on a thread of its own: detokenization never holds up a decode step.
 
+(With no core to spare beside onnxruntime's threads the same work runs inline instead, as the
+plain generator does: a thread then only competes with onnxruntime for the cores.)
+
 The batching engine's loop only hands each new token (and, when it knows, the finish reason)
 to `TextOut`; a worker thread turns them into text with one `TextStreams` per request, matches
 stop strings, and pushes `Event`s to the request's handle. When several tokens of a request
@@ -57,29 +60,40 @@ class Stream:
 class TextOut:
     """The detokenizing thread shared by all requests of an engine."""
 
-    def __init__(self, tokenizer: Any | None, name: str = "specport-textout") -> None:
+    def __init__(
+        self, tokenizer: Any | None, threaded: bool = True, name: str = "specport-textout"
+    ) -> None:
         self.tokenizer = tokenizer
         self._queue: queue.Queue[tuple[Stream, int | None, str | None, str | None] | None] = (
             queue.Queue()
         )
-        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+            self._thread.start()
 
     def open(self, handle: RequestHandle) -> Stream:
         return Stream(handle, self.tokenizer)
 
     def token(self, stream: Stream, token: int, finish: str | None = None) -> None:
         """A new token of `stream`; `finish` ("stop", "length", "context") when it is the last."""
-        self._queue.put((stream, token, finish, None))
+        self._put((stream, token, finish, None))
 
     def finish(self, stream: Stream, reason: str, error: str | None = None) -> None:
         """End `stream` without a new token ("cancelled", "error")."""
-        self._queue.put((stream, None, reason, error))
+        self._put((stream, None, reason, error))
 
     def close(self) -> None:
         """Deliver everything queued, then stop the thread."""
-        self._queue.put(None)
-        self._thread.join()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+
+    def _put(self, item: tuple[Stream, int | None, str | None, str | None]) -> None:
+        if self._thread is not None:
+            self._queue.put(item)
+            return
+        self._deliver([item])  # inline: no core to spare for a thread
 
     def _work(self) -> None:
         while True:
@@ -89,26 +103,25 @@ class TextOut:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            touched: dict[int, Stream] = {}
-            closing = False
-            for item in items:
-                if item is None:
-                    closing = True
-                    continue
-                stream, token, finish, error = item
-                try:
-                    self._apply(stream, token, finish, error)
-                except Exception as exc:  # a broken tokenizer must not kill the thread
-                    logger.exception("detokenization failed")
-                    if not stream.done:
-                        stream.flush_event("error", f"detokenization failed: {exc}")
-                if not stream.done:
-                    touched[id(stream)] = stream
-            for stream in touched.values():
-                if not stream.done:
-                    stream.flush_event()
+            closing = items[-1] is None
+            self._deliver([item for item in items if item is not None])
             if closing:
                 return
+
+    def _deliver(self, items: list[tuple[Stream, int | None, str | None, str | None]]) -> None:
+        touched: dict[int, Stream] = {}
+        for stream, token, finish, error in items:
+            try:
+                self._apply(stream, token, finish, error)
+            except Exception as exc:  # a broken tokenizer must not kill the thread
+                logger.exception("detokenization failed")
+                if not stream.done:
+                    stream.flush_event("error", f"detokenization failed: {exc}")
+            if not stream.done:
+                touched[id(stream)] = stream
+        for stream in touched.values():
+            if not stream.done:
+                stream.flush_event()
 
     @staticmethod
     def _apply(stream: Stream, token: int | None, finish: str | None, error: str | None) -> None:

@@ -35,9 +35,9 @@ def reference(shared_model):
     ]
 
 
-@pytest.fixture
-def engine(shared_model):
-    eng = BatchingEngine(shared_model, max_batch=4)
+@pytest.fixture(params=[True, False], ids=["text-thread", "text-inline"])
+def engine(shared_model, request):
+    eng = BatchingEngine(shared_model, max_batch=4, text_thread=request.param)
     yield eng
     eng.close()
 

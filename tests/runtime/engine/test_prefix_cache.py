@@ -49,3 +49,11 @@ def test_disabled_cache_always_prefills_everything():
     cache.set(0, ids(1, 2, 3))
     plan = cache.plan(ids(1, 2, 3, 4), free=[0, 1], lengths=np.array([3, 0]))
     assert (plan.row, plan.reuse, plan.save_to) == (0, 0, None)
+
+
+def test_plan_does_not_save_a_cache_another_row_already_holds():
+    cache = PrefixCache(3)
+    cache.set(0, ids(1, 2, 3, 4))
+    cache.set(1, ids(1, 2, 3, 4, 5))
+    plan = cache.plan(ids(1, 9), free=[0, 1, 2], lengths=np.array([4, 5, 0]))
+    assert (plan.row, plan.reuse, plan.save_to) == (0, 1, None)
