@@ -200,6 +200,9 @@ class BatchingEngine:
             except SpecportError as exc:
                 self._reject(handle, "error", str(exc))
                 continue
+            except Exception as exc:  # e.g. prompt ids that are not integers
+                self._reject(handle, "error", f"invalid request: {type(exc).__name__}: {exc}")
+                continue
             plan = self.cache.plan(prompt, free, self.slots.lengths)
             row, hit = plan.row, plan.reuse
             if plan.save_to is not None:  # keep the row's cached KV in a free row

@@ -80,7 +80,7 @@ class PrefixCache:
             n = min(common_prefix(self.ids[r][: held[r]], prompt), len(prompt) - 1)
             if n > reuse:
                 source, reuse = r, n
-        save_to = None
+        save_to: int | None = None
         # the row's cached ids that the new prompt will not rewrite identically would be lost
         mine = self.ids[row][: held[row]]
         if held[row] > common_prefix(mine, prompt) and not any(
@@ -92,7 +92,7 @@ class PrefixCache:
             empty = [r for r in others if held[r] == 0]
             older = [r for r in others if self.used[r] < self.used[row]]
             older.sort(key=self.used.__getitem__)
-            save_to = (empty or older or [None])[0]
+            save_to = (empty or older)[0] if empty or older else None
         if reuse:
             self.hits += 1
             self.saved_tokens += reuse

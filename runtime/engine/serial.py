@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from specport.errors import InputError
+from specport.errors import InputError, SpecportError
 from specport.runtime.engine.base import Event, Request, RequestHandle
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,8 @@ class SerialEngine:
         except Exception as exc:  # the worker must survive any one request
             logger.debug("request failed", exc_info=True)
             self.counters["errors"] += 1
-            handle.push(Event(finish_reason="error", error=f"{exc}"))
+            message = str(exc) if isinstance(exc, SpecportError) else f"{type(exc).__name__}: {exc}"
+            handle.push(Event(finish_reason="error", error=message))
             return
         self.counters["finished"] += 1
         self.counters["prompt_tokens"] += len(request.prompt_ids)

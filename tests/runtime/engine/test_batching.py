@@ -179,13 +179,14 @@ def test_bad_request_does_not_kill_the_engine(engine, reference):
         engine.submit(Request([1, 10_000], 4)),  # outside the vocabulary
         engine.submit(Request([], 4)),
         engine.submit(Request([1, 2], 4, sampling=SamplingConfig(greedy=False, temperature=0))),
+        engine.submit(Request(["x"], 4)),  # type: ignore[list-item]
     ]
     good = engine.submit(Request(PROMPTS[0], NEW[0], ignore_eos=True))
     for handle in bad:
         ev = handle.result(timeout=60)
         assert ev.finish_reason == "error" and ev.error
     assert good.result(timeout=60).token_ids == reference[0]
-    assert engine.stats()["errors"] == 3
+    assert engine.stats()["errors"] == 4
 
 
 def test_prefix_cache_hit_gives_generate_tokens(engine, shared_model, reference):
