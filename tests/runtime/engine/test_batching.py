@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from specport.runtime.engine import Request, make_engine
@@ -263,5 +264,36 @@ def test_cache_of_the_reused_row_moves_to_an_empty_row(shared_model, reference):
         stats = eng.stats()
         assert stats["prefix_cache_saved_tokens"] >= len(PROMPTS[3]) - 1
         assert stats["mean_decode_batch"] == 1.0  # every request ran alone in row 0
+    finally:
+        eng.close()
+
+
+def test_random_traffic_stays_exact(shared_model):
+    """Staggered arrivals, shared prefixes, chunked prefill, compaction, cancellations at once."""
+    rng = np.random.default_rng(0)
+    system = [1, *rng.integers(3, 250, 12).tolist()]
+    prompts = []
+    for i in range(24):
+        tail = rng.integers(3, 250, int(rng.integers(1, 20))).tolist()
+        prompts.append((system if i % 2 else [1]) + tail)
+    news = rng.integers(1, 40, len(prompts)).tolist()
+    want = [_greedy(shared_model, p, n).tokens for p, n in zip(prompts, news)]
+    eng = BatchingEngine(shared_model, max_batch=3, prefill_chunk=5)
+    try:
+        handles = []
+        for i, (p, n) in enumerate(zip(prompts, news)):
+            handles.append(eng.submit(Request(p, n, ignore_eos=True)))
+            if i % 5 == 4:
+                handles[-2].cancel()
+            time.sleep(float(rng.uniform(0, 0.004)))
+        for i, h in enumerate(handles):
+            got = h.result(timeout=60)
+            if got.finish_reason == "cancelled":
+                assert got.token_ids == want[i][: len(got.token_ids)]
+                continue
+            assert got.finish_reason == "length", (i, got.error)
+            assert got.token_ids == want[i], i
+        stats = eng.stats()
+        assert stats["prefix_cache_hits"] > 0 and stats["errors"] == 0
     finally:
         eng.close()
