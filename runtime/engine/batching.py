@@ -83,6 +83,11 @@ class BatchingEngine:
         self.vocab = manifest.vocab_size
         self.eos = frozenset(int(e) for e in manifest.eos_token_ids)
         self.slots = KVSlots(model.session, manifest, max_batch, self.max_length)
+        self.kv_bytes = sum(b.nbytes for b in self.slots.kv.buffers)
+        logger.info(
+            "batching engine: %d rows x %d positions, KV buffers %.1f MiB",
+            max_batch, self.max_length, self.kv_bytes / 2**20,
+        )  # fmt: skip
         self.cache = PrefixCache(max_batch, enabled=prefix_cache)
         self.rows: list[_Job | None] = [None] * max_batch
         self.waiting: deque[RequestHandle] = deque()
@@ -135,6 +140,7 @@ class BatchingEngine:
             "waiting": len(self.waiting) + self._intake.qsize(),
             "max_batch": self.max_batch,
             "max_length": self.max_length,
+            "kv_bytes": self.kv_bytes,
             "mean_decode_rows": round(c["decode_rows"] / steps, 3),
             "mean_decode_batch": round(c["decode_batch_rows"] / steps, 3),
             "decode_seconds": round(self.decode_seconds, 6),
