@@ -70,7 +70,11 @@ class SpecportServer(ThreadingHTTPServer):
         model_name: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
-        self.served = ServedModel(model_name or model.path.name, model)
+        self.served = ServedModel(
+            model_name or model.path.name,
+            model,
+            engine_max_length=getattr(engine, "max_length", None),
+        )
         self.engine = engine
         self.chat_template: ChatTemplate | None = load_chat_template(model)
         self.max_body_bytes = max_body_bytes

@@ -66,12 +66,14 @@ class ServedModel:
     name: str
     model: Any  # specport.api.Model: encode, tokenizer, manifest, path
     created: int = field(default_factory=lambda: int(time.time()))
+    engine_max_length: int | None = None  # KV positions per request the engine reserves
 
     @property
     def context_length(self) -> int:
         m = self.model.manifest
         limit = m.kv.max_length if m.kv.layout == "shared" else None
-        return int(min(m.context_length, limit or m.context_length))
+        length = min(m.context_length, limit or m.context_length)
+        return int(min(length, self.engine_max_length or length))
 
     @property
     def vocab_size(self) -> int:

@@ -25,6 +25,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--max-batch", type=int, default=8, help="most requests decoded together (batching engine)"
     )
     p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="KV positions reserved per batch row, prompt + answer (default: the artifact's "
+        "context); the batching engine holds max-batch x this many positions in memory",
+    )
+    p.add_argument(
         "--engine",
         choices=["auto", "serial", "batching"],
         default="auto",
@@ -52,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--port must be in 0..65535, got {args.port}")
     if args.max_batch < 1:
         raise InputError(f"--max-batch must be at least 1, got {args.max_batch}")
+    if args.max_model_len is not None and args.max_model_len < 2:
+        raise InputError(f"--max-model-len must be at least 2, got {args.max_model_len}")
     model = api.load(args.artifact, provider=args.provider, threads=args.threads)
-    engine = make_engine(model, max_batch=args.max_batch, kind=args.engine)
+    engine = make_engine(
+        model, max_batch=args.max_batch, kind=args.engine, max_length=args.max_model_len
+    )
     try:
         try:
             server = make_server(

@@ -357,7 +357,14 @@ def test_client_disconnect_mid_stream_keeps_serving(tiny_server, tiny_model):
         {"prompt": [1, 2], "max_tokens": 4, "temperature": 0},
     )
     assert status == 200 and len(out["choices"][0]["token_ids"]) >= 1
-    _, health = _call(tiny_server, "GET", "/health")
+    # The abandoned stream's handler thread notices the closed socket at its next write and
+    # then leaves; give it a moment instead of racing it.
+    deadline = time.monotonic() + 10
+    while True:
+        _, health = _call(tiny_server, "GET", "/health")
+        if health["active"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert health["status"] == "ok" and health["active"] == 0
 
 
@@ -590,3 +597,27 @@ def test_chat_template_from_tokenizer_config(tmp_path, s260_tokenizer):
         chat.render_ids([{"role": "tool", "content": "x"}])
     (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")  # file wins
     assert load_chat_template(model).render([{"role": "user", "content": "A"}]) == "A"
+
+
+def test_engine_kv_length_bounds_the_prompt(batching):
+    """`serve --max-model-len`: the server refuses (400, with the limit) what the engine's rows
+    cannot hold, instead of failing inside the engine."""
+    from specport.runtime.engine import make_engine
+
+    model, _ = batching
+    engine = make_engine(model, max_batch=2, kind="batching", max_length=32)
+    server = make_server(model, engine, port=0)
+    server.start()
+    try:
+        status, body = _call(server, "POST", "/v1/completions", {"prompt": [1] * 40})
+        _assert_error(status, body, 400, "32", "at most 31 tokens")
+        status, body = _call(
+            server,
+            "POST",
+            "/v1/completions",
+            {"prompt": [1] * 20, "max_tokens": 50, "temperature": 0},
+        )
+        assert status == 200 and body["usage"]["completion_tokens"] == 32 - 20
+    finally:
+        server.stop()
+        engine.close()
