@@ -358,7 +358,6 @@ def run_bench(
         engine.close = peer.close
         engines.append(engine)
     weights = bytes_per_token(path / manifest.model_file)
-    kernels = _kernel_floor(path / manifest.model_file, manifest, config)
     samples = []
     for i in range(config.runs):
         shift = i % len(engines)  # rotate the order: no engine always runs first (cold caches)
@@ -377,10 +376,14 @@ def run_bench(
         samples.append(
             measure_bandwidth(weights["all_initializers"], repeats=3, threads=config.threads)
         )
-        if kernels is not None:
-            kernels.sample()
     for engine in engines[1:]:
         engine.close()
+    # After the rounds, not between them: a third session sampled between rounds slowed the
+    # engine that ran next by a few percent.
+    kernels = _kernel_floor(path / manifest.model_file, manifest, config)
+    if kernels is not None:
+        for _ in range(config.runs):
+            kernels.sample()
     hardware = hardware_floor(manifest, config, weights, samples)
     if kernels is not None:
         hardware["kernel_floor"] = kernels.summary()
