@@ -1,6 +1,7 @@
 """Measure the request engines: throughput under concurrent load, and one request alone.
 
-    python -m specport.runtime.engine.bench /tmp/l32_shared --requests 8 --new-tokens 64
+    specport bench ARTIFACT --requests 8 --new-tokens 64
+    python -m specport.runtime.engine.bench ARTIFACT --requests 8 --new-tokens 64
 
 Rounds alternate (batching, serial, batching, ...) on fresh random prompts (the same prompts
 for both engines within a round, so no engine profits from the prefix cache of an earlier
@@ -14,10 +15,13 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from specport.errors import InputError
 from specport.runtime.engine.base import Request
 
 
@@ -71,12 +75,113 @@ def run_shared_prefix(
     return statistics.median(ttft)
 
 
-def main(argv: list[str] | None = None) -> None:
+@dataclass
+class EngineBenchConfig:
+    requests: int = 8
+    new_tokens: int = 64
+    prompt_tokens: int = 32
+    rounds: int = 5
+    threads: int = 1
+    max_length: int = 512  # KV positions per batching row
+    prefix_tokens: int = 384  # the shared system prompt of the prefix-cache measurement
+
+
+def run_engine_bench(
+    artifact: str,
+    config: EngineBenchConfig,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Every figure `specport bench --requests N` prints, as one JSON-able dict."""
     import specport
     from specport.runtime.engine.batching import BatchingEngine
     from specport.runtime.engine.serial import SerialEngine
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    if config.requests < 1 or config.rounds < 1 or config.new_tokens < 2:
+        raise InputError("--requests and --runs must be at least 1, --new-tokens at least 2.")
+    if config.prompt_tokens < 2 or config.prefix_tokens < 1:
+        raise InputError("--prompt-len must be at least 2 and --prefix-tokens at least 1.")
+    needed = config.prefix_tokens + config.prompt_tokens + config.new_tokens
+    max_length = max(config.max_length, needed)
+    model = specport.load(artifact, threads=config.threads)
+    vocab = model.manifest.vocab_size
+    batching = BatchingEngine(model, max_batch=config.requests, max_length=max_length)
+    uncached = BatchingEngine(
+        model, max_batch=config.requests, max_length=max_length, prefix_cache=False
+    )
+    serial = SerialEngine(model)
+
+    def prompts(seed: int, n: int) -> list[list[int]]:
+        rng = np.random.default_rng(seed)
+        return [[1, *rng.integers(3, vocab, config.prompt_tokens - 1).tolist()] for _ in range(n)]
+
+    rows: list[dict[str, Any]] = []
+    try:
+        run_load(batching, prompts(2**32 - 1, config.requests), 8)  # warm-up
+        run_load(serial, prompts(2**32 - 2, 2), 8)
+        for r in range(config.rounds):
+            load_prompts = prompts(r, config.requests)
+            b = run_load(batching, load_prompts, config.new_tokens)
+            s = run_load(serial, load_prompts, config.new_tokens)
+            alone = run_alone(batching, model, prompts(1000 + r, 1)[0], config.new_tokens)
+            system, *tails = prompts(2000 + r, 5)
+            system = (system * (config.prefix_tokens // len(system) + 1))[: config.prefix_tokens]
+            prefix = {
+                "cached_ttft_ms": run_shared_prefix(batching, system, tails, 8),
+                "uncached_ttft_ms": run_shared_prefix(uncached, system, tails, 8),
+            }
+            rows.append({"batching": b, "serial": s, "alone": alone, "prefix": prefix})
+            if on_round is not None:
+                on_round({"round": r, **rows[-1]})
+    finally:
+        batching.close()
+        uncached.close()
+        serial.close()
+
+    def med(f: Any) -> float:
+        return round(statistics.median(f(row) for row in rows), 3)
+
+    return {
+        "artifact": str(artifact),
+        "config": vars(config),
+        "batching_tok_per_s": med(lambda x: x["batching"]["tok_per_s"]),
+        "serial_tok_per_s": med(lambda x: x["serial"]["tok_per_s"]),
+        "batching_over_serial": med(
+            lambda x: x["batching"]["tok_per_s"] / x["serial"]["tok_per_s"]
+        ),
+        "batching_mean_ttft_ms": med(lambda x: x["batching"]["mean_ttft_ms"]),
+        "serial_mean_ttft_ms": med(lambda x: x["serial"]["mean_ttft_ms"]),
+        "alone_engine_over_generate": med(
+            lambda x: x["alone"]["engine_tok_per_s"] / x["alone"]["generate_tok_per_s"]
+        ),
+        "alone_same_tokens": all(x["alone"]["same_tokens"] for x in rows),
+        "shared_prefix_ttft_ms_cached": med(lambda x: x["prefix"]["cached_ttft_ms"]),
+        "shared_prefix_ttft_ms_uncached": med(lambda x: x["prefix"]["uncached_ttft_ms"]),
+        "rounds": rows,
+    }
+
+
+def format_engine_table(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    lines = [
+        f"{cfg['requests']} concurrent requests x {cfg['new_tokens']} new tokens "
+        f"(prompts of {cfg['prompt_tokens']}), {cfg['threads']} threads, {cfg['rounds']} rounds "
+        "(medians; ratios per round)",
+        f"  batching engine   {report['batching_tok_per_s']:8.1f} tok/s   "
+        f"mean TTFT {report['batching_mean_ttft_ms']:.1f} ms",
+        f"  serial engine     {report['serial_tok_per_s']:8.1f} tok/s   "
+        f"mean TTFT {report['serial_mean_ttft_ms']:.1f} ms",
+        f"  batching / serial {report['batching_over_serial']:.2f}x",
+        f"one request alone, batching engine / Model.generate: "
+        f"{report['alone_engine_over_generate']:.2f}x (same tokens: {report['alone_same_tokens']})",
+        f"shared {cfg['prefix_tokens']}-token system prompt, TTFT: prefix cache "
+        f"{report['shared_prefix_ttft_ms_cached']:.1f} ms vs off "
+        f"{report['shared_prefix_ttft_ms_uncached']:.1f} ms",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("artifact")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -88,72 +193,23 @@ def main(argv: list[str] | None = None) -> None:
         "--prefix-tokens", type=int, default=384, help="shared system prompt (prefix cache)"
     )
     args = parser.parse_args(argv)
-
-    model = specport.load(args.artifact, threads=args.threads)
-    vocab = model.manifest.vocab_size
-    batching = BatchingEngine(model, max_batch=args.requests, max_length=args.max_length)
-    uncached = BatchingEngine(
-        model, max_batch=args.requests, max_length=args.max_length, prefix_cache=False
+    config = EngineBenchConfig(
+        args.requests,
+        args.new_tokens,
+        args.prompt_tokens,
+        args.rounds,
+        args.threads,
+        args.max_length,
+        args.prefix_tokens,
     )
-    serial = SerialEngine(model)
-
-    def prompts(seed: int, n: int) -> list[list[int]]:
-        rng = np.random.default_rng(seed)
-        return [[1, *rng.integers(3, vocab, args.prompt_tokens - 1).tolist()] for _ in range(n)]
-
-    rows: list[dict[str, Any]] = []
-    try:
-        run_load(batching, prompts(-1 % 2**32, args.requests), 8)  # warm-up
-        run_load(serial, prompts(-2 % 2**32, 2), 8)
-        for r in range(args.rounds):
-            load_prompts = prompts(r, args.requests)
-            b = run_load(batching, load_prompts, args.new_tokens)
-            s = run_load(serial, load_prompts, args.new_tokens)
-            alone = run_alone(batching, model, prompts(1000 + r, 1)[0], args.new_tokens)
-            system, *tails = prompts(2000 + r, 5)
-            system = (system * (args.prefix_tokens // len(system) + 1))[: args.prefix_tokens]
-            prefix = {
-                "cached_ttft_ms": run_shared_prefix(batching, system, tails, 8),
-                "uncached_ttft_ms": run_shared_prefix(uncached, system, tails, 8),
-            }
-            rows.append({"batching": b, "serial": s, "alone": alone, "prefix": prefix})
-            print(json.dumps({"round": r, **rows[-1]}, default=lambda x: round(x, 2)))
-    finally:
-        batching.close()
-        uncached.close()
-        serial.close()
-
-    def med(f: Any) -> float:
-        return round(statistics.median(f(row) for row in rows), 3)
-
-    print(
-        json.dumps(
-            {
-                "artifact": args.artifact,
-                "threads": args.threads,
-                "requests": args.requests,
-                "new_tokens": args.new_tokens,
-                "batching_tok_per_s": med(lambda x: x["batching"]["tok_per_s"]),
-                "serial_tok_per_s": med(lambda x: x["serial"]["tok_per_s"]),
-                "batching_over_serial": med(
-                    lambda x: x["batching"]["tok_per_s"] / x["serial"]["tok_per_s"]
-                ),
-                "alone_engine_over_generate": med(
-                    lambda x: x["alone"]["engine_tok_per_s"] / x["alone"]["generate_tok_per_s"]
-                ),
-                "alone_decode_engine_over_generate": med(
-                    lambda x: (
-                        x["alone"]["engine_decode_tok_per_s"]
-                        / x["alone"]["generate_decode_tok_per_s"]
-                    )
-                ),
-                "alone_same_tokens": all(x["alone"]["same_tokens"] for x in rows),
-                "prefix_tokens": args.prefix_tokens,
-                "shared_prefix_ttft_ms_cached": med(lambda x: x["prefix"]["cached_ttft_ms"]),
-                "shared_prefix_ttft_ms_uncached": med(lambda x: x["prefix"]["uncached_ttft_ms"]),
-            }
-        )
+    report = run_engine_bench(
+        args.artifact, config, on_round=lambda row: print(json.dumps(row, default=_round))
     )
+    print(format_engine_table(report))
+
+
+def _round(x: Any) -> Any:
+    return round(x, 2) if isinstance(x, float) else x
 
 
 if __name__ == "__main__":

@@ -79,6 +79,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     spec.add_argument(
         "--prompt-set", default="story", help="built-in prompts when no --prompt: story | copy"
     )
+    load = p.add_argument_group(
+        "serving load (the request engines of `specport serve`, shared-layout artifacts)"
+    )
+    load.add_argument(
+        "--requests",
+        type=int,
+        help="N concurrent requests: continuous batching vs one at a time, one request alone vs "
+        "Model.generate, and the prefix cache on a shared system prompt (--runs rounds)",
+    )
+    load.add_argument(
+        "--prefix-tokens", type=int, default=384, help="shared system prompt length (default 384)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(run=run)
 
@@ -89,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.speculative or args.tree_width:
         return _run_speculative(args)
+    if args.requests is not None:
+        return _run_engines(args)
 
     if args.new_tokens < 2:
         raise InputError("--new-tokens must be at least 2 (TPOT needs one decode step).")
@@ -158,4 +172,29 @@ def _run_speculative(args: argparse.Namespace) -> int:
         emit_json(report)
     else:
         print(format_speculative_table(report))
+    return 0
+
+
+def _run_engines(args: argparse.Namespace) -> int:
+    from specport.runtime.engine.bench import (
+        EngineBenchConfig,
+        format_engine_table,
+        run_engine_bench,
+    )
+
+    if args.peer or args.prompt_ids or args.batch != [1]:
+        raise InputError("--requests takes --prompt-len, --new-tokens, --runs, --threads only.")
+    config = EngineBenchConfig(
+        requests=args.requests,
+        new_tokens=args.new_tokens,
+        prompt_tokens=args.prompt_len,
+        rounds=args.runs,
+        threads=args.threads,
+        prefix_tokens=args.prefix_tokens,
+    )
+    report = run_engine_bench(args.artifact, config)
+    if args.json:
+        emit_json(report)
+    else:
+        print(format_engine_table(report))
     return 0

@@ -149,3 +149,27 @@ def test_kernel_floor_rebuilds_every_weight_kernel(tiny_fused):
     assert kf.sample(repeats=2) > 0
     assert kf.summary()["median_ms"] > 0
     kf.close()
+
+
+def test_bench_requests_measures_the_engines(tiny_fused, capsys):
+    """`specport bench --requests N`: batching vs serial engine, one request alone (same tokens
+    as Model.generate), and the prefix cache on a shared system prompt."""
+    report = _bench_json(
+        capsys,
+        str(tiny_fused),
+        "--requests",
+        "3",
+        "--new-tokens",
+        "4",
+        "--prompt-len",
+        "5",
+        "--prefix-tokens",
+        "20",
+        "--runs",
+        "1",
+        "--threads",
+        "1",
+    )
+    assert report["batching_tok_per_s"] > 0 and report["serial_tok_per_s"] > 0
+    assert report["alone_same_tokens"] is True
+    assert report["shared_prefix_ttft_ms_cached"] > 0
