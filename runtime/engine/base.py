@@ -15,8 +15,9 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from specport.errors import InputError
 from specport.runtime.sampler import SamplingConfig
 
 
@@ -122,6 +123,26 @@ class RequestHandle:
             tokens.extend(ev.token_ids)
             last = ev
         return Event("".join(text), tokens, last.finish_reason, last.error)
+
+
+class QueueIntake:
+    """The submit side both engines share: requests go on `_intake` for the worker thread.
+
+    The engine sets `_intake`, `_lock`, `_closed` and a `counters` dict with a "requests" key."""
+
+    _intake: queue.Queue[Any]
+    _lock: threading.Lock
+    _closed: bool
+    counters: dict[str, int]
+
+    def submit(self, request: Request) -> RequestHandle:
+        handle = RequestHandle(request)
+        with self._lock:
+            if self._closed:
+                raise InputError("the engine is closed; start a new one.")
+            self.counters["requests"] += 1
+            self._intake.put(handle)
+        return handle
 
 
 class Engine(Protocol):

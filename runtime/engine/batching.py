@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from specport.errors import ArtifactError, InputError, SpecportError
-from specport.runtime.engine.base import Request, RequestHandle
+from specport.runtime.engine.base import QueueIntake, Request, RequestHandle
 from specport.runtime.engine.prefix_cache import PrefixCache
 from specport.runtime.engine.slots import KVSlots
 from specport.runtime.engine.textout import Stream, TextOut
@@ -54,7 +54,7 @@ class _Job:
         return self.done == len(self.prompt)
 
 
-class BatchingEngine:
+class BatchingEngine(QueueIntake):
     """`max_batch` concurrent requests over one shared-layout model (see the module docstring)."""
 
     def __init__(
@@ -110,15 +110,6 @@ class BatchingEngine:
         self._worker.start()
 
     # ---- the Engine contract --------------------------------------------------------
-    def submit(self, request: Request) -> RequestHandle:
-        handle = RequestHandle(request)
-        with self._lock:
-            if self._closed:
-                raise InputError("the engine is closed; start a new one.")
-            self.counters["requests"] += 1
-            self._intake.put(handle)
-        return handle
-
     def close(self) -> None:
         """Cancel what is queued or running, deliver the final events, stop the threads."""
         with self._lock:

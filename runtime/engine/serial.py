@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Any
 
-from specport.errors import InputError, SpecportError
-from specport.runtime.engine.base import Event, Request, RequestHandle
+from specport.errors import SpecportError
+from specport.runtime.engine.base import Event, QueueIntake, RequestHandle
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class _Cancelled(Exception):
     """Raised from the streaming callback to abandon a cancelled request."""
 
 
-class SerialEngine:
+class SerialEngine(QueueIntake):
     """A queue and a worker thread over `model.generate` (see the module docstring)."""
 
     def __init__(self, model: Any) -> None:  # specport.api.Model
@@ -41,15 +41,6 @@ class SerialEngine:
         self.busy_seconds = 0.0
         self._worker = threading.Thread(target=self._loop, name="specport-serial", daemon=True)
         self._worker.start()
-
-    def submit(self, request: Request) -> RequestHandle:
-        handle = RequestHandle(request)
-        with self._lock:
-            if self._closed:
-                raise InputError("the engine is closed; start a new one.")
-            self.counters["requests"] += 1
-            self._intake.put(handle)
-        return handle
 
     def close(self) -> None:
         """Cancel what is queued, stop after the running request (it is cancelled too)."""
