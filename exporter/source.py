@@ -15,6 +15,7 @@ from typing import Any
 
 from specport.errors import InvalidModelError, ModelNotFoundError
 from specport.exporter.registry import ArchConfig, lookup
+from specport.progress import bar_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,9 @@ def load_model(source: Source, num_layers: int | None = None, progress: bool = F
     import transformers
     from transformers import AutoModelForCausalLM
 
-    if not progress:
+    if bar_enabled(progress):  # transformers' own weight-loading bar: terminals only
+        transformers.utils.logging.enable_progress_bar()
+    else:
         transformers.utils.logging.disable_progress_bar()
     if not logger.isEnabledFor(logging.INFO):
         # transformers logs a load report listing checkpoint keys the class does not use
