@@ -23,16 +23,37 @@ def make_engine(
     kind: str = "auto",
     max_length: int | None = None,
     prefix_cache: bool = True,
+    speculative: str | None = None,
+    num_draft: int = 4,
+    draft: Any = None,
 ) -> Engine:
     """The engine for `model`: "batching" (shared KV layout), "serial" (any), or "auto".
 
-    "auto" batches when the artifact has the shared layout and `max_batch` > 1. `max_length`
+    "auto" batches when the artifact has the shared layout and `max_batch` > 1; `speculative`
+    ("ngram" | "draft" | "mtp", concat-layout artifacts) gives the serial engine. `max_length`
     caps the batching engine's KV rows (default: the artifact's limit; memory is
     max_batch x layers x 2 x Hkv x max_length x D floats).
     """
     if kind not in ENGINE_KINDS:
         raise InputError(f"unknown engine kind {kind!r}; use one of {', '.join(ENGINE_KINDS)}.")
     shared = model.manifest.kv.layout == "shared"
+    if speculative is not None:
+        # Speculation verifies drafts by cutting a concat-layout cache back; the batching
+        # engine's shared rows do not speculate.
+        if kind == "batching":
+            raise InputError(
+                "the batching engine does not decode speculatively; use --engine serial (or "
+                "auto) with --speculative, or drop --speculative to batch requests."
+            )
+        if shared:
+            raise ArtifactError(
+                f"speculative decoding needs a concat-layout artifact but {model.path} has the "
+                "shared KV layout: serve an export without --kv-layout shared, or drop "
+                "--speculative."
+            )
+        from specport.runtime.engine.serial import SerialEngine
+
+        return SerialEngine(model, speculative=speculative, num_draft=num_draft, draft=draft)
     if kind == "batching" and not shared:
         raise ArtifactError(
             f"the batching engine needs a shared-KV artifact but {model.path} has the "

@@ -1,7 +1,9 @@
 """One request at a time through `Model.generate`: works for every artifact (concat or shared KV).
 
 The fallback engine: no batching, no prefix cache, but exactly the CLI's generation (same
-sampler, stop strings, speculative-free decode). Text is pushed as `Model.generate` streams it;
+sampler, stop strings), and the one engine that decodes speculatively (`speculative=` "ngram",
+"draft" or "mtp", as `specport generate --speculative`: greedy output equals plain greedy,
+sampling stays lossless). Text is pushed as `Model.generate` streams it;
 the token ids arrive with the final event (the streaming callback sees text only).
 Cancellation is checked before a request starts and whenever it produces text.
 """
@@ -9,6 +11,7 @@ Cancellation is checked before a request starts and whenever it produces text.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -30,8 +33,21 @@ class _Cancelled(Exception):
 class SerialEngine(QueueIntake):
     """A queue and a worker thread over `model.generate` (see the module docstring)."""
 
-    def __init__(self, model: Any) -> None:  # specport.api.Model
+    def __init__(
+        self,
+        model: Any,  # specport.api.Model
+        speculative: str | None = None,
+        num_draft: int = 4,
+        draft: Any = None,  # a draft Model or artifact path, for speculative="draft"
+    ) -> None:
         self.model = model
+        self.speculative: dict[str, Any] = {}
+        if speculative is not None:
+            from specport import api
+
+            if isinstance(draft, (str, os.PathLike)):  # load once, not per request
+                draft = api.load(draft, provider=model.provider)
+            self.speculative = {"speculative": speculative, "num_draft": num_draft, "draft": draft}
         self._intake: queue.Queue[Any] = queue.Queue()
         self._closed = False
         self._lock = threading.Lock()
@@ -60,12 +76,13 @@ class SerialEngine(QueueIntake):
             self._intake.put(_CLOSE)
         self._worker.join()
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, Any]:
         return {
             **self.counters,
             "waiting": self._intake.qsize(),
             "max_batch": 1,
             "busy_seconds": round(self.busy_seconds, 6),
+            "speculative": self.speculative.get("speculative") or "off",
         }
 
     def _loop(self) -> None:
@@ -107,6 +124,7 @@ class SerialEngine(QueueIntake):
                 ignore_eos=request.ignore_eos,
                 stop=list(request.stop),
                 on_text=on_text,
+                **self.speculative,
             )
         except _Cancelled:
             self.counters["cancelled"] += 1

@@ -39,6 +39,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(shared-KV artifacts); auto picks batching when the artifact supports it",
     )
     p.add_argument(
+        "--speculative",
+        choices=["ngram", "draft", "mtp"],
+        help="decode every request speculatively (serial engine, concat-layout artifacts; greedy "
+        "output equals plain greedy)",
+    )
+    p.add_argument("--num-draft", type=int, default=4, help="draft tokens per step (speculative)")
+    p.add_argument("--draft", help="draft artifact for --speculative draft (same vocabulary)")
+    p.add_argument(
         "--model-name",
         help="the model id clients send and /v1/models lists (default: the directory name)",
     )
@@ -62,8 +70,16 @@ def run(args: argparse.Namespace) -> int:
     if args.max_model_len is not None and args.max_model_len < 2:
         raise InputError(f"--max-model-len must be at least 2, got {args.max_model_len}")
     model = api.load(args.artifact, provider=args.provider, threads=args.threads)
+    if args.num_draft < 1:
+        raise InputError(f"--num-draft must be at least 1, got {args.num_draft}")
     engine = make_engine(
-        model, max_batch=args.max_batch, kind=args.engine, max_length=args.max_model_len
+        model,
+        max_batch=args.max_batch,
+        kind=args.engine,
+        max_length=args.max_model_len,
+        speculative=args.speculative,
+        num_draft=args.num_draft,
+        draft=args.draft,
     )
     try:
         try:

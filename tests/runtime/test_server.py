@@ -621,3 +621,27 @@ def test_engine_kv_length_bounds_the_prompt(batching):
     finally:
         server.stop()
         engine.close()
+
+
+def test_speculative_serving_equals_plain_greedy(tiny_model):
+    """`serve --speculative ngram`: the answer is plain greedy's, token for token."""
+    from specport.runtime.engine import make_engine
+
+    engine = make_engine(tiny_model, speculative="ngram", num_draft=3)
+    server = make_server(tiny_model, engine, port=0)
+    server.start()
+    try:
+        prompt = [1, 7, 8, 9, 7, 8]
+        want = tiny_model.generate(prompt_ids=prompt, max_new_tokens=12, ignore_eos=True).tokens
+        status, body = _call(
+            server,
+            "POST",
+            "/v1/completions",
+            {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True},
+        )
+        assert status == 200 and body["choices"][0]["token_ids"] == want
+        _, health = _call(server, "GET", "/health")
+        assert health["engine"]["speculative"] == "ngram"
+    finally:
+        server.stop()
+        engine.close()

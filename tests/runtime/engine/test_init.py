@@ -30,3 +30,16 @@ def test_auto_picks_by_layout(shared_model, tiny_llama_artifact):
         make_engine(concat, kind="batching")
     with pytest.raises(InputError, match="unknown engine kind"):
         make_engine(shared_model, kind="vllm")
+
+
+def test_speculative_gives_the_serial_engine_on_concat_only(shared_model, tiny_llama_artifact):
+    concat = specport.load(tiny_llama_artifact, provider="cpu", threads=1)
+    eng = make_engine(concat, kind="auto", speculative="ngram", num_draft=3)
+    try:
+        assert isinstance(eng, SerialEngine) and eng.stats()["speculative"] == "ngram"
+    finally:
+        eng.close()
+    with pytest.raises(InputError, match="does not decode speculatively"):
+        make_engine(concat, kind="batching", speculative="ngram")
+    with pytest.raises(ArtifactError, match="concat-layout"):
+        make_engine(shared_model, speculative="ngram")

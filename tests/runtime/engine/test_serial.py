@@ -78,3 +78,18 @@ def test_cancelled_before_start_and_on_close(concat_model):
     late = [eng.submit(Request(PROMPTS[1], 100, ignore_eos=True)) for _ in range(3)]
     eng.close()
     assert late[-1].result(timeout=60).finish_reason == "cancelled"
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculative_requests_equal_plain_greedy(concat_model, tiny_llama_artifact, method):
+    """Speculation behind the engine: every request's greedy tokens are plain greedy's."""
+    draft = tiny_llama_artifact if method == "draft" else None
+    eng = SerialEngine(concat_model, speculative=method, num_draft=3, draft=draft)
+    try:
+        handles = [eng.submit(Request(p, 12, ignore_eos=True)) for p in PROMPTS]
+        for p, handle in zip(PROMPTS, handles):
+            want = concat_model.generate(prompt_ids=p, max_new_tokens=12, ignore_eos=True)
+            got = handle.result(timeout=120)
+            assert got.token_ids == want.tokens and got.finish_reason == "length"
+    finally:
+        eng.close()
