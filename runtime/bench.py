@@ -411,6 +411,9 @@ def run_bench(
     return report
 
 
+ONNXRUNTIME_PEERS = ("onnxruntime-genai",)  # peers whose steps run onnxruntime's kernels
+
+
 def _kernel_floor(model_path: Path, manifest: art.Manifest, config: BenchConfig) -> Any:
     """The artifact's weight kernels alone (runtime/kernel_floor.py), CPU only; None elsewhere.
 
@@ -501,7 +504,7 @@ def format_table(report: dict[str, Any]) -> str:
         )
         for n in names[1:]:
             peer_tpot = engines[n].get("tpot_ms")
-            if peer_tpot:
+            if peer_tpot and n in ONNXRUNTIME_PEERS:  # the bound holds for onnxruntime's kernels
                 text += (
                     f"\nthe most any runtime on these kernels could gain over {n} here: "
                     f"{peer_tpot / kernel['median_ms']:.2f}x"
