@@ -120,6 +120,17 @@ def test_streaming_text_equals_final_text(fused):
         assert r.text == fused.decode(r.tokens)
 
 
+def test_text_without_a_stream_equals_the_streamed_text(fused):
+    """With no callback and no stop strings the text is decoded after the loop (no per-step
+    detokenizing between onnxruntime runs); it must be the streamed text exactly."""
+    streamed = fused.generate_batch(
+        prompt_ids=PROMPTS, max_new_tokens=16, ignore_eos=True, on_text=lambda row, piece: None
+    )
+    quiet = fused.generate_batch(prompt_ids=PROMPTS, max_new_tokens=16, ignore_eos=True)
+    assert [r.text for r in quiet] == [r.text for r in streamed]
+    assert [r.tokens for r in quiet] == [r.tokens for r in streamed]
+
+
 def test_stop_string_stops_only_its_row_with_overlapped_callbacks(fused):
     full = fused.generate_batch(prompt_ids=PROMPTS, max_new_tokens=16, ignore_eos=True)
     text = full[0].text
