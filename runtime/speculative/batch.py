@@ -38,6 +38,7 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import with_causal_tree_mask
 from specport.errors import InputError
+from specport.runtime.kv import ConcatKV
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import PAD, Drafts, Proposer, check_prompts
 from specport.runtime.speculative.loop import check_num_draft, default_adaptive, make_proposer
@@ -62,30 +63,21 @@ class BatchSpeculativeOutput:
     stats: list[SpecDecodingStats] = field(default_factory=list)  # per row
 
 
-class PaddedKV:
+class PaddedKV(ConcatKV):
     """Left-padded concat KV for the live rows: per tensor [n, Hkv, W, D], ``lengths`` [n]."""
 
     def __init__(self, manifest: Manifest, batch: int) -> None:
-        kv = manifest.kv
-        if kv.layout != "concat":
+        if manifest.kv.layout != "concat":
             raise InputError(
                 f"batched speculative decoding needs the 'concat' KV layout, this artifact has "
-                f"{kv.layout!r}; re-export it without the shared-KV pass."
+                f"{manifest.kv.layout!r}; re-export it without the shared-KV pass."
             )
-        self.names = [name for pair in kv.inputs for name in pair]
-        dtype = np.dtype(kv.dtype)
-        self.past: list[np.ndarray] = []
-        for heads, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim):
-            self.past.append(np.zeros((batch, heads, 0, kd), dtype))
-            self.past.append(np.zeros((batch, heads, 0, vd), dtype))
+        super().__init__(manifest, batch)
         self.lengths = np.zeros(batch, dtype=np.int64)
 
     @property
     def width(self) -> int:
-        return int(self.past[0].shape[2]) if self.past else 0
-
-    def feeds(self) -> dict[str, np.ndarray]:
-        return dict(zip(self.names, self.past))
+        return self.length
 
     def mask(self, extra: int) -> np.ndarray:  # [n, W + extra] int64
         w = self.width
