@@ -59,48 +59,46 @@ def floor_graph(model_path: Path, rows: int = 1) -> tuple[bytes, dict[str, np.nd
     nodes: list[Any] = []
     initializers: list[Any] = []
     outputs: list[Any] = []
-    activations: dict[tuple[int, int], str] = {}
+    activations: dict[int, str] = {}  # reduction dim K -> the float input [rows, K]
     covered = 0
     copied: set[str] = set()
     for node in proto.graph.node:
-        if node.op_type not in _WEIGHT_OPS or len(node.input) < 2 or node.input[1] not in inits:
+        if node.op_type not in _WEIGHT_OPS or len(node.input) < 2:
+            continue
+        # Every input after the activation must be a weight (an initializer) to stand alone.
+        if any(name and name not in inits for name in node.input[1:]):
             continue
         k = _reduction_dim(node, inits)
         if k is None:
             continue
-        dtype = onnx.TensorProto.FLOAT
-        x_name = activations.setdefault((k, dtype), f"x_{k}")
-        inputs = [x_name]
         for name in node.input[1:]:
-            if name and name in inits and name not in copied:
+            if name and name not in copied:
                 initializers.append(numpy_helper.from_array(_random_like(inits[name], rng), name))
                 copied.add(name)
                 covered += initializers[-1].ByteSize()
-            elif name and name not in inits:
-                break  # a computed input (not a weight): this node cannot stand alone
-            inputs.append(name)
-        else:
-            out = f"y{len(nodes)}"
-            nodes.append(helper.make_node(node.op_type, inputs, [out], domain=node.domain))
-            nodes[-1].attribute.extend(node.attribute)
-            outputs.append(helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None))
+        out = f"y{len(nodes)}"
+        x_name = activations.setdefault(k, f"x_{k}")
+        nodes.append(
+            helper.make_node(node.op_type, [x_name, *node.input[1:]], [out], domain=node.domain)
+        )
+        nodes[-1].attribute.extend(node.attribute)
+        outputs.append(helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None))
     graph_inputs = [
-        helper.make_tensor_value_info(name, dtype, [rows, k])
-        for (k, dtype), name in activations.items()
+        helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [rows, k])
+        for k, name in activations.items()
     ]
     graph = helper.make_graph(nodes, "kernel_floor", graph_inputs, outputs, initializers)
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 10
     feeds = {
-        name: rng.standard_normal((rows, k), dtype=np.float32)
-        for (k, _), name in activations.items()
+        name: rng.standard_normal((rows, k), dtype=np.float32) for k, name in activations.items()
     }
     return model.SerializeToString(), feeds, covered
 
 
 class KernelFloor:
-    """The artifact's weight kernels in a session of their own, sampled between benchmark rounds.
+    """The artifact's weight kernels in a session of their own, sampled after the benchmark rounds.
 
     `session_config`: the artifact's own session config entries (e.g. int8 activations for
     MatMulNBits), so onnxruntime picks the kernels the artifact runs with."""

@@ -38,11 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument(
-        "--speculative", choices=["ngram", "draft", "mtp"], help="speculative decoding method"
-    )
-    p.add_argument("--num-draft", type=int, default=4, help="draft tokens per step (speculative)")
-    p.add_argument("--draft", help="draft artifact for --speculative draft (same vocabulary)")
+    add_speculative_options(p, "speculative decoding method")
     p.add_argument(
         "--adaptive",
         action=argparse.BooleanOptionalAction,
@@ -63,6 +59,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help='print {"tokens", "text", "metrics"} instead of streaming',
     )
     p.set_defaults(run=run)
+
+
+def add_speculative_options(p: argparse.ArgumentParser, method_help: str) -> None:
+    """--speculative, --num-draft, --draft (generate and serve take the same three)."""
+    p.add_argument("--speculative", choices=["ngram", "draft", "mtp"], help=method_help)
+    p.add_argument("--num-draft", type=int, default=4, help="draft tokens per step (speculative)")
+    p.add_argument("--draft", help="draft artifact for --speculative draft (same vocabulary)")
 
 
 def add_runtime_options(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from specport.cli import emit_json
-from specport.commands.generate import add_runtime_options
+from specport.commands.generate import add_runtime_options, add_speculative_options
 from specport.errors import InputError
 
 
@@ -38,14 +38,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="serial: one request at a time, any artifact; batching: continuous batching "
         "(shared-KV artifacts); auto picks batching when the artifact supports it",
     )
-    p.add_argument(
-        "--speculative",
-        choices=["ngram", "draft", "mtp"],
-        help="decode every request speculatively (serial engine, concat-layout artifacts; greedy "
+    add_speculative_options(
+        p,
+        "decode every request speculatively (serial engine, concat-layout artifacts; greedy "
         "output equals plain greedy)",
     )
-    p.add_argument("--num-draft", type=int, default=4, help="draft tokens per step (speculative)")
-    p.add_argument("--draft", help="draft artifact for --speculative draft (same vocabulary)")
     p.add_argument(
         "--model-name",
         help="the model id clients send and /v1/models lists (default: the directory name)",
