@@ -66,12 +66,17 @@ def _raise_template_error(message: str) -> None:
     raise InputError(f"the chat template refused these messages: {message}")
 
 
-def load_chat_template(model: Any) -> ChatTemplate | None:
-    """The model's chat template, or None when it has none (or no tokenizer)."""
+def load_chat_template(model: Any, override: str | None = None) -> ChatTemplate | None:
+    """The model's chat template, or None when it has none (or no tokenizer).
+
+    `override` (a template's text, e.g. `serve --chat-template FILE`) replaces the artifact's,
+    for models published without one; the special tokens still come from the artifact."""
     tokenizer = model.tokenizer
     if tokenizer is None:
         return None
-    if hasattr(tokenizer, "apply_chat_template") and getattr(tokenizer, "chat_template", None):
+    if override is None and (
+        hasattr(tokenizer, "apply_chat_template") and getattr(tokenizer, "chat_template", None)
+    ):
         return ChatTemplate(tokenizer, None, {})
     directory = Path(model.path)
     config: dict[str, Any] = {}
@@ -81,9 +86,11 @@ def load_chat_template(model: Any) -> ChatTemplate | None:
             config = json.loads(cfg_path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
             logger.warning("could not read %s: %s", cfg_path, e)
-    source: Any = None
+    source: Any = override
     jinja = directory / "chat_template.jinja"
-    if jinja.is_file():
+    if source is not None:
+        pass
+    elif jinja.is_file():
         source = jinja.read_text(encoding="utf-8")
     else:
         source = config.get("chat_template")

@@ -10,7 +10,8 @@ details matter for that:
   real LM distributions almost always stops at the first size.
 
 Order of the filters follows Hugging Face ``generate``: repetition penalty, temperature,
-top-k, top-p, min-p. ``Sampler.probs`` returns the processed distribution that ``__call__``
+top-k, top-p, min-p. OpenAI's presence / frequency penalties and logit bias are added to the
+logits with the repetition penalty (as vLLM applies them, before temperature). ``Sampler.probs`` returns the processed distribution that ``__call__``
 samples from; speculative rejection sampling needs exactly that distribution as its target.
 """
 
@@ -39,6 +40,23 @@ class SamplingConfig:
     min_p: float = 0.0  # 0.0 = off
     repetition_penalty: float = 1.0  # 1.0 = off (HF semantics: >1 discourages repeats)
     seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI: minus this once for every token already generated
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count so far
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+
+    @property
+    def needs_history(self) -> bool:
+        """True when a token's score depends on the tokens before it (a penalty is on)."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def plain(self) -> bool:
+        """True when the logits go to the sampler unchanged (no penalty, no bias)."""
+        return not self.needs_history and not self.logit_bias
 
     def validate(self) -> SamplingConfig:
         """Raise `InputError` on settings that cannot be sampled with; return self otherwise."""
@@ -60,6 +78,12 @@ class SamplingConfig:
                 "repetition_penalty must be a positive number (1.0 turns it off), "
                 f"got {self.repetition_penalty}"
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not np.isfinite(value):
+                raise InputError(f"{name} must be a finite number (0 turns it off), got {value}")
+        if any(not np.isfinite(b) for _, b in self.logit_bias):
+            raise InputError("logit_bias values must be finite numbers")
         if self.seed is not None and (
             isinstance(self.seed, bool)
             or not isinstance(self.seed, (int, np.integer))
@@ -85,9 +109,10 @@ class Sampler:
         self,
         logits: np.ndarray,  # [B, V] float32
         history: list[np.ndarray] | None = None,  # B arrays of previous token ids
+        generated: list[np.ndarray] | None = None,  # B arrays of new ids (default: history)
     ) -> np.ndarray:  # [B] int64
         """Pick one token per row."""
-        scores = self._penalized(logits, history)
+        scores = self._penalized(logits, history, generated)
         if self.config.greedy:
             return np.argmax(scores, axis=-1).astype(np.int64)
         cand, probs = self._filtered(scores)
@@ -140,22 +165,44 @@ class Sampler:
                 "pass one array of previous token ids per row"
             )
 
-    def _penalized(self, logits: np.ndarray, history: list[np.ndarray] | None) -> np.ndarray:
-        """The logits (float32) with the HF repetition penalty applied (copied only if needed)."""
+    def _penalized(
+        self,
+        logits: np.ndarray,
+        history: list[np.ndarray] | None,
+        generated: list[np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """The logits (float32) with the HF repetition penalty (over `history`), OpenAI's
+        presence / frequency penalties (over `generated`, the new tokens only, as OpenAI and
+        vLLM count them; `history` when not given) and the logit bias (copied only if needed)."""
         logits = np.asarray(logits)
         self._check(logits, history)
         scores = logits if logits.dtype == np.float32 else logits.astype(np.float32)
-        penalty = self.config.repetition_penalty
-        if history is None or penalty == 1.0:
+        cfg = self.config
+        if generated is None:
+            generated = history
+        if cfg.plain or (history is None and generated is None and not cfg.logit_bias):
             return scores
         scores = scores.copy()
-        for row, ids in enumerate(history):
+        if cfg.logit_bias:
+            ids = np.fromiter((t for t, _ in cfg.logit_bias), dtype=np.int64)
+            scores[:, ids] += np.fromiter((b for _, b in cfg.logit_bias), dtype=np.float32)
+        penalty = cfg.repetition_penalty
+        for row, ids in enumerate(history if penalty != 1.0 and history is not None else []):
             ids = np.unique(np.asarray(ids, dtype=np.int64).ravel())
             ids = ids[(ids >= 0) & (ids < self.vocab_size)]
             if ids.size == 0:
                 continue
             s = scores[row, ids]
             scores[row, ids] = np.where(s < 0, s * penalty, s / penalty)
+        if not (cfg.presence_penalty or cfg.frequency_penalty) or generated is None:
+            return scores
+        for row, ids in enumerate(generated):
+            ids, counts = np.unique(np.asarray(ids, dtype=np.int64).ravel(), return_counts=True)
+            keep = (ids >= 0) & (ids < self.vocab_size)
+            ids, counts = ids[keep], counts[keep].astype(np.float32)
+            scores[row, ids] -= (
+                np.float32(cfg.presence_penalty) + np.float32(cfg.frequency_penalty) * counts
+            )
         return scores
 
     def _filtered(

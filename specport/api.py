@@ -87,6 +87,7 @@ class Model:
         draft: Model | str | os.PathLike[str] | None = None,
         adaptive: bool | None = None,
         tree_width: int = 1,
+        sampling: Any = None,
     ) -> GenerationResult:
         """Generate for one prompt (text or ids). `on_text` receives text as it is produced.
 
@@ -94,7 +95,9 @@ class Model:
         them in one run of this model; greedy output is token-for-token that of plain greedy.
         `adaptive` picks the draft length per step from recent acceptance (None: per-method default).
         `tree_width` > 1 (ngram only, artifact exported with `--tree-mask`) verifies that many
-        candidate continuations at once as a token tree.
+        candidate continuations at once as a token tree. `sampling` (a `SamplingConfig`, e.g.
+        with OpenAI's presence / frequency penalties or a logit bias) replaces the separate
+        sampling arguments.
         """
         if tree_width != 1 and speculative != "ngram":
             raise InputError(
@@ -104,12 +107,18 @@ class Model:
             raise InputError("give exactly one of prompt (text) or prompt_ids.")
         if speculative is not None:
             ids_one = list(prompt_ids) if prompt_ids is not None else self.encode(str(prompt))
+            config = sampling or self._sampling(
+                greedy, temperature, top_k, top_p, min_p, repetition_penalty, seed
+            )
+            if config.presence_penalty or config.frequency_penalty or config.logit_bias:
+                raise InputError(
+                    "presence / frequency penalties and logit_bias are not supported with "
+                    "speculative decoding; use repetition_penalty, or decode without it."
+                )
             return self._generate_speculative(
                 ids_one,
                 max_new_tokens=max_new_tokens,
-                sampling=self._sampling(
-                    greedy, temperature, top_k, top_p, min_p, repetition_penalty, seed
-                ),
+                sampling=config,
                 ignore_eos=ignore_eos,
                 stop=stop,
                 on_text=on_text,
@@ -136,6 +145,7 @@ class Model:
             ignore_eos=ignore_eos,
             stop=stop,
             on_text=stream,
+            sampling=sampling,
         )[0]
 
     def generate_batch(
@@ -158,6 +168,7 @@ class Model:
         num_draft: int = 4,
         draft: Model | str | os.PathLike[str] | None = None,
         adaptive: bool | None = None,
+        sampling: Any = None,
     ) -> list[GenerationResult]:
         """Generate for several prompts at once (left padding, per-row stopping).
 
@@ -174,7 +185,9 @@ class Model:
             rows = [self.encode(p) for p in prompts]
         else:
             raise InputError("give prompts (text) or prompt_ids.")
-        config = self._sampling(greedy, temperature, top_k, top_p, min_p, repetition_penalty, seed)
+        config = sampling or self._sampling(
+            greedy, temperature, top_k, top_p, min_p, repetition_penalty, seed
+        )
         if speculative is not None:
             return self._generate_speculative_batch(
                 rows, max_new_tokens, config, ignore_eos, stop, on_text,
@@ -182,12 +195,15 @@ class Model:
             )  # fmt: skip
         sampler = Sampler(config, self.manifest.vocab_size)
         history = [np.asarray(r, dtype=np.int64) for r in rows]
-        needs_history = repetition_penalty != 1.0
+        generated = [np.zeros(0, dtype=np.int64) for _ in rows]  # presence / frequency count these
+        needs_history = config.needs_history
 
         def select(logits: np.ndarray, step: int) -> np.ndarray:
-            return sampler(logits, history if needs_history else None)
+            if not needs_history:
+                return sampler(logits)
+            return sampler(logits, history, generated)
 
-        if config.greedy and not needs_history:
+        if config.greedy and config.plain:
             from specport.runtime.generator import greedy_select
 
             select = greedy_select  # lets a fused graph pick the token in-graph (argmax there)
@@ -198,6 +214,7 @@ class Model:
             if needs_history:
                 for r in np.flatnonzero(active):
                     history[r] = np.append(history[r], new[r])
+                    generated[r] = np.append(generated[r], new[r])
             return streams.push(new, active)
 
         eos = [] if ignore_eos else self.manifest.eos_token_ids

@@ -58,7 +58,7 @@ def make_engine(
         raise ArtifactError(
             f"the batching engine needs a shared-KV artifact but {model.path} has the "
             f"{model.manifest.kv.layout!r} KV layout: re-export it with "
-            "`specport export MODEL OUT --kv-layout shared`, or use the serial engine."
+            "`specport export MODEL --out OUT --kv-layout shared`, or use the serial engine."
         )
     if kind == "batching" or (kind == "auto" and shared and max_batch > 1):
         from specport.runtime.engine.batching import BatchingEngine

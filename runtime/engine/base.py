@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +34,7 @@ class Request:
     stop: Sequence[str] = ()
     ignore_eos: bool = False
     request_id: str = ""
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's and the top k's
 
 
 @dataclass
@@ -50,6 +51,18 @@ class Event:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    # one per token id when the request asked for logprobs: (chosen logprob, [(id, logprob)...])
+    logprobs: list[TokenLogprobs] | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The model's log-softmax at one generated position, before any sampling transform
+    (temperature, penalties, top-k/p): the chosen token's and the `k` most likely tokens'."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class RequestHandle:
@@ -70,6 +83,7 @@ class RequestHandle:
         self._cond = threading.Condition()
         self._done = threading.Event()
         self._cancel = threading.Event()
+        self._listeners: list[Callable[[], None]] = []
 
     # -- engine side --------------------------------------------------------------
     def push(self, event: Event) -> None:
@@ -83,6 +97,9 @@ class RequestHandle:
             if final:
                 self._done.set()
             self._cond.notify_all()
+            listeners = list(self._listeners)
+        for wake in listeners:
+            wake()
 
     @property
     def cancelled(self) -> bool:
@@ -95,6 +112,23 @@ class RequestHandle:
     # -- caller side --------------------------------------------------------------
     def cancel(self) -> None:
         self._cancel.set()
+
+    def add_listener(self, wake: Callable[[], None]) -> None:
+        """Call `wake()` after every event pushed from now on (on the engine's thread; it must
+        not block), and once now if events are already waiting. An asyncio server uses it to
+        wake its loop (`loop.call_soon_threadsafe`) instead of parking a thread per request."""
+        with self._cond:
+            self._listeners.append(wake)
+            pending = bool(self._items)
+        if pending:
+            wake()
+
+    def take(self) -> list[Event]:
+        """The events waiting now (maybe none), without blocking; the final one ends the list."""
+        with self._cond:
+            batch = list(self._items)
+            self._items.clear()
+        return batch
 
     def events(self, timeout: float | None = None) -> Iterator[Event]:
         """Yield events until the final one (inclusive).

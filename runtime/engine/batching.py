@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from specport.errors import ArtifactError, InputError, SpecportError
-from specport.runtime.engine.base import QueueIntake, Request, RequestHandle
+from specport.runtime.engine.base import QueueIntake, Request, RequestHandle, TokenLogprobs
+from specport.runtime.engine.logprobs import token_logprobs
 from specport.runtime.engine.prefix_cache import PrefixCache
 from specport.runtime.engine.slots import KVSlots
 from specport.runtime.engine.textout import Stream, TextOut
@@ -72,8 +73,9 @@ class BatchingEngine(QueueIntake):
         if manifest.kv.layout != "shared":
             raise ArtifactError(
                 f"the batching engine needs a shared-KV artifact, {model.path} has the "
-                f"{manifest.kv.layout!r} layout: re-export it with `--kv-layout shared` "
-                "(or serve it with the serial engine)."
+                f"{manifest.kv.layout!r} layout: re-export it with "
+                "`specport export MODEL --out OUT --kv-layout shared` (or serve it with the "
+                "serial engine)."
             )
         if max_batch < 1 or prefill_chunk < 1:
             raise InputError("max_batch and prefill_chunk must be at least 1.")
@@ -200,7 +202,7 @@ class BatchingEngine(QueueIntake):
             except Exception as exc:  # e.g. prompt ids that are not integers
                 self._reject(handle, "error", f"invalid request: {type(exc).__name__}: {exc}")
                 continue
-            plan = self.cache.plan(prompt, free, self.slots.lengths)
+            plan = self.cache.plan(prompt, free, self.slots.lengths, self._live())
             row, hit = plan.row, plan.reuse
             if plan.save_to is not None:  # keep the row's cached KV in a free row
                 self.slots.copy(row, plan.save_to, int(self.slots.lengths[row]))
@@ -212,6 +214,16 @@ class BatchingEngine(QueueIntake):
             job.done = hit
             self.rows[row] = job
             self.counters["prompt_tokens"] += len(prompt)
+
+    def _live(self) -> dict[int, np.ndarray] | None:
+        """Busy rows -> the ids whose KV they hold (copy sources for the prefix cache)."""
+        if not self.cache.enabled:
+            return None
+        return {
+            job.row: np.concatenate([job.prompt[: job.done], np.asarray(job.tokens, np.int64)])
+            for job in self.rows
+            if job is not None and job.done > 0
+        }
 
     def _check(self, request: Request) -> tuple[np.ndarray, int, Sampler | None]:
         prompt = np.asarray([int(t) for t in request.prompt_ids], dtype=np.int64)
@@ -227,7 +239,7 @@ class BatchingEngine(QueueIntake):
         if request.max_new_tokens < 1:
             raise InputError("max_new_tokens must be at least 1.")
         config = request.sampling.validate()
-        plain_greedy = config.greedy and config.repetition_penalty == 1.0
+        plain_greedy = config.greedy and config.plain
         sampler = None if plain_greedy else Sampler(config, self.vocab)
         return prompt, min(request.max_new_tokens, self.max_length - len(prompt)), sampler
 
@@ -306,16 +318,24 @@ class BatchingEngine(QueueIntake):
             pick = None if greedy is None else int(greedy[r])
             self._record(job, self._choose(job, logits[r : r + 1], pick))
 
-    def _choose(self, job: _Job, logits: np.ndarray, greedy: int | None) -> int:
-        """The next token of `job` from its logits [1, V] (greedy: the graph's argmax)."""
+    def _choose(
+        self, job: _Job, logits: np.ndarray, greedy: int | None
+    ) -> tuple[int, TokenLogprobs | None]:
+        """The next token of `job` from its logits [1, V] (greedy: the graph's argmax), and
+        its logprobs when the request asked for them (from these raw logits)."""
         if job.sampler is None:
-            return greedy if greedy is not None else int(np.argmax(logits[0]))
-        history = None
-        if job.sampler.config.repetition_penalty != 1.0:
-            history = [np.concatenate([job.prompt, np.asarray(job.tokens, dtype=np.int64)])]
-        return int(job.sampler(logits, history)[0])
+            token = greedy if greedy is not None else int(np.argmax(logits[0]))
+        else:
+            history = generated = None
+            if job.sampler.config.needs_history:
+                generated = [np.asarray(job.tokens, dtype=np.int64)]
+                history = [np.concatenate([job.prompt, generated[0]])]
+            token = int(job.sampler(logits, history, generated)[0])
+        k = job.handle.request.logprobs
+        return token, (None if k is None else token_logprobs(logits[0], token, k))
 
-    def _record(self, job: _Job, token: int) -> None:
+    def _record(self, job: _Job, choice: tuple[int, TokenLogprobs | None]) -> None:
+        token, logprob = choice
         job.tokens.append(token)
         self.counters["generated_tokens"] += 1
         finish = None
@@ -323,7 +343,7 @@ class BatchingEngine(QueueIntake):
             finish = "stop"
         elif len(job.tokens) >= job.budget:
             finish = "length" if job.budget == job.handle.request.max_new_tokens else "context"
-        self.text.token(job.stream, token, finish)
+        self.text.token(job.stream, token, finish, logprob)
         if finish is not None or job.stream.stopped:  # stopped: inline text found a stop string
             self.counters["finished"] += 1
             self._release(job)

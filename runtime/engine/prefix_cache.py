@@ -11,7 +11,7 @@ are free to hold it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,8 +66,19 @@ class PrefixCache:
         self.ids[a], self.ids[b] = self.ids[b], self.ids[a]
         self.used[a], self.used[b] = self.used[b], self.used[a]
 
-    def plan(self, prompt: np.ndarray, free: Sequence[int], lengths: np.ndarray) -> Plan:
-        """Place `prompt` in the lowest of the `free` rows (see `Plan`)."""
+    def plan(
+        self,
+        prompt: np.ndarray,
+        free: Sequence[int],
+        lengths: np.ndarray,
+        live: Mapping[int, np.ndarray] | None = None,
+    ) -> Plan:
+        """Place `prompt` in the lowest of the `free` rows (see `Plan`).
+
+        `live` maps busy rows to the ids whose KV they hold: a row still generating can be the
+        source of a copy too (its first positions do not change), which is how the `n` choices
+        of one request, or requests arriving with the same long system prompt, share a prompt
+        that another row has just prefilled."""
         self.lookups += 1
         self.clock += 1
         row = min(free)
@@ -78,6 +89,10 @@ class PrefixCache:
         source, reuse = row, 0
         for r in sorted(free, key=lambda r: (r != row, r)):  # the row itself wins ties
             n = min(common_prefix(self.ids[r][: held[r]], prompt), len(prompt) - 1)
+            if n > reuse:
+                source, reuse = r, n
+        for r, ids in (live or {}).items():
+            n = min(common_prefix(ids[: int(lengths[r])], prompt), len(prompt) - 1)
             if n > reuse:
                 source, reuse = r, n
         save_to: int | None = None

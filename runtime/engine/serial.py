@@ -54,6 +54,8 @@ class SerialEngine(QueueIntake):
         self.counters = dict.fromkeys(
             ("requests", "finished", "errors", "cancelled", "prompt_tokens", "generated_tokens"), 0
         )
+        if speculative is not None:  # vllm:spec_decode_* on /metrics
+            self.counters.update(spec_steps=0, spec_draft_tokens=0, spec_accepted_tokens=0)
         self.busy_seconds = 0.0
         self._worker = threading.Thread(target=self._loop, name="specport-serial", daemon=True)
         self._worker.start()
@@ -114,13 +116,7 @@ class SerialEngine(QueueIntake):
             result = self.model.generate(
                 prompt_ids=list(request.prompt_ids),
                 max_new_tokens=request.max_new_tokens,
-                greedy=config.greedy,
-                temperature=config.temperature,
-                top_k=config.top_k,
-                top_p=config.top_p,
-                min_p=config.min_p,
-                repetition_penalty=config.repetition_penalty,
-                seed=config.seed,
+                sampling=config,
                 ignore_eos=request.ignore_eos,
                 stop=list(request.stop),
                 on_text=on_text,
@@ -139,6 +135,11 @@ class SerialEngine(QueueIntake):
         self.counters["finished"] += 1
         self.counters["prompt_tokens"] += len(request.prompt_ids)
         self.counters["generated_tokens"] += len(result.tokens)
+        if "spec_steps" in self.counters:
+            m = result.metrics
+            self.counters["spec_steps"] += int(m.get("steps", 0))
+            self.counters["spec_draft_tokens"] += int(m.get("drafted", 0))
+            self.counters["spec_accepted_tokens"] += int(m.get("accepted", 0))
         handle.push(
             Event(token_ids=list(result.tokens), finish_reason=REASONS[result.finish_reason])
         )

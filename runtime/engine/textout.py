@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.runtime.engine.base import Event, RequestHandle
+from specport.runtime.engine.base import Event, RequestHandle, TokenLogprobs
 from specport.runtime.streaming import TextStreams
 
 logger = logging.getLogger(__name__)
@@ -35,26 +35,35 @@ class Stream:
         self.handle = handle
         self.pieces: list[str] = []
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprobs] | None = None if handle.request.logprobs is None else []
         self.text = TextStreams(
             tokenizer, 1, list(handle.request.stop), lambda _row, piece: self.pieces.append(piece)
         )
         self.done = False  # final event pushed (TextOut thread only)
         self.stopped = False  # a stop string matched: the engine should drop the request
 
-    def add(self, token: int) -> bool:
+    def add(self, token: int, logprob: TokenLogprobs | None = None) -> bool:
         """Feed one token; True when a stop string just matched."""
         self.tokens.append(token)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
         hit = self.text.push(np.array([token], dtype=np.int64), _ONE)
         return bool(hit is not None and hit[0])
 
     def flush_event(self, finish: str | None = None, error: str | None = None) -> None:
         if finish is None and not self.tokens and not self.pieces:
             return
-        event = Event("".join(self.pieces), self.tokens, finish, error)
+        event = Event("".join(self.pieces), self.tokens, finish, error, self.logprobs)
         self.pieces, self.tokens = [], []
+        if self.logprobs is not None:
+            self.logprobs = []
         if finish is not None:
             self.done = True
         self.handle.push(event)
+
+
+# (stream, token or None, finish reason, error, logprobs of the token)
+_Item = tuple[Stream, "int | None", "str | None", "str | None", "TokenLogprobs | None"]
 
 
 class TextOut:
@@ -64,9 +73,7 @@ class TextOut:
         self, tokenizer: Any | None, threaded: bool = True, name: str = "specport-textout"
     ) -> None:
         self.tokenizer = tokenizer
-        self._queue: queue.Queue[tuple[Stream, int | None, str | None, str | None] | None] = (
-            queue.Queue()
-        )
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         if threaded:
             self._thread = threading.Thread(target=self._work, name=name, daemon=True)
@@ -75,13 +82,19 @@ class TextOut:
     def open(self, handle: RequestHandle) -> Stream:
         return Stream(handle, self.tokenizer)
 
-    def token(self, stream: Stream, token: int, finish: str | None = None) -> None:
+    def token(
+        self,
+        stream: Stream,
+        token: int,
+        finish: str | None = None,
+        logprob: TokenLogprobs | None = None,
+    ) -> None:
         """A new token of `stream`; `finish` ("stop", "length", "context") when it is the last."""
-        self._put((stream, token, finish, None))
+        self._put((stream, token, finish, None, logprob))
 
     def finish(self, stream: Stream, reason: str, error: str | None = None) -> None:
         """End `stream` without a new token ("cancelled", "error")."""
-        self._put((stream, None, reason, error))
+        self._put((stream, None, reason, error, None))
 
     def close(self) -> None:
         """Deliver everything queued, then stop the thread."""
@@ -89,7 +102,7 @@ class TextOut:
             self._queue.put(None)
             self._thread.join()
 
-    def _put(self, item: tuple[Stream, int | None, str | None, str | None]) -> None:
+    def _put(self, item: _Item) -> None:
         if self._thread is not None:
             self._queue.put(item)
             return
@@ -108,11 +121,11 @@ class TextOut:
             if closing:
                 return
 
-    def _deliver(self, items: list[tuple[Stream, int | None, str | None, str | None]]) -> None:
+    def _deliver(self, items: list[_Item]) -> None:
         touched: dict[int, Stream] = {}
-        for stream, token, finish, error in items:
+        for stream, token, finish, error, logprob in items:
             try:
-                self._apply(stream, token, finish, error)
+                self._apply(stream, token, finish, error, logprob)
             except Exception as exc:  # a broken tokenizer must not kill the thread
                 logger.exception("detokenization failed")
                 if not stream.done:
@@ -124,10 +137,16 @@ class TextOut:
                 stream.flush_event()
 
     @staticmethod
-    def _apply(stream: Stream, token: int | None, finish: str | None, error: str | None) -> None:
+    def _apply(
+        stream: Stream,
+        token: int | None,
+        finish: str | None,
+        error: str | None,
+        logprob: TokenLogprobs | None = None,
+    ) -> None:
         if stream.done:
             return  # tokens decoded after a stop string matched
-        if token is not None and stream.add(token):
+        if token is not None and stream.add(token, logprob):
             stream.stopped = True
             stream.flush_event("stop")
             return

@@ -1,15 +1,24 @@
-"""`specport serve ARTIFACT --port 8000`: an OpenAI-compatible HTTP server until Ctrl-C."""
+"""`specport serve ARTIFACT --port 8000`: an OpenAI-compatible HTTP server until Ctrl-C / SIGTERM.
+
+One process (FastAPI on uvicorn over one engine), or `--replicas N`: the same app as a Ray Serve
+deployment with N replicas, each owning one engine (runtime/serve/ray.py, `specport[ray]`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from specport.cli import emit_json
 from specport.commands.generate import add_runtime_options, add_speculative_options
 from specport.errors import InputError
+
+logger = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +57,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the model id clients send and /v1/models lists (default: the directory name)",
     )
     p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a jinja chat template for /v1/chat/completions (for models published without "
+        "one, or to replace theirs)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("SPECPORT_API_KEY"),
+        help="require `Authorization: Bearer KEY` on /v1/* (default: $SPECPORT_API_KEY; unset = open)",
+    )
+    p.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow browser calls (CORS) from ORIGIN (repeatable; '*' = any); CORS is off otherwise",
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (413)"
+    )
+    p.add_argument(
+        "--client-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client may take to send its body (408) or to take each piece of an "
+        "answer (then it is dropped and its request cancelled)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on Ctrl-C / SIGTERM, seconds requests in flight get to finish",
+    )
+    p.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="serve with Ray Serve: this many replicas, each with its own engine (pip install "
+        "'specport[ray]'); --min-replicas/--max-replicas turn on autoscaling",
+    )
+    p.add_argument("--min-replicas", type=int, default=None, help="autoscaling lower bound (Ray)")
+    p.add_argument("--max-replicas", type=int, default=None, help="autoscaling upper bound (Ray)")
+    p.add_argument(
         "--json",
         action="store_true",
         help='print {"url", "model", "engine"} as one JSON line on stdout once serving',
@@ -55,20 +108,65 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from specport import api
-    from specport.runtime.engine import make_engine
-    from specport.runtime.server import make_server
-
+def _check(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must be in 0..65535, got {args.port}")
     if args.max_batch < 1:
         raise InputError(f"--max-batch must be at least 1, got {args.max_batch}")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise InputError(f"--max-model-len must be at least 2, got {args.max_model_len}")
-    model = api.load(args.artifact, provider=args.provider, threads=args.threads)
     if args.num_draft < 1:
         raise InputError(f"--num-draft must be at least 1, got {args.num_draft}")
+    if args.max_body_bytes < 1024:
+        raise InputError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
+    if args.client_timeout <= 0 or args.drain_timeout < 0:
+        raise InputError("--client-timeout must be positive and --drain-timeout not negative")
+    if args.api_key is not None and not args.api_key.strip():
+        raise InputError("--api-key is empty; give a key, or leave it out to serve without one")
+
+
+def settings_from(args: argparse.Namespace) -> Any:
+    from specport.runtime.serve import ServeSettings
+
+    template = None
+    if args.chat_template:
+        path = Path(args.chat_template)
+        try:
+            template = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(
+                f"cannot read --chat-template {path}: {getattr(e, 'strerror', None) or e}; "
+                "give a jinja template file"
+            ) from None
+    return ServeSettings(
+        model_name=args.model_name,
+        chat_template=template,
+        api_key=args.api_key,
+        cors_origins=tuple(args.allowed_origin),
+        max_body_bytes=args.max_body_bytes,
+        body_timeout_s=args.client_timeout,
+        send_timeout_s=args.client_timeout,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    settings = settings_from(args)
+    if not args.no_access_log:
+        logging.getLogger("specport.serve.access").setLevel(logging.INFO)
+    if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
+        from specport.runtime.serve.ray import serve_with_ray
+
+        return serve_with_ray(args, settings)
+    return _serve_local(args, settings)
+
+
+def _serve_local(args: argparse.Namespace, settings: Any) -> int:
+    from specport import api
+    from specport.runtime.engine import make_engine
+    from specport.runtime.serve import Server, make_app
+
+    model = api.load(args.artifact, provider=args.provider, threads=args.threads)
     engine = make_engine(
         model,
         max_batch=args.max_batch,
@@ -79,41 +177,46 @@ def run(args: argparse.Namespace) -> int:
         draft=args.draft,
     )
     try:
+        app = make_app(model, engine, settings)
         try:
-            server = make_server(
-                model, engine, host=args.host, port=args.port, model_name=args.model_name
-            )
+            server = Server(app, args.host, args.port, drain_s=args.drain_timeout)
         except OSError as e:
             raise InputError(
                 f"cannot listen on {args.host}:{args.port}: {e.strerror or e}; "
                 "pick another --port (0 = any free port) or stop what uses it"
             ) from None
+        state = app.state.specport
         info: dict[str, Any] = {
             "url": server.url,
-            "model": server.served.name,
+            "model": state.served.name,
             "engine": type(engine).__name__,
             "provider": model.provider,
-            "chat_template": server.chat_template is not None,
+            "chat_template": state.chat_template is not None,
+            "max_model_len": state.served.context_length,
         }
         if args.json:
             emit_json(info)
             sys.stdout.flush()
         print(
             f"serving {info['model']} at {info['url']}/v1 ({info['engine']}, {info['provider']}, "
-            f"chat template: {'yes' if info['chat_template'] else 'no'}); Ctrl-C to stop",
+            f"chat template: {'yes' if info['chat_template'] else 'no'}, "
+            f"API key: {'required' if settings.api_key else 'none'}); Ctrl-C to stop",
             file=sys.stderr,
             flush=True,
         )
-        # SIGTERM (docker, systemd) and SIGINT (even when a shell started us with it ignored)
+        # uvicorn catches SIGINT / SIGTERM, drains, then re-raises the signal to the handler it
+        # found: make that a KeyboardInterrupt for both (even when a shell started us with
+        # SIGINT ignored), so either signal ends here with exit 0.
         previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             server.serve_forever()
         except KeyboardInterrupt:
-            print("shutting down", file=sys.stderr, flush=True)
+            pass
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            server.server_close()
+            print("shutting down", file=sys.stderr, flush=True)
+            server.sock.close()
     finally:
         engine.close()
     return 0

@@ -1,4 +1,5 @@
-"""`specport serve`: load errors exit 1 with a message; a real process serves and stops on Ctrl-C."""
+"""`specport serve`: load errors exit 1 with a message; a real process serves (the official
+`openai` client against it), logs one line per request, and stops cleanly on Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
+
+import httpx
+import openai
+import pytest
 
 from specport.cli import main
 
@@ -29,44 +33,97 @@ def test_bad_port_exits_1(capsys, tiny_llama_artifact):
     assert "--port" in capsys.readouterr().err
 
 
-def test_serves_then_stops_cleanly_on_ctrl_c(tiny_llama_artifact):
-    cmd = [sys.executable, "-m", "specport", "serve", str(tiny_llama_artifact)]
-    cmd += ["--port", "0", "--threads", "1", "--model-name", "tiny", "--json"]
+def _start(artifact, *extra: str) -> tuple[subprocess.Popen, dict]:
+    cmd = [sys.executable, "-m", "specport", "serve", str(artifact)]
+    cmd += ["--port", "0", "--threads", "1", "--model-name", "tiny", "--json", *extra]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
     )
+    line = proc.stdout.readline()  # written once the socket is bound
+    if not line:
+        proc.kill()
+        raise AssertionError(proc.communicate()[1])
+    return proc, json.loads(line)
+
+
+def _stop(proc: subprocess.Popen, sig: int) -> str:
+    proc.send_signal(sig)
     try:
-        line = proc.stdout.readline()  # written once the socket is bound
-        assert line, proc.stderr.read()
-        info = json.loads(line)
-        assert info["model"] == "tiny" and info["url"].startswith("http://127.0.0.1:")
-        with urllib.request.urlopen(info["url"] + "/health", timeout=30) as r:
-            assert r.status == 200
-        req = urllib.request.Request(
-            info["url"] + "/v1/completions",
-            data=json.dumps({"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=30) as r:
-            body = json.loads(r.read())
-        assert body["model"] == "tiny" and body["usage"]["prompt_tokens"] == 3
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     assert proc.returncode == 0, err
+    return err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_serves_then_stops_cleanly(tiny_llama_artifact, sig):
+    proc, info = _start(tiny_llama_artifact)
+    try:
+        assert info["model"] == "tiny" and info["url"].startswith("http://127.0.0.1:")
+        assert httpx.get(info["url"] + "/health", timeout=30).status_code == 200
+        client = openai.OpenAI(base_url=info["url"] + "/v1", api_key="x", max_retries=0)
+        out = client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=4, temperature=0)
+        assert out.model == "tiny" and out.usage.prompt_tokens == 3
+        assert "vllm:e2e_request_latency_seconds" in httpx.get(info["url"] + "/metrics").text
+    finally:
+        err = _stop(proc, sig)
     assert "serving tiny at http://127.0.0.1:" in err and "shutting down" in err
     assert "Traceback" not in err
+    access = [line for line in err.splitlines() if "route=/v1/completions" in line]
+    assert len(access) == 1, err
+    for field in (
+        f"id={out.id}",
+        "status=200",
+        "prompt_tokens=3",
+        "completion_tokens=",
+        "ttft_ms=",
+        "total_ms=",
+        "finish=",
+    ):
+        assert field in access[0], access[0]
+
+
+def test_api_key_and_cors_off(tiny_llama_artifact):
+    proc, info = _start(tiny_llama_artifact, "--api-key", "s3cret")
+    try:
+        bad = openai.OpenAI(base_url=info["url"] + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError, match="API key"):
+            bad.models.list()
+        r = httpx.post(info["url"] + "/v1/completions", json={"prompt": [1], "max_tokens": 1})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(info["url"] + "/health").status_code == 200  # probes need no key
+        good = openai.OpenAI(base_url=info["url"] + "/v1", api_key="s3cret", max_retries=0)
+        assert good.models.list().data[0].id == "tiny"
+        # CORS stays off unless asked
+        pre = httpx.options(
+            info["url"] + "/v1/models",
+            headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "GET"},
+        )
+        assert "access-control-allow-origin" not in pre.headers
+    finally:
+        _stop(proc, signal.SIGINT)
+
+
+def test_chat_template_file_errors_exit_1(capsys, tiny_llama_artifact, tmp_path):
+    art = str(tiny_llama_artifact)
+    rc = main(["serve", art, "--port", "0", "--chat-template", str(tmp_path / "no.jinja")])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "cannot read --chat-template" in err and "Traceback" not in err
+    (tmp_path / "t.jinja").write_text("{{ messages[0]['content'] }}")
+    rc = main(["serve", art, "--port", "0", "--chat-template", str(tmp_path / "t.jinja")])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "needs a tokenizer" in err and "Traceback" not in err
 
 
 def test_batching_engine_on_concat_artifact_exits_1(capsys, tiny_llama_artifact):
     rc = main(["serve", str(tiny_llama_artifact), "--engine", "batching", "--port", "0"])
     assert rc == 1
     err = capsys.readouterr().err
-    assert "--kv-layout shared" in err and "Traceback" not in err
+    assert "--kv-layout shared" in err and "--out OUT" in err and "Traceback" not in err
 
 
 def test_port_in_use_exits_1(capsys, tiny_llama_artifact):

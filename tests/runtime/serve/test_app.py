@@ -1,4 +1,5 @@
-"""The OpenAI-compatible server over real HTTP, a real engine and real exported artifacts.
+"""The OpenAI-compatible server over real HTTP (uvicorn on 127.0.0.1), a real engine and real
+exported artifacts, driven by the official `openai` client and by httpx for raw HTTP.
 
 The tiny Llama artifact has no tokenizer, so its tests send token-id prompts and compare token
 ids; text, streaming text and chat templates are checked on stories260K (shared folder, slow:
@@ -7,172 +8,65 @@ its export takes ~15 s).
 
 from __future__ import annotations
 
-import http.client
-import json
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
 import specport
 from specport.runtime.engine.base import Event, Request, RequestHandle
-from specport.runtime.server import SpecportServer, make_server
-
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
+from tests.runtime.serve.helpers import (
+    CHAT_TEMPLATE,
+    assert_error,
+    call,
+    openai_client,
+    raw_socket,
+    serve,
+    state,
+    stream,
 )
-
-
-def _make_engine(model: Any) -> Any:
-    from specport.runtime.engine import make_engine
-
-    return make_engine(model, max_batch=4, kind="auto")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tiny_llama_artifact: Path) -> Any:
-    return specport.load(tiny_llama_artifact, threads=1)
-
-
-@pytest.fixture(scope="module")
-def tiny_server(tiny_model: Any):
-    engine = _make_engine(tiny_model)
-    server = make_server(tiny_model, engine, port=0, model_name="tiny", max_body_bytes=64 * 1024)
-    server.start()
-    yield server
-    server.stop()
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def batching(tiny_zoo: Any, tmp_path_factory: pytest.TempPathFactory):
-    """The tiny Llama exported with the shared KV layout: make_engine picks continuous batching."""
-    from specport.exporter.export import export_model
-
-    art = tmp_path_factory.mktemp("serve_shared") / "art"
-    export_model(tiny_zoo.source("llama"), art, kv_layout="shared", progress=False)
-    model = specport.load(art, threads=1)
-    engine = _make_engine(model)
-    server = make_server(model, engine, port=0)
-    server.start()
-    yield model, server
-    server.stop()
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def stories(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """stories260K served with a (test-only) chat template added to its artifact."""
-    from specport.exporter.export import export_model
-
-    src = shared_dir / "models" / "stories260K"
-    if not (src / "config.json").exists():
-        pytest.skip(f"stories260K not found under {shared_dir}")
-    art = tmp_path_factory.mktemp("serve_s260") / "s260"
-    export_model(src, art, fuse=False, skip_verify=True, progress=False)
-    (art / "chat_template.jinja").write_text(CHAT_TEMPLATE)  # not hashed: not in the manifest
-    model = specport.load(art, threads=1)
-    engine = _make_engine(model)
-    server = make_server(model, engine, port=0, model_name="s260")
-    server.start()
-    yield model, server
-    server.stop()
-    engine.close()
-
-
-# ---------------------------------------------------------------------------- HTTP helpers
-
-
-def _conn(server: SpecportServer) -> http.client.HTTPConnection:
-    host, port = server.server_address[:2]
-    return http.client.HTTPConnection(host, port, timeout=60)
-
-
-def _call(
-    server: SpecportServer,
-    method: str,
-    path: str,
-    body: Any = None,
-    raw: bytes | None = None,
-    conn: http.client.HTTPConnection | None = None,
-) -> tuple[int, dict[str, Any]]:
-    c = conn or _conn(server)
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    headers = {"Content-Type": "application/json"} if data is not None else {}
-    c.request(method, path, body=data, headers=headers)
-    resp = c.getresponse()
-    payload = resp.read()
-    if conn is None:
-        c.close()
-    return resp.status, json.loads(payload)
-
-
-def _stream(server: SpecportServer, path: str, body: dict[str, Any]) -> list[Any]:
-    """The SSE `data:` payloads of a streamed answer, "[DONE]" included as a string."""
-    c = _conn(server)
-    c.request("POST", path, body=json.dumps({**body, "stream": True}))
-    resp = c.getresponse()
-    assert resp.status == 200
-    assert resp.getheader("Content-Type", "").startswith("text/event-stream")
-    events = []
-    for block in resp.read().decode().split("\n\n"):
-        if not block.strip():
-            continue
-        assert block.startswith("data: "), block
-        data = block[len("data: ") :]
-        events.append(data if data == "[DONE]" else json.loads(data))
-    c.close()
-    return events
-
-
-def _assert_error(status: int, body: dict[str, Any], want: int, *words: str) -> None:
-    assert status == want, body
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    for w in words:
-        assert w in err["message"], err["message"]
-    assert "Traceback" not in err["message"]
-
 
 # ---------------------------------------------------------------------------- tiny model
 
 
 def test_health_and_models(tiny_server):
-    status, body = _call(tiny_server, "GET", "/health")
+    status, body = call(tiny_server, "GET", "/health")
     assert status == 200 and body["status"] == "ok" and body["model"] == "tiny"
-    status, body = _call(tiny_server, "GET", "/v1/models")
+    status, body = call(tiny_server, "GET", "/v1/models")
     assert status == 200 and body["object"] == "list"
     assert [m["id"] for m in body["data"]] == ["tiny"]
     assert body["data"][0]["object"] == "model" and body["data"][0]["max_model_len"] == 128
+    models = openai_client(tiny_server).models.list()
+    assert [m.id for m in models.data] == ["tiny"] and models.data[0].max_model_len == 128
 
 
 def test_completion_greedy_equals_generate(tiny_server, tiny_model):
     prompt = [1, 17, 42, 99, 5]
     ref = tiny_model.generate(prompt_ids=prompt, max_new_tokens=12, greedy=True, ignore_eos=True)
-    status, body = _call(
-        tiny_server,
-        "POST",
-        "/v1/completions",
-        {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True},
+    out = openai_client(tiny_server).completions.create(
+        model="tiny", prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
     )
-    assert status == 200, body
-    assert body["object"] == "text_completion" and body["model"] == "tiny"
-    assert body["id"].startswith("cmpl-") and isinstance(body["created"], int)
-    (choice,) = body["choices"]
-    assert choice["token_ids"] == ref.tokens  # no tokenizer: ids are returned
-    assert choice["finish_reason"] == "length" and choice["index"] == 0
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
+    assert out.object == "text_completion" and out.model == "tiny"
+    assert out.id.startswith("cmpl-") and isinstance(out.created, int)
+    (choice,) = out.choices
+    assert choice.token_ids == ref.tokens  # no tokenizer: ids are returned
+    assert choice.finish_reason == "length" and choice.index == 0
+    assert out.usage.model_dump(include={"prompt_tokens", "completion_tokens", "total_tokens"}) == {
+        "prompt_tokens": 5,
+        "completion_tokens": 12,
+        "total_tokens": 17,
+    }
 
 
 def test_stream_token_ids_equal_whole(tiny_server):
     req = {"prompt": [1, 7, 8, 9], "max_tokens": 10, "temperature": 0, "ignore_eos": True}
-    _, whole = _call(tiny_server, "POST", "/v1/completions", req)
-    events = _stream(
+    _, whole = call(tiny_server, "POST", "/v1/completions", req)
+    events = stream(
         tiny_server, "/v1/completions", {**req, "stream_options": {"include_usage": True}}
     )
     assert events[-1] == "[DONE]"
@@ -183,21 +77,47 @@ def test_stream_token_ids_equal_whole(tiny_server):
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
     assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
+    # the official client reads the same stream
+    client = openai_client(tiny_server)
+    got = []
+    for chunk in client.completions.create(
+        model="tiny",
+        stream=True,
+        extra_body={"ignore_eos": True},
+        **{k: v for k, v in req.items() if k != "ignore_eos"},
+    ):
+        got.extend(getattr(chunk.choices[0], "token_ids", None) or [])
+    assert got == ids
 
 
 def test_sampling_seed_is_reproducible(tiny_server):
-    req = {"prompt": [1, 3, 5], "max_tokens": 8, "temperature": 0.9, "top_k": 20, "seed": 7}
-    a = _call(tiny_server, "POST", "/v1/completions", req)[1]["choices"][0]["token_ids"]
-    b = _call(tiny_server, "POST", "/v1/completions", req)[1]["choices"][0]["token_ids"]
-    assert a == b and len(a) >= 1
+    client = openai_client(tiny_server)
+    req = {"prompt": [1, 3, 5], "max_tokens": 8, "temperature": 0.9, "seed": 7}
+    a = client.completions.create(model="tiny", extra_body={"top_k": 20}, **req).choices[0]
+    b = client.completions.create(model="tiny", extra_body={"top_k": 20}, **req).choices[0]
+    assert a.token_ids == b.token_ids and len(a.token_ids) >= 1
 
 
-def test_context_finish_maps_to_length(tiny_server):
-    status, body = _call(
+def test_max_tokens_beyond_context_is_400(tiny_server):
+    """A max_tokens that cannot fit beside the prompt is refused with the limit, not capped."""
+    status, body = call(
         tiny_server,
         "POST",
         "/v1/completions",
         {"prompt": [1] * 120, "max_tokens": 50, "temperature": 0, "ignore_eos": True},
+    )
+    assert_error(status, body, 400, "max_tokens=50", "at most 8 new tokens", "128")
+    assert body["error"]["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError, match="at most 8 new tokens"):
+        openai_client(tiny_server).completions.create(model="tiny", prompt=[1] * 120, max_tokens=50)
+
+
+def test_default_max_tokens_fills_the_context(tiny_server):
+    status, body = call(
+        tiny_server,
+        "POST",
+        "/v1/completions",
+        {"prompt": [1] * 120, "temperature": 0, "ignore_eos": True},
     )
     assert status == 200, body
     assert body["choices"][0]["finish_reason"] == "length"
@@ -205,13 +125,13 @@ def test_context_finish_maps_to_length(tiny_server):
 
 
 def test_chat_without_template_is_400(tiny_server):
-    status, body = _call(
+    status, body = call(
         tiny_server,
         "POST",
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": "hi"}]},
     )
-    _assert_error(status, body, 400, "no chat template", "/v1/completions")
+    assert_error(status, body, 400, "no chat template", "/v1/completions", "--chat-template")
 
 
 @pytest.mark.parametrize(
@@ -224,41 +144,41 @@ def test_chat_without_template_is_400(tiny_server):
         ({"prompt": [1] * 300}, ["128", "at most 127 tokens"]),
         ({"prompt": [1, 2], "top_p": 2.0}, ["top_p must be in (0, 1]"]),
         ({"prompt": [1, 2], "temperature": 0.5, "top_k": -3}, ["top_k must be >= 0"]),
-        ({"prompt": [1, 2], "n": 2}, ["n=2 is not supported"]),
-        ({"prompt": [1, 2], "echo": True}, ["echo is not supported"]),
+        ({"prompt": [1, 2], "n": 0}, ["n must be in 1..16"]),
+        ({"prompt": [1, 2], "suffix": "x"}, ["suffix", "not supported"]),
+        ({"prompt": [1, 2], "logit_bias": {"x": 1}}, ["logit_bias keys must be token ids"]),
+        ({"prompt": [1, 2], "presence_penalty": 3}, ["presence_penalty must be in [-2, 2]"]),
         ({"prompt": [1, 99999]}, ["outside the vocabulary"]),
         ({"prompt": "text"}, ["no tokenizer", "token ids"]),
         ({"prompt": [1, 2], "max_tokens": 0}, ["at least 1"]),
+        ({"prompt": [1, 2], "max_tokens": True}, ["max_tokens must be an integer"]),
         ({}, ["prompt is required"]),
     ],
 )
 def test_bad_input_is_400(tiny_server, body, words):
-    status, out = _call(tiny_server, "POST", "/v1/completions", body)
-    _assert_error(status, out, 400, *words)
+    status, out = call(tiny_server, "POST", "/v1/completions", body)
+    assert_error(status, out, 400, *words)
 
 
 def test_routing_and_body_errors(tiny_server):
-    _assert_error(
-        *_call(tiny_server, "POST", "/v1/completions", raw=b"{not json"), 400, "not valid JSON"
+    assert_error(
+        *call(tiny_server, "POST", "/v1/completions", raw=b"{not json"), 400, "not valid JSON"
     )
-    _assert_error(*_call(tiny_server, "POST", "/v1/completions", raw=b"[1, 2]"), 400, "JSON object")
-    _assert_error(*_call(tiny_server, "GET", "/v1/nothing"), 404, "no route")
-    _assert_error(*_call(tiny_server, "GET", "/v1/models/other"), 404, "'other' does not exist")
-    assert _call(tiny_server, "GET", "/v1/models/tiny")[1]["id"] == "tiny"
-    _assert_error(*_call(tiny_server, "GET", "/v1/completions"), 405, "POST")
-    _assert_error(*_call(tiny_server, "POST", "/health", {}), 405, "GET")
-    status, body = _call(tiny_server, "POST", "/v1/completions", {"model": "gpt-4", "prompt": [1]})
-    _assert_error(status, body, 404, "'tiny'")
-    big = json.dumps({"prompt": [1] * 40000}).encode()  # > the fixture's 64 KiB limit
-    _assert_error(
-        *_call(tiny_server, "POST", "/v1/completions", raw=big), 413, "at most 65536 bytes"
-    )
+    assert_error(*call(tiny_server, "POST", "/v1/completions", raw=b"[1, 2]"), 400, "JSON object")
+    assert_error(*call(tiny_server, "GET", "/v1/nothing"), 404, "no route")
+    assert_error(*call(tiny_server, "GET", "/v1/models/other"), 404, "'other' does not exist")
+    assert call(tiny_server, "GET", "/v1/models/tiny")[1]["id"] == "tiny"
+    assert_error(*call(tiny_server, "GET", "/v1/completions"), 405, "POST")
+    assert_error(*call(tiny_server, "POST", "/health", {}), 405, "GET")
+    status, body = call(tiny_server, "POST", "/v1/completions", {"model": "gpt-4", "prompt": [1]})
+    assert_error(status, body, 404, "'tiny'")
+    big = b'{"prompt": [' + b"1, " * 40000 + b"1]}"  # > the fixture's 64 KiB limit
+    assert_error(*call(tiny_server, "POST", "/v1/completions", raw=big), 413, "at most 65536 bytes")
 
 
 def test_oversized_body_is_refused_unread(tiny_server):
     """A huge Content-Length is answered 413 at once, without waiting for the body."""
-    host, port = tiny_server.server_address[:2]
-    with socket.create_connection((host, port), timeout=10) as s:
+    with raw_socket(tiny_server) as s:
         s.sendall(
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 999999999\r\n\r\n{"
@@ -268,13 +188,12 @@ def test_oversized_body_is_refused_unread(tiny_server):
 
 
 def test_bad_request_then_good_on_one_connection(tiny_server, tiny_model):
-    c = _conn(tiny_server)
-    _assert_error(
-        *_call(tiny_server, "POST", "/v1/completions", {"prompt": []}, conn=c), 400, "empty"
-    )
-    req = {"prompt": [1, 4, 4], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
-    status, body = _call(tiny_server, "POST", "/v1/completions", req, conn=c)
-    c.close()
+    with httpx.Client(base_url=tiny_server.url, timeout=60) as c:
+        assert_error(
+            *call(tiny_server, "POST", "/v1/completions", {"prompt": []}, client=c), 400, "empty"
+        )
+        req = {"prompt": [1, 4, 4], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        status, body = call(tiny_server, "POST", "/v1/completions", req, client=c)
     ref = tiny_model.generate(prompt_ids=[1, 4, 4], max_new_tokens=6, ignore_eos=True)
     assert status == 200 and body["choices"][0]["token_ids"] == ref.tokens
 
@@ -290,10 +209,10 @@ def test_concurrent_requests_all_answered(tiny_server, tiny_model):
     def one(i: int) -> None:
         req = {"prompt": prompts[i], "max_tokens": 16, "temperature": 0, "ignore_eos": True}
         if i % 2:
-            events = _stream(tiny_server, "/v1/completions", req)
+            events = stream(tiny_server, "/v1/completions", req)
             results[i] = [t for e in events[:-1] for t in e["choices"][0].get("token_ids", [])]
         else:
-            results[i] = _call(tiny_server, "POST", "/v1/completions", req)[1]["choices"][0][
+            results[i] = call(tiny_server, "POST", "/v1/completions", req)[1]["choices"][0][
                 "token_ids"
             ]
 
@@ -309,7 +228,7 @@ def test_concurrent_requests_all_answered(tiny_server, tiny_model):
 def test_batching_engine_concurrent_greedy(batching):
     """Eight clients at once through continuous batching: each gets its own greedy tokens."""
     model, server = batching
-    assert type(server.engine).__name__ == "BatchingEngine"
+    assert type(state(server).engine).__name__ == "BatchingEngine"
     prompts = [[1, 10 + i, 20 + 2 * i, 30 + 3 * i][: 2 + i % 3] for i in range(8)]
     refs = [
         model.generate(prompt_ids=p, max_new_tokens=20, ignore_eos=True).tokens for p in prompts
@@ -319,10 +238,10 @@ def test_batching_engine_concurrent_greedy(batching):
     def one(i: int) -> None:
         req = {"prompt": prompts[i], "max_tokens": 20, "temperature": 0, "ignore_eos": True}
         if i % 2:
-            events = _stream(server, "/v1/completions", req)
+            events = stream(server, "/v1/completions", req)
             results[i] = [t for e in events[:-1] for t in e["choices"][0].get("token_ids", [])]
         else:
-            results[i] = _call(server, "POST", "/v1/completions", req)[1]["choices"][0]["token_ids"]
+            results[i] = call(server, "POST", "/v1/completions", req)[1]["choices"][0]["token_ids"]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -330,42 +249,77 @@ def test_batching_engine_concurrent_greedy(batching):
     for t in threads:
         t.join(timeout=120)
     assert [results.get(i) for i in range(len(prompts))] == refs
-    assert server.stats()["engine"]
+    assert state(server).stats()["engine"]
 
 
-def test_client_disconnect_mid_stream_keeps_serving(tiny_server, tiny_model):
-    host, port = tiny_server.server_address[:2]
-    body = json.dumps(
+def _wait(predicate: Any, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _post_raw(server: Any, body: dict[str, Any]) -> Any:
+    import json
+
+    data = json.dumps(body)
+    s = raw_socket(server)
+    s.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n{data}".encode()
+    )
+    return s
+
+
+def test_client_disconnect_mid_stream_keeps_serving(tiny_server):
+    s = _post_raw(
+        tiny_server,
         {
             "prompt": [1, 2, 3],
             "max_tokens": 120,
             "temperature": 0,
             "ignore_eos": True,
             "stream": True,
-        }
-    )
-    s = socket.create_connection((host, port), timeout=10)
-    s.sendall(
-        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+        },
     )
     assert s.recv(64).startswith(b"HTTP/1.1 200")
     s.close()
-    status, out = _call(
+    status, out = call(
         tiny_server,
         "POST",
         "/v1/completions",
         {"prompt": [1, 2], "max_tokens": 4, "temperature": 0},
     )
     assert status == 200 and len(out["choices"][0]["token_ids"]) >= 1
-    # The abandoned stream's handler thread notices the closed socket at its next write and
-    # then leaves; give it a moment instead of racing it.
-    deadline = time.monotonic() + 10
-    while True:
-        _, health = _call(tiny_server, "GET", "/health")
-        if health["active"] == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    assert _wait(lambda: state(tiny_server).counters["active"] == 0, 10)
+    _, health = call(tiny_server, "GET", "/health")
     assert health["status"] == "ok" and health["active"] == 0
+
+
+def test_truncated_body_times_out_without_holding_anything(tiny_model):
+    """A body shorter than its Content-Length gets 408 after the body timeout (no traceback,
+    no engine work); a client that hangs up halfway is dropped."""
+    from specport.runtime.engine import make_engine
+
+    engine = make_engine(tiny_model, kind="serial")
+    server = serve(tiny_model, engine, body_timeout_s=0.5)
+    try:
+        with raw_socket(server) as s:
+            s.sendall(
+                b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro'
+            )
+            t0 = time.monotonic()
+            reply = s.recv(4096).decode()
+        assert reply.startswith("HTTP/1.1 408"), reply
+        assert time.monotonic() - t0 < 10 and "did not arrive" in reply
+        with raw_socket(server) as s:  # half a body, then gone
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        assert engine.stats()["requests"] == 0
+        assert call(server, "GET", "/health")[0] == 200
+    finally:
+        server.stop()
+        engine.close()
 
 
 # ---------------------------------------------------------------------------- engine failures
@@ -387,15 +341,16 @@ class _FailingEngine:
 
 
 def test_engine_error_is_500_and_server_keeps_serving(tiny_model):
-    server = make_server(tiny_model, _FailingEngine(), port=0)
-    server.start()
+    server = serve(tiny_model, _FailingEngine())
     try:
-        status, body = _call(server, "POST", "/v1/completions", {"prompt": [1, 2]})
-        _assert_error(status, body, 500, "onnxruntime fell over")
+        status, body = call(server, "POST", "/v1/completions", {"prompt": [1, 2]})
+        assert_error(status, body, 500, "onnxruntime fell over")
         assert body["error"]["type"] == "server_error"
-        events = _stream(server, "/v1/completions", {"prompt": [1, 2]})
+        with pytest.raises(openai.InternalServerError, match="onnxruntime fell over"):
+            openai_client(server).completions.create(model=tiny_model.path.name, prompt=[1, 2])
+        events = stream(server, "/v1/completions", {"prompt": [1, 2]})
         assert events[-1] == "[DONE]" and "onnxruntime fell over" in events[-2]["error"]["message"]
-        assert _call(server, "GET", "/health")[0] == 200
+        assert call(server, "GET", "/health")[0] == 200
     finally:
         server.stop()
 
@@ -409,39 +364,40 @@ def test_text_completion_and_stream(stories):
     model, server = stories
     prompt = "Once upon a time"
     ref = model.generate(prompt, max_new_tokens=40, greedy=True)
-    req = {"prompt": prompt, "max_tokens": 40, "temperature": 0}
-    status, body = _call(server, "POST", "/v1/completions", req)
-    assert status == 200, body
-    text = body["choices"][0]["text"]
+    client = openai_client(server)
+    out = client.completions.create(model="s260", prompt=prompt, max_tokens=40, temperature=0)
+    text = out.choices[0].text
     assert text == ref.text and len(text) > 20
-    assert "token_ids" not in body["choices"][0]  # only on request when there is a tokenizer
-    assert body["usage"]["prompt_tokens"] == len(model.encode(prompt))
-    assert body["usage"]["completion_tokens"] == len(ref.tokens)
-    events = _stream(server, "/v1/completions", req)
-    assert events[-1] == "[DONE]"
-    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == text
-    assert events[-2]["choices"][0]["finish_reason"] == body["choices"][0]["finish_reason"]
+    assert getattr(out.choices[0], "token_ids", None) is None  # only on request with a tokenizer
+    assert out.usage.prompt_tokens == len(model.encode(prompt))
+    assert out.usage.completion_tokens == len(ref.tokens)
+    pieces = list(
+        client.completions.create(
+            model="s260", prompt=prompt, max_tokens=40, temperature=0, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in pieces) == text
+    assert pieces[-1].choices[0].finish_reason == out.choices[0].finish_reason
 
 
 @pytest.mark.slow
 @pytest.mark.shared
 def test_stop_string(stories):
     model, server = stories
-    full = _call(
-        server,
-        "POST",
-        "/v1/completions",
-        {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0},
+    client = openai_client(server)
+    text = (
+        client.completions.create(
+            model="s260", prompt="Once upon a time", max_tokens=40, temperature=0
+        )
+        .choices[0]
+        .text
     )
-    text = full[1]["choices"][0]["text"]
     word = text.split()[3]
-    status, body = _call(
-        server, "POST", "/v1/completions",
-        {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stop": [word]},
-    )  # fmt: skip
-    assert status == 200
-    assert body["choices"][0]["finish_reason"] == "stop"
-    assert body["choices"][0]["text"] == text[: text.index(word)]
+    out = client.completions.create(
+        model="s260", prompt="Once upon a time", max_tokens=40, temperature=0, stop=[word]
+    )
+    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].text == text[: text.index(word)]
 
 
 @pytest.mark.slow
@@ -452,14 +408,16 @@ def test_chat_with_template(stories):
     rendered = "<s>user: Tell me a story about a cat.\nassistant:"
     prompt_ids = model.tokenizer.encode(rendered, add_special_tokens=False).ids
     ref = model.generate(prompt_ids=prompt_ids, max_new_tokens=24, greedy=True)
+    client = openai_client(server)
+    out = client.chat.completions.create(
+        model="s260", messages=messages, max_tokens=24, temperature=0
+    )
+    assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == ref.text
+    assert out.usage.prompt_tokens == len(prompt_ids)
     req = {"model": "s260", "messages": messages, "max_tokens": 24, "temperature": 0}
-    status, body = _call(server, "POST", "/v1/chat/completions", req)
-    assert status == 200, body
-    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
-    message = body["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": ref.text}
-    assert body["usage"]["prompt_tokens"] == len(prompt_ids)
-    events = _stream(server, "/v1/chat/completions", req)
+    events = stream(server, "/v1/chat/completions", req)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
@@ -473,27 +431,21 @@ def test_chat_with_template(stories):
 @pytest.mark.shared
 def test_disconnect_cancels_long_stream(stories):
     model, server = stories
-    before = server.stats()["cancelled"]
-    host, port = server.server_address[:2]
-    body = json.dumps(
-        {"prompt": "Once", "max_tokens": 500, "temperature": 0, "ignore_eos": True, "stream": True}
-    )
-    s = socket.create_connection((host, port), timeout=10)
-    s.sendall(
-        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+    st = state(server)
+    before = st.counters["cancelled"]
+    s = _post_raw(
+        server,
+        {"prompt": "Once", "max_tokens": 500, "temperature": 0, "ignore_eos": True, "stream": True},
     )
     got = b""
     while b"data: " not in got:
         got += s.recv(4096)
-    s.close()  # unread data: the close resets the connection, the server's next write fails
-    deadline = time.time() + 20
-    while server.stats()["cancelled"] == before and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.stats()["cancelled"] == before + 1
-    status, out = _call(
-        server, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 5, "temperature": 0}
+    s.close()
+    assert _wait(lambda: st.counters["cancelled"] == before + 1)
+    out = openai_client(server).completions.create(
+        model="s260", prompt="Once", max_tokens=5, temperature=0
     )
-    assert status == 200 and out["choices"][0]["text"]
+    assert out.choices[0].text
 
 
 @pytest.mark.slow
@@ -501,20 +453,15 @@ def test_disconnect_cancels_long_stream(stories):
 def test_disconnect_cancels_waiting_whole_answer(stories):
     """A non-streamed request whose client left is cancelled, not generated to the end."""
     model, server = stories
-    before = server.stats()["cancelled"]
-    host, port = server.server_address[:2]
-    body = json.dumps({"prompt": "Once", "max_tokens": 500, "temperature": 0, "ignore_eos": True})
-    s = socket.create_connection((host, port), timeout=10)
-    s.sendall(
-        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+    st = state(server)
+    before = st.counters["cancelled"]
+    s = _post_raw(
+        server, {"prompt": "Once", "max_tokens": 500, "temperature": 0, "ignore_eos": True}
     )
     s.close()
-    deadline = time.time() + 20
-    while server.stats()["cancelled"] == before and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.stats()["cancelled"] == before + 1
-    assert server.stats()["engine"]["cancelled"] >= 1
-    assert _call(server, "GET", "/health")[0] == 200
+    assert _wait(lambda: st.counters["cancelled"] == before + 1)
+    assert st.stats()["engine"]["cancelled"] >= 1
+    assert call(server, "GET", "/health")[0] == 200
 
 
 def test_chat_template_copy_is_not_hashed(tmp_path, tiny_llama_artifact):
@@ -531,21 +478,38 @@ def test_chat_template_copy_is_not_hashed(tmp_path, tiny_llama_artifact):
         b"GARBAGE\r\n\r\n",
         b"BREW /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET / HTTP/9.9\r\n\r\n",
+        b"\x00\xff\xfe garbage \x01\r\n\r\n",
     ],
 )
 def test_malformed_http_gets_json_error(tiny_server, raw):
-    host, port = tiny_server.server_address[:2]
-    with socket.create_connection((host, port), timeout=10) as s:
+    import json
+
+    with raw_socket(tiny_server) as s:
         s.sendall(raw)
         reply = b""
         while chunk := s.recv(4096):
             reply += chunk
     text = reply.decode()
-    if text.startswith("HTTP/"):  # a bare "GARBAGE" line is HTTP/0.9: a body, no status line
-        head, _, text = text.partition("\r\n\r\n")
-        assert head.split()[1] in ("400", "501", "505"), head
+    head, _, text = text.partition("\r\n\r\n")
+    assert head.split()[1] in ("400", "405", "501", "505"), head
     assert set(json.loads(text)["error"]) == {"message", "type", "param", "code"}
-    assert _call(tiny_server, "GET", "/health")[0] == 200
+    assert call(tiny_server, "GET", "/health")[0] == 200
+
+
+def test_idle_connection_is_closed(tiny_model):
+    from specport.runtime.engine import make_engine
+
+    engine = make_engine(tiny_model, kind="serial")
+    app_server = serve(tiny_model, engine)
+    app_server.server.config.timeout_keep_alive = 1
+    try:
+        with raw_socket(app_server, timeout=20) as s:
+            t0 = time.monotonic()
+            assert s.recv(10) == b""  # the server hung up on a client that sent nothing
+            assert time.monotonic() - t0 < 15
+    finally:
+        app_server.stop()
+        engine.close()
 
 
 # ---------------------------------------------------------------------------- chat template files
@@ -564,6 +528,7 @@ def s260_tokenizer(shared_dir: Path) -> Any:
 @pytest.mark.shared
 def test_chat_template_from_tokenizer_config(tmp_path, s260_tokenizer):
     """HF's tokenizer_config.json forms: a list of named templates, special tokens as dicts."""
+    import json
     from types import SimpleNamespace
 
     from specport.errors import InputError
@@ -597,6 +562,8 @@ def test_chat_template_from_tokenizer_config(tmp_path, s260_tokenizer):
         chat.render_ids([{"role": "tool", "content": "x"}])
     (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")  # file wins
     assert load_chat_template(model).render([{"role": "user", "content": "A"}]) == "A"
+    # --chat-template FILE wins over both
+    assert load_chat_template(model, "X{{ eos_token }}").render([]) == "X</s>"
 
 
 def test_engine_kv_length_bounds_the_prompt(batching):
@@ -606,18 +573,25 @@ def test_engine_kv_length_bounds_the_prompt(batching):
 
     model, _ = batching
     engine = make_engine(model, max_batch=2, kind="batching", max_length=32)
-    server = make_server(model, engine, port=0)
-    server.start()
+    server = serve(model, engine)
     try:
-        status, body = _call(server, "POST", "/v1/completions", {"prompt": [1] * 40})
-        _assert_error(status, body, 400, "32", "at most 31 tokens")
-        status, body = _call(
+        status, body = call(server, "POST", "/v1/completions", {"prompt": [1] * 40})
+        assert_error(status, body, 400, "32", "at most 31 tokens")
+        status, body = call(
             server,
             "POST",
             "/v1/completions",
             {"prompt": [1] * 20, "max_tokens": 50, "temperature": 0},
         )
-        assert status == 200 and body["usage"]["completion_tokens"] == 32 - 20
+        assert_error(status, body, 400, "32", "at most 12 new tokens")
+        assert call(server, "GET", "/v1/models")[1]["data"][0]["max_model_len"] == 32
+        status, body = call(
+            server,
+            "POST",
+            "/v1/completions",
+            {"prompt": [1] * 20, "max_tokens": 12, "temperature": 0, "ignore_eos": True},
+        )
+        assert status == 200 and body["usage"]["completion_tokens"] == 12
     finally:
         server.stop()
         engine.close()
@@ -628,19 +602,18 @@ def test_speculative_serving_equals_plain_greedy(tiny_model):
     from specport.runtime.engine import make_engine
 
     engine = make_engine(tiny_model, speculative="ngram", num_draft=3)
-    server = make_server(tiny_model, engine, port=0)
-    server.start()
+    server = serve(tiny_model, engine)
     try:
         prompt = [1, 7, 8, 9, 7, 8]
         want = tiny_model.generate(prompt_ids=prompt, max_new_tokens=12, ignore_eos=True).tokens
-        status, body = _call(
+        status, body = call(
             server,
             "POST",
             "/v1/completions",
             {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True},
         )
         assert status == 200 and body["choices"][0]["token_ids"] == want
-        _, health = _call(server, "GET", "/health")
+        _, health = call(server, "GET", "/health")
         assert health["engine"]["speculative"] == "ngram"
     finally:
         server.stop()

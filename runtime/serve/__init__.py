@@ -1,0 +1,15 @@
+"""`specport serve`: an OpenAI-compatible ASGI server (FastAPI + uvicorn) over one engine.
+
+- `app.py`: `make_app(model, engine, settings)`, the FastAPI app (routes, errors, streaming);
+- `protocol.py` / `schemas.py` / `responses.py`: the OpenAI wire format, in and out;
+- `bridge.py`: engine thread -> event loop; `guard.py`: limits and client timeouts;
+- `metrics.py`: Prometheus `/metrics` under vLLM's names; `server.py`: uvicorn;
+- `ray.py`: the same app as a Ray Serve deployment (`specport serve --replicas N`).
+"""
+
+from __future__ import annotations
+
+from specport.runtime.serve.app import ServeSettings, make_app
+from specport.runtime.serve.server import Server
+
+__all__ = ["ServeSettings", "Server", "make_app"]

@@ -1,0 +1,432 @@
+"""OpenAI request bodies -> engine requests: every rule about what a client may send.
+
+A plain function of JSON in and `ParsedRequest` (or `APIError`) out, kept apart from the ASGI
+app so the wire rules are testable and the app only moves bytes. Bad input raises `APIError`
+with the HTTP status and an OpenAI error body, so a client never sees a Python traceback.
+
+Semantics follow OpenAI's: temperature 0 means greedy, defaults are temperature 1 / top_p 1
+(sampling), `max_tokens` defaults to 16 for completions and to the rest of the context for chat,
+and a `max_tokens` that cannot fit beside the prompt is refused (400, with the limit) rather
+than silently capped. Fields whose loss would change the answer (tools, suffix, best_of) are
+refused by name; other unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from specport.errors import InputError, SpecportError
+from specport.runtime.chat_template import ChatTemplate
+from specport.runtime.engine.base import Request
+from specport.runtime.sampler import SamplingConfig
+from specport.runtime.serve.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    _Sampling,
+    describe,
+)
+
+logger = logging.getLogger(__name__)
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_N = 16  # choices per request (each holds a KV row)
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
+
+class APIError(Exception):
+    """A request the server answers with an OpenAI error body instead of a result."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(
+    message: str, type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass
+class ServedModel:
+    """What the protocol layer needs to know about the model behind the server."""
+
+    name: str
+    model: Any  # specport.api.Model: encode, decode, tokenizer, manifest, path
+    created: int = field(default_factory=lambda: int(time.time()))
+    engine_max_length: int | None = None  # KV positions per request the engine reserves
+    logprobs: bool = True  # the engine reports logprobs (the batching engine does)
+
+    @property
+    def context_length(self) -> int:
+        m = self.model.manifest
+        limit = m.kv.max_length if m.kv.layout == "shared" else None
+        length = min(m.context_length, limit or m.context_length)
+        return int(min(length, self.engine_max_length or length))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.manifest.vocab_size)
+
+
+@dataclass
+class ParsedRequest:
+    """A validated request: `n` engine requests (one per choice) plus how to answer."""
+
+    kind: str  # "completion" | "chat"
+    request_id: str
+    requests: list[Request]  # one per choice, all on the same prompt
+    stream: bool
+    include_usage: bool = False  # stream_options.include_usage
+    return_token_ids: bool = False
+    logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the top k's
+    echo: bool = False  # completions: the prompt's text starts each choice
+    constraint: Any = None  # a structured-output grammar (runtime/serve/structured.py)
+
+    @property
+    def request(self) -> Request:
+        return self.requests[0]
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(self.requests[0].prompt_ids)
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return body
+
+
+def _validate(model: type[_Sampling], body: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        message, param = describe(e)
+        raise APIError(400, message, param=param) from None
+
+
+_REFUSED = {
+    "suffix": "suffix (insertion) is not supported by specport serve",
+    "tools": "tools / function calling are not supported by specport serve",
+    "functions": "function calling is not supported by specport serve",
+}
+
+
+def _refuse_unsupported(req: _Sampling) -> None:
+    for name, why in _REFUSED.items():
+        value = getattr(req, name, None)
+        if value not in (None, [], {}, ""):
+            raise APIError(400, why, param=name, code="unsupported")
+    if req.tool_choice not in (None, "none"):
+        raise APIError(400, _REFUSED["tools"], param="tool_choice", code="unsupported")
+    if req.best_of not in (None, 1) and req.best_of != req.n:
+        raise APIError(
+            400,
+            "best_of other than n is not supported; use n for several choices",
+            param="best_of",
+            code="unsupported",
+        )
+
+
+def _sampling(req: _Sampling, vocab: int) -> SamplingConfig:
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if temperature < 0:
+        raise APIError(
+            400, f"temperature must be >= 0 (0 = greedy), got {temperature}", param="temperature"
+        )
+    bias: dict[int, float] = {}
+    for key, value in (req.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise APIError(
+                400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+            ) from None
+        if not 0 <= token < vocab:
+            raise APIError(
+                400,
+                f"logit_bias token id {token} is outside the vocabulary (0..{vocab - 1})",
+                param="logit_bias",
+            )
+        if not -100 <= value <= 100:
+            raise APIError(
+                400, f"logit_bias values must be in [-100, 100], got {value}", param="logit_bias"
+            )
+        bias[token] = float(value)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise APIError(400, f"{name} must be in [-2, 2], got {value}", param=name)
+    config = SamplingConfig(
+        greedy=temperature == 0.0,
+        temperature=temperature if temperature > 0 else 1.0,
+        top_k=0 if req.top_k in (None, -1) else req.top_k,  # -1: vLLM's spelling of "off"
+        top_p=1.0 if req.top_p is None else req.top_p,
+        min_p=req.min_p or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=tuple(sorted(bias.items())),
+        seed=req.seed,
+    )
+    try:
+        return config.validate()
+    except SpecportError as e:
+        raise APIError(400, str(e)) from None
+
+
+def _stop(req: _Sampling) -> tuple[str, ...]:
+    if req.stop is None:
+        return ()
+    stops = [req.stop] if isinstance(req.stop, str) else req.stop
+    if not all(stops):
+        raise APIError(
+            400,
+            f"stop must be a non-empty string or a list of them, got {req.stop!r}",
+            param="stop",
+        )
+    return tuple(stops)
+
+
+def _check_ids(ids: list[int], served: ServedModel, param: str) -> list[int]:
+    if not ids:
+        raise APIError(400, f"{param} is empty; send some text or token ids", param=param)
+    bad = [t for t in ids if not 0 <= t < served.vocab_size]
+    if bad:
+        raise APIError(
+            400,
+            f"token ids {bad[:5]} are outside the vocabulary (0..{served.vocab_size - 1})",
+            param=param,
+        )
+    return ids
+
+
+def _encode(served: ServedModel, text: str, param: str) -> list[int]:
+    if served.model.tokenizer is None:
+        raise APIError(
+            400,
+            "this model has no tokenizer; send the prompt as a list of token ids "
+            '(/v1/completions with "prompt": [1, 2, 3])',
+            param=param,
+        )
+    if not text:
+        raise APIError(400, f"{param} is empty; send some text or token ids", param=param)
+    return list(served.model.encode(text))
+
+
+def _prompt_ids(req: CompletionRequest, served: ServedModel) -> list[int]:
+    prompt: Any = req.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return _encode(served, prompt, "prompt")
+    if prompt is None:
+        raise APIError(400, "prompt is required (a string or a list of token ids)", param="prompt")
+    if prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise APIError(
+            400,
+            "a list of prompts is not supported: send one prompt per request "
+            "(requests are served concurrently), or use n for several answers to one prompt",
+            param="prompt",
+        )
+    return _check_ids(list(prompt), served, "prompt")
+
+
+def _check_model(req: _Sampling, served: ServedModel) -> None:
+    if req.model is not None and req.model != served.name:
+        raise APIError(
+            404,
+            f"the model {req.model!r} does not exist; this server serves {served.name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _logprobs(kind: str, req: Any, served: ServedModel) -> int | None:
+    if kind == "chat":
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        k = (req.top_logprobs or 0) if req.logprobs else None
+        param = "top_logprobs"
+    else:
+        k, param = req.logprobs, "logprobs"
+    if k is None:
+        return None
+    if not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"{param} must be in 0..{MAX_TOP_LOGPROBS}, got {k}", param=param)
+    if not served.logprobs:
+        raise APIError(
+            400,
+            "this server's engine does not report logprobs: serve a shared-KV artifact with "
+            "the batching engine (`specport export ... --kv-layout shared`)",
+            param=param,
+            code="unsupported",
+        )
+    return k
+
+
+def _finish(
+    kind: str,
+    req: Any,
+    served: ServedModel,
+    ids: list[int],
+    default_max: int | None,
+) -> ParsedRequest:
+    context = served.context_length
+    if len(ids) >= context:
+        raise APIError(
+            400,
+            f"the prompt has {len(ids)} tokens but the model's context window is {context} "
+            f"tokens (and at least one new token must fit); shorten it to at most "
+            f"{context - 1} tokens",
+            param="messages" if kind == "chat" else "prompt",
+            code="context_length_exceeded",
+        )
+    name = "max_tokens"
+    max_tokens = req.max_tokens
+    if max_tokens is None and kind == "chat":
+        name = "max_completion_tokens"
+        max_tokens = req.max_completion_tokens
+    room = context - len(ids)
+    if max_tokens is None:
+        max_tokens = min(default_max, room) if default_max is not None else room
+    if max_tokens < 1:
+        raise APIError(400, f"{name} must be at least 1, got {max_tokens}", param=name)
+    if max_tokens > room:
+        raise APIError(
+            400,
+            f"{name}={max_tokens} does not fit: the prompt has {len(ids)} tokens and the "
+            f"context window is {context}, so at most {room} new tokens fit; lower {name} "
+            "or shorten the prompt",
+            param=name,
+            code="context_length_exceeded",
+        )
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= MAX_N:
+        raise APIError(400, f"n must be in 1..{MAX_N}, got {n}", param="n")
+    stream = bool(req.stream)
+    options = req.stream_options
+    request_id = new_id("chatcmpl" if kind == "chat" else "cmpl")
+    config = _sampling(req, served.vocab_size)
+    if n > 1 and config.greedy:
+        logger.debug("n=%d with greedy decoding: the choices will be equal", n)
+    logprobs = _logprobs(kind, req, served)
+    base = Request(
+        prompt_ids=ids,
+        max_new_tokens=max_tokens,
+        sampling=config,
+        stop=_stop(req),
+        ignore_eos=bool(req.ignore_eos),
+        request_id=request_id,
+        logprobs=logprobs,
+    )
+    requests = [base]
+    for i in range(1, n):  # each choice its own stream of random numbers
+        seed = None if config.seed is None else config.seed + i
+        requests.append(
+            replace(base, sampling=replace(config, seed=seed), request_id=f"{request_id}-{i}")
+        )
+    return ParsedRequest(
+        kind,
+        request_id,
+        requests,
+        stream,
+        include_usage=bool(stream and options and options.include_usage),
+        return_token_ids=bool(req.return_token_ids) or served.model.tokenizer is None,
+        logprobs=logprobs,
+        echo=bool(getattr(req, "echo", False)),
+    )
+
+
+def parse_completion(body: dict[str, Any], served: ServedModel) -> ParsedRequest:
+    """POST /v1/completions body -> engine requests (raises APIError on bad input)."""
+    req = _validate(CompletionRequest, body)
+    _check_model(req, served)
+    _refuse_unsupported(req)
+    ids = _prompt_ids(req, served)
+    return _finish("completion", req, served, ids, COMPLETION_DEFAULT_MAX_TOKENS)
+
+
+def parse_chat(
+    body: dict[str, Any], served: ServedModel, template: ChatTemplate | None
+) -> ParsedRequest:
+    """POST /v1/chat/completions body -> engine requests, the prompt from the chat template."""
+    req = _validate(ChatCompletionRequest, body)
+    _check_model(req, served)
+    _refuse_unsupported(req)
+    messages = _messages(req)
+    if template is None:
+        raise APIError(
+            400,
+            "this model has no chat template (none in the artifact's tokenizer files), so "
+            "/v1/chat/completions cannot build a prompt; start the server with "
+            "--chat-template FILE, or use /v1/completions with a plain prompt",
+            param="messages",
+            code="no_chat_template",
+        )
+    try:
+        ids = template.render_ids(messages)
+    except InputError as e:
+        raise APIError(400, str(e), param="messages") from None
+    except Exception as e:  # noqa: BLE001 - a template error is the request's problem to report
+        raise APIError(
+            400, f"the chat template could not render these messages: {e}", param="messages"
+        ) from None
+    return _finish("chat", req, served, ids, None)
+
+
+def _messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
+    if not req.messages:
+        raise APIError(
+            400, "messages must be a non-empty list of {role, content} objects", param="messages"
+        )
+    out = []
+    for i, m in enumerate(req.messages):
+        content = m.content
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            parts = []
+            for part in content:
+                if not (part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise APIError(
+                        400,
+                        f"messages[{i}].content: only text parts are supported",
+                        param="messages",
+                    )
+                parts.append(part["text"])
+            content = "".join(parts)
+        out.append({"role": m.role, "content": content or ""})
+    return out

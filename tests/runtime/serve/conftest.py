@@ -1,0 +1,66 @@
+"""Servers shared by the serve tests: the tiny Llama (concat layout: serial engine, token ids),
+the same model with the shared KV layout (continuous batching), and stories260K (text)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import specport
+from tests.runtime.serve.helpers import CHAT_TEMPLATE, serve
+
+
+def _make_engine(model: Any) -> Any:
+    from specport.runtime.engine import make_engine
+
+    return make_engine(model, max_batch=4, kind="auto")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_llama_artifact: Path) -> Any:
+    return specport.load(tiny_llama_artifact, threads=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model: Any):
+    engine = _make_engine(tiny_model)
+    server = serve(tiny_model, engine, model_name="tiny", max_body_bytes=64 * 1024)
+    yield server
+    server.stop()
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def batching(tiny_zoo: Any, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny Llama exported with the shared KV layout: make_engine picks continuous batching."""
+    from specport.exporter.export import export_model
+
+    art = tmp_path_factory.mktemp("serve_shared") / "art"
+    export_model(tiny_zoo.source("llama"), art, kv_layout="shared", progress=False)
+    model = specport.load(art, threads=1)
+    engine = _make_engine(model)
+    server = serve(model, engine)
+    yield model, server
+    server.stop()
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def stories(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """stories260K served with a (test-only) chat template added to its artifact."""
+    from specport.exporter.export import export_model
+
+    src = shared_dir / "models" / "stories260K"
+    if not (src / "config.json").exists():
+        pytest.skip(f"stories260K not found under {shared_dir}")
+    art = tmp_path_factory.mktemp("serve_s260") / "s260"
+    export_model(src, art, fuse=False, skip_verify=True, progress=False)
+    (art / "chat_template.jinja").write_text(CHAT_TEMPLATE)  # not hashed: not in the manifest
+    model = specport.load(art, threads=1)
+    engine = _make_engine(model)
+    server = serve(model, engine, model_name="s260")
+    yield model, server
+    server.stop()
+    engine.close()

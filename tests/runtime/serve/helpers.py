@@ -1,0 +1,80 @@
+"""Real HTTP against a real uvicorn server on 127.0.0.1: httpx for raw calls, the official
+`openai` client for what users write."""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+import httpx
+
+from specport.runtime.serve import Server, ServeSettings, make_app
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def serve(model: Any, engine: Any, **settings: Any) -> Server:
+    """A started server over `engine` on a free port (stop it with `.stop()`)."""
+    return Server(make_app(model, engine, ServeSettings(**settings)), port=0).start()
+
+
+def state(server: Server) -> Any:
+    return server.app.state.specport
+
+
+def openai_client(server: Server, api_key: str = "unused") -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+def call(
+    server: Server,
+    method: str,
+    path: str,
+    body: Any = None,
+    raw: bytes | None = None,
+    client: httpx.Client | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    c = client or httpx.Client(base_url=server.url, timeout=60)
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    hdrs = {"Content-Type": "application/json"} if data is not None else {}
+    resp = c.request(method, path, content=data, headers={**hdrs, **(headers or {})})
+    if client is None:
+        c.close()
+    return resp.status_code, resp.json()
+
+
+def stream(server: Server, path: str, body: dict[str, Any]) -> list[Any]:
+    """The SSE `data:` payloads of a streamed answer, "[DONE]" included as a string."""
+    events: list[Any] = []
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        with c.stream("POST", path, json={**body, "stream": True}) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            text = resp.read().decode()
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), block
+        data = block[len("data: ") :]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def raw_socket(server: Server, timeout: float = 10) -> socket.socket:
+    return socket.create_connection(server.address, timeout=timeout)
+
+
+def assert_error(status: int, body: dict[str, Any], want: int, *words: str) -> None:
+    assert status == want, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    for w in words:
+        assert w in err["message"], err["message"]
+    assert "Traceback" not in err["message"]
