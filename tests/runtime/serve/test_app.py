@@ -618,3 +618,52 @@ def test_speculative_serving_equals_plain_greedy(tiny_model):
     finally:
         server.stop()
         engine.close()
+
+
+def test_metrics_agree_with_the_clients_counts(tiny_model):
+    """/metrics scrapes in Prometheus format under vLLM's names, and counts what clients got."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specport.runtime.engine import make_engine
+
+    engine = make_engine(tiny_model, kind="serial")
+    server = serve(tiny_model, engine, model_name="m")
+    try:
+        client = openai_client(server)
+        got = 0
+        for i in range(3):
+            out = client.completions.create(
+                model="m", prompt=[1, 5 + i], max_tokens=4 + i, temperature=0,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            got += out.usage.completion_tokens
+        for _ in client.completions.create(
+            model="m", prompt=[1, 9], max_tokens=5, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
+        ):  # fmt: skip
+            pass
+        got += 5
+        text = httpx.get(server.url + "/metrics").text
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+        }
+        m = (("model_name", "m"),)
+        assert samples[("vllm:generation_tokens_total", m)] == got
+        assert samples[("vllm:prompt_tokens_total", m)] == 8
+        assert samples[("vllm:request_success_total", (("finished_reason", "length"), *m))] == 4
+        assert samples[("vllm:time_to_first_token_seconds_count", m)] == 4
+        assert samples[("vllm:e2e_request_latency_seconds_count", m)] == 4
+        assert ("vllm:num_requests_running", m) in samples
+        assert ("vllm:num_requests_waiting", m) in samples
+        assert samples[("vllm:inter_token_latency_seconds_count", m)] >= 0
+    finally:
+        server.stop()
+        engine.close()
+
+
+def test_oversized_headers_are_431(tiny_server):
+    status, body = call(tiny_server, "GET", "/v1/models", headers={"X-Big": "a" * 70_000})
+    assert_error(status, body, 431, "headers")
+    assert call(tiny_server, "GET", "/health")[0] == 200
