@@ -53,7 +53,7 @@ def export_model(
     max_length: int | None = None,
     tree_mask: bool = False,
 ) -> art.Manifest:
-    """Export `model` (HF dir, cached hub id, or llama2c .bin) to the artifact directory `out`.
+    """Export `model` (HF dir, cached hub id, GGUF file or llama2c .bin) to the artifact `out`.
 
     `kv_layout="shared"` (target cpu/cuda) ships the runtime's fast path: one in-place KV buffer
     per layer of up to `max_length` positions (default min(context, 4096)), `logits_index` in
@@ -68,7 +68,7 @@ def export_model(
     _check_tree_mask(tree_mask, kv_layout, passes)
     stages = Stages(total=5, show=progress)
     stages.start("resolving source model")
-    source = src_mod.resolve(model, tokenizer)
+    source = src_mod.resolve(model, tokenizer, progress=stages.show)
     stages.start("loading PyTorch weights")
     torch_model = src_mod.load_model(source, num_layers=layers, progress=stages.show)
     config = torch_model.config

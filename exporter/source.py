@@ -1,4 +1,5 @@
-"""Find and load the source model: a Hugging Face directory, a cached hub id, or a llama2c .bin.
+"""Find and load the source model: a Hugging Face directory, a cached hub id, a llama2c .bin or a
+GGUF file.
 
 Every failure here is the user's input, so each raises an error that names the file and the fix.
 """
@@ -24,15 +25,21 @@ logger = logging.getLogger(__name__)
 class Source:
     """A resolved source model: where it is, what kind, and its (unloaded) config."""
 
-    kind: str  # "hf" | "hub" | "llama2c"
-    path: Path  # a Hugging Face model directory (llama2c is converted to one first)
+    kind: str  # "hf" | "hub" | "llama2c" | "gguf"
+    path: Path  # a Hugging Face model directory (llama2c and GGUF are converted to one first)
     original: str  # what the user passed
     config: Any
     arch: type[ArchConfig]
     keep_alive: list[Any] = field(default_factory=list)  # temp dirs that must outlive export
+    details: dict[str, Any] = field(default_factory=dict)  # kind-specific manifest facts
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": self.original, "config_sha256": _config_hash(self.path)}
+        described = {
+            "kind": self.kind,
+            "path": self.original,
+            "config_sha256": _config_hash(self.path),
+        }
+        return described | self.details
 
 
 def _config_hash(path: Path) -> str:
@@ -43,19 +50,23 @@ def _config_hash(path: Path) -> str:
 
 
 def resolve(
-    model: str | os.PathLike[str], tokenizer: str | os.PathLike[str] | None = None
+    model: str | os.PathLike[str],
+    tokenizer: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
 ) -> Source:
     """Turn what the user typed into a `Source`, or raise with a message that says what to do."""
     text = str(model)
     p = Path(text).expanduser()
     if p.is_file() and p.suffix == ".bin":
         return _from_llama2c(p, Path(tokenizer) if tokenizer else None)
+    if p.is_file() and (p.suffix.lower() == ".gguf" or _is_gguf(p)):
+        return _from_gguf(p, progress)
     if p.is_dir():
         return _from_dir(p, kind="hf", original=text)
     if p.exists():
         raise ModelNotFoundError(
-            f"{p} is a file, not a model. Pass a Hugging Face model directory (with config.json) "
-            "or a llama2c checkpoint (.bin, with --tokenizer tokenizer.bin)."
+            f"{p} is a file, not a model. Pass a Hugging Face model directory (with config.json), "
+            "a GGUF file (.gguf) or a llama2c checkpoint (.bin, with --tokenizer tokenizer.bin)."
         )
     looks_like_path = (
         text.startswith((".", "/", "~")) or text.endswith((".bin", ".json")) or os.sep * 2 in text
@@ -130,6 +141,33 @@ def _from_llama2c(checkpoint: Path, tokenizer: Path | None) -> Source:
     hf_dir = save_llama2c_as_hf(checkpoint, tokenizer, Path(tmp.name))
     config, arch = read_config(hf_dir)
     src = Source(kind="llama2c", path=hf_dir, original=str(checkpoint), config=config, arch=arch)
+    src.keep_alive.append(tmp)
+    return src
+
+
+def _is_gguf(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _from_gguf(path: Path, progress: bool | None) -> Source:
+    from specport.exporter.gguf_import import save_gguf_as_hf
+
+    tmp = tempfile.TemporaryDirectory(prefix="specport-gguf-")
+    try:
+        details = save_gguf_as_hf(path, Path(tmp.name), progress=progress)
+        config, arch = read_config(Path(tmp.name))
+    except BaseException:
+        tmp.cleanup()
+        raise
+    src = Source(
+        kind="gguf",
+        path=Path(tmp.name),
+        original=str(path),
+        config=config,
+        arch=arch,
+        details={"gguf": details},
+    )
     src.keep_alive.append(tmp)
     return src
 

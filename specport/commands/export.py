@@ -9,9 +9,11 @@ from specport.cli import emit_json
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "export", help="export a Hugging Face model or llama2c checkpoint to an artifact"
+        "export", help="export a Hugging Face model, GGUF file or llama2c checkpoint to an artifact"
     )
-    p.add_argument("model", help="Hugging Face model directory, cached hub id, or llama2c .bin")
+    p.add_argument(
+        "model", help="Hugging Face model directory, cached hub id, GGUF file, or llama2c .bin"
+    )
     p.add_argument("--out", required=True, help="artifact directory to write (replaced atomically)")
     p.add_argument("--tokenizer", help="llama2c tokenizer .bin (for a llama2c checkpoint)")
     p.add_argument(
