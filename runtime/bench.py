@@ -44,6 +44,7 @@ class BenchConfig:
     provider: str = "cpu"
     prompt_ids: list[int] | None = None
     seed: int = 0
+    peer_gguf: str | None = None  # the GGUF llama.cpp runs when the artifact's source is not one
 
 
 @dataclass

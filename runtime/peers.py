@@ -1,4 +1,4 @@
-"""Peers for `specport bench`: onnxruntime-genai and transformers, run on the same prompts.
+"""Peers for `specport bench`: onnxruntime-genai, llama.cpp and transformers, on the same prompts.
 
 Each peer is built from the artifact's own source model (the manifest records its path), runs in
 this process with the same thread count, and is given its best settings: onnxruntime-genai gets
@@ -26,7 +26,18 @@ from specport.errors import InputError, SpecportError
 
 logger = logging.getLogger(__name__)
 
-PEERS = ("onnxruntime-genai", "transformers")
+PEERS = ("onnxruntime-genai", "llama.cpp", "transformers")
+
+
+def check_peer_name(name: str) -> str:
+    """`name` if it names a peer (`llama.cpp` may carry a GGUF type: `llama.cpp:Q4_K_M`)."""
+    base, _, variant = name.partition(":")
+    if base not in PEERS or (variant and base != "llama.cpp"):
+        raise InputError(
+            f"unknown peer {name!r}; choose from {', '.join(PEERS)} "
+            "(llama.cpp takes a GGUF type too, e.g. llama.cpp:Q4_K_M)."
+        )
+    return name
 
 
 _KEEP: list[Any] = []  # resolved sources whose temp dirs (llama2c conversions) must live on
@@ -49,6 +60,11 @@ def make_peer(name: str, manifest: art.Manifest, config: Any, progress: bool | N
         return GenaiPeer(manifest, config, progress)
     if name == "transformers":
         return TransformersPeer(manifest, config)
+    base, _, variant = check_peer_name(name).partition(":")
+    if base == "llama.cpp":
+        from specport.runtime.peer_llamacpp import LlamaCppPeer
+
+        return LlamaCppPeer(manifest, config, variant or None, getattr(config, "peer_gguf", None))
     raise InputError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}.")
 
 

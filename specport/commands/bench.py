@@ -32,8 +32,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--peer",
         action="append",
         default=[],
-        choices=["onnxruntime-genai", "transformers"],
-        help="also run this engine on the same prompts (repeatable)",
+        metavar="PEER",
+        help="also run this engine on the same prompts (repeatable): onnxruntime-genai, "
+        "transformers, llama.cpp (the GGUF type matching the artifact's bit width) or "
+        "llama.cpp:TYPE (e.g. llama.cpp:Q4_K_M)",
+    )
+    p.add_argument(
+        "--peer-gguf",
+        metavar="FILE",
+        help="GGUF of the same checkpoint for --peer llama.cpp (default: the artifact's source, "
+        "when it was exported from a GGUF)",
     )
     p.add_argument("--provider", default="cpu", help="auto|cpu|cuda|cann (default cpu)")
     p.add_argument(
@@ -104,8 +112,12 @@ def run(args: argparse.Namespace) -> int:
     if args.requests is not None:
         return _run_engines(args)
 
+    from specport.runtime.peers import check_peer_name
+
     if args.new_tokens < 2:
         raise InputError("--new-tokens must be at least 2 (TPOT needs one decode step).")
+    for name in args.peer:
+        check_peer_name(name)
     if args.runs < 1 or any(b < 1 for b in args.batch):
         raise InputError("--runs and --batch must be at least 1.")
     ids = parse_ids(args.prompt_ids) if args.prompt_ids else None
@@ -121,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             provider=args.provider,
             prompt_ids=ids,
             seed=args.seed,
+            peer_gguf=args.peer_gguf,
         )
         report = run_bench(
             args.artifact, config, peers=args.peer, progress=None if not args.json else False
