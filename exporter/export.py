@@ -20,6 +20,7 @@ from specport import artifact as art
 from specport.contract import TREE_MASK
 from specport.errors import ExportError
 from specport.exporter import source as src_mod
+from specport.exporter.optimum_config import save_source_config
 from specport.exporter.verify import compare, reference_cases
 from specport.exporter.weights import detach_weights, fold_weight_transposes, release_weights
 from specport.exporter.wrapper import (
@@ -108,6 +109,7 @@ def export_model(
         del ir_model
         gc.collect()
         tok_info = _copy_tokenizer(source.path, tmp)
+        save_source_config(config, tmp)  # Optimum's config.json (kept consistent: interop.py)
         extra_files: dict[str, Any] = {}
         if extra:
             from safetensors.torch import save_file

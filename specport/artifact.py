@@ -7,6 +7,9 @@ Layout::
       model.onnx           graph (weights external)
       model.onnx.data      weights
       tokenizer.json ...   tokenizer files copied from the source
+      genai_config.json    onnxruntime-genai's config (+ model.genai.onnx when it needs its own graph)
+      config.json          the transformers config Optimum reads
+      README.md            model card generated from the manifest
 
 The manifest is plain JSON so that other tools can read it; `Manifest` is a thin typed view.
 Writes are atomic (build in a sibling temp directory, then rename) so an interrupted export
@@ -129,8 +132,18 @@ def hash_files(directory: Path) -> dict[str, str]:
     return out
 
 
-def write_manifest(directory: Path, manifest: Manifest) -> None:
-    manifest.files = hash_files(directory)
+def write_manifest(directory: Path, manifest: Manifest, interop: bool = True) -> None:
+    """Write `specport.json` with the sha256 of every file in `directory`.
+
+    With `interop` (the default) it first writes what other runtimes read, consistent with this
+    manifest: genai_config.json, config.json, the README.md model card (exporter/interop.py).
+    """
+    if interop:
+        from specport.exporter.interop import write_interop_files
+
+        manifest.files = write_interop_files(Path(directory), manifest)
+    else:
+        manifest.files = hash_files(directory)
     (directory / MANIFEST_NAME).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
 
 

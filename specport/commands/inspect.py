@@ -44,7 +44,15 @@ def summarize(manifest: Any) -> dict[str, Any]:
         "tokenizer": manifest.tokenizer.get("kind"),
         "files": {name: digest[:12] for name, digest in manifest.files.items()},
         "source": manifest.source,
+        "runtimes": _runtimes(manifest),
     }
+
+
+def _runtimes(manifest: Any) -> dict[str, dict[str, Any]]:
+    """Which runtimes run the artifact (recorded at write time; worked out for older artifacts)."""
+    from specport.exporter.interop import runtimes_of
+
+    return runtimes_of(manifest)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +67,13 @@ def run(args: argparse.Namespace) -> int:
     for key, value in info.items():
         if key == "files":
             value = ", ".join(f"{n} ({d})" for n, d in value.items())
+        elif key == "runtimes":
+            value = "; ".join(
+                f"{n}"
+                if r.get("status") == "yes"
+                else f"{n}: {r.get('status')} ({r.get('reason') or ', '.join(r.get('notes') or [])})"
+                for n, r in value.items()
+            )
         elif isinstance(value, list):
             value = (
                 ", ".join(str(v) for v in value)

@@ -1,0 +1,128 @@
+"""Check that Optimum's ORTModelForCausalLM runs a specport artifact with specport's greedy tokens.
+
+Optimum (optimum-onnx 0.1.0) pins transformers<4.58 and cannot share specport's environment, so
+this script keeps it in its own virtual environment (built once, with only torch==2.13.0 and
+optimum-onnx[onnxruntime]) and runs it there on the artifact directory, as a user would:
+
+    python scripts/check_optimum.py ARTIFACT [ARTIFACT ...] [--build] [--venv DIR]
+
+The venv defaults to $SPECPORT_OPTIMUM_VENV or ~/.cache/specport/optimum-venv; `--build`
+creates it when missing (pip, a few minutes). Prints one JSON object per artifact and exits 0
+when every artifact's tokens match, 1 when one does not, 2 when the venv is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ["torch==2.13.0", "optimum-onnx[onnxruntime]==0.1.0"]
+PROMPTS = [[1, 17, 93, 5], [1, 40, 41, 200, 7, 99, 123, 64, 3, 18]]
+
+# Runs inside the Optimum venv: greedy tokens of each prompt, EOS ignored, as JSON on stdout.
+CHILD = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from optimum.onnxruntime import ORTModelForCausalLM
+
+artifact, prompts, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+model = ORTModelForCausalLM.from_pretrained(artifact)
+out = []
+for prompt in prompts:
+    ids = torch.tensor([prompt])
+    seq = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=n, min_new_tokens=n, eos_token_id=None, pad_token_id=0)
+    out.append(seq[0, len(prompt):].tolist())
+print(json.dumps(out))
+"""
+
+
+def default_venv() -> Path:
+    env = os.environ.get("SPECPORT_OPTIMUM_VENV")
+    return Path(env) if env else Path.home() / ".cache" / "specport" / "optimum-venv"
+
+
+def venv_python(path: Path) -> Path:
+    return path / "bin" / "python"
+
+
+def build_venv(path: Path) -> None:
+    """Create the venv and install Optimum into it (torch pinned, CPU wheels where pip has them)."""
+    print(f"building the Optimum venv at {path} (once)", file=sys.stderr)
+    venv.EnvBuilder(with_pip=True, clear=False).create(path)
+    py = str(venv_python(path))
+    subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+    subprocess.run([py, "-m", "pip", "install", "-q", *PACKAGES], check=True)
+
+
+def optimum_tokens(python: Path, artifact: Path, prompts: list[list[int]], n: int) -> list[Any]:
+    proc = subprocess.run(
+        [str(python), "-c", CHILD, str(artifact), json.dumps(prompts), str(n)],
+        capture_output=True,
+        text=True,
+        cwd=str(Path.home()),  # keep the checkout's packages off the child's import path
+    )
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"Optimum failed on {artifact}: {tail[0]}")
+    return list(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def specport_tokens(artifact: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
+    import specport
+
+    model = specport.load(artifact, provider="cpu", threads=1)
+    return [model.generate(prompt_ids=p, max_new_tokens=n, ignore_eos=True).tokens for p in prompts]
+
+
+def check(python: Path, artifact: Path, prompts: list[list[int]], n: int) -> dict[str, Any]:
+    from specport.artifact import read_manifest
+    from specport.exporter.interop import runtimes_of
+
+    support = runtimes_of(read_manifest(artifact))["optimum"]
+    if support["status"] != "yes":  # the manifest says why; nothing to compare
+        return {"artifact": str(artifact), "ok": True, "skipped": support.get("reason")}
+    ours = specport_tokens(artifact, prompts, n)
+    try:
+        theirs = optimum_tokens(python, artifact, prompts, n)
+    except RuntimeError as e:
+        return {"artifact": str(artifact), "ok": False, "error": str(e), "specport": ours}
+    return {"artifact": str(artifact), "ok": ours == theirs, "specport": ours, "optimum": theirs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("artifacts", nargs="+", type=Path)
+    p.add_argument("--venv", type=Path, default=default_venv())
+    p.add_argument("--build", action="store_true", help="create the venv when it is missing")
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--prompts", help="JSON list of prompt id lists (default: two short ones)")
+    args = p.parse_args(argv)
+    python = venv_python(args.venv)
+    if not python.exists():
+        if not args.build:
+            print(
+                f"no Optimum venv at {args.venv}; pass --build to create it "
+                "(or set SPECPORT_OPTIMUM_VENV)",
+                file=sys.stderr,
+            )
+            return 2
+        build_venv(args.venv)
+    prompts = json.loads(args.prompts) if args.prompts else PROMPTS
+    ok = True
+    for artifact in args.artifacts:
+        result = check(python, artifact.resolve(), prompts, args.new_tokens)
+        print(json.dumps(result))
+        ok = ok and bool(result["ok"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
