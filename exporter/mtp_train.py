@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from specport import artifact as art
 from specport.errors import InputError
 from specport.exporter.mtp_heads import MTPHeads, export_branch, load_deepseek_mtp, save_heads
-from specport.progress import bar_enabled, every_tenth
+from specport.progress import Loop, Stages, track
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def self_generate(
     base.generation_config.eos_token_id = None
     out = []
     try:
-        for i in range(0, len(prompts), batch):
+        for i in track(range(0, len(prompts), batch), "self-generating training text"):
             ids = prompts[i : i + batch]
             out.append(
                 base.generate(
@@ -162,8 +162,6 @@ def train_heads(
     lr: float = 3e-3,
     progress: bool | None = None,
 ) -> tuple[MTPHeads, dict[str, Any]]:
-    from tqdm.auto import tqdm
-
     torch.manual_seed(0)
     hidden = base_hidden(base, seqs)
     n_eval = max(8, len(seqs) // 10)
@@ -188,9 +186,9 @@ def train_heads(
     )
     gen = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
-    # None: a bar only when stderr is a terminal (not in logs or CI output).
-    bar = tqdm(range(steps), desc="train-mtp", disable=not bar_enabled(progress), leave=False)
-    for step in bar:
+    # A bar on a terminal; a line per tenth (elapsed, ETA, loss) in logs and CI output.
+    loop = Loop(steps, "training MTP heads", show=progress)
+    for _step in range(steps):
         idx = torch.randint(0, len(train_s), (batch,), generator=gen)
         loss = chain_loss(heads, base, train_h[idx], train_s[idx])
         opt.zero_grad(set_to_none=True)
@@ -198,8 +196,8 @@ def train_heads(
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        every_tenth(step, steps, f"train-mtp loss {loss.item():.3f} step", progress)
+        loop.update(note=f"loss {loss.item():.3f}")
+    loop.close()
     heads.eval()
     report: dict[str, Any] = {
         "steps": steps,
@@ -304,6 +302,8 @@ def _train_mtp(
 ) -> art.Manifest:
     from specport.runtime.tokenizer import load_tokenizer
 
+    stages = Stages(total=3, show=progress)
+    stages.start("loading the PyTorch base model")
     base = load_base(manifest)
     real = manifest.extra.get("mtp_source_weights")
     if real:
@@ -320,6 +320,7 @@ def _train_mtp(
         tokenizer = load_tokenizer(artifact, manifest.tokenizer)
         if tokenizer is None:
             raise InputError(f"{artifact} has no tokenizer; train-mtp needs one to read --data.")
+        stages.start("self-generating text and training the heads")
         t0 = time.perf_counter()
         prompts = read_prompts(Path(data), tokenizer, prompt_len, num_sequences)
         seqs = self_generate(base, prompts, new_tokens)
@@ -333,4 +334,7 @@ def _train_mtp(
             "sequences": list(seqs.shape),
             **report,
         }
-    return write_mtp_artifact(artifact, heads, out, report)
+    stages.start("writing the MTP artifact")
+    manifest = write_mtp_artifact(artifact, heads, out, report)
+    stages.done()
+    return manifest

@@ -26,6 +26,7 @@ import onnxruntime as ort
 from specport.contract import prefill_feeds, with_causal_tree_mask
 from specport.documents import read_text_documents
 from specport.errors import InputError
+from specport.progress import track
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def compare(
     seqs = _encode(ma, read_documents(text_file, max_docs, last), context)
     agree = kl = nll_a = nll_b = 0.0
     n = 0
-    for ids in seqs:
+    for ids in track(seqs, "comparing documents"):
         la, lb = _log_softmax(_logits(ma, ids, chunk)), _log_softmax(_logits(mb, ids, chunk))
         agree += float((la.argmax(-1) == lb.argmax(-1)).sum())
         kl += float((np.exp(la) * (la - lb)).sum())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,28 +23,43 @@ logger = logging.getLogger(__name__)
 def run_demo(
     out: Path | None = None,
     max_new_tokens: int = 48,
-    progress: bool = True,
+    progress: bool | None = True,
     stream: Callable[[str], None] | None = None,
     retrain: bool = False,
 ) -> dict[str, Any]:
-    """Run the demo pipeline; returns a JSON-able report."""
+    """Run the demo pipeline; returns a JSON-able report.
+
+    `out` holds the artifacts `fp32`, `w4` and `mtp`; each is checked before anything starts
+    (a new, empty or artifact directory; never a user's file or folder)."""
     from specport import api
+    from specport.outputs import check_artifact_out
+    from specport.progress import Stages
     from specport.samples.demo_model import DEMO_PROMPT, ensure_demo_model
 
     out = Path(out) if out else settings.cache_dir() / "demo-artifact"
-    report: dict[str, Any] = {"prompt": DEMO_PROMPT}
+    if out.exists() and not out.is_dir():
+        from specport.errors import OutputError
 
+        raise OutputError(f"--out {out} is a file; give a directory for the demo's artifacts.")
+    for name in ARTIFACTS:
+        check_artifact_out(out / name)
+    report: dict[str, Any] = {"prompt": DEMO_PROMPT}
+    stages = Stages(total=4, show=progress, label="demo")
+
+    stages.start("the demo model (trained once, then cached)")
     t0 = time.perf_counter()
     model_dir = ensure_demo_model(progress=progress, force=retrain)
     report["model_dir"] = str(model_dir)
     report["model_seconds"] = round(time.perf_counter() - t0, 2)
 
+    stages.start("exporting to ONNX")
     t0 = time.perf_counter()
     manifest = api.export(model_dir, out / "fp32", progress=progress)
     report["export_seconds"] = round(time.perf_counter() - t0, 2)
     report["verify_max_abs_logits"] = manifest.verify.get("max_abs_logits")
     report["passes"] = [p.get("name") for p in manifest.passes]
 
+    stages.start("generating")
     model = api.load(out / "fp32")
     if stream is not None:
         stream(DEMO_PROMPT)
@@ -55,8 +71,13 @@ def run_demo(
     report["artifact"] = str(out / "fp32")
     timed = _median_run(lambda: model.generate(DEMO_PROMPT, max_new_tokens=max_new_tokens))
     report["stages"] = [{"stage": "fp32", **_speed(timed.metrics)}]
+    stages.start("quantization and speculative decoding")
     report["stages"] += _optional_stages(api, model, out, max_new_tokens, result.tokens, progress)
+    stages.done()
     return report
+
+
+ARTIFACTS = ("fp32", "w4", "mtp")  # what the demo writes under --out
 
 
 def _speed(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +103,12 @@ def _decode_speed(result: Any) -> float:
 
 
 def _optional_stages(
-    api: Any, model: Any, out: Path, max_new_tokens: int, reference: list[int], progress: bool
+    api: Any,
+    model: Any,
+    out: Path,
+    max_new_tokens: int,
+    reference: list[int],
+    progress: bool | None,
 ) -> list[dict[str, Any]]:
     """Stages from later parts of specport, each skipped (with a log line) when unavailable."""
     from specport.samples.demo_model import DEMO_PROMPT
@@ -128,7 +154,7 @@ def _spec_row(stage: str, result: Any, reference: list[int]) -> dict[str, Any]:
 
 
 def _mtp_rows(
-    api: Any, model: Any, out: Path, max_new_tokens: int, progress: bool
+    api: Any, model: Any, out: Path, max_new_tokens: int, progress: bool | None
 ) -> list[dict[str, Any]]:
     """Train 3 MTP heads on the demo corpus (once, cached), then plain vs MTP side by side.
 
@@ -145,17 +171,18 @@ def _mtp_rows(
     try:
         read_manifest(mtp_dir)
     except ArtifactError:
-        data = out / "mtp-train.txt"
-        data.write_text("\n\n".join(generate_corpus(600, seed=7)) + "\n")
-        train_mtp(
-            out / "fp32",
-            mtp_dir,
-            num_heads=3,
-            data=data,
-            steps=300,
-            num_sequences=384,
-            progress=progress,
-        )
+        with tempfile.TemporaryDirectory(prefix="specport-demo-") as tmp:
+            data = Path(tmp) / "mtp-train.txt"
+            data.write_text("\n\n".join(generate_corpus(600, seed=7)) + "\n")
+            train_mtp(
+                out / "fp32",
+                mtp_dir,
+                num_heads=3,
+                data=data,
+                steps=300,
+                num_sequences=384,
+                progress=progress,
+            )
     from specport.runtime.bench_speculative import plain_reference
 
     mtp_model = api.load(mtp_dir)

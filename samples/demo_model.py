@@ -47,7 +47,7 @@ def is_complete(path: Path) -> bool:
 
 
 def ensure_demo_model(
-    progress: bool = True, force: bool = False, config: DemoTrainConfig | None = None
+    progress: bool | None = True, force: bool = False, config: DemoTrainConfig | None = None
 ) -> Path:
     """Return the demo model's Hugging Face directory, training it first if needed.
 

@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,6 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from tqdm.auto import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from specport.exporter.sp_tokenizer import (
@@ -34,6 +32,7 @@ from specport.exporter.sp_tokenizer import (
     llama_tokenizer_config,
     save_tokenizer,
 )
+from specport.progress import Loop
 from specport.samples.corpus import generate_corpus
 
 logger = logging.getLogger(__name__)
@@ -170,7 +169,7 @@ def _lr(cfg: DemoTrainConfig, step: int, progress: float) -> float:
 
 
 def train_demo_model(
-    cfg: DemoTrainConfig | None = None, progress: bool = True
+    cfg: DemoTrainConfig | None = None, progress: bool | None = True
 ) -> tuple[LlamaForCausalLM, Tokenizer, TrainResult]:
     """Train tokenizer and model from scratch; stops at `max_steps` or `time_budget_s`."""
     cfg = cfg or DemoTrainConfig()
@@ -188,14 +187,8 @@ def train_demo_model(
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     seq = min(cfg.seq_len, cfg.context_length)
-    show = progress and sys.stderr.isatty()
-    bar = tqdm(
-        total=cfg.max_steps,
-        desc="training demo model",
-        file=sys.stderr,
-        disable=not show,
-        leave=False,
-    )
+    # A bar on a terminal; a line per tenth (elapsed, ETA, loss) in logs and CI output.
+    bar = Loop(cfg.max_steps, "training the demo model", show=progress)
     smoothed = float("nan")
     step = 0
     total = cfg.max_steps
@@ -208,8 +201,7 @@ def train_demo_model(
                 if step >= total:
                     break
                 if bar.total != total:
-                    bar.total = total
-                    bar.refresh()
+                    bar.set_total(total)
             for group in opt.param_groups:
                 group["lr"] = _lr(cfg, step, step / total)
             starts = torch.randint(0, stream.numel() - seq - 1, (cfg.batch_size,), generator=gen)
@@ -223,8 +215,7 @@ def train_demo_model(
             value = loss.item()
             smoothed = value if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * value
             step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{smoothed:.3f}")
+            bar.update(1, note=f"loss {smoothed:.3f}")
             if step % 50 == 0:
                 logger.debug("step %d/%d loss %.3f", step, total, smoothed)
     finally:

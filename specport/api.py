@@ -4,6 +4,10 @@ import specport
 model = specport.load("out/llama")           # checks schema and hashes
 result = model.generate("Once upon a time", max_new_tokens=32)
 print(result.text, result.metrics["decode_tok_per_s"])
+for piece in model.generate("Once upon a time", stream=True):   # text as it is produced
+    print(piece, end="", flush=True)
+
+Errors are `specport.SpecportError` subclasses whose messages name these keyword arguments.
 """
 
 from __future__ import annotations
@@ -11,35 +15,32 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
 from specport import artifact as art
-from specport.errors import InputError
+from specport import generation_args as checks
+from specport.build import export, optimize, quantize, train_mtp
+from specport.errors import UsageError
+from specport.options import option
+from specport.results import GenerationResult, row_metrics
+from specport.speculative_calls import speculative_batch, speculative_one
+from specport.text_stream import TextStream
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class GenerationResult:
-    """One row's result; `Model.generate_batch` returns one per prompt."""
-
-    tokens: list[int]  # new token ids
-    text: str
-    finish_reason: str
-    metrics: dict[str, Any] = field(default_factory=dict)
-    prompt_ids: list[int] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tokens": self.tokens,
-            "text": self.text,
-            "finish_reason": self.finish_reason,
-            "metrics": self.metrics,
-        }
+__all__ = [
+    "GenerationResult",
+    "Model",
+    "TextStream",
+    "export",
+    "load",
+    "optimize",
+    "quantize",
+    "train_mtp",
+]
 
 
 class Model:
@@ -66,10 +67,12 @@ class Model:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     # ---- generation ------------------------------------------------------------------
+    @overload
     def generate(
         self,
         prompt: str | None = None,
         *,
+        stream: Literal[False] = False,
         prompt_ids: Sequence[int] | None = None,
         max_new_tokens: int = 64,
         greedy: bool | None = None,
@@ -83,39 +86,123 @@ class Model:
         stop: Sequence[str] = (),
         on_text: Callable[[str], None] | None = None,
         speculative: str | None = None,
-        num_draft: int = 4,
+        num_draft: int | None = None,
         draft: Model | str | os.PathLike[str] | None = None,
         adaptive: bool | None = None,
         tree_width: int = 1,
         sampling: Any = None,
-    ) -> GenerationResult:
-        """Generate for one prompt (text or ids). `on_text` receives text as it is produced.
+    ) -> GenerationResult: ...
+
+    @overload
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        stream: Literal[True],
+        prompt_ids: Sequence[int] | None = None,
+        max_new_tokens: int = 64,
+        greedy: bool | None = None,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+        stop: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+        speculative: str | None = None,
+        num_draft: int | None = None,
+        draft: Model | str | os.PathLike[str] | None = None,
+        adaptive: bool | None = None,
+        tree_width: int = 1,
+        sampling: Any = None,
+    ) -> TextStream: ...
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        stream: bool = False,
+        prompt_ids: Sequence[int] | None = None,
+        max_new_tokens: int = 64,
+        greedy: bool | None = None,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+        stop: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+        speculative: str | None = None,
+        num_draft: int | None = None,
+        draft: Model | str | os.PathLike[str] | None = None,
+        adaptive: bool | None = None,
+        tree_width: int = 1,
+        sampling: Any = None,
+    ) -> GenerationResult | TextStream:
+        """Generate for one prompt (text or ids). `on_text` receives text as it is produced;
+        `stream=True` returns a `TextStream` instead: iterate it for the text pieces, then read
+        its `.result`.
 
         `speculative` ("ngram" | "draft" | "mtp") drafts `num_draft` tokens per step and verifies
         them in one run of this model; greedy output is token-for-token that of plain greedy.
         `adaptive` picks the draft length per step from recent acceptance (None: per-method default).
         `tree_width` > 1 (ngram only, artifact exported with `--tree-mask`) verifies that many
-        candidate continuations at once as a token tree. `sampling` (a `SamplingConfig`, e.g.
-        with OpenAI's presence / frequency penalties or a logit bias) replaces the separate
-        sampling arguments.
+        candidate continuations at once as a token tree. `num_draft` None: all of an MTP
+        artifact's heads, else 4. `sampling` (a `SamplingConfig`, e.g. with OpenAI's presence /
+        frequency penalties or a logit bias) replaces the separate sampling arguments.
         """
-        if tree_width != 1 and speculative != "ngram":
-            raise InputError(
-                "--tree-width needs --speculative ngram (tree candidates come from n-gram matches)."
-            )
-        if (prompt is None) == (prompt_ids is None):
-            raise InputError("give exactly one of prompt (text) or prompt_ids.")
+        checks.check_prompts(
+            self,
+            None if prompt is None else [prompt],
+            None if prompt_ids is None else [list(prompt_ids)],
+        )
+        checks.check_generation(
+            self,
+            max_new_tokens=max_new_tokens,
+            speculative=speculative,
+            draft=draft,
+            tree_width=tree_width,
+        )
+        num_draft = checks.resolve_num_draft(self, speculative, num_draft)
+        if stream:
+            if on_text is not None:
+                raise UsageError(f"give {option('on_text')} or {option('stream', True)}, not both.")
+            options: dict[str, Any] = {
+                "prompt_ids": prompt_ids,
+                "max_new_tokens": max_new_tokens,
+                "greedy": greedy,
+                "temperature": temperature,
+                "top_k": top_k,
+                "top_p": top_p,
+                "min_p": min_p,
+                "repetition_penalty": repetition_penalty,
+                "seed": seed,
+                "ignore_eos": ignore_eos,
+                "stop": stop,
+                "speculative": speculative,
+                "num_draft": num_draft,
+                "draft": draft,
+                "adaptive": adaptive,
+                "tree_width": tree_width,
+                "sampling": sampling,
+            }
+            return TextStream(lambda push: self.generate(prompt, on_text=push, **options))
         if speculative is not None:
             ids_one = list(prompt_ids) if prompt_ids is not None else self.encode(str(prompt))
             config = sampling or self._sampling(
                 greedy, temperature, top_k, top_p, min_p, repetition_penalty, seed
             )
             if config.presence_penalty or config.frequency_penalty or config.logit_bias:
-                raise InputError(
+                raise UsageError(
                     "presence / frequency penalties and logit_bias are not supported with "
                     "speculative decoding; use repetition_penalty, or decode without it."
                 )
-            return self._generate_speculative(
+            return speculative_one(
+                self,
                 ids_one,
                 max_new_tokens=max_new_tokens,
                 sampling=config,
@@ -130,7 +217,7 @@ class Model:
             )
         prompts = [prompt] if prompt is not None else None
         ids = [list(prompt_ids)] if prompt_ids is not None else None
-        stream = (lambda row, piece: on_text(piece)) if on_text else None
+        row_text = (lambda row, piece: on_text(piece)) if on_text else None
         return self.generate_batch(
             prompts,
             prompt_ids=ids,
@@ -144,7 +231,7 @@ class Model:
             seed=seed,
             ignore_eos=ignore_eos,
             stop=stop,
-            on_text=stream,
+            on_text=row_text,
             sampling=sampling,
         )[0]
 
@@ -165,7 +252,7 @@ class Model:
         stop: Sequence[str] = (),
         on_text: Callable[[int, str], None] | None = None,
         speculative: str | None = None,
-        num_draft: int = 4,
+        num_draft: int | None = None,
         draft: Model | str | os.PathLike[str] | None = None,
         adaptive: bool | None = None,
         sampling: Any = None,
@@ -173,23 +260,36 @@ class Model:
         """Generate for several prompts at once (left padding, per-row stopping).
 
         With `speculative` the rows are drafted and verified together (one batched run per step);
-        greedy output equals plain greedy for every row.
+        greedy output equals plain greedy for every row. Each result's metrics count its own
+        prompt and new tokens (`prompt_tokens`, `new_tokens`); the timings and the
+        `batch_prompt_tokens` / `batch_new_tokens` totals are the batch's.
         """
         from specport.runtime.generator import Generator
         from specport.runtime.sampler import Sampler
         from specport.runtime.streaming import TextStreams
 
+        if prompt_ids is not None and not isinstance(prompt_ids, (str, bytes)):
+            prompt_ids = [list(p) for p in prompt_ids]
+        checks.check_prompts(self, prompts, prompt_ids)
+        checks.check_generation(
+            self,
+            max_new_tokens=max_new_tokens,
+            speculative=speculative,
+            draft=draft,
+            batch=len(prompts or prompt_ids or []),
+        )
+        num_draft = checks.resolve_num_draft(self, speculative, num_draft)
         if prompt_ids is not None:
             rows = [[int(t) for t in p] for p in prompt_ids]
-        elif prompts is not None:
-            rows = [self.encode(p) for p in prompts]
         else:
-            raise InputError("give prompts (text) or prompt_ids.")
+            assert prompts is not None
+            rows = [self.encode(p) for p in prompts]
         config = sampling or self._sampling(
             greedy, temperature, top_k, top_p, min_p, repetition_penalty, seed
         )
         if speculative is not None:
-            return self._generate_speculative_batch(
+            return speculative_batch(
+                self,
                 rows, max_new_tokens, config, ignore_eos, stop, on_text,
                 speculative, num_draft, draft, adaptive,
             )  # fmt: skip
@@ -230,9 +330,8 @@ class Model:
         results = []
         for r, toks in enumerate(out.tokens):
             text = texts[r] if self.tokenizer is not None else ""
-            results.append(
-                GenerationResult(toks, text, out.finish_reasons[r], dict(out.metrics), rows[r])
-            )
+            metrics = row_metrics(out.metrics, rows[r], toks)
+            results.append(GenerationResult(toks, text, out.finish_reasons[r], metrics, rows[r]))
         return results
 
     @staticmethod
@@ -262,122 +361,6 @@ class Model:
         )
         config.validate()
         return config
-
-    def _generate_speculative(
-        self,
-        prompt_ids: list[int],
-        *,
-        max_new_tokens: int,
-        sampling: Any,
-        ignore_eos: bool,
-        stop: Sequence[str],
-        on_text: Callable[[str], None] | None,
-        method: str,
-        num_draft: int,
-        draft: Model | str | os.PathLike[str] | None,
-        adaptive: bool | None = None,
-        tree_width: int = 1,
-    ) -> GenerationResult:
-        from specport.runtime.speculative.loop import generate_speculative
-        from specport.runtime.streaming import TextStreams
-
-        draft_model = self._draft_model(method, draft)
-        streams = TextStreams(
-            self.tokenizer, 1, list(stop), (lambda row, piece: on_text(piece)) if on_text else None
-        )
-        one = np.ones(1, dtype=bool)
-
-        def on_token(tok: int) -> bool:
-            hit = streams.push(np.array([tok], dtype=np.int64), one)
-            return bool(hit is not None and hit[0])
-
-        eos = [] if ignore_eos else self.manifest.eos_token_ids
-        if tree_width != 1:
-            from specport.runtime.speculative.tree import generate_tree
-
-            tokens, reason, metrics = generate_tree(
-                self, prompt_ids, max_new_tokens, num_draft, tree_width, sampling, eos, on_token
-            )
-        else:
-            tokens, reason, metrics = generate_speculative(
-                self,
-                prompt_ids,
-                max_new_tokens,
-                method,
-                num_draft,
-                draft_model,
-                sampling,
-                eos,
-                on_token,
-                adaptive,
-            )
-        text = streams.finish()[0] if self.tokenizer is not None else ""
-        metrics["provider"] = self.provider
-        return GenerationResult(list(tokens), text, reason, metrics, prompt_ids)
-
-    def _draft_model(
-        self, method: str, draft: Model | str | os.PathLike[str] | None
-    ) -> Model | None:
-        draft_model = (
-            load(draft, provider=self.provider) if isinstance(draft, (str, os.PathLike)) else draft
-        )
-        if method == "draft" and draft_model is None:
-            raise InputError(
-                "--speculative draft needs a draft artifact: pass --draft DIR (e.g. from `specport export MODEL --layers 2`)."
-            )
-        return draft_model
-
-    def _generate_speculative_batch(
-        self,
-        rows: list[list[int]],
-        max_new_tokens: int,
-        sampling: Any,
-        ignore_eos: bool,
-        stop: Sequence[str],
-        on_text: Callable[[int, str], None] | None,
-        method: str,
-        num_draft: int,
-        draft: Model | str | os.PathLike[str] | None,
-        adaptive: bool | None,
-    ) -> list[GenerationResult]:
-        from specport.runtime.speculative.batch import generate_speculative_batch
-        from specport.runtime.streaming import TextStreams
-
-        draft_model = self._draft_model(method, draft)
-        streams = TextStreams(self.tokenizer, len(rows), list(stop), on_text)
-
-        def on_token(row: int, tok: int) -> bool:
-            new = np.zeros(len(rows), dtype=np.int64)
-            active = np.zeros(len(rows), dtype=bool)
-            new[row], active[row] = tok, True
-            hit = streams.push(new, active)
-            return bool(hit is not None and hit[row])
-
-        eos = [] if ignore_eos else self.manifest.eos_token_ids
-        tokens, reasons, metrics = generate_speculative_batch(
-            self,
-            rows,
-            max_new_tokens,
-            method,
-            num_draft,
-            draft_model,
-            sampling,
-            eos,
-            on_token,
-            adaptive,
-        )
-        texts = streams.finish()
-        metrics["provider"] = self.provider
-        return [
-            GenerationResult(
-                list(toks),
-                texts[r] if self.tokenizer is not None else "",
-                reasons[r],
-                dict(metrics),
-                rows[r],
-            )
-            for r, toks in enumerate(tokens)
-        ]
 
 
 def load(
@@ -418,23 +401,3 @@ def artifact_session_entries(manifest: art.Manifest) -> dict[str, str]:
     """Session config entries the artifact's recipe requires (see the manifest's quant section)."""
     quant = manifest.quant or {}
     return {str(k): str(v) for k, v in (quant.get("ort_session_config") or {}).items()}
-
-
-def export(
-    model: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any
-) -> art.Manifest:
-    """Export a source model to an artifact directory; see `specport.exporter.export.export_model`."""
-    from specport.exporter.export import export_model
-
-    return export_model(model, out, **kwargs)
-
-
-def quantize(
-    src: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any
-) -> art.Manifest:
-    """Quantize an artifact into a new one; see `specport.passes.quant.apply.quantize_artifact`."""
-    from specport.passes.quant.apply import quantize_artifact
-
-    if not callable(kwargs.get("progress")):
-        kwargs.pop("progress", None)  # a bool asks for the default display, which is stderr
-    return quantize_artifact(src, out, **kwargs)

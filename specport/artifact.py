@@ -156,6 +156,11 @@ def atomic_artifact_dir(out: Path, overwrite: bool = True) -> Iterator[Path]:
     out = Path(out).resolve()
     if out.exists() and not overwrite:
         raise ArtifactError(f"{out} already exists; pass --overwrite or choose another --out")
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(
+            f"{out} is an existing file, not an artifact directory; refusing to replace it. "
+            "Choose a new --out path."
+        )
     if out.exists() and out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).exists():
         raise ArtifactError(
             f"{out} exists and is not a specport artifact; refusing to replace it. "

@@ -1,7 +1,11 @@
 """The `specport` command: parse, call `specport.api`, print. Nothing else lives here.
 
-Exit codes: 0 success, 1 failure with a message (any SpecportError), 2 usage error.
-Every command takes --json: one JSON object on stdout, logs on stderr.
+Exit codes: 0 success, 1 failure with a message (a SpecportError: what went wrong and what to
+do), 2 usage error (argparse's, or a UsageError: options that cannot work). Users never see
+a traceback: an unexpected error prints one line and asks for a report (`-vv` shows the
+traceback). Every command takes --json: one JSON object on stdout, logs on stderr.
+`-v`/`-q` work before or after the subcommand. Progress goes to stderr (a bar on a terminal,
+lines elsewhere) unless `-q`.
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ from typing import Any
 from specport import __version__
 from specport.errors import SpecportError
 
+logger = logging.getLogger(__name__)
+
 # Subcommand modules in specport/commands/, in --help order; each has add_parser() and run().
 COMMANDS = [
     "demo",
     "export",
     "inspect",
     "generate",
+    "chat",
     "serve",
     "optimize",
     "quantize",
@@ -33,15 +40,47 @@ COMMANDS = [
 ]
 
 
+def _common_options(defaults: bool) -> argparse.ArgumentParser:
+    """-v/-q for the top level (with defaults) and for every subcommand (without, so a value
+    given before the subcommand is not reset by the subparser)."""
+    common = argparse.ArgumentParser(add_help=False)
+    extra: dict[str, Any] = {} if defaults else {"default": argparse.SUPPRESS}
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        help="more logging on stderr (-vv for debug)",
+        **({"default": 0} if defaults else extra),
+    )
+    common.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress lines or bars on stderr",
+        **({"default": False} if defaults else extra),
+    )
+    return common
+
+
+class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Gives every subcommand (and sub-subcommand) the -v/-q options."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("parents", [])
+        kwargs["parents"] = [*kwargs["parents"], _common_options(defaults=False)]
+        parser = super().add_parser(name, **kwargs)
+        parser.register("action", "parsers", _SubParsers)
+        return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specport",
         description="Export decoder-only LLMs to ONNX, optimize the graph, and run it with onnxruntime.",
+        parents=[_common_options(defaults=True)],
     )
+    parser.register("action", "parsers", _SubParsers)
     parser.add_argument("--version", action="version", version=f"specport {__version__}")
-    parser.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv for debug)"
-    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
@@ -53,23 +92,66 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from specport import progress
+    from specport.options import cli_names
+
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(
         level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    logging.getLogger().setLevel(level)
     _quiet_third_party()
     try:
-        return int(args.run(args) or 0)
+        with progress.shown(not args.quiet), cli_names():
+            return int(args.run(args) or 0)
     except SpecportError as e:
-        if getattr(args, "json", False):
-            print(json.dumps({"error": str(e), "type": type(e).__name__}))
-        print(f"error: {e}", file=sys.stderr)
+        _report(args, str(e), type(e).__name__)
+        if e.exit_code == 2:
+            print(f"(see: specport {args.command} --help)", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `specport generate ... | head -1`
+        _silence_stdout()
+        return 0
+    except MemoryError:
+        _report(
+            args,
+            "out of memory; close other programs or use a machine with more RAM.",
+            "MemoryError",
+        )
+        return 1
+    except OSError as e:  # disk full, permissions, ...: the system's own words say enough
+        _report(args, f"{e.strerror or e}{f': {e.filename}' if e.filename else ''}", "OSError")
+        return 1
+    except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback only on request
+        logger.debug("unexpected error", exc_info=True)
+        _report(
+            args,
+            f"unexpected {type(e).__name__}: {e}. This is a bug in specport; please report it "
+            "with the command you ran (add -vv for the traceback).",
+            type(e).__name__,
+        )
+        return 1
+
+
+def _report(args: argparse.Namespace, message: str, kind: str) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps({"error": message, "type": kind}))
+    print(f"error: {message}", file=sys.stderr)
+
+
+def _silence_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
 
 
 def _quiet_third_party() -> None:

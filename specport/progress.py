@@ -1,41 +1,161 @@
-"""Progress for long work, on stderr, off under --json or when stderr is not a terminal."""
+"""Progress for long work, on stderr: a bar on a terminal, plain lines anywhere else.
+
+A minute of silence reads as a hang, and CI logs, `nohup` and pipes are not terminals, so
+progress has two forms. On a terminal: tqdm bars that redraw in place. Elsewhere: one line
+per stage ("[2/5] exporting to ONNX ...") and, for loops, one line per tenth of the work with
+the elapsed time and an estimate of what is left. A bar in a log file would be one line per
+refresh, which is why bars stay on terminals.
+
+Whether progress shows at all: an explicit `show`/`requested` argument wins; else the
+ambient setting (`shown(True)`, which the CLI sets for a whole command so that code deep in a
+pass need not thread a flag through); else only on a terminal (library use stays quiet).
+"""
 
 from __future__ import annotations
 
+import contextvars
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+_AMBIENT: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "specport_progress", default=None
+)
+
+
+@contextmanager
+def shown(flag: bool | None) -> Iterator[None]:
+    """Within the block, progress shows (True), stays quiet (False) or follows the terminal."""
+    token = _AMBIENT.set(flag)
+    try:
+        yield
+    finally:
+        _AMBIENT.reset(token)
+
 
 def enabled(requested: bool | None = None) -> bool:
+    """Should progress show at all (bar or lines)?"""
     if requested is not None:
         return requested
+    ambient = _AMBIENT.get()
+    if ambient is not None:
+        return ambient
     return sys.stderr.isatty()
 
 
 def bar_enabled(requested: bool | None = None) -> bool:
     """Bars redraw with carriage returns: in a log file that is one line per refresh, so a bar
-    shows only on a terminal even when progress was asked for (stage lines still print)."""
-    return requested is not False and sys.stderr.isatty()
+    shows only on a terminal even when progress was asked for (lines print instead)."""
+    return enabled(requested) and sys.stderr.isatty()
 
 
-def every_tenth(step: int, total: int, message: str, requested: bool | None = None) -> None:
-    """Where a bar cannot show (progress asked for, stderr not a terminal): one plain line per
-    tenth of the work, so logs of long jobs still say how far they got."""
-    if not requested or sys.stderr.isatty() or total <= 0:
-        return
-    if (step + 1) % max(1, total // 10) == 0 or step + 1 == total:
-        print(f"{message} {step + 1}/{total}", file=sys.stderr, flush=True)
+def duration(seconds: float) -> str:
+    """12.3s, 4m05s, 1h02m: short enough for a log line."""
+    s = round(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class Loop:
+    """Progress of a loop of `total` steps: a tqdm bar on a terminal; elsewhere one line per
+    tenth ("train-mtp: 60/600 (10%), 12.0s elapsed, ETA 1m48s, loss 2.31")."""
+
+    def __init__(self, total: int, desc: str, show: bool | None = None) -> None:
+        self.total = max(0, int(total))
+        self.desc = desc
+        self.done = 0
+        self._show = enabled(show)
+        self._t0 = time.perf_counter()
+        self._next_line = self._tenth()
+        self._bar: Any = None
+        if self._show and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.total or None, desc=desc, file=sys.stderr, leave=False)
+
+    def _tenth(self) -> int:
+        return max(1, self.total // 10)
+
+    def update(self, n: int = 1, note: str = "") -> None:
+        """`n` more steps done; `note` (e.g. the loss) goes on the bar or the next line."""
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+            if note:
+                self._bar.set_postfix_str(note, refresh=False)
+            return
+        if not self._show or self.total <= 0:
+            return
+        if self.done >= self._next_line or self.done >= self.total:
+            while self._next_line <= self.done:
+                self._next_line += self._tenth()
+            self._line(note)
+
+    def set_total(self, total: int) -> None:
+        """The loop turned out longer or shorter (e.g. a time budget)."""
+        self.total = max(0, int(total))
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.refresh()
+
+    def _line(self, note: str) -> None:
+        elapsed = time.perf_counter() - self._t0
+        pct = 100 * self.done / self.total
+        left = elapsed * (self.total - self.done) / self.done if self.done else 0.0
+        eta = "done" if self.done >= self.total else f"ETA {duration(left)}"
+        tail = f", {note}" if note else ""
+        _say(
+            f"{self.desc}: {self.done}/{self.total} ({pct:.0f}%), {duration(elapsed)} elapsed, "
+            f"{eta}{tail}"
+        )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> Loop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def track(
+    items: Iterable[T], desc: str, total: int | None = None, show: bool | None = None
+) -> Iterator[T]:
+    """Iterate `items` with a `Loop` (total from len() when not given)."""
+    if total is None:
+        try:
+            total = len(items)  # type: ignore[arg-type]
+        except TypeError:
+            total = 0
+    with Loop(total, desc, show) as loop:
+        for item in items:
+            yield item
+            loop.update()
+
+
+bar = track  # the older name
 
 
 class Stages:
     """Numbered stage lines ("[2/5] exporting to ONNX ... 4.1s") for multi-step commands."""
 
-    def __init__(self, total: int, show: bool | None = None) -> None:
+    def __init__(self, total: int, show: bool | None = None, label: str = "") -> None:
         self.total = total
+        self.label = f"{label} " if label else ""
         self.show = enabled(show)
         self.index = 0
         self._t0 = 0.0
@@ -48,14 +168,14 @@ class Stages:
         self._name = name
         self._t0 = time.perf_counter()
         if self.show:
-            print(f"[{self.index}/{self.total}] {name} ...", file=sys.stderr, flush=True)
+            _say(f"[{self.label}{self.index}/{self.total}] {name} ...")
 
     def _finish(self) -> None:
         if self._name:
             dt = time.perf_counter() - self._t0
             self.timings[self._name] = round(dt, 3)
             if self.show:
-                print(f"      {self._name}: {dt:.1f}s", file=sys.stderr, flush=True)
+                _say(f"      {self._name}: {duration(dt)}")
             self._name = ""
 
     def done(self) -> dict[str, float]:
@@ -63,13 +183,32 @@ class Stages:
         return self.timings
 
 
-def bar(
-    items: Iterable[T], desc: str, total: int | None = None, show: bool | None = None
-) -> Iterator[T]:
-    """tqdm on stderr when shown, the bare iterable otherwise."""
-    if not bar_enabled(show):
-        yield from items
-        return
-    from tqdm.auto import tqdm
+def stage_callback(show: bool | None = None) -> Callable[[str, int, int], None]:
+    """A `progress(stage, i, n)` callback (the quantizer's and evaluator's protocol) that
+    opens a `Loop` per stage name and reports through it."""
+    state: dict[str, Any] = {"name": None, "loop": None}
 
-    yield from tqdm(items, desc=desc, total=total, file=sys.stderr, leave=False)
+    def report(stage: str, i: int, n: int) -> None:
+        if stage != state["name"]:
+            if state["loop"] is not None:
+                state["loop"].close()
+            state["name"] = stage
+            state["loop"] = Loop(n, stage, show) if n > 1 else None
+            if n <= 1 and enabled(show):
+                _say(f"{stage} ...")
+        loop = state["loop"]
+        if loop is not None and i > loop.done:
+            loop.update(i - loop.done)
+            if i >= n:
+                loop.close()
+
+    return report
+
+
+def every_tenth(step: int, total: int, message: str, requested: bool | None = None) -> None:
+    """Where a bar cannot show (progress asked for, stderr not a terminal): one plain line per
+    tenth of the work. Prefer `Loop`, which adds elapsed time and ETA."""
+    if not enabled(requested) or sys.stderr.isatty() or total <= 0:
+        return
+    if (step + 1) % max(1, total // 10) == 0 or step + 1 == total:
+        _say(f"{message} {step + 1}/{total}")

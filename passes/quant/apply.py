@@ -36,6 +36,7 @@ from specport.artifact import (
     write_manifest,
 )
 from specport.errors import QuantizationError
+from specport.options import option
 from specport.passes.base import PassResult
 from specport.passes.quant import calibration as C
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
@@ -58,17 +59,23 @@ Progress = Callable[[str, int, int], None]
 
 def _check_kv(scheme: str, algo: str, kv_cache: str, kv_clip: str, calib: Sequence[Any]) -> None:
     if kv_cache not in ("float", "int8"):
-        raise QuantizationError(f"--kv-cache must be float or int8, not {kv_cache!r}")
+        raise QuantizationError(f"{option('kv_cache')} must be float or int8, not {kv_cache!r}")
     if kv_clip not in KV_CLIPS:
-        raise QuantizationError(f"--kv-clip must be one of {', '.join(KV_CLIPS)}, not {kv_clip!r}")
+        raise QuantizationError(
+            f"{option('kv_clip')} must be one of {', '.join(KV_CLIPS)}, not {kv_clip!r}"
+        )
     if scheme == "none" and kv_cache == "float":
-        raise QuantizationError("nothing to do: pass a weight --scheme and/or --kv-cache int8")
+        raise QuantizationError(
+            f"nothing to do: pass a weight {option('scheme')} and/or {option('kv_cache', 'int8')}"
+        )
     if kv_cache == "int8" and algo.startswith("ort-"):
-        raise QuantizationError(f"{algo} is a weight-only baseline; drop --kv-cache int8")
+        raise QuantizationError(
+            f"{algo} is a weight-only baseline; drop {option('kv_cache', 'int8')}"
+        )
     if kv_cache == "int8" and not calib:
         raise QuantizationError(
-            "--kv-cache int8 needs calibration text for its per-head scales; "
-            "pass --calib FILE (documents separated by blank lines)"
+            f"{option('kv_cache', 'int8')} needs calibration text for its per-head scales; "
+            f"pass {option('calib_files')} (documents separated by blank lines)"
         )
 
 
@@ -77,10 +84,14 @@ def _check(
 ) -> None:
     forms = W8A8_FORMS if scheme == "w8a8" else ("matmulnbits", "qdq")
     if form not in forms:
-        raise QuantizationError(f"--form {form} is not a {scheme} form; choose {', '.join(forms)}")
+        raise QuantizationError(
+            f"{option('form', form)} is not a {scheme} form; choose {', '.join(forms)}"
+        )
     if scheme == "none":
         if mixed == "auto":
-            raise QuantizationError("--mixed-precision auto needs a weight --scheme")
+            raise QuantizationError(
+                f"{option('mixed_precision', 'auto')} needs a weight {option('scheme')}"
+            )
         return
     if scheme not in SCHEMES:
         raise QuantizationError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
@@ -89,16 +100,19 @@ def _check(
     if group_size not in (16, 32, 64, 128, 256):
         raise QuantizationError(f"group size {group_size} is not supported; use 32, 64 or 128")
     if mixed not in ("auto", "off"):
-        raise QuantizationError(f"--mixed-precision must be auto or off, not {mixed!r}")
+        raise QuantizationError(f"{option('mixed_precision')} must be auto or off, not {mixed!r}")
     needs = scheme == "w8a8" or algo in NEEDS_CALIB or mixed == "auto"
     if needs and not calib_files:
         what = (
             "w8a8 (static activation ranges)"
             if scheme == "w8a8"
-            else (f"algorithm {algo!r}" if algo in NEEDS_CALIB else "--mixed-precision auto")
+            else (
+                f"algorithm {algo!r}" if algo in NEEDS_CALIB else option("mixed_precision", "auto")
+            )
         )
         raise QuantizationError(
-            f"{what} needs calibration text; pass --calib FILE (documents separated by blank lines)"
+            f"{what} needs calibration text; pass {option('calib_files')} "
+            "(documents separated by blank lines)"
         )
     if algo.startswith("ort-") and (scheme not in ("w4a16", "w4a8") or mixed == "auto"):
         raise QuantizationError(f"{algo} is a baseline for w4a16/w4a8 without mixed precision")
@@ -257,6 +271,8 @@ def quantize_artifact(
                 kv_args = (manifest, src_p, calib_files, calib_docs, kv_clip, progress)
                 kv_report = apply_int8_kv(model, None if passes else model_path, *kv_args)
                 reports.append(kv_report)
+            if progress:
+                progress("writing the quantized graph", 0, 1)
             ir.save(model, tmp / manifest.model_file, external_data=DATA_NAME)
         for f in src_p.iterdir():
             if f.is_file() and f.name not in (MANIFEST_NAME, manifest.model_file, DATA_NAME):
@@ -304,6 +320,8 @@ def quantize_artifact(
                 },
             }
             int8_kv_manifest(manifest, kv_report, recipe)
+        if progress:
+            progress("checking onnxruntime's kernels", 0, 1)
         try:
             manifest.quant["ort_cpu"] = integer_kernel_summary(tmp / manifest.model_file)
         except Exception as e:  # the artifact is still valid for other runtimes

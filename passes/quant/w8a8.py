@@ -52,6 +52,7 @@ from specport.passes.quant.graph import (
     replace_node,
 )
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
+from specport.progress import track
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class QuantizeW8A8Pass(Pass):
                 groups.setdefault(site.x.name or "", []).append(site)
         layers: dict[str, Any] = {}
         folded = explicit = packed_groups = 0
-        for xname, sites in groups.items():
+        for xname, sites in track(list(groups.items()), "quantizing weights (w8a8)"):
             st = self.stats[xname]
             x = sites[0].x
             weights = [s.weight_array() for s in sites]

@@ -38,6 +38,7 @@ from specport.passes.quant.graph import (
     remove_unused,
     replace_node,
 )
+from specport.progress import track
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class QuantizeWeightsNBitsPass(Pass):
         layers: dict[str, dict[str, Any]] = {}
         modified = False
         pending: list[tuple[WeightSite, A.BlockQuant]] = []
-        for site in find_weight_matmuls(model):
+        for site in track(find_weight_matmuls(model), f"quantizing weights ({self.algo})"):
             bits = self.bits_for(site)
             if bits not in (4, 8):
                 layers[site.name] = {"bits": 32, "reason": "kept in float by plan"}

@@ -6,7 +6,14 @@ import argparse
 import sys
 
 from specport.cli import emit_json
-from specport.errors import InputError
+from specport.commands._args import (
+    NON_NEGATIVE,
+    POSITIVE,
+    add_runtime_options,
+    int_at_least,
+    int_between,
+)
+from specport.errors import SpecportError, UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,16 +24,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--prompt-ids", help="comma-separated prompt token ids (repeated per batch row)"
     )
     src.add_argument(
-        "--prompt-len", type=int, default=32, help="random prompt of this many tokens (default 32)"
+        "--prompt-len",
+        type=int_at_least(2),
+        default=32,
+        help="random prompt of this many tokens (default 32)",
     )
     p.add_argument(
-        "--new-tokens", type=int, default=128, help="tokens generated per run (EOS ignored)"
+        "--new-tokens",
+        type=int_at_least(2),
+        default=128,
+        help="tokens generated per run (EOS ignored)",
     )
     p.add_argument(
-        "--batch", type=int, nargs="+", default=[1], help="batch size(s), e.g. --batch 1 8"
+        "--batch", type=POSITIVE, nargs="+", default=[1], help="batch size(s), e.g. --batch 1 8"
     )
     p.add_argument(
-        "--runs", type=int, default=5, help="measured runs per engine (after one warm-up); medians"
+        "--runs",
+        type=POSITIVE,
+        default=5,
+        help="measured runs per engine (after one warm-up); medians",
     )
     p.add_argument(
         "--peer",
@@ -43,13 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="GGUF of the same checkpoint for --peer llama.cpp (default: the artifact's source, "
         "when it was exported from a GGUF)",
     )
-    p.add_argument("--provider", default="cpu", help="auto|cpu|cuda|cann (default cpu)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="intra-op threads for every engine (0 = one per core)",
-    )
+    add_runtime_options(p)
+    p.set_defaults(provider="cpu")
     spin = p.add_mutually_exclusive_group()
     spin.add_argument(
         "--spin",
@@ -59,7 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="let onnxruntime threads busy-wait (default: auto, only with an idle core)",
     )
     spin.add_argument("--no-spin", dest="spin", action="store_false")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seed of the random prompt")
     spec = p.add_argument_group("speculative decoding (plain greedy vs each method, same prompts)")
     spec.add_argument(
         "--speculative",
@@ -67,7 +78,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["ngram", "draft", "mtp"],
         help="benchmark this method against plain greedy (repeatable)",
     )
-    spec.add_argument("--num-draft", type=int, default=4, help="draft tokens per step")
+    spec.add_argument(
+        "--num-draft", type=int_between(1, 16), default=4, help="draft tokens per step"
+    )
     spec.add_argument("--draft", help="draft artifact for --speculative draft")
     spec.add_argument(
         "--adaptive",
@@ -77,7 +90,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     spec.add_argument(
         "--tree-width",
-        type=int,
+        type=int_between(2, 16),
         action="append",
         default=[],
         help="also run ngram as a token tree of this many candidates (repeatable; the artifact "
@@ -92,12 +105,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     load.add_argument(
         "--requests",
-        type=int,
+        type=POSITIVE,
         help="N concurrent requests: continuous batching vs one at a time, one request alone vs "
         "Model.generate, and the prefix cache on a shared system prompt (--runs rounds)",
     )
     load.add_argument(
-        "--prefix-tokens", type=int, default=384, help="shared system prompt length (default 384)"
+        "--prefix-tokens",
+        type=POSITIVE,
+        default=384,
+        help="shared system prompt length (default 384)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(run=run)
@@ -114,12 +130,11 @@ def run(args: argparse.Namespace) -> int:
 
     from specport.runtime.peers import check_peer_name
 
-    if args.new_tokens < 2:
-        raise InputError("--new-tokens must be at least 2 (TPOT needs one decode step).")
     for name in args.peer:
-        check_peer_name(name)
-    if args.runs < 1 or any(b < 1 for b in args.batch):
-        raise InputError("--runs and --batch must be at least 1.")
+        try:
+            check_peer_name(name)
+        except SpecportError as e:  # an option value: a usage error
+            raise UsageError(str(e)) from None
     ids = parse_ids(args.prompt_ids) if args.prompt_ids else None
     reports = []
     for batch in args.batch:
@@ -135,9 +150,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             peer_gguf=args.peer_gguf,
         )
-        report = run_bench(
-            args.artifact, config, peers=args.peer, progress=None if not args.json else False
-        )
+        report = run_bench(args.artifact, config, peers=args.peer, progress=None)
         reports.append(report)
         if not args.json:
             print(format_table(report), flush=True)
@@ -196,7 +209,10 @@ def _run_engines(args: argparse.Namespace) -> int:
     )
 
     if args.peer or args.prompt_ids or args.batch != [1]:
-        raise InputError("--requests takes --prompt-len, --new-tokens, --runs, --threads only.")
+        raise UsageError(
+            "--requests takes --prompt-len, --new-tokens, --runs, --threads only; drop "
+            "--peer, --prompt-ids and --batch."
+        )
     config = EngineBenchConfig(
         requests=args.requests,
         new_tokens=args.new_tokens,

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from specport.cli import emit_json
+from specport.commands._args import POSITIVE
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -13,7 +14,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "demo", help="train (once, ~2 min), export, verify and run a built-in model, offline"
     )
     p.add_argument("--out", help="where to write the demo artifacts (default: the specport cache)")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=48)
     p.add_argument(
         "--retrain", action="store_true", help="train the demo model again even if cached"
     )
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_demo(
         out=args.out,
         max_new_tokens=args.max_new_tokens,
-        progress=not args.json,
+        progress=None,
         stream=None if args.json else stream,
         retrain=args.retrain,
     )

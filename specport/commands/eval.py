@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from specport.cli import emit_json
+from specport.commands._args import POSITIVE, int_at_least
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,18 +22,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         q.add_argument(
             "--text", required=True, help="text file, documents separated by blank lines"
         )
-        q.add_argument("--max-docs", type=int, help="use at most N documents")
+        q.add_argument("--max-docs", type=POSITIVE, help="use at most N documents")
         q.add_argument(
             "--last", action="store_true", help="take the last N documents instead of the first"
         )
         q.add_argument(
             "--context",
-            type=int,
+            type=int_at_least(2),
             help="truncate documents to this many tokens (default: model context)",
         )
         q.add_argument(
             "--chunk",
-            type=int,
+            type=POSITIVE,
             help="feed N tokens per run, carrying the KV cache (scores what the model reads "
             "back from its cache, e.g. --kv-cache int8); default: one pass per document",
         )
@@ -42,14 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.progress import enabled
+    from specport.progress import stage_callback
     from specport.runtime.eval import compare, perplexity
 
-    show = enabled(None) and not args.json
+    report = stage_callback()
 
     def progress(i: int, n: int) -> None:
-        if show and (i == n or i % 50 == 0):
-            print(f"\rscoring: {i}/{n}", end="\n" if i == n else "", file=sys.stderr, flush=True)
+        report("scoring documents", i, n)
 
     if args.eval_command == "ppl":
         r = perplexity(

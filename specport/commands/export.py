@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specport.cli import emit_json
+from specport.commands._args import POSITIVE
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -14,7 +15,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "model", help="Hugging Face model directory, cached hub id, GGUF file, or llama2c .bin"
     )
-    p.add_argument("--out", required=True, help="artifact directory to write (replaced atomically)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="artifact directory to write: new, empty, or an artifact (replaced atomically)",
+    )
     p.add_argument("--tokenizer", help="llama2c tokenizer .bin (for a llama2c checkpoint)")
     p.add_argument(
         "--target",
@@ -27,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--passes", help="comma-separated pass names, overriding the target's pipeline")
     p.add_argument(
-        "--layers", type=int, help="keep only the first N decoder layers (self-draft model)"
+        "--layers", type=POSITIVE, help="keep only the first N decoder layers (self-draft model)"
     )
     p.add_argument(
         "--kv-layout",
@@ -38,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-length",
-        type=int,
+        type=POSITIVE,
         help="KV buffer limit for --kv-layout shared (default min(context length, 4096))",
     )
     p.add_argument(
@@ -47,7 +52,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="add a tree_mask [B,S,S] input so speculative decoding can verify a token tree "
         "in one run (concat layout; attention stays unfused)",
     )
-    p.add_argument("--quant", help="quantize after export: w8a8|w8a16|w4a16|w4a8")
+    p.add_argument(
+        "--quant",
+        choices=["w8a8", "w8a16", "w4a16", "w4a8"],
+        help="quantize after export (default recipe; `specport quantize` has every option)",
+    )
     p.add_argument(
         "--skip-verify", action="store_true", help="do not compare against PyTorch after export"
     )
@@ -57,23 +66,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specport import api
+    from specport.errors import UsageError
 
+    passes = (
+        [p.strip() for p in args.passes.split(",") if p.strip()]
+        if args.passes is not None
+        else None
+    )
+    if args.passes is not None and args.no_fuse:
+        raise UsageError("--no-fuse and --passes exclude each other; drop one of them.")
     manifest = api.export(
         args.model,
         args.out,
         tokenizer=args.tokenizer,
         target=args.target,
         fuse=not args.no_fuse,
-        passes=args.passes.split(",") if args.passes else None,
+        passes=passes,
         skip_verify=args.skip_verify,
         layers=args.layers,
-        progress=None if not args.json else False,
         kv_layout=args.kv_layout,
         max_length=args.max_length,
         tree_mask=args.tree_mask,
+        quant=args.quant,
     )
-    if args.quant:
-        manifest = api.quantize(args.out, args.out, scheme=args.quant)
     summary = {
         "artifact": str(args.out),
         "architecture": manifest.architecture,

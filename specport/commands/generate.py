@@ -1,4 +1,8 @@
-"""`specport generate ARTIFACT --prompt TEXT`: stream text, or print one JSON object."""
+"""`specport generate ARTIFACT --prompt TEXT`: stream text, or print one JSON object.
+
+`--chat TEXT` runs one chat turn through the artifact's chat template (`specport chat` is
+the interactive form). Several `--prompt`s (or `--prompt-ids`, `--chat`) make a batch.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,16 @@ import sys
 from typing import Any
 
 from specport.cli import emit_json
-from specport.errors import InputError
+from specport.commands._args import (
+    add_runtime_options,
+    add_sampling_options,
+    add_speculative_options,
+    check_sampling,
+    int_between,
+)
+from specport.errors import InputError, UsageError
+
+__all__ = ["add_parser", "add_runtime_options", "add_speculative_options", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,21 +37,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         help="comma-separated token ids, e.g. 1,403,407; repeat for a batch",
     )
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument(
-        "--greedy",
-        action="store_true",
-        help="argmax decoding (the default when no sampling option is given)",
+    src.add_argument(
+        "--chat",
+        action="append",
+        metavar="TEXT",
+        help="a user message, sent through the artifact's chat template (one turn; "
+        "`specport chat` for a conversation); repeat for a batch",
     )
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    add_speculative_options(p, "speculative decoding method")
+    p.add_argument("--system", help="system message for --chat")
+    add_sampling_options(p)
+    add_speculative_options(p, "speculative decoding method", num_draft_default=None)
     p.add_argument(
         "--adaptive",
         action=argparse.BooleanOptionalAction,
@@ -47,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--tree-width",
-        type=int,
+        type=int_between(1, 16),
         default=1,
         help="ngram only: verify this many candidate continuations as a token tree in one run "
         "(the artifact must be exported with --tree-mask)",
@@ -56,49 +64,82 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help='print {"tokens", "text", "metrics"} instead of streaming',
+        help='print {"tokens", "text", "metrics"} instead of streaming (one line per prompt)',
     )
     p.set_defaults(run=run)
-
-
-def add_speculative_options(p: argparse.ArgumentParser, method_help: str) -> None:
-    """--speculative, --num-draft, --draft (generate and serve take the same three)."""
-    p.add_argument("--speculative", choices=["ngram", "draft", "mtp"], help=method_help)
-    p.add_argument("--num-draft", type=int, default=4, help="draft tokens per step (speculative)")
-    p.add_argument("--draft", help="draft artifact for --speculative draft (same vocabulary)")
-
-
-def add_runtime_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--provider", default="auto", help="auto|cpu|cuda|cann (default auto)")
-    p.add_argument(
-        "--threads", type=int, default=0, help="intra-op threads (0 = onnxruntime default)"
-    )
 
 
 def parse_ids(text: str) -> list[int]:
     try:
         ids = [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError as e:
-        raise InputError(f"--prompt-ids must be comma-separated integers, got {text!r}.") from e
+    except ValueError:
+        raise UsageError(
+            f"--prompt-ids must be comma-separated integers (e.g. 1,403,407), got {text!r}."
+        ) from None
     if not ids:
-        raise InputError("--prompt-ids is empty.")
+        raise UsageError("--prompt-ids is empty; give comma-separated token ids, e.g. 1,403,407.")
     return ids
+
+
+def check_args(args: argparse.Namespace) -> bool:
+    """Everything about the options alone; returns whether decoding samples."""
+    sampling = check_sampling(args)
+    n = len(args.prompt or args.prompt_ids or args.chat or [])
+    if args.system is not None and not args.chat:
+        raise UsageError("--system goes with --chat; add --chat TEXT or drop --system.")
+    if args.tree_width != 1:
+        if args.speculative != "ngram":
+            raise UsageError(
+                "--tree-width needs --speculative ngram (tree candidates come from n-gram matches)."
+            )
+        if n > 1:
+            raise UsageError("--tree-width runs one prompt at a time; pass a single prompt.")
+    if args.speculative == "draft" and not args.draft:
+        raise UsageError(
+            "--speculative draft needs --draft DIR (a small artifact with the same vocabulary, "
+            "e.g. from `specport export MODEL --layers 2 --out DIR`)."
+        )
+    if args.draft and args.speculative != "draft":
+        raise UsageError("--draft is used only with --speculative draft; add it or drop --draft.")
+    if args.adaptive is not None and args.speculative is None:
+        raise UsageError("--adaptive tunes speculative decoding; add --speculative or drop it.")
+    if args.num_draft is not None and args.speculative is None:
+        raise UsageError("--num-draft sets the draft length; add --speculative or drop it.")
+    return sampling
+
+
+def chat_prompt_ids(model: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The prompt ids of `messages` under the artifact's chat template, or a clear error."""
+    from specport.runtime.chat_template import load_chat_template
+
+    template = load_chat_template(model)
+    if template is None:
+        raise InputError(
+            f"{model.path} has no chat template (chat_template.jinja or tokenizer_config.json); "
+            "use --prompt for plain text, or export a chat model."
+        )
+    return template.render_ids(messages)
 
 
 def run(args: argparse.Namespace) -> int:
     from specport import api
 
-    sampling = any(
-        [args.temperature != 1.0, args.top_k, args.top_p != 1.0, args.min_p, args.seed is not None]
-    )
-    if args.greedy and sampling:
-        raise InputError(
-            "--greedy cannot be combined with --temperature/--top-k/--top-p/--min-p/--seed."
-        )
-    model = api.load(args.artifact, provider=args.provider, threads=args.threads)
-    texts: list[str] | None = args.prompt
+    sampling = check_args(args)
     ids_list = [parse_ids(t) for t in args.prompt_ids] if args.prompt_ids else None
-    if len(texts or ids_list or []) > 1:
+    model = api.load(args.artifact, provider=args.provider, threads=args.threads)
+    if args.prompt and model.tokenizer is None:
+        raise UsageError(
+            f"{args.artifact} has no tokenizer, so it cannot read text; pass token ids with "
+            "--prompt-ids 1,2,3 instead of --prompt."
+        )
+    if args.chat:
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        ids_list = [
+            chat_prompt_ids(model, [*system, {"role": "user", "content": c}]) for c in args.chat
+        ]
+    texts: list[str] | None = args.prompt
+    prompts = texts or ids_list or []
+    if len(prompts) > 1:
         return _run_batch(model, args, texts, ids_list, sampling)
     ids = ids_list[0] if ids_list else None
 
@@ -156,15 +197,18 @@ def _run_batch(
     ids_list: list[list[int]] | None,
     sampling: bool,
 ) -> int:
-    """Several prompts: one batched call; JSON lines with --json, else one block per prompt."""
-    if args.tree_width != 1:
-        raise InputError("--tree-width runs one prompt at a time; pass a single --prompt.")
+    """Several prompts: one batched call; JSON lines with --json, else one block per prompt.
+
+    Each JSON line carries its own prompt and metrics (its prompt and new token counts; the
+    timings are the batch's)."""
     results = model.generate_batch(
         texts, prompt_ids=ids_list, **_generation_options(args, sampling)
     )
+    given = args.prompt or args.chat or args.prompt_ids
     for i, result in enumerate(results):
         if args.json:
-            emit_json(result.to_json())
+            row = {"index": i, "prompt": given[i], **result.to_json()}
+            emit_json(row)
             continue
         body = result.text if model.tokenizer is not None else " ".join(map(str, result.tokens))
         print(f"[{i}] {body}")
@@ -173,7 +217,8 @@ def _run_batch(
         )
     m = results[0].metrics
     print(
-        f"[batch {len(results)}, decode {m.get('decode_tok_per_s') or 0:.1f} tok/s, {m.get('provider')}]",
+        f"[batch {len(results)}, {m.get('batch_new_tokens')} new tokens, decode "
+        f"{m.get('decode_tok_per_s') or 0:.1f} tok/s, {m.get('provider')}]",
         file=sys.stderr,
     )
     return 0

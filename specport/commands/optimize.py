@@ -11,12 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from specport.cli import emit_json
+from specport.commands._args import POSITIVE
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="fuse and lower an ONNX graph for a target")
-    p.add_argument("model", help="input .onnx file (external data next to it is followed)")
-    p.add_argument("--out", required=True, help="output .onnx (weights go to OUT.onnx.data)")
+    p.add_argument(
+        "model", nargs="?", help="input .onnx file (external data next to it is followed)"
+    )
+    p.add_argument(
+        "--out",
+        help="output .onnx (weights go to OUT.onnx.data); new, or an earlier optimize output",
+    )
     p.add_argument(
         "--target",
         default="cpu",
@@ -28,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list-passes", action="store_true", help="print pass names and exit")
     p.add_argument(
         "--sliding-window",
-        type=int,
+        type=POSITIVE,
         help="attention window (tokens) when the graph's mask does not reveal it",
     )
     p.add_argument(
@@ -43,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["concat", "shared"],
         help="shared (cpu/cuda): one preallocated KV buffer per layer + seqlens_k inputs",
     )
-    p.add_argument("--max-length", type=int, help="KV buffer length for --kv-layout shared")
+    p.add_argument("--max-length", type=POSITIVE, help="KV buffer length for --kv-layout shared")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=run)
 
@@ -71,18 +77,22 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.errors import InputError
-    from specport.passes.io_contract import fused_io_contract
-    from specport.passes.pipelines import all_pass_names, optimize_model, save_model
+    from specport import api
+    from specport.errors import UsageError
+    from specport.passes.pipelines import all_pass_names
 
     if args.list_passes:
         names = all_pass_names()
         emit_json({"passes": names}) if args.json else print("\n".join(names))
         return 0
+    if args.model is None or args.out is None:
+        raise UsageError("give the input model and --out OUT.onnx (or --list-passes).")
     src = Path(args.model)
-    if not src.is_file():
-        raise InputError(f"{src} is not a file: pass the path of an .onnx model")
-    passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else None
+    passes = (
+        [p.strip() for p in args.passes.split(",") if p.strip()]
+        if args.passes is not None
+        else None
+    )
     options: dict[str, Any] = {}
     if args.sliding_window is not None:
         options["sliding_window"] = args.sliding_window
@@ -91,11 +101,10 @@ def run(args: argparse.Namespace) -> int:
         options["max_length"] = args.max_length
     if args.no_gqa_fallback:
         options["gqa_fallback"] = "none"
-    model, report = optimize_model(src, args.target, passes, **options)
-    out = save_model(model, args.out)
+    out, report = api.optimize(src, args.out, target=args.target, passes=passes, **options)
     info = summarize(report)
     info["out"] = str(out)
-    info["io_contract"] = fused_io_contract(model)
+    info["io_contract"] = report.get("io_contract")
     if args.json:
         emit_json(info)
         return 0

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from specport.cli import emit_json
+from specport.commands._args import POSITIVE
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -14,7 +14,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "quantize", help="quantize an artifact (W8A8, W8A16, W4A16, W4A8; int8 KV cache)"
     )
     p.add_argument("artifact", help="source artifact directory")
-    p.add_argument("--out", required=True, help="output artifact directory")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output artifact directory (new, empty, or an artifact; never the source)",
+    )
     p.add_argument(
         "--scheme",
         choices=["w8a8", "w8a16", "w4a16", "w4a8", "none"],
@@ -42,7 +46,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="calibration text (docs separated by blank lines)",
     )
     p.add_argument(
-        "--calib-docs", type=int, default=300, help="documents used for calibration (default 300)"
+        "--calib-docs",
+        type=POSITIVE,
+        default=300,
+        help="documents used for calibration (default 300)",
     )
     p.add_argument("--mixed-precision", default="off", choices=["auto", "off"])
     p.add_argument(
@@ -88,19 +95,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.passes.quant.apply import quantize_artifact
-    from specport.progress import enabled
+    from specport import api
+    from specport.errors import UsageError
+    from specport.progress import stage_callback
 
-    show = enabled(None) and not args.json
     if args.scheme is None and args.kv_cache == "float":
-        print("specport quantize: pass --scheme and/or --kv-cache int8", file=sys.stderr)
-        return 2
-
-    def progress(stage: str, i: int, n: int) -> None:
-        if show and (i == n or i % 50 == 0):
-            print(f"\r{stage}: {i}/{n}", end="\n" if i == n else "", file=sys.stderr, flush=True)
-
-    m = quantize_artifact(
+        raise UsageError("nothing to do: pass --scheme and/or --kv-cache int8.")
+    m = api.quantize(
         args.artifact,
         args.out,
         scheme=args.scheme or "none",
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         algo=args.algo,
         calib_files=args.calib,
         mixed_precision=args.mixed_precision,
-        progress=progress,
+        progress=stage_callback(),
         calib_docs=args.calib_docs,
         lm_head_bits=args.lm_head_bits,
         float_zero=args.float_zero,

@@ -11,18 +11,28 @@ from __future__ import annotations
 import argparse
 
 from specport.cli import emit_json
+from specport.commands._args import POSITIVE, int_at_least, int_between
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-mtp", help="train MTP draft heads and write an MTP artifact")
     p.add_argument("artifact", help="artifact exported by `specport export` (concat KV layout)")
-    p.add_argument("--heads", type=int, default=3, help="number of chained MTP heads K (default 3)")
+    p.add_argument(
+        "--heads",
+        type=int_between(1, 16),
+        default=3,
+        help="number of chained MTP heads K (default 3)",
+    )
     p.add_argument("--data", help="training text, documents separated by blank lines")
-    p.add_argument("--out", required=True, help="artifact directory to write (replaced atomically)")
-    p.add_argument("--steps", type=int, default=600, help="optimizer steps (default 600)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="artifact directory to write: new, empty, or an artifact (never the input)",
+    )
+    p.add_argument("--steps", type=POSITIVE, default=600, help="optimizer steps (default 600)")
     p.add_argument(
         "--sequences",
-        type=int,
+        type=int_at_least(16),
         default=768,
         help="self-generated training sequences (default 768)",
     )
@@ -31,19 +41,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.errors import InputError
-    from specport.exporter.mtp_train import train_mtp
+    from specport import api
 
-    if args.steps < 1:
-        raise InputError(f"--steps must be >= 1, got {args.steps}")
-    manifest = train_mtp(
+    manifest = api.train_mtp(
         args.artifact,
         args.out,
         num_heads=args.heads,
         data=args.data,
         steps=args.steps,
         num_sequences=args.sequences,
-        progress=None if not args.json else False,
     )
     mtp = manifest.mtp or {}
     training = mtp.get("training", {})

@@ -13,6 +13,8 @@ import httpx
 import openai
 import pytest
 
+import pytest
+
 from specport.cli import main
 
 
@@ -22,10 +24,12 @@ def test_missing_artifact_exits_1(capsys, tmp_path):
     assert err.startswith("error: ") and "Traceback" not in err
 
 
-def test_unknown_provider_exits_1(capsys, tiny_llama_artifact):
-    assert main(["serve", str(tiny_llama_artifact), "--provider", "tpu", "--port", "0"]) == 1
+def test_unknown_provider_is_a_usage_error(capsys, tiny_llama_artifact):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", str(tiny_llama_artifact), "--provider", "tpu", "--port", "0"])
+    assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "error: " in err and "tpu" in err and "Traceback" not in err
+    assert "--provider" in err and "tpu" in err and "Traceback" not in err
 
 
 def test_bad_port_exits_1(capsys, tiny_llama_artifact):

@@ -105,7 +105,7 @@ def test_cli_quantize_and_eval(quant_src, calib_text, eval_text, tmp_path, capsy
                 "clip",
             ]
         )
-        == 1
+        == 2  # a usage error: the options alone cannot work
     )
     assert "needs calibration" in capsys.readouterr().err
 

@@ -1,0 +1,93 @@
+"""The API's build steps (export, quantize, optimize, train MTP heads), each preflighted.
+
+Each one first runs its `specport.preflight` checks (a second, no weights loaded) and only
+then starts the long work, which the CLI and the API share. `specport.api` re-exports them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from specport import artifact as art
+from specport import preflight
+
+
+def export(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    quant: str | None = None,
+    **kwargs: Any,
+) -> art.Manifest:
+    """Export a source model to an artifact directory; see `specport.exporter.export.export_model`
+    for the keyword arguments. `quant` ("w8a8" | "w8a16" | "w4a16" | "w4a8") quantizes the
+    artifact in place afterwards (default recipe, no calibration text)."""
+    names = ("tokenizer", "target", "fuse", "passes", "layers", "kv_layout", "max_length")
+    checked = {k: kwargs[k] for k in (*names, "tree_mask") if k in kwargs}
+    preflight.check_export(model, out, quant=quant, **checked)
+    from specport.exporter.export import export_model
+
+    manifest = export_model(model, out, **kwargs)
+    if quant is not None:
+        from specport.passes.quant.apply import quantize_artifact
+
+        manifest = quantize_artifact(out, out, scheme=quant)
+    return manifest
+
+
+def quantize(
+    src: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any
+) -> art.Manifest:
+    """Quantize an artifact into a new one; see `specport.passes.quant.apply.quantize_artifact`.
+    `out` must differ from `src` (the source artifact is never replaced)."""
+    from specport.passes.quant.apply import quantize_artifact
+
+    if not callable(kwargs.get("progress")):
+        kwargs.pop("progress", None)  # a bool asks for the default display, which is stderr
+    preflight.check_quantize(src, out, **kwargs)
+    return quantize_artifact(src, out, **kwargs)
+
+
+def optimize(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    target: str = "cpu",
+    passes: list[str] | None = None,
+    **options: Any,
+) -> tuple[Path, dict[str, Any]]:
+    """Fuse and lower any ONNX decoder graph `src` for `target`; write `out` (+ `out.data`).
+
+    Returns (out path, report; `report["io_contract"]` describes the graph's KV inputs). The input is checked first (readable, weights present, passes
+    onnx's checker), the output is checked before it is renamed into place, and `out` must be
+    new or an earlier `optimize` output, never one of the input's files.
+    """
+    from specport.passes.io_contract import fused_io_contract
+    from specport.passes.pipelines import optimize_model
+    from specport.progress import Stages
+
+    preflight.check_optimize(src, out, target, passes, options)
+    from specport.onnx_file import save_onnx_atomic
+
+    stages = Stages(total=2)
+    stages.start("rewriting the graph")
+    model, report = optimize_model(Path(src), target, passes, **options)
+    report["io_contract"] = fused_io_contract(model)
+    stages.start("writing and checking the output")
+    path = save_onnx_atomic(model, Path(out), mark=target)
+    stages.done()
+    return path, report
+
+
+def train_mtp(
+    artifact: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any
+) -> art.Manifest:
+    """Train MTP draft heads for `artifact` into a new artifact `out`; see
+    `specport.exporter.mtp_train.train_mtp` for the keyword arguments."""
+    checked = {k: kwargs[k] for k in ("num_heads", "data", "steps", "num_sequences") if k in kwargs}
+    preflight.check_train_mtp(artifact, out, **checked)
+    from specport.exporter.mtp_train import train_mtp as _train
+
+    return _train(artifact, out, **kwargs)

@@ -1,0 +1,130 @@
+"""Speculative generation behind `Model.generate` / `generate_batch` (speculative=...).
+
+The API checks the arguments first (`specport.generation_args`); these functions wire the
+text streams and EOS handling around the runtime's speculative loops and build the results.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from specport.results import GenerationResult, row_metrics
+
+if TYPE_CHECKING:
+    from specport.api import Model
+
+
+def speculative_one(
+    model: Model,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int,
+    sampling: Any,
+    ignore_eos: bool,
+    stop: Sequence[str],
+    on_text: Callable[[str], None] | None,
+    method: str,
+    num_draft: int,
+    draft: Model | str | os.PathLike[str] | None,
+    adaptive: bool | None = None,
+    tree_width: int = 1,
+) -> GenerationResult:
+    from specport.runtime.speculative.loop import generate_speculative
+    from specport.runtime.streaming import TextStreams
+
+    draft_model = _draft_model(model, draft)
+    streams = TextStreams(
+        model.tokenizer, 1, list(stop), (lambda row, piece: on_text(piece)) if on_text else None
+    )
+    one = np.ones(1, dtype=bool)
+
+    def on_token(tok: int) -> bool:
+        hit = streams.push(np.array([tok], dtype=np.int64), one)
+        return bool(hit is not None and hit[0])
+
+    eos = [] if ignore_eos else model.manifest.eos_token_ids
+    if tree_width != 1:
+        from specport.runtime.speculative.tree import generate_tree
+
+        tokens, reason, metrics = generate_tree(
+            model, prompt_ids, max_new_tokens, num_draft, tree_width, sampling, eos, on_token
+        )
+    else:
+        tokens, reason, metrics = generate_speculative(
+            model,
+            prompt_ids,
+            max_new_tokens,
+            method,
+            num_draft,
+            draft_model,
+            sampling,
+            eos,
+            on_token,
+            adaptive,
+        )
+    text = streams.finish()[0] if model.tokenizer is not None else ""
+    metrics["provider"] = model.provider
+    return GenerationResult(list(tokens), text, reason, metrics, prompt_ids)
+
+
+def _draft_model(model: Model, draft: Model | str | os.PathLike[str] | None) -> Model | None:
+    from specport.api import load
+
+    return load(draft, provider=model.provider) if isinstance(draft, (str, os.PathLike)) else draft
+
+
+def speculative_batch(
+    model: Model,
+    rows: list[list[int]],
+    max_new_tokens: int,
+    sampling: Any,
+    ignore_eos: bool,
+    stop: Sequence[str],
+    on_text: Callable[[int, str], None] | None,
+    method: str,
+    num_draft: int,
+    draft: Model | str | os.PathLike[str] | None,
+    adaptive: bool | None,
+) -> list[GenerationResult]:
+    from specport.runtime.speculative.batch import generate_speculative_batch
+    from specport.runtime.streaming import TextStreams
+
+    draft_model = _draft_model(model, draft)
+    streams = TextStreams(model.tokenizer, len(rows), list(stop), on_text)
+
+    def on_token(row: int, tok: int) -> bool:
+        new = np.zeros(len(rows), dtype=np.int64)
+        active = np.zeros(len(rows), dtype=bool)
+        new[row], active[row] = tok, True
+        hit = streams.push(new, active)
+        return bool(hit is not None and hit[row])
+
+    eos = [] if ignore_eos else model.manifest.eos_token_ids
+    tokens, reasons, metrics = generate_speculative_batch(
+        model,
+        rows,
+        max_new_tokens,
+        method,
+        num_draft,
+        draft_model,
+        sampling,
+        eos,
+        on_token,
+        adaptive,
+    )
+    texts = streams.finish()
+    metrics["provider"] = model.provider
+    return [
+        GenerationResult(
+            list(toks),
+            texts[r] if model.tokenizer is not None else "",
+            reasons[r],
+            row_metrics(metrics, rows[r], toks, r),
+            rows[r],
+        )
+        for r, toks in enumerate(tokens)
+    ]
