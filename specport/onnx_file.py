@@ -98,8 +98,10 @@ def save_onnx_atomic(model: Any, out: Path, mark: str) -> Path:
     out = Path(out).resolve()
     data = onnx_data_path(out)
     model.metadata_props[OPTIMIZED_MARK] = mark
+    made = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    done = False
     try:
         ir.save(model, str(tmp / out.name), external_data=data.name)
         try:
@@ -113,6 +115,13 @@ def save_onnx_atomic(model: Any, out: Path, mark: str) -> Path:
         if (tmp / data.name).exists():
             os.replace(tmp / data.name, data)
         os.replace(tmp / out.name, out)
+        done = True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not done:
+            for d in made:  # the folders made for the output, innermost first
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
     return out

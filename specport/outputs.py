@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from specport.errors import OutputError, UsageError
+from specport.options import option
 
 MANIFEST_NAME = "specport.json"  # same as specport.artifact.MANIFEST_NAME (no heavy import)
 OPTIMIZED_MARK = "specport.optimize"  # metadata key `specport optimize` writes into its output
@@ -23,8 +24,11 @@ def _resolve(p: str | os.PathLike[str]) -> Path:
     return Path(p).expanduser().resolve()
 
 
-def check_not_input(out: Path, inputs: Iterable[str | os.PathLike[str] | None], flag: str) -> None:
+def check_not_input(
+    out: Path, inputs: Iterable[str | os.PathLike[str] | None], flag: str | None = None
+) -> None:
     """Refuse an output that is, contains, or lies inside one of the command's inputs."""
+    flag = flag or option("out")
     o = _resolve(out)
     for given in inputs:
         if given is None or not Path(given).expanduser().exists():
@@ -70,9 +74,10 @@ def _check_parent(o: Path, flag: str) -> None:
 def check_artifact_out(
     out: str | os.PathLike[str],
     inputs: Iterable[str | os.PathLike[str] | None] = (),
-    flag: str = "--out",
+    flag: str | None = None,
 ) -> Path:
     """An artifact directory may be written at `out`: new, empty, or an artifact to replace."""
+    flag = flag or option("out")
     o = _resolve(out)
     check_not_input(Path(out), inputs, flag)
     if o.exists() or o.is_symlink():
@@ -100,10 +105,11 @@ def onnx_data_path(out: Path) -> Path:
 def check_onnx_out(
     out: str | os.PathLike[str],
     inputs: Iterable[str | os.PathLike[str] | None] = (),
-    flag: str = "--out",
+    flag: str | None = None,
 ) -> Path:
     """An ONNX file (and its OUT.data) may be written: new, or an earlier `specport optimize`
     output (marked in its metadata); never a user's file or one of the inputs."""
+    flag = flag or option("out")
     o = _resolve(out)
     data = onnx_data_path(o)
     inputs = list(inputs)

@@ -295,6 +295,7 @@ def check_train_mtp(
     at_least("steps", steps, 1)
     at_least("num_sequences", num_sequences, 16)
     manifest = read_manifest(artifact)
+    check_artifact_out(out, [artifact, data])
     if manifest.kv.layout != "concat":
         raise UsageError(
             f"{artifact} has the {manifest.kv.layout!r} KV layout; MTP heads need a concat-layout "
@@ -312,4 +313,3 @@ def check_train_mtp(
             raise InputError(
                 f"{artifact} has no tokenizer; training MTP heads reads {option('data')} with it."
             )
-    check_artifact_out(out, [artifact, data])

@@ -295,3 +295,71 @@ class TinyZoo:
                 f"{model_type:<12} {mode:<6} export {seconds:6.1f}s  verify max|dlogits| {err_text}"
             )
         return lines
+
+
+# ChatML, as SmolLM2 and Qwen ship it; the tiny tokenizer below has these as special tokens.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+CHAT_SPECIALS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>"]  # ids 0..4 (EOS = 2)
+
+
+def write_chat_tokenizer(out_dir: Path) -> Path:
+    """A real `tokenizers` BPE tokenizer of at most VOCAB ids, with ChatML special tokens and
+    a chat template in tokenizer_config.json: what a chat model's artifact carries.
+
+    Ids 0, 1, 2 are pad, BOS and `<|im_end|>`, matching the tiny configs' pad/BOS/EOS, so
+    generation stops at the end of an answer as it does for a real chat model.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    alphabet = [chr(c) for c in range(32, 127)] + ["\n"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=CHAT_SPECIALS,
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
+    corpus = [
+        "Hello! How are you today? I am fine, thank you.",
+        "Tell me a story about the sea and a little boat.",
+        "The capital of France is Paris. What is the weather like?",
+    ] * 20
+    tok.train_from_iterator(corpus, trainer=trainer)
+    assert tok.get_vocab_size() <= VOCAB
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = {
+        "chat_template": CHAT_TEMPLATE,
+        "bos_token": "<s>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return out_dir
+
+
+def add_chat_tokenizer(artifact: Path, out: Path) -> Path:
+    """A copy of `artifact` that carries `write_chat_tokenizer`'s files, its manifest rehashed
+    (cheaper than another export; the graph is the same)."""
+    import shutil
+
+    from specport import artifact as art
+
+    shutil.copytree(artifact, out)
+    write_chat_tokenizer(out)
+    manifest = art.read_manifest(out)
+    manifest.tokenizer = {
+        "kind": "hf-tokenizers",
+        "file": "tokenizer.json",
+        "files": ["tokenizer.json", "tokenizer_config.json"],
+    }
+    art.write_manifest(out, manifest)
+    return out

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from specport.commands._args import add_runtime_options, add_sampling_options, check_sampling
-from specport.commands.generate import _generation_options
+from specport.commands.generate import generation_options
 from specport.errors import ContextLengthError, InputError
 
 HELP = "commands: /reset (start over), /exit (quit); Ctrl-C stops an answer"
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"chatting with {args.artifact}; {HELP}", file=sys.stderr)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
-    options = _generation_options(args, sampling)
+    options = generation_options(args, sampling)
     while True:
         try:
             line = input("> " if interactive else "")

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         prompt_ids=ids,
         on_text=None if args.json else stream,
         tree_width=args.tree_width,
-        **_generation_options(args, sampling),
+        **generation_options(args, sampling),
     )
     if args.json:
         emit_json(result.to_json())
@@ -170,8 +170,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generation_options(args: argparse.Namespace, sampling: bool) -> dict[str, Any]:
-    """The keyword arguments `Model.generate` and `Model.generate_batch` share."""
+def generation_options(args: argparse.Namespace, sampling: bool) -> dict[str, Any]:
+    """The keyword arguments `Model.generate` and `Model.generate_batch` share (chat has no
+    speculative options: they default to off)."""
     return {
         "max_new_tokens": args.max_new_tokens,
         "greedy": not sampling,
@@ -183,10 +184,10 @@ def _generation_options(args: argparse.Namespace, sampling: bool) -> dict[str, A
         "seed": args.seed,
         "ignore_eos": args.ignore_eos,
         "stop": args.stop,
-        "speculative": args.speculative,
-        "num_draft": args.num_draft,
-        "draft": args.draft,
-        "adaptive": args.adaptive,
+        "speculative": getattr(args, "speculative", None),
+        "num_draft": getattr(args, "num_draft", None),
+        "draft": getattr(args, "draft", None),
+        "adaptive": getattr(args, "adaptive", None),
     }
 
 
@@ -202,7 +203,7 @@ def _run_batch(
     Each JSON line carries its own prompt and metrics (its prompt and new token counts; the
     timings are the batch's)."""
     results = model.generate_batch(
-        texts, prompt_ids=ids_list, **_generation_options(args, sampling)
+        texts, prompt_ids=ids_list, **generation_options(args, sampling)
     )
     given = args.prompt or args.chat or args.prompt_ids
     for i, result in enumerate(results):

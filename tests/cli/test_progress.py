@@ -1,8 +1,10 @@
-"""Progress on stderr: bars only on a terminal, plain lines in logs (specport/progress.py)."""
+"""Progress on stderr: bars only on a terminal, plain lines elsewhere (specport/progress.py)."""
 
 from __future__ import annotations
 
 import io
+import re
+import subprocess
 import sys
 
 import pytest
@@ -30,6 +32,46 @@ def test_bar_only_on_a_terminal(monkeypatch, tty):
     assert ("\r" in stream.getvalue()) is tty
 
 
+def test_logs_get_a_line_per_tenth_with_elapsed_and_eta(monkeypatch):
+    stream = _Stream(False)
+    monkeypatch.setattr(sys, "stderr", stream)
+    with progress.Loop(30, "train", show=True) as loop:
+        for _ in range(30):
+            loop.update(note="loss 1.5")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 10
+    assert re.fullmatch(r"train: 3/30 \(10%\), \d+\.\ds elapsed, ETA \d+\.\ds, loss 1\.5", lines[0])
+    assert lines[-1].startswith("train: 30/30 (100%)") and "done" in lines[-1]
+
+
+def test_library_use_is_quiet_off_a_terminal_unless_asked(monkeypatch):
+    stream = _Stream(False)
+    monkeypatch.setattr(sys, "stderr", stream)
+    list(progress.track(range(20), "quiet"))
+    progress.Stages(2).start("quiet stage")
+    assert stream.getvalue() == ""
+    with progress.shown(True):  # what the CLI sets for a whole command
+        list(progress.track(range(20), "loud"))
+        progress.Stages(2).start("loud stage")
+    out = stream.getvalue()
+    assert "loud: 20/20" in out and "[1/2] loud stage ..." in out
+    with progress.shown(False):  # `specport -q`
+        list(progress.track(range(20), "silent"))
+    assert "silent" not in stream.getvalue()
+
+
+def test_stage_callback_lines(monkeypatch):
+    stream = _Stream(False)
+    monkeypatch.setattr(sys, "stderr", stream)
+    report = progress.stage_callback(True)
+    for i in range(1, 21):
+        report("calibrate", i, 20)
+    report("quantize_weights", 0, 1)
+    out = stream.getvalue()
+    assert "calibrate: 2/20 (10%)" in out and "calibrate: 20/20 (100%)" in out
+    assert "quantize_weights ..." in out
+
+
 def test_logs_get_a_line_per_tenth(monkeypatch):
     stream = _Stream(False)
     monkeypatch.setattr(sys, "stderr", stream)
@@ -37,6 +79,22 @@ def test_logs_get_a_line_per_tenth(monkeypatch):
         progress.every_tenth(step, 30, "train step", True)
     lines = stream.getvalue().splitlines()
     assert lines[0] == "train step 3/30" and lines[-1] == "train step 30/30" and len(lines) == 10
-    stream.truncate(0)
-    progress.every_tenth(0, 1, "quiet", False)  # not asked for: nothing
-    assert stream.getvalue().strip("\x00") == ""
+
+
+@pytest.mark.slow
+def test_quantize_is_not_silent_in_a_log(tiny_llama_artifact, tmp_path):
+    """stderr is a pipe here, as in CI or nohup: stage lines and loop lines still come."""
+    args = ["quantize", str(tiny_llama_artifact), "--out", str(tmp_path / "q")]
+    args += ["--scheme", "w4a16", "--algo", "rtn"]
+    r = subprocess.run(
+        [sys.executable, "-m", "specport", *args],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "quantizing weights (rtn): " in r.stderr and "(100%)" in r.stderr
+    assert "writing the quantized graph ..." in r.stderr
+    quiet = subprocess.run(
+        [sys.executable, "-m", "specport", "-q", *args],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert quiet.returncode == 0 and quiet.stderr == ""

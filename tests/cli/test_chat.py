@@ -1,0 +1,145 @@
+"""`specport chat` and `generate --chat` on a tiny artifact with a real ChatML tokenizer and
+template (tests/fixtures.py: add_chat_tokenizer), through real processes: stdin piped, and a
+pseudo-terminal for the interactive prompt, EOF and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import specport
+from specport.runtime.chat_template import load_chat_template
+
+N = 8  # new tokens per answer
+
+
+def _answer(model, messages) -> str:
+    ids = load_chat_template(model).render_ids(messages)
+    return model.generate(prompt_ids=ids, max_new_tokens=N).text
+
+
+def test_generate_chat_is_one_turn_of_the_template(cli, tiny_chat_artifact):
+    model = specport.load(tiny_chat_artifact)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    ids = load_chat_template(model).render_ids(messages)
+    assert ids[0] == 3 and ids[-1] == 5  # <|im_start|> ... "assistant\n" (ChatML)
+    want = model.generate(prompt_ids=ids, max_new_tokens=N)
+    code, out, err = cli(
+        "generate", tiny_chat_artifact, "--chat", "Hello", "--system", "Be brief.",
+        "--max-new-tokens", N, "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["tokens"] == want.tokens and got["text"] == want.text
+    assert got["metrics"]["prompt_tokens"] == len(ids)
+
+
+def test_chat_piped_turns_reset_and_exit(tiny_chat_artifact):
+    """Turn 2 sees turn 1's answer; /reset starts over (same answer again); /exit ends; a
+    message longer than the context is refused and the chat goes on."""
+    model = specport.load(tiny_chat_artifact)
+    u1, u2 = "Hello", "How are you?"
+    a1 = _answer(model, [{"role": "user", "content": u1}])
+    a2 = _answer(
+        model,
+        [
+            {"role": "user", "content": u1},
+            {"role": "assistant", "content": a1},
+            {"role": "user", "content": u2},
+        ],
+    )
+    too_long = "Hello there " * 40  # > the tiny model's 128-token context
+    stdin = f"{u1}\n{u2}\n/reset\n{too_long}\n{u1}\n/exit\nnever read\n"
+    cmd = [sys.executable, "-m", "specport", "chat", str(tiny_chat_artifact)]
+    r = subprocess.run(
+        [*cmd, "--max-new-tokens", str(N), "--threads", "1"],
+        input=stdin, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{a1}\n{a2}\n{a1}\n"
+    assert "[conversation reset]" in r.stderr and "context is 128" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_chat_ends_cleanly_on_eof(tiny_chat_artifact):
+    r = subprocess.run(
+        [sys.executable, "-m", "specport", "chat", str(tiny_chat_artifact), "--max-new-tokens", "4"],
+        input="Hello\n",  # no /exit: stdin just ends
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize("ending", ["ctrl-d", "ctrl-c", "/exit"])
+def test_chat_on_a_terminal(tiny_chat_artifact, ending):
+    """A real pty as the controlling terminal (stdin, stdout and stderr, as in a shell): the
+    prompt shows, an answer streams, and Ctrl-D / Ctrl-C / /exit end the chat with exit 0."""
+    import fcntl
+    import pty
+    import termios
+
+    main_fd, child_fd = pty.openpty()
+
+    def own_terminal() -> None:  # a new session whose controlling terminal is the pty
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    cmd = [sys.executable, "-m", "specport", "chat", str(tiny_chat_artifact)]
+    proc = subprocess.Popen(
+        [*cmd, "--max-new-tokens", "4"],
+        stdin=child_fd, stdout=child_fd, stderr=child_fd, preexec_fn=own_terminal,
+    )  # fmt: skip
+    os.close(child_fd)
+    try:
+        seen = _read_until(main_fd, b"> ", proc)
+        assert b"chatting with" in seen
+        os.write(main_fd, b"Hello\r")
+        seen = _read_until(main_fd, b"> ", proc)  # the echo, the answer, the next prompt
+        assert seen.startswith(b"Hello")
+        os.write(main_fd, {"ctrl-d": b"\x04", "ctrl-c": b"\x03", "/exit": b"/exit\r"}[ending])
+        proc.wait(timeout=60)
+        rest = _drain(main_fd)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main_fd)
+    assert proc.returncode == 0, rest
+    assert b"Traceback" not in seen + rest
+
+
+def _read_until(fd: int, marker: bytes, proc: subprocess.Popen, timeout: float = 120) -> bytes:
+    data = b""
+    end = time.monotonic() + timeout
+    while marker not in data:
+        if time.monotonic() > end or proc.poll() is not None:
+            raise AssertionError(f"no {marker!r} from chat; got {data!r}")
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            data += os.read(fd, 4096)
+    return data
+
+
+def _drain(fd: int) -> bytes:
+    data = b""
+    while select.select([fd], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # the child closed its side
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_chat_refuses_an_artifact_without_a_template(cli, tiny_llama_artifact: Path):
+    code, _, err = cli("chat", tiny_llama_artifact)
+    assert code == 1 and "generate --prompt" in err and "Traceback" not in err
