@@ -202,9 +202,7 @@ def _run_batch(
 
     Each JSON line carries its own prompt and metrics (its prompt and new token counts; the
     timings are the batch's)."""
-    results = model.generate_batch(
-        texts, prompt_ids=ids_list, **generation_options(args, sampling)
-    )
+    results = model.generate_batch(texts, prompt_ids=ids_list, **generation_options(args, sampling))
     given = args.prompt or args.chat or args.prompt_ids
     for i, result in enumerate(results):
         if args.json:

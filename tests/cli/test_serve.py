@@ -13,8 +13,6 @@ import httpx
 import openai
 import pytest
 
-import pytest
-
 from specport.cli import main
 
 
