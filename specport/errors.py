@@ -6,7 +6,6 @@ importable from the package root (`specport.SpecportError`, ...), so code that c
 can catch the family or one member::
 
     SpecportError                     anything raised on purpose by specport (CLI exit 1)
-    ├── UsageError                    arguments that cannot work, alone or together (CLI exit 2)
     ├── ModelNotFoundError            a source model path or hub id that is not there
     ├── UnsupportedArchitectureError  a `model_type` with no registry entry
     ├── InvalidModelError             source files present but unreadable (also bad ONNX input)
@@ -16,6 +15,7 @@ can catch the family or one member::
     ├── ContextLengthError            a prompt (+ new tokens) longer than the context window
     ├── ProviderError                 an execution provider that is unknown or unavailable
     ├── InputError                    bad input values (prompts, ids, sampling settings)
+    │   └── UsageError                arguments that cannot work, alone or together (CLI exit 2)
     ├── PassError                     a graph pass that cannot run on the given model
     └── QuantizationError             quantization settings that cannot be applied
 """
@@ -27,13 +27,6 @@ class SpecportError(Exception):
     """Base class: anything raised on purpose by specport."""
 
     exit_code = 1
-
-
-class UsageError(SpecportError):
-    """Arguments that cannot work, before any work starts: a value out of range, two options
-    that exclude each other, an output that would overwrite the input. The CLI exits 2."""
-
-    exit_code = 2
 
 
 class ModelNotFoundError(SpecportError):
@@ -72,6 +65,13 @@ class ProviderError(SpecportError):
 
 class InputError(SpecportError):
     """Bad option values or inputs (empty prompt, bad ids, bad sampling settings)."""
+
+
+class UsageError(InputError):
+    """Arguments that cannot work, before any work starts: a value out of range, two options
+    that exclude each other, an output that would overwrite the input. The CLI exits 2."""
+
+    exit_code = 2
 
 
 class PassError(SpecportError):
