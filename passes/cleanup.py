@@ -24,6 +24,7 @@ from onnxscript.rewriter import pattern as orp
 from onnxscript.rewriter.rules.common import _basic_rules as basic
 
 from specport.custom_ops.lowering import unique_names
+from specport.passes._shapes import infer_shapes
 from specport.passes.base import Pass
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,17 @@ def _reduce_axes_to_input(model: ir.Model) -> int:
     return moved
 
 
+def _shapes_missing(model: ir.Model) -> bool:
+    """True when some node output has no shape or an unnamed unknown dim."""
+    for node in model.graph:
+        for out in node.outputs:
+            if out.shape is None:
+                return True
+            if any(not isinstance(d, int) and getattr(d, "value", None) is None for d in out.shape):
+                return True
+    return False
+
+
 class NormalizePass(Pass):
     name = "normalize"
 
@@ -58,6 +70,8 @@ class NormalizePass(Pass):
         if before is not None and before < OPSET:
             version_converter.convert_version(model, target_version=OPSET)
             details["reduce_axes_moved"] = _reduce_axes_to_input(model)
+        if _shapes_missing(model):  # TorchScript exports: head counts hide behind Shape math
+            details.update(infer_shapes(model))
         optimizer.optimize(model, inline=False)
         details["opset_after"] = model.opset_imports.get("")
         return True, details

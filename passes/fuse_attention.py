@@ -33,6 +33,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 from specport.custom_ops import DOMAIN
 from specport.passes.base import Pass
+from specport.passes.fuse_sdpa import fuse_sdpa
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ MASK_INPUT = "attention_mask"
 PAST_PREFIX = "past_key_values."
 # _match's answer for latent-cache (MLA) attention: fused already, nothing to rewrite.
 LATENT = "latent"
+# _match's answer for attention without a KV cache: Attention-23 already is one fused node.
+NO_CACHE = "K/V are not Concat(past, new, axis=2) and do not come from a KV-cache input"
 
 
 def _reaches_past_input(v: ir.Value | None, depth: int = 16) -> bool:
@@ -130,6 +133,38 @@ def _crop_mask(mask: ir.Value, past: ir.Value, new: ir.Value) -> tuple[ir.Value,
     return cropped, list(tape.nodes)
 
 
+def _cropped(past: ir.Value) -> bool:
+    """A past cropped to a window before the Concat (HF sliding-window cache layers): a Slice on
+    the sequence axis. Other producers (Gather/Split of a stacked [2, B, H, P, D] past) keep
+    every position."""
+    node = _producer(past, "Slice")
+    if node is None:
+        return False
+    axes = node.inputs[3].const_value if len(node.inputs) > 3 and node.inputs[3] else None
+    return axes is not None and axes.numpy().reshape(-1).tolist() in ([2], [-2])
+
+
+def _reaches_named_input(v: ir.Value | None, name: str, limit: int = 4000) -> bool:
+    """True when the graph input called `name` is among the ancestors of `v`."""
+    seen: set[int] = set()
+    stack = [v]
+    while stack and len(seen) < limit:
+        value = stack.pop()
+        if value is None or id(value) in seen:
+            continue
+        seen.add(id(value))
+        node = value.producer()
+        if node is None:
+            if value.name == name:
+                return True
+            continue
+        stack.extend(node.inputs)
+        for attr in node.attributes.values():  # values an If/Loop body reads from outside
+            if attr.type == ir.AttributeType.GRAPH:
+                stack.extend(n_in for n in attr.value for n_in in n.inputs)
+    return False
+
+
 def _static(v: ir.Value, axis: int) -> int | None:
     if v.shape is None or v.shape.rank() != 4:
         return None
@@ -146,11 +181,8 @@ class FuseAttentionPass(Pass):
         self.sliding_window = sliding_window
 
     def precondition(self, model: ir.Model) -> str | None:
-        names = {v.name for v in model.graph.inputs}
-        if MASK_INPUT not in names:
-            return f"graph has no '{MASK_INPUT}' input (not the spine I/O contract)"
-        if not any(n.op_type == "Attention" and n.domain == "" for n in model.graph):
-            return "no ai.onnx Attention node (decomposed MatMul/Softmax attention is not fused)"
+        if not any(n.op_type in ("Attention", "Softmax") and n.domain == "" for n in model.graph):
+            return "no attention: neither an ai.onnx Attention node nor a Softmax"
         return None
 
     def _window(self, model: ir.Model, index: int, node: ir.Node) -> tuple[int, str]:
@@ -183,11 +215,15 @@ class FuseAttentionPass(Pass):
         if kparts is None or vparts is None:
             if _reaches_past_input(k) and _reaches_past_input(v):
                 return LATENT
-            return "K/V are not Concat(past, new, axis=2) and do not come from a KV-cache input"
-        graph_inputs = {id(x) for x in node.graph.inputs} if node.graph is not None else set()
-        k_raw = id(kparts[1]) in graph_inputs
-        if k_raw != (id(vparts[1]) in graph_inputs):
+            return NO_CACHE
+        k_cropped = _cropped(kparts[1])
+        if k_cropped != _cropped(vparts[1]):
             return "past K and past V are transformed differently before the Concat"
+        mask_in = node.inputs[3] if len(node.inputs) > 3 else None
+        if mask_in is None and not node.attributes.get_int("is_causal", 0):
+            return "no mask and not causal (bidirectional attention is not a decoder layer)"
+        if mask_in is not None and not _reaches_named_input(mask_in, MASK_INPUT):
+            return f"the mask is not computed from the '{MASK_INPUT}' input"
         num_heads = _static(q, 1)
         kv_heads = _static(kparts[1], 1)
         head_dim = _static(q, 3)
@@ -205,14 +241,23 @@ class FuseAttentionPass(Pass):
             "num_heads": num_heads,
             "kv_heads": kv_heads,
             "scale": scale,
-            "cropped": not k_raw,
+            "cropped": k_cropped,
         }
 
     def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
+        sdpa = fuse_sdpa(model)
         graph = model.graph
-        mask = next(v for v in graph.inputs if v.name == MASK_INPUT)
+        mask = next((v for v in graph.inputs if v.name == MASK_INPUT), None)
+        if mask is None:
+            details = self._summary(model, sdpa, [], [], [])
+            details["note"] = (
+                f"graph has no '{MASK_INPUT}' input: attention stays Attention-23 "
+                "(one node each), no KV-cache fusion"
+            )
+            return bool(sdpa["fused"]), details
         fused: list[dict[str, Any]] = []
         latent: list[dict[str, Any]] = []
+        kept: list[dict[str, Any]] = []  # attention without a cache: Attention-23 is the fused op
         rejected: list[dict[str, str]] = []
         attn_nodes = [n for n in graph if n.op_type == "Attention" and n.domain == ""]
         for index, node in enumerate(attn_nodes):
@@ -224,6 +269,9 @@ class FuseAttentionPass(Pass):
                 latent.append(
                     {"node": node.name or "", "kind": "latent (MLA)", "op": "Attention-23"}
                 )
+                continue
+            if m is NO_CACHE:
+                kept.append({"node": node.name or "", "kind": "no KV cache", "op": "Attention-23"})
                 continue
             if isinstance(m, str):
                 rejected.append({"node": node.name or "", "reason": m})
@@ -269,9 +317,25 @@ class FuseAttentionPass(Pass):
             RemoveUnusedNodesPass()(model)
             TopologicalSortPass()(model)
             model.opset_imports[DOMAIN] = 1
+        details = self._summary(model, sdpa, fused, latent, rejected, kept)
+        return bool(fused or sdpa["fused"]), details
+
+    def _summary(self, model, sdpa, fused, latent, rejected, kept=()) -> dict[str, Any]:
+        """Report: GQA fusions, and per attention what it became or why it was left."""
         details: dict[str, Any] = {"matched": len(fused), "fused": fused}
+        if sdpa["fused"] or sdpa["rejected"]:
+            details["decomposed"] = {"matched": len(sdpa["fused"]), "fused": sdpa["fused"]}
         if latent:
             details["latent_attention"] = latent
-        if rejected:
-            details["rejected"] = rejected
-        return bool(fused), details
+        if kept:
+            details["no_cache_attention"] = list(kept)  # one Attention-23 node each: fused
+        if rejected or sdpa["rejected"]:
+            details["rejected"] = rejected + [
+                {**r, "stage": "decomposed attention -> Attention-23"} for r in sdpa["rejected"]
+            ]
+        kinds = ("GroupQueryAttention", "Attention")
+        details["attention_nodes"] = sum(
+            1 for n in model.graph if n.op_type in kinds and n.domain in ("", DOMAIN)
+        )
+        details["softmax_left"] = sum(1 for n in model.graph if n.op_type == "Softmax")
+        return details

@@ -140,8 +140,9 @@ def test_torchscript_graph_fuses(tiny_export, tmp_path, arch):
     )
     assert counts.get(key, 0) >= 3
     attn = next(p for p in report["passes"] if p["name"] == "fuse_attention")
-    assert "decomposed" in attn["skipped"]  # reported, graph left correct
     dims, vocab = kv_dims(model), model.config.vocab_size
+    assert attn["decomposed"]["matched"] == dims[0]  # MatMul/Softmax -> Attention-23
+    assert attn["matched"] == dims[0] and attn["softmax_left"] == 0  # -> GroupQueryAttention
     assert _parity(cpu_session(path), cpu_session(fused, tmp_path), dims, vocab) < 1e-4
 
 

@@ -1,0 +1,248 @@
+"""Fuse decomposed scaled-dot-product attention into one ai.onnx Attention-23 node.
+
+Contract of the result (4-D form of Attention-23):
+    y [B, H, S, Dv] = Attention(q [B, H, S, Dh], k [B, Hk, T, Dh], v [B, Hk, T, Dv],
+                                bias [.., S, T] (optional, additive); scale)
+    H % Hk == 0; bias broadcasts to [B, H, S, T].
+
+Matches what TorchScript exporters write for attention (Optimum, onnxruntime's gpt2 helper,
+`torch.onnx.export(dynamo=False)` of HF eager or sdpa attention), starting at each Softmax:
+
+    s  = MatMul(q * c1, Transpose(k, perm=[0,1,3,2]) * c2)        c1, c2 optional scalars
+    s  = s * c3 | s / c3                                          optional, before any mask
+    s  = s + bias | Where(cond, s, fill)                          any number of mask terms
+    p  = Softmax(s, axis=-1) [-> Where(IsNaN(p), 0, p)]           optional NaN guard
+    y  = MatMul(p, v)
+
+scale = c1 * c2 * c3 (or / c3); the scalars may be computed from Shape(q)[-1] at run time
+(see _shapes.eval_scalar). `Where(cond, s, fill)` becomes the additive term
+`Where(cond, 0, fill)`. A `-inf` fill is clamped to the lowest float, so a fully masked row (a
+left-pad query) gives a uniform row instead of NaN (the NaN guard's job in the unfused graph).
+fuse_attention then turns an Attention-23 over a concatenated KV cache into GroupQueryAttention.
+
+Not matched, with the reason in the report: softmax over another axis, a scale that is not a
+constant (or computable from static dims), a scale applied after the mask, probabilities used
+elsewhere, Q/K/V that are not 4-D with known head counts, Hk not dividing H.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from specport.passes._shapes import eval_scalar, static_dim
+
+logger = logging.getLogger(__name__)
+
+MATMUL_DEPTH = 8  # Mul/Div/Add/Where steps allowed between the score MatMul and the Softmax
+
+
+def _prod(v: ir.Value | None, *ops: str) -> ir.Node | None:
+    node = v.producer() if v is not None else None
+    if node is None or node.domain not in ("", "ai.onnx") or node.op_type not in ops:
+        return None
+    return node
+
+
+def _reaches_matmul(v: ir.Value | None, depth: int = MATMUL_DEPTH) -> bool:
+    """True when `v` is (a scaled/masked form of) a MatMul output: the score side of an Add."""
+    while depth > 0 and v is not None:
+        node = _prod(v, "MatMul", "Mul", "Div", "Add", "Where")
+        if node is None:
+            return False
+        if node.op_type == "MatMul":
+            return True
+        if node.op_type == "Where":
+            v = node.inputs[1]
+        elif node.op_type == "Add":
+            return any(_reaches_matmul(x, depth - 1) for x in node.inputs)
+        else:
+            v = node.inputs[0]
+        depth -= 1
+    return False
+
+
+def _peel_scale(v: ir.Value | None) -> tuple[ir.Value | None, float, str | None]:
+    """x * c / x / c chains with scalar c -> (x, product of factors, failure)."""
+    scale = 1.0
+    while True:
+        node = _prod(v, "Mul", "Div")
+        if node is None:
+            return v, scale, None
+        a, b = node.inputs
+        cb = eval_scalar(b)
+        ca = eval_scalar(a) if node.op_type == "Mul" else None
+        if cb is None and ca is None:
+            return v, scale, None  # not a scalar factor: let the caller decide
+        if cb is not None:
+            scale = scale * cb if node.op_type == "Mul" else scale / cb
+            v = a
+        else:
+            scale *= float(ca)  # type: ignore[arg-type]
+            v = b
+
+
+def _is_zero(v: ir.Value | None) -> bool:
+    c = eval_scalar(v)
+    return c == 0.0
+
+
+def _prob_consumer(p: ir.Value) -> tuple[ir.Node | None, list[ir.Node], str | None]:
+    """The MatMul(p, v) that consumes the probabilities, through an optional NaN guard."""
+    guard: list[ir.Node] = []
+    uses = [u.node for u in p.uses()]
+    if len(uses) == 2 and {n.op_type for n in uses} == {"IsNaN", "Where"}:
+        isnan = next(n for n in uses if n.op_type == "IsNaN")
+        where = next(n for n in uses if n.op_type == "Where")
+        if (
+            where.inputs[0] is isnan.outputs[0]
+            and where.inputs[2] is p
+            and _is_zero(where.inputs[1])
+            and len(isnan.outputs[0].uses()) == 1
+        ):
+            guard = [isnan, where]
+            p = where.outputs[0]
+            uses = [u.node for u in p.uses()]
+    if p.is_graph_output() or len(uses) != 1:
+        return None, guard, "attention probabilities are used elsewhere"
+    mm = uses[0]
+    if mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx") or mm.inputs[0] is not p:
+        return None, guard, f"probabilities feed {mm.op_type}, not MatMul(p, V)"
+    return mm, guard, None
+
+
+def match_sdpa(softmax: ir.Node) -> dict[str, Any] | str:
+    """The parts of one decomposed attention ending at `softmax`, or why it is not one."""
+    x = softmax.inputs[0]
+    rank = x.shape.rank() if x is not None and x.shape is not None else None
+    axis = softmax.attributes.get_int("axis", -1)
+    if axis != -1 and not (rank and axis == rank - 1):
+        return f"Softmax over axis {axis}, not the key axis"
+    mm, _, why = _prob_consumer(softmax.outputs[0])
+    if mm is None:
+        return why or "no MatMul(p, V)"
+    terms: list[tuple[str, ir.Value, ir.Value | None]] = []  # (kind, value, fill)
+    scale = 1.0
+    scaled = False  # walking back from the Softmax: a scale seen before a mask scales the mask
+    v = x
+    while True:
+        node = _prod(v, "Add", "Where", "Mul", "Div", "MatMul")
+        if node is None:
+            src = v.producer() if v is not None else None
+            what = src.op_type if src is not None else "a graph input"
+            return f"scores come from {what}, not MatMul(Q, K^T)"
+        if node.op_type == "MatMul":
+            break
+        if node.op_type in ("Add", "Where") and scaled:
+            return "scores are scaled after the mask is added"
+        if node.op_type == "Add":
+            a, b = node.inputs
+            sa, sb = _reaches_matmul(a), _reaches_matmul(b)
+            if sa == sb:
+                return "cannot tell scores from mask in an Add before the Softmax"
+            terms.append(("add", b if sa else a, None))  # type: ignore[arg-type]
+            v = a if sa else b
+        elif node.op_type == "Where":
+            fill = eval_scalar(node.inputs[2])
+            if fill is None or fill > -1e4:
+                return "Where before the Softmax does not fill with a large negative constant"
+            terms.append(("where", node.inputs[0], node.inputs[2]))  # type: ignore[arg-type]
+            v = node.inputs[1]
+        else:
+            inner, factor, _ = _peel_scale(node.outputs[0])
+            if inner is node.outputs[0]:
+                return f"{node.op_type} before the Softmax is not by a constant scalar"
+            scale *= factor
+            scaled = True
+            v = inner
+    q_side, k_side = node.inputs
+    q, cq, _ = _peel_scale(q_side)
+    kt, ck, _ = _peel_scale(k_side)
+    tr = _prod(kt, "Transpose")
+    if tr is None:
+        return "K^T is not a Transpose of K"
+    perm = list(tr.attributes.get_ints("perm", []))
+    if perm not in ([0, 1, 3, 2], [0, 2, 3, 1]):
+        return f"K is transposed with perm {perm}, not [0, 1, 3, 2] (or [0, 2, 3, 1] from BSHD)"
+    k, ck2, _ = _peel_scale(tr.inputs[0])
+    k_axes = (1, 3) if perm == [0, 1, 3, 2] else (2, 3)  # where K's heads / head dim sit
+    value = mm.inputs[1]
+    for name, t in (("Q", q), ("K", k), ("V", value)):
+        if t is None or t.shape is None or t.shape.rank() != 4:
+            return f"{name} is not 4-D [B, H, S, D] (shape unknown or packed)"
+    h, hk, hv = static_dim(q, 1), static_dim(k, k_axes[0]), static_dim(value, 1)
+    if not h or not hk or hk != hv or h % hk:
+        return f"head counts unknown or incompatible (H={h}, Hk={hk}, Hv={hv})"
+    dq, dk = static_dim(q, 3), static_dim(k, k_axes[1])
+    if dq is not None and dk is not None and dq != dk:
+        return f"Q head dim {dq} != K head dim {dk}"
+    return {
+        "q": q,
+        "k": k,
+        "k_bshd": perm == [0, 2, 3, 1],  # K given as [B, S, Hk, Dh]: transpose it to BHSD
+        "v": value,
+        "terms": terms,
+        "scale": scale * cq * ck * ck2,
+        "softmax": softmax,
+        "matmul": mm,
+    }
+
+
+def _bias(tape: ir.tape.Tape, terms: list[tuple[str, ir.Value, ir.Value | None]]):
+    lowest = float(np.finfo(np.float32).min)
+    total: ir.Value | None = None
+    for kind, value, _fill in terms:
+        if kind == "where":
+            zero = tape.op("Constant", [], {"value": ir.tensor(np.asarray(0.0, np.float32))})
+            low = tape.op("Constant", [], {"value": ir.tensor(np.asarray(lowest, np.float32))})
+            term = tape.op("Where", [value, zero, low])
+        else:
+            term = value
+            where = _prod(value, "Where")
+            fill = eval_scalar(where.inputs[2]) if where is not None else None
+            if where is not None and fill is not None and np.isneginf(fill):
+                # Where(c, 0, -inf): same mask with a finite fill (no NaN rows).
+                low = tape.op("Constant", [], {"value": ir.tensor(np.asarray(lowest, np.float32))})
+                term = tape.op("Where", [where.inputs[0], where.inputs[1], low])
+        total = term if total is None else tape.op("Add", [total, term])
+    return total
+
+
+def fuse_sdpa(model: ir.Model) -> dict[str, Any]:
+    """Rewrite every matching Softmax attention in the main graph; report fused and refused."""
+    graph = model.graph
+    fused: list[dict[str, Any]] = []
+    rejected: list[dict[str, str]] = []
+    for softmax in [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]:
+        m = match_sdpa(softmax)
+        if isinstance(m, str):
+            rejected.append({"node": softmax.name or "", "reason": m})
+            continue
+        mm: ir.Node = m["matmul"]
+        tape = ir.tape.Tape()
+        bias = _bias(tape, m["terms"])
+        k = tape.op("Transpose", [m["k"]], {"perm": [0, 2, 1, 3]}) if m["k_bshd"] else m["k"]
+        attn = ir.node(
+            "Attention",
+            [m["q"], k, m["v"], *([bias] if bias is not None else [])],
+            attributes={"scale": float(m["scale"])},
+            name=f"{softmax.name or 'attention'}_sdpa",
+        )
+        for n in [*tape.nodes, attn]:
+            graph.insert_before(mm, n)
+        out = attn.outputs[0]
+        old = mm.outputs[0]
+        out.type, out.shape = old.type, old.shape
+        ir.convenience.replace_all_uses_with(old, out, replace_graph_outputs=True)
+        name = old.name
+        old.name = f"{name}__unfused"
+        out.name = name
+        fused.append({"node": attn.name or "", "scale": round(float(m["scale"]), 6)})
+    if fused:
+        from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+        RemoveUnusedNodesPass()(model)
+    return {"fused": fused, "rejected": rejected}
