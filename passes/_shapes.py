@@ -105,6 +105,13 @@ def eval_const(v: ir.Value | None, depth: int = 12) -> np.ndarray | None:
         end = node.attributes.get_int("end", rank)
         dims = list(x.shape.dims)[slice(start, end)]
         return np.asarray(dims, np.int64) if all(isinstance(d, int) for d in dims) else None
+    if op == "Gather" and node.inputs[0] is not None:
+        src = node.inputs[0].producer()
+        idx = eval_const(node.inputs[1], depth - 1)
+        plain = src is not None and src.op_type == "Shape" and not src.attributes
+        if src is not None and plain and idx is not None and idx.size == 1:
+            d = static_dim(src.inputs[0], int(idx.reshape(-1)[0]))  # only that dim must be static
+            return None if d is None else np.asarray(d, np.int64)
     if op == "Slice" and node.inputs[0] is not None:
         src = node.inputs[0].producer()
         if src is not None and src.op_type == "Shape" and src.inputs[0] is not None:

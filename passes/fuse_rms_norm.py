@@ -5,6 +5,10 @@ Matches two forms:
     decomposed x * (1 / sqrt(mean(x^2) + eps)) * w  with Pow/Mul, Div/Reciprocal variants
               (TorchScript export, older exporters)
 Contract of the result: see custom_ops/rms_norm.py.
+
+Also (same pass, since it is the same statistics): decomposed LayerNorm below opset 17
+    (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * w + b  ->  ai.onnx LayerNormalization
+(TorchScript GPT-2 exports at opset 14, onnxruntime's gpt2 helper layout).
 """
 
 from __future__ import annotations
@@ -90,12 +94,45 @@ class DecomposedRMSNormFusion(ReasonedRule):
         return op.RMSNorm(x, w, epsilon=float(np.float32(_scalar(eps))), _domain=DOMAIN)
 
 
+class DecomposedLayerNormFusion(ReasonedRule):
+    """(x - mean) / sqrt(var + eps) * w + b over the last axis -> LayerNormalization."""
+
+    def pattern(self, op, x, ax1, two, ax2, eps, w, b):
+        d = op.Sub(x, op.ReduceMean(x, ax1, _outputs=["mean"]))
+        var = op.ReduceMean(op.Pow(d, two), ax2, _outputs=["var"])
+        return op.Add(op.Mul(op.Div(d, op.Sqrt(op.Add(var, eps))), w), b)
+
+    def check(self, context, x, ax1, two, ax2, eps, w, b, mean, var, **_):
+        if _scalar(two) != 2.0:
+            return self.fail("exponent is not the constant 2", two)
+        if _scalar(eps) is None:
+            return self.fail("epsilon is not a constant scalar", eps)
+        rank = x.shape.rank() if x.shape is not None else None
+        for axes, red in ((ax1, mean), (ax2, var)):
+            ax = axes.const_value.numpy().reshape(-1).tolist() if axes.const_value else None
+            if ax is None or len(ax) != 1 or not (ax[0] == -1 or (rank and ax[0] == rank - 1)):
+                return self.fail(f"reduces over {ax}, not the last axis", red)
+            if red.producer().attributes.get_int("keepdims", 1) != 1:
+                return self.fail("ReduceMean without keepdims", red)
+        for name, t in (("scale", w), ("bias", b)):
+            if t.const_value is None or t.const_value.numpy().ndim != 1:
+                return self.fail(f"{name} is not a 1-D initializer", t)
+        return orp.MatchResult()
+
+    def rewrite(self, op, x, eps, w, b, **_):
+        eps_f = float(np.float32(_scalar(eps)))
+        return op.LayerNormalization(x, w, b, axis=-1, epsilon=eps_f)
+
+
 class FuseRMSNormPass(RuleFusionPass):
     name = "fuse_rms_norm"
     anchors = ("RMSNormalization", "ReduceMean")
 
     def make_rules(self):
-        rules: list[ReasonedRule] = [StandardRMSNormFusion(name="standard_rms_norm")]
+        rules: list[ReasonedRule] = [
+            StandardRMSNormFusion(name="standard_rms_norm"),
+            DecomposedLayerNormFusion(name="decomposed_layer_norm", commute=True),
+        ]
         for square in ("pow", "mul"):
             for inv in ("div", "reciprocal"):
                 for axes_input in (True, False):

@@ -117,9 +117,8 @@ def _prob_consumer(p: ir.Value) -> tuple[ir.Node | None, list[ir.Node], str | No
 def match_sdpa(softmax: ir.Node) -> dict[str, Any] | str:
     """The parts of one decomposed attention ending at `softmax`, or why it is not one."""
     x = softmax.inputs[0]
-    rank = x.shape.rank() if x is not None and x.shape is not None else None
     axis = softmax.attributes.get_int("axis", -1)
-    if axis != -1 and not (rank and axis == rank - 1):
+    if axis not in (-1, 3):  # scores are [B, H, S, T] (checked through Q below)
         return f"Softmax over axis {axis}, not the key axis"
     mm, _, why = _prob_consumer(softmax.outputs[0])
     if mm is None:

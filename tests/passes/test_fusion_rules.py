@@ -146,14 +146,58 @@ def test_attention_needs_the_spine_mask():
     node = helper.make_node("Attention", ["q", "q", "q"], ["y"])
     model = _model([node], [q], [_x("y", ("B", 4, "S", D))])
     result = FuseAttentionPass()(model)
-    assert not result.modified and "attention_mask" in result.report["skipped"]
+    assert not result.modified and "attention_mask" in result.report["note"]
 
 
-def test_attention_without_cache_is_refused():
+def test_attention_without_cache_is_kept():
     q = _x("q", ("B", 4, "S", D))
     mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "T"])
     node = helper.make_node("Attention", ["q", "q", "q"], ["y"], is_causal=1)
     model = _model([node], [q, mask], [_x("y", ("B", 4, "S", D))])
     result = FuseAttentionPass()(model)
+    # no cache: the Attention-23 node already is the one fused node; nothing to rewrite
+    assert not result.modified and "rejected" not in result.report
+    assert result.report["no_cache_attention"][0]["op"] == "Attention-23"
+
+
+def _ln_graph(commuted=False, axis=-1):
+    """TorchScript LayerNorm below opset 17: (x - mean) / sqrt(var + eps) * w + b."""
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "axes"], ["mean"], keepdims=1),
+        helper.make_node("Sub", ["x", "mean"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["d2"]),
+        helper.make_node("ReduceMean", ["d2", "axes2"], ["var"], keepdims=1),
+        helper.make_node("Add", ["eps", "var"] if commuted else ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["sd"]),
+        helper.make_node("Div", ["d", "sd"], ["n"]),
+        helper.make_node("Mul", ["w", "n"] if commuted else ["n", "w"], ["nw"]),
+        helper.make_node("Add", ["b", "nw"] if commuted else ["nw", "b"], ["y"]),
+    ]
+    rng = np.random.default_rng(0)
+    inits = [
+        _c("axes", [-1], np.int64),
+        _c("axes2", [axis], np.int64),
+        _c("two", 2.0),
+        _c("eps", 1e-5),
+        _c("w", rng.standard_normal(D)),
+        _c("b", rng.standard_normal(D)),
+    ]
+    return _model(nodes, [_x()], [_x("y")], inits)
+
+
+@pytest.mark.parametrize("commuted", [False, True], ids=["torchscript", "commuted"])
+def test_decomposed_layer_norm(commuted):
+    model = _ln_graph(commuted)
+    x = np.random.default_rng(1).standard_normal((2, 3, D), dtype=np.float32)
+    want = run(model, {"x": x})[0]
+    result = FuseRMSNormPass()(model)
+    assert result.report["matched"]["decomposed_layer_norm"] == 1
+    assert op_counts(model) == {"LayerNormalization": 1}
+    np.testing.assert_allclose(run(model, {"x": x})[0], want, atol=1e-5)
+
+
+def test_layer_norm_over_another_axis_is_refused():
+    model = _ln_graph(axis=1)  # variance over the sequence axis: not a LayerNorm
+    result = FuseRMSNormPass()(model)
     assert not result.modified
-    assert "Concat(past, new" in result.report["rejected"][0]["reason"]
+    assert any("not the last axis" in r["reason"] for r in result.report["rejected"])

@@ -124,11 +124,23 @@ def test_every_layer_fuses_with_parity(optimized, name):
     assert max_error(_session(FIXTURES / name), _session(out)) < 1e-4
 
 
-@pytest.mark.parametrize("name", ["optimum_llama.onnx", "optimum_phi3.onnx"])
-def test_norms_fuse_in_optimum_llama_family(optimized, name):
-    _, _, counts = optimized(name)
+@pytest.mark.parametrize("name", ["optimum_llama.onnx", "optimum_qwen2.onnx", "optimum_phi3.onnx"])
+def test_norms_and_rotary_fuse_in_optimum_llama_family(optimized, name):
+    report, _, counts = optimized(name)
     assert counts["com.microsoft.SkipSimplifiedLayerNormalization"] == 2 * LAYERS
     assert counts["RMSNormalization"] == 1  # the first norm has no residual before it
+    assert "ReduceMean" not in counts
+    rotary = next(p for p in report["passes"] if p["name"] == "fuse_rotary")
+    assert rotary["matched"]["rotate_half_rotary"] == 2 * LAYERS  # Q and K of every layer
+    assert counts["RotaryEmbedding"] == 2 * LAYERS and "Neg" not in counts
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if "gpt2" in n])
+def test_layer_norms_fuse_in_gpt2(optimized, name):
+    _, _, counts = optimized(name)
+    # ln_1 / ln_2 of each layer and ln_f, each after a residual add (ln_1 of layer 0 after
+    # the token + position embedding sum)
+    assert counts["com.microsoft.SkipLayerNormalization"] == 2 * LAYERS + 1
     assert "ReduceMean" not in counts
 
 
