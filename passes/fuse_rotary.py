@@ -64,7 +64,9 @@ def _duplicated_halves(v: ir.Value | None) -> bool:
     the last axis are equal, so the first half carries everything."""
     node = v.producer() if v is not None else None
     while node is not None and node.op_type in ("Mul", "Cast", "Identity") and node.domain == "":
-        if node.op_type == "Mul" and not any(i.const_value is not None for i in node.inputs):
+        if node.op_type == "Mul" and not any(
+            i is not None and i.const_value is not None for i in node.inputs
+        ):
             return False
         v = next(i for i in node.inputs if i is not None and i.const_value is None)
         node = v.producer()
@@ -148,10 +150,10 @@ def _annotate(model: ir.Model) -> None:
             full = src.inputs[0]
             if full is not None and full.shape is not None and dh:
                 v.shape = ir.Shape([*list(full.shape.dims)[:-1], dh // 2])
-                v.dtype = full.dtype
+                v.type = full.type
         out = node.outputs[0]
         if out.shape is None and x is not None:
-            out.shape, out.dtype = x.shape, x.dtype
+            out.shape, out.type = x.shape, x.type
 
 
 class FuseRotaryPass(RuleFusionPass):
