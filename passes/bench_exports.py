@@ -1,0 +1,221 @@
+"""specport vs onnxruntime's and onnxscript's optimizers on graphs other tools exported.
+
+    python -m specport.passes.bench_fusion --inputs exports [--repeat 20] [--json]
+
+Inputs: the export fixtures under tests/passes/fixtures (Optimum's Llama / Qwen2 / Phi-3 /
+GPT-2, TorchScript GPT-2 in onnxruntime's gpt2_helper layout with and without past; 2 layers,
+hidden 32), plus a bench-size TorchScript GPT-2 with stacked past exported here (8 layers,
+hidden 512) and the dynamo Llama of bench_fusion. Each input goes through
+  specport   optimize_model(target="cpu")
+  onnxscript onnxscript.rewriter.ort_fusions.optimize_for_ort
+  ort        onnxruntime.transformers.optimizer.optimize_model(model_type="gpt2")
+and each result is timed in one interleaved loop (decode: B=1, S=1, past 64; prefill: B=1,
+S=64; CPU, 1 thread; an input without a cache decodes one token with no past). Reported per input and tool: fused attention layers (Attention /
+GroupQueryAttention / MultiHeadAttention nodes, an If wrapping one counted once), Softmax
+nodes left, main-graph nodes, median ms; a tool that fails on an input is reported with its
+error.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+ATTENTION_OPS = {"Attention", "GroupQueryAttention", "MultiHeadAttention", "PackedAttention"}
+TOOLS = ("input", "specport", "onnxscript", "ort")
+
+
+def fixtures_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "tests" / "passes" / "fixtures"
+
+
+def fused_attention(proto: Any) -> int:
+    """Attention-like nodes of the main graph; an If holding one in a branch counts once."""
+    n = 0
+    for node in proto.graph.node:
+        if node.op_type in ATTENTION_OPS:
+            n += 1
+        elif node.op_type == "If":
+            branches = [a.g for a in node.attribute if a.name in ("then_branch", "else_branch")]
+            if any(x.op_type in ATTENTION_OPS for g in branches for x in g.node):
+                n += 1
+    return n
+
+
+def generic_feeds(sess: Any, b: int, s: int, p: int, vocab: int, seed: int = 1):
+    """Feeds for any decoder I/O layout: per-tensor [B, H, P, D] or stacked [2, B, H, P, D]."""
+    rng = np.random.default_rng(seed)
+    has_past = any("past" in i.name for i in sess.get_inputs())
+    feeds: dict[str, np.ndarray] = {}
+    for i in sess.get_inputs():
+        if i.name == "input_ids":
+            feeds[i.name] = rng.integers(0, vocab, (b, s), dtype=np.int64)
+        elif i.name == "attention_mask":
+            feeds[i.name] = np.ones((b, p + s if has_past else s), np.int64)
+        elif i.name == "position_ids":
+            feeds[i.name] = np.tile(np.arange(p, p + s, dtype=np.int64), (b, 1))
+        elif len(i.shape) == 5:
+            feeds[i.name] = rng.standard_normal((2, b, i.shape[2], p, i.shape[4]), np.float32)
+        else:
+            feeds[i.name] = rng.standard_normal((b, i.shape[1], p, i.shape[3]), np.float32)
+    return feeds
+
+
+def export_gpt2_stacked(path: Path, **config: Any) -> Path:
+    """HF GPT-2 (eager attention) exported by TorchScript with gpt2_helper's stacked past."""
+    import torch
+    import transformers as tf
+    from transformers import DynamicCache
+
+    class StackedPast(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, position_ids, attention_mask, *past):
+            cache = DynamicCache()
+            for i, kv in enumerate(past):
+                cache.update(kv[0], kv[1], i)
+            out = self.m(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            layers = out.past_key_values.layers
+            return (out.logits, *(torch.stack([x.keys, x.values]) for x in layers))
+
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(**config)
+    model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    n, h, d = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head
+    names = [f"past_{i}" for i in range(n)]
+    outs = ["logits", *(f"present_{i}" for i in range(n))]
+    axes = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "position_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "logits": {0: "batch", 1: "seq"},
+        **{k: {1: "batch", 3: "past"} for k in names},
+        **{k: {1: "batch", 3: "total"} for k in outs[1:]},
+    }
+    ids = torch.randint(0, cfg.vocab_size, (2, 3))
+    args = (ids, torch.arange(4, 7).expand(2, 3), torch.ones(2, 7, dtype=torch.int64))
+    past = [torch.randn(2, 2, h, 4, d) for _ in range(n)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            StackedPast(model),
+            (*args, *past),
+            str(path),
+            dynamo=False,
+            opset_version=14,
+            input_names=["input_ids", "position_ids", "attention_mask", *names],
+            output_names=outs,
+            dynamic_axes=axes,
+        )
+    return path
+
+
+def _optimize(tool: str, src: Path, out: Path) -> Path:
+    import onnx_ir as ir
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if tool == "input":
+        return src
+    if tool == "specport":
+        from specport.passes.pipelines import optimize_model, save_model
+
+        model, _ = optimize_model(src, "cpu")
+        return save_model(model, out)
+    if tool == "onnxscript":
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+        model = ir.load(str(src))
+        optimize_for_ort(model)
+        ir.save(model, out, external_data=out.name + ".data")
+        return out
+    from onnxruntime.transformers.optimizer import optimize_model as ort_optimize
+
+    opt = ort_optimize(str(src), model_type="gpt2", num_heads=0, hidden_size=0, opt_level=1)
+    opt.save_model_to_file(str(out), use_external_data_format=True)
+    return out
+
+
+def run_exports_bench(
+    root: Path, repeat: int = 20, threads: int = 1, big: bool = True
+) -> dict[str, Any]:
+    """One row per (input, tool): fused attention, Softmax left, nodes, decode/prefill ms."""
+    import onnx
+
+    from specport.passes.bench_fusion import BENCH_CONFIG, _bound_run, _export, _interleaved
+    from specport.passes.testing import cpu_session
+
+    inputs: dict[str, tuple[Path, int]] = {
+        p.stem: (p, 128) for p in sorted(fixtures_dir().glob("*.onnx"))
+    }
+    if big:
+        gpt2 = root / "bench_gpt2_ts_stacked" / "model.onnx"
+        if not gpt2.exists():
+            export_gpt2_stacked(
+                gpt2, n_embd=512, n_layer=8, n_head=8, vocab_size=8192, n_positions=1024
+            )
+        inputs["ts_gpt2_past_eager_8x512"] = (gpt2, 8192)
+        inputs["dynamo_llama_8x512"] = (_export(root), int(BENCH_CONFIG["vocab_size"]))
+    rows: dict[str, dict[str, Any]] = {}
+    decode: dict[str, Any] = {}
+    prefill: dict[str, Any] = {}
+    for name, (src, vocab) in inputs.items():
+        for tool in TOOLS:
+            key = f"{name}|{tool}"
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    path = _optimize(tool, src, root / "exports" / name / tool / "model.onnx")
+                proto = onnx.load(str(path), load_external_data=False)
+                sess = cpu_session(path, threads=threads)
+            except Exception as e:  # noqa: BLE001 - a tool failing on an input is a finding
+                rows[key] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+                logger.warning("%s on %s failed: %s", tool, name, e)
+                continue
+            has_past = any("past" in i.name for i in sess.get_inputs())
+            rows[key] = {
+                "fused_attention": fused_attention(proto),
+                "softmax_left": sum(n.op_type == "Softmax" for n in proto.graph.node),
+                "nodes": len(proto.graph.node),
+            }
+            past = 64 if has_past else 0  # without a cache, one token attends to itself only
+            decode[key] = _bound_run(sess, generic_feeds(sess, 1, 1, past, vocab), False)
+            prefill[key] = _bound_run(sess, generic_feeds(sess, 1, 64, 0, vocab), False)
+    for key, t in _interleaved(decode, repeat).items():
+        rows[key]["decode_ms"] = t["median_ms"]
+    for key, t in _interleaved(prefill, max(5, repeat // 2)).items():
+        rows[key]["prefill_ms"] = t["median_ms"]
+    return {"threads": threads, "repeat": repeat, "rows": rows}
+
+
+def print_table(res: dict[str, Any]) -> None:
+    print("| input | tool | fused attention | Softmax left | nodes | decode ms | prefill ms |")
+    print("|---|---|---|---|---|---|---|")
+    for key, r in res["rows"].items():
+        name, tool = key.split("|")
+        if "error" in r:
+            print(f"| {name} | {tool} | failed: {r['error']} | | | | |")
+            continue
+        print(
+            f"| {name} | {tool} | {r['fused_attention']} | {r['softmax_left']} | {r['nodes']} "
+            f"| {r.get('decode_ms', float('nan')):.3f} | {r.get('prefill_ms', float('nan')):.3f} |"
+        )
+
+
+def default_root() -> Path:
+    return Path(tempfile.gettempdir()) / "specport_bench_exports"
