@@ -61,6 +61,23 @@ def _shapes_missing(model: ir.Model) -> bool:
     return False
 
 
+IN_MEMORY_LIMIT = 1 << 30  # inference serializes the graph: weights held in memory are copied
+
+
+def _needs_shapes(model: ir.Model) -> bool:
+    """Shapes are worth inferring for decomposed attention / rotary (a Softmax or a Neg in the
+    main graph) with shapes missing, when the copy inference makes is cheap (weights on disk
+    stay references; at most 1 GiB held in memory)."""
+    if not any(n.op_type in ("Softmax", "Neg") and n.domain == "" for n in model.graph):
+        return False
+    in_memory = sum(
+        v.const_value.nbytes
+        for v in model.graph.initializers.values()
+        if v.const_value is not None and not isinstance(v.const_value, ir.ExternalTensor)
+    )
+    return in_memory <= IN_MEMORY_LIMIT and _shapes_missing(model)
+
+
 class NormalizePass(Pass):
     name = "normalize"
 
@@ -70,7 +87,7 @@ class NormalizePass(Pass):
         if before is not None and before < OPSET:
             version_converter.convert_version(model, target_version=OPSET)
             details["reduce_axes_moved"] = _reduce_axes_to_input(model)
-        if _shapes_missing(model):  # TorchScript exports: head counts hide behind Shape math
+        if _needs_shapes(model):  # TorchScript exports: head counts hide behind Shape math
             details.update(infer_shapes(model))
         optimizer.optimize(model, inline=False)
         details["opset_after"] = model.opset_imports.get("")
