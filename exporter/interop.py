@@ -12,7 +12,8 @@ files consistent with the graph they ship:
 
 A file specport did not generate (not listed in the manifest's `interop.generated`) is never
 overwritten: a source's generation_config.json is kept, a user's README.md stays and the card goes
-to MODEL_CARD.md; config.json is merged (its keys kept, the few that describe the graph set). Which runtimes run the artifact, and why not where they do not, is recorded in
+to MODEL_CARD.md; config.json is merged (its keys kept, the few that describe the graph set), and
+a transformers-5 tokenizer_config.json gets the form transformers 4.x reads as well (`adjusted`). Which runtimes run the artifact, and why not where they do not, is recorded in
 the manifest's `interop.runtimes`.
 """
 
@@ -32,12 +33,14 @@ from specport.exporter.optimum_config import (
     generation_config,
     hf_config,
     optimum_support,
+    tokenizer_config_compat,
 )
 
 logger = logging.getLogger(__name__)
 
 INTEROP_KEY = "interop"
 FALLBACK_CARD_NAME = "MODEL_CARD.md"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
 
 def runtimes_of(manifest: Any, hf_cfg: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -144,6 +147,12 @@ def write_interop_files(directory: Path, manifest: Any) -> dict[str, str]:
     w.generated.append(HF_CONFIG_NAME)
     if not (d / GENERATION_CONFIG_NAME).exists() or GENERATION_CONFIG_NAME in w.ours:
         w.write(GENERATION_CONFIG_NAME, _dump(generation_config(manifest)))
+    adjusted = list(previous.get("adjusted") or [])
+    tok_path = d / TOKENIZER_CONFIG_NAME
+    compat = tokenizer_config_compat(_read_json(tok_path) or {}) if tok_path.exists() else None
+    if compat is not None:  # the same tokens, in the form Optimum's transformers 4.x reads too
+        tok_path.write_text(_dump(compat))
+        adjusted = sorted({*adjusted, TOKENIZER_CONFIG_NAME})
     runtimes = {
         "specport": {"status": "yes"},
         "onnxruntime": {"status": "yes", "notes": _ort_notes(manifest)},
@@ -173,6 +182,7 @@ def write_interop_files(directory: Path, manifest: Any) -> dict[str, str]:
         "runtimes": runtimes,
         "generated": sorted({*w.generated, card_name}),
         "kept": w.kept,
+        "adjusted": adjusted,
     }
     try:
         card = model_card(manifest, runtimes, sizes)

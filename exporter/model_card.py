@@ -185,6 +185,7 @@ def _usage(manifest: Any, runtimes: dict[str, dict[str, Any]]) -> list[str]:
             "",
             'model = og.Model(".")',
             "tokenizer = og.Tokenizer(model)",
+            'tokenizer.update_options(add_special_tokens="true")  # the tokenizer\'s own BOS',
             "params = og.GeneratorParams(model)",
             "params.set_search_options(max_length=64, do_sample=False)",
             "generator = og.Generator(model, params)",

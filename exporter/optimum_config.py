@@ -151,6 +151,22 @@ def _from_manifest(manifest: Any) -> dict[str, Any]:
     return cfg
 
 
+def tokenizer_config_compat(data: dict[str, Any]) -> dict[str, Any] | None:
+    """tokenizer_config.json that transformers 4.x (Optimum's) and 5.x both read, or None if it is.
+
+    transformers 5 writes the extra special tokens as a list under `extra_special_tokens`, where
+    4.x expects a dict there and crashes on the list; both read the list as
+    `additional_special_tokens`, so it moves there (same tokens, same ids).
+    """
+    extra = data.get("extra_special_tokens")
+    if not isinstance(extra, list):
+        return None
+    out = {k: v for k, v in data.items() if k != "extra_special_tokens"}
+    merged = list(out.get("additional_special_tokens") or [])
+    out["additional_special_tokens"] = merged + [t for t in extra if t not in merged]
+    return out
+
+
 def generation_config(manifest: Any) -> dict[str, Any]:
     """A greedy generation_config.json from the manifest's token ids (when the source had none)."""
     c = manifest.config

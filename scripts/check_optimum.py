@@ -25,14 +25,15 @@ from typing import Any
 PACKAGES = ["torch==2.13.0", "optimum-onnx[onnxruntime]==0.1.0"]
 PROMPTS = [[1, 17, 93, 5], [1, 40, 41, 200, 7, 99, 123, 64, 3, 18]]
 
-# Runs inside the Optimum venv: greedy tokens of each prompt, EOS ignored, as JSON on stdout.
+# Runs inside the Optimum venv: greedy tokens of each prompt (EOS ignored), and the ids
+# Optimum's tokenizer gives TEXT when the artifact carries one, as JSON on stdout.
 CHILD = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
 import torch
 from optimum.onnxruntime import ORTModelForCausalLM
 
-artifact, prompts, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+artifact, prompts, n, text = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 model = ORTModelForCausalLM.from_pretrained(artifact)
 out = []
 for prompt in prompts:
@@ -40,8 +41,13 @@ for prompt in prompts:
     seq = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                          max_new_tokens=n, min_new_tokens=n, eos_token_id=None, pad_token_id=0)
     out.append(seq[0, len(prompt):].tolist())
-print(json.dumps(out))
+encoded = None
+if text:
+    from transformers import AutoTokenizer
+    encoded = AutoTokenizer.from_pretrained(artifact)(text)["input_ids"]
+print(json.dumps({"tokens": out, "encoded": encoded}))
 """
+TEXT = "Once upon a time"
 
 
 def default_venv() -> Path:
@@ -62,9 +68,11 @@ def build_venv(path: Path) -> None:
     subprocess.run([py, "-m", "pip", "install", "-q", *PACKAGES], check=True)
 
 
-def optimum_tokens(python: Path, artifact: Path, prompts: list[list[int]], n: int) -> list[Any]:
+def run_optimum(
+    python: Path, artifact: Path, prompts: list[list[int]], n: int, text: str
+) -> dict[str, Any]:
     proc = subprocess.run(
-        [str(python), "-c", CHILD, str(artifact), json.dumps(prompts), str(n)],
+        [str(python), "-c", CHILD, str(artifact), json.dumps(prompts), str(n), text],
         capture_output=True,
         text=True,
         cwd=str(Path.home()),  # keep the checkout's packages off the child's import path
@@ -72,26 +80,31 @@ def optimum_tokens(python: Path, artifact: Path, prompts: list[list[int]], n: in
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"Optimum failed on {artifact}: {tail[0]}")
-    return list(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def specport_tokens(artifact: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
+def run_specport(artifact: Path, prompts: list[list[int]], n: int) -> dict[str, Any]:
     import specport
 
     model = specport.load(artifact, provider="cpu", threads=1)
-    return [model.generate(prompt_ids=p, max_new_tokens=n, ignore_eos=True).tokens for p in prompts]
+    tokens = [
+        model.generate(prompt_ids=p, max_new_tokens=n, ignore_eos=True).tokens for p in prompts
+    ]
+    encoded = model.encode(TEXT) if model.tokenizer is not None else None
+    return {"tokens": tokens, "encoded": encoded}
 
 
 def check(python: Path, artifact: Path, prompts: list[list[int]], n: int) -> dict[str, Any]:
+    """Greedy tokens (and the prompt's ids, with a tokenizer) from specport and from Optimum."""
     from specport.artifact import read_manifest
     from specport.exporter.interop import runtimes_of
 
     support = runtimes_of(read_manifest(artifact))["optimum"]
     if support["status"] != "yes":  # the manifest says why; nothing to compare
         return {"artifact": str(artifact), "ok": True, "skipped": support.get("reason")}
-    ours = specport_tokens(artifact, prompts, n)
+    ours = run_specport(artifact, prompts, n)
     try:
-        theirs = optimum_tokens(python, artifact, prompts, n)
+        theirs = run_optimum(python, artifact, prompts, n, TEXT if ours["encoded"] else "")
     except RuntimeError as e:
         return {"artifact": str(artifact), "ok": False, "error": str(e), "specport": ours}
     return {"artifact": str(artifact), "ok": ours == theirs, "specport": ours, "optimum": theirs}

@@ -273,3 +273,45 @@ def test_write_manifest_never_fails_on_interop(tmp_path: Path) -> None:
     runtimes = loaded.extra["interop"]["runtimes"]
     assert runtimes["onnxruntime-genai"]["status"] == "no"
     assert set(loaded.files) >= {"model.onnx", "README.md", "config.json"}
+
+
+REFERENCE = "Once upon a time, there was a little girl named Lily. She loved to play outside"
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+@pytest.mark.parametrize("source", ["hf", "llama2c"])
+def test_genai_tokenizer_and_text_on_stories260k(
+    shared_dir: Path, tmp_path: Path, source: str
+) -> None:
+    """The real stories260K, from its HF directory and from llama2.c: genai reads the tokenizer
+    files the artifact carries, encodes the reference prompt to the same ids as specport (with
+    the tokenizer's own BOS), and greedy-decodes the known reference text."""
+    from specport.exporter.export import export_model
+
+    models = shared_dir / "models"
+    if source == "hf":
+        export_model(models / "stories260K", tmp_path / "a", progress=False)
+    else:
+        export_model(
+            models / "llama2c" / "stories260K.bin",
+            tmp_path / "a",
+            tokenizer=models / "llama2c" / "tok512.bin",
+            progress=False,
+        )
+    model = og.Model(str(tmp_path / "a"))
+    tokenizer = og.Tokenizer(model)
+    tokenizer.update_options(add_special_tokens="true")
+    ids = [int(t) for t in tokenizer.encode("Once upon a time")]
+    assert ids == [1, 403, 407, 261, 378]
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=40, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(ids)
+    while not gen.is_done():
+        gen.generate_next_token()
+    text = tokenizer.decode(gen.get_sequence(0))
+    assert text.startswith(REFERENCE)
+    ours = specport.load(tmp_path / "a", provider="cpu", threads=1)
+    result = ours.generate(prompt_ids=ids, max_new_tokens=40 - len(ids))
+    assert [int(t) for t in gen.get_sequence(0)][len(ids) :] == result.tokens
