@@ -18,7 +18,8 @@ samples from; speculative rejection sampling needs exactly that distribution as 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,9 @@ class SamplingConfig:
     presence_penalty: float = 0.0  # OpenAI: minus this once for every token already generated
     frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count so far
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    # a structured-output grammar (runtime/grammar.Constraint): masks the logits, then follows
+    # the chosen token; stateful, so one per request (batch of one row)
+    constraint: Any = field(default=None, compare=False, repr=False)
 
     @property
     def needs_history(self) -> bool:
@@ -55,8 +59,8 @@ class SamplingConfig:
 
     @property
     def plain(self) -> bool:
-        """True when the logits go to the sampler unchanged (no penalty, no bias)."""
-        return not self.needs_history and not self.logit_bias
+        """True when the logits go to the sampler unchanged (no penalty, bias or grammar)."""
+        return not self.needs_history and not self.logit_bias and self.constraint is None
 
     def validate(self) -> SamplingConfig:
         """Raise `InputError` on settings that cannot be sampled with; return self otherwise."""
@@ -113,13 +117,21 @@ class Sampler:
     ) -> np.ndarray:  # [B] int64
         """Pick one token per row."""
         scores = self._penalized(logits, history, generated)
+        constraint = self.config.constraint
+        if constraint is not None:
+            scores = constraint.mask(scores)
         if self.config.greedy:
-            return np.argmax(scores, axis=-1).astype(np.int64)
-        cand, probs = self._filtered(scores)
-        if cand is None:
-            return sample_from_probs(probs, self.rng)
-        picked = sample_from_probs(probs, self.rng)
-        return cand[np.arange(cand.shape[0]), picked].astype(np.int64)
+            ids = np.argmax(scores, axis=-1).astype(np.int64)
+        else:
+            cand, probs = self._filtered(scores)
+            if cand is None:
+                ids = sample_from_probs(probs, self.rng)
+            else:
+                picked = sample_from_probs(probs, self.rng)
+                ids = cand[np.arange(cand.shape[0]), picked].astype(np.int64)
+        if constraint is not None:
+            constraint.accept(int(ids[0]))
+        return ids
 
     def probs(
         self,

@@ -201,6 +201,11 @@ class Model:
                     "presence / frequency penalties and logit_bias are not supported with "
                     "speculative decoding; use repetition_penalty, or decode without it."
                 )
+            if config.constraint is not None:
+                raise UsageError(
+                    "structured outputs (a grammar) are not supported with speculative "
+                    "decoding yet; serve without --speculative for constrained requests."
+                )
             return speculative_one(
                 self,
                 ids_one,

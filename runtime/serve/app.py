@@ -107,6 +107,7 @@ def make_app(model: Any, engine: Engine, settings: ServeSettings | None = None) 
         model,
         engine_max_length=getattr(engine, "max_length", None),
         logprobs=type(engine).__name__ == "BatchingEngine",
+        speculative=bool(getattr(engine, "speculative", None)),
     )
     if settings.chat_template is not None and model.tokenizer is None:
         raise InputError(

@@ -78,6 +78,17 @@ class ServedModel:
     created: int = field(default_factory=lambda: int(time.time()))
     engine_max_length: int | None = None  # KV positions per request the engine reserves
     logprobs: bool = True  # the engine reports logprobs (the batching engine does)
+    speculative: bool = False  # the engine decodes speculatively (no grammars there yet)
+    _grammars: Any = None
+
+    def grammars(self) -> Any:
+        """The structured-output compiler for this tokenizer (built at first use, ~1 s)."""
+        if self._grammars is None:
+            from specport.runtime.grammar import GrammarCompiler
+
+            m = self.model.manifest
+            self._grammars = GrammarCompiler(self.model.tokenizer, m.vocab_size, m.eos_token_ids)
+        return self._grammars
 
     @property
     def context_length(self) -> int:
@@ -345,6 +356,9 @@ def _finish(
     if n > 1 and config.greedy:
         logger.debug("n=%d with greedy decoding: the choices will be equal", n)
     logprobs = _logprobs(kind, req, served)
+    compiled = _grammar(req, served)
+    if compiled is not None:
+        config = replace(config, constraint=served.grammars().constraint(compiled))
     base = Request(
         prompt_ids=ids,
         max_new_tokens=max_tokens,
@@ -357,9 +371,10 @@ def _finish(
     requests = [base]
     for i in range(1, n):  # each choice its own stream of random numbers
         seed = None if config.seed is None else config.seed + i
-        requests.append(
-            replace(base, sampling=replace(config, seed=seed), request_id=f"{request_id}-{i}")
-        )
+        choice = replace(config, seed=seed)
+        if compiled is not None:  # a grammar's state is per sequence
+            choice = replace(choice, constraint=served.grammars().constraint(compiled))
+        requests.append(replace(base, sampling=choice, request_id=f"{request_id}-{i}"))
     return ParsedRequest(
         kind,
         request_id,
@@ -370,6 +385,80 @@ def _finish(
         logprobs=logprobs,
         echo=bool(getattr(req, "echo", False)),
     )
+
+
+def _structured(req: _Sampling) -> tuple[str, Any, str] | None:
+    """(kind, spec, field) of the one structured-output field set, if any."""
+    found: list[tuple[str, Any, str]] = []
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        if fmt.type == "json_schema":
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise APIError(
+                    400,
+                    'response_format {"type": "json_schema"} needs json_schema.schema',
+                    param="response_format",
+                )
+            found.append(("json_schema", fmt.json_schema.schema_, "response_format"))
+        elif fmt.type == "json_object":
+            found.append(("json_object", None, "response_format"))
+        else:
+            raise APIError(
+                400,
+                f"response_format type {fmt.type!r} is not supported; use json_schema or "
+                "json_object, or the guided_regex / guided_grammar fields",
+                param="response_format",
+            )
+    for kind, name in (
+        ("json_schema", "guided_json"),
+        ("regex", "guided_regex"),
+        ("choice", "guided_choice"),
+        ("grammar", "guided_grammar"),
+    ):
+        value = getattr(req, name)
+        if value is not None:
+            found.append((kind, value, name))
+    so = req.structured_outputs
+    if so is not None:
+        for kind, value in (
+            ("json_schema", so.json_),
+            ("regex", so.regex),
+            ("choice", so.choice),
+            ("grammar", so.grammar),
+            ("json_object", True if so.json_object else None),
+        ):
+            if value is not None:
+                found.append((kind, None if kind == "json_object" else value, "structured_outputs"))
+    if len(found) > 1:
+        names = ", ".join(sorted({f for _, _, f in found}))
+        raise APIError(400, f"give one structured-output constraint, got several ({names})")
+    return found[0] if found else None
+
+
+def _grammar(req: _Sampling, served: ServedModel) -> Any:
+    """The compiled grammar the request asks for (None: unconstrained)."""
+    wanted = _structured(req)
+    if wanted is None:
+        return None
+    kind, spec, name = wanted
+    if served.model.tokenizer is None:
+        raise APIError(
+            400,
+            "structured outputs need the model's tokenizer, and this artifact has none",
+            param=name,
+        )
+    if served.speculative:
+        raise APIError(
+            400,
+            "structured outputs are not supported with speculative decoding yet; serve "
+            "without --speculative for constrained requests",
+            param=name,
+            code="unsupported",
+        )
+    try:
+        return served.grammars().compile(kind, spec)
+    except InputError as e:
+        raise APIError(400, str(e), param=name) from None
 
 
 def parse_completion(body: dict[str, Any], served: ServedModel) -> ParsedRequest:

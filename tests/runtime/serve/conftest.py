@@ -64,3 +64,38 @@ def stories(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     yield model, server
     server.stop()
     engine.close()
+
+
+def byte_tokenizer() -> Any:
+    """A real byte-level `tokenizers.Tokenizer` whose 256 ids are the 256 bytes (GPT-2's byte
+    alphabet), to give the tokenizer-less tiny model text in and out."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    vocab = {chars[b]: b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(chars[1], special=True), AddedToken(chars[2], special=True)])
+    assert tok.token_to_id(chars[2]) == 2  # BOS / EOS keep their ids, decode skips them
+    return tok
+
+
+@pytest.fixture(scope="module")
+def bytes_batching(batching):
+    """The shared-layout tiny Llama with a byte tokenizer: continuous batching with text."""
+    model, _ = batching
+    model = specport.load(model.path, threads=1)
+    model.tokenizer = byte_tokenizer()
+    engine = _make_engine(model)
+    server = serve(model, engine, model_name="bytes", chat_template=CHAT_TEMPLATE)
+    yield model, server
+    server.stop()
+    engine.close()

@@ -633,14 +633,21 @@ def test_metrics_agree_with_the_clients_counts(tiny_model):
         got = 0
         for i in range(3):
             out = client.completions.create(
-                model="m", prompt=[1, 5 + i], max_tokens=4 + i, temperature=0,
+                model="m",
+                prompt=[1, 5 + i],
+                max_tokens=4 + i,
+                temperature=0,
                 extra_body={"ignore_eos": True},
-            )  # fmt: skip
+            )
             got += out.usage.completion_tokens
         for _ in client.completions.create(
-            model="m", prompt=[1, 9], max_tokens=5, temperature=0, stream=True,
+            model="m",
+            prompt=[1, 9],
+            max_tokens=5,
+            temperature=0,
+            stream=True,
             extra_body={"ignore_eos": True},
-        ):  # fmt: skip
+        ):
             pass
         got += 5
         text = httpx.get(server.url + "/metrics").text

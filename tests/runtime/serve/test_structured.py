@@ -1,0 +1,144 @@
+"""Structured outputs through the official `openai` client: response_format json_schema /
+json_object and vLLM's guided_regex / guided_choice / guided_grammar, on both engines, greedy
+and sampled. stories260K knows nothing of JSON, so an answer that parses and validates is the
+grammar's doing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import openai
+import pytest
+
+from tests.runtime.serve.helpers import openai_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.shared]  # the serial cases serve stories260K
+pytest.importorskip("xgrammar", reason="structured outputs need specport[structured]")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "color": {"enum": ["red", "green", "blue"]},
+        "size": {"enum": [1, 2, 3]},
+    },
+    "required": ["ok", "color", "size"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(params=["serial", "batching"])
+def server(request):
+    """stories260K on the serial engine, or the tiny Llama with a byte tokenizer on the
+    batching engine; both answer to the model name "s260" here."""
+    if request.param == "serial":
+        return request.getfixturevalue("stories")[1]
+    server = request.getfixturevalue("bytes_batching")[1]
+    server.app.state.specport.served.name = "s260"
+    return server
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_answer_parses_and_validates(server, temperature):
+    client = openai_client(server)
+    out = client.chat.completions.create(
+        model="s260",
+        messages=[{"role": "user", "content": "Describe the ball."}],
+        max_tokens=60,
+        temperature=temperature,
+        seed=5,
+        response_format={"type": "json_schema", "json_schema": {"name": "ball", "schema": SCHEMA}},
+    )
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop", choice
+    jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+def test_regex_choice_and_grammar(server):
+    client = openai_client(server)
+    out = client.completions.create(
+        model="s260",
+        prompt="Once upon a time",
+        max_tokens=20,
+        temperature=0.8,
+        seed=1,
+        n=3,
+        extra_body={"guided_regex": "[a-z]{3}-[0-9]{2}"},
+    )
+    for c in out.choices:
+        assert re.fullmatch("[a-z]{3}-[0-9]{2}", c.text), c.text
+    out = client.completions.create(
+        model="s260",
+        prompt="The cat was",
+        max_tokens=10,
+        temperature=0,
+        extra_body={"guided_choice": ["happy", "sad", "very sleepy"]},
+    )
+    assert out.choices[0].text in ("happy", "sad", "very sleepy")
+    grammar = 'root ::= "Lily " ("ran" | "sang") " " [0-9]'
+    out = client.completions.create(
+        model="s260",
+        prompt="Once",
+        max_tokens=10,
+        temperature=0,
+        extra_body={"guided_grammar": grammar},
+    )
+    assert re.fullmatch("Lily (ran|sang) [0-9]", out.choices[0].text), out.choices[0].text
+    # streamed, the pieces add up to a valid answer too
+    text = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="s260",
+            prompt="Once",
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            extra_body={"guided_regex": "[a-z]{3}-[0-9]{2}"},
+        )
+        if c.choices
+    )
+    assert re.fullmatch("[a-z]{3}-[0-9]{2}", text), text
+
+
+def test_json_object_and_bad_constraints(server):
+    client = openai_client(server)
+    out = client.completions.create(
+        model="s260",
+        prompt="{",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
+    if out.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(out.choices[0].text), dict)
+    else:  # a JSON object the budget cut short still starts as one
+        assert out.choices[0].text.startswith("{")
+    with pytest.raises(openai.BadRequestError, match="could not be compiled"):
+        client.completions.create(
+            model="s260", prompt="x", max_tokens=4, extra_body={"guided_regex": "[a-"}
+        )
+    with pytest.raises(openai.BadRequestError, match="one structured-output constraint"):
+        client.completions.create(
+            model="s260",
+            prompt="x",
+            max_tokens=4,
+            extra_body={"guided_regex": "a", "guided_choice": ["b"]},
+        )
+
+
+def test_mask_allows_exactly_the_grammar(bytes_batching):
+    """The mask is the grammar: after `{"ok":` only `true` / `false` prefixes are allowed."""
+    model, server = bytes_batching
+    from specport.runtime.grammar import GrammarCompiler
+
+    g = GrammarCompiler(model.tokenizer, model.manifest.vocab_size, model.manifest.eos_token_ids)
+    c = g.constraint(g.compile("json_schema", SCHEMA))
+    for t in model.tokenizer.encode('{"ok": ', add_special_tokens=False).ids:
+        assert c.accept(t)
+    allowed = np.flatnonzero(c.allowed())
+    texts = {model.tokenizer.decode([int(t)]) for t in allowed}
+    assert texts == {"t", "f"}, texts
+    assert not c.accept(model.tokenizer.encode("1", add_special_tokens=False).ids[-1])
