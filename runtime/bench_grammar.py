@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import time
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ SCHEMA = {
 ANSWER = {"name": "Alice Smith", "age": 42, "tags": ["a", "bb", "ccc", "dddd"]}
 
 
-def _xgrammar(tok: object, vocab: int, ids: list[int]) -> list[float]:
+def _xgrammar(tok: Any, vocab: int, ids: list[int]) -> list[float]:
     import xgrammar as xgr
 
     compiled = xgr.GrammarCompiler(
@@ -49,7 +50,7 @@ def _xgrammar(tok: object, vocab: int, ids: list[int]) -> list[float]:
     return times
 
 
-def _llguidance(tok: object, vocab: int, ids: list[int]) -> list[float]:
+def _llguidance(tok: Any, vocab: int, ids: list[int]) -> list[float]:
     import llguidance
     import llguidance.hf
     import llguidance.numpy as lnp
