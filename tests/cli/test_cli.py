@@ -44,3 +44,25 @@ def test_json_error_object(tmp_path):
     assert r.returncode == 1
     obj = json.loads(r.stdout)
     assert obj["type"] == "ArtifactError"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "demo", "export", "inspect", "generate", "chat", "serve", "optimize", "quantize",
+        "eval", "eval ppl", "eval compare", "bench", "train-mtp",
+    ],
+)  # fmt: skip
+def test_every_command_has_help_with_global_options(capsys, command):
+    with pytest.raises(SystemExit) as e:
+        main([*command.split(), "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "-v, --verbose" in out and "-q, --quiet" in out
+
+
+@pytest.mark.parametrize("args", [[], ["eval"], ["nonsense"], ["inspect"]])
+def test_incomplete_commands_are_usage_errors(capsys, args):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and "usage: specport" in capsys.readouterr().err
