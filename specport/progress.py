@@ -85,7 +85,11 @@ class Loop:
             self._bar = tqdm(total=self.total or None, desc=desc, file=sys.stderr, leave=False)
 
     def _tenth(self) -> int:
-        return max(1, self.total // 10)
+        """The step count of the next line: the next tenth of `total` above what is done."""
+        if self.total <= 0:
+            return 1
+        k = self.done * 10 // self.total + 1
+        return max(self.done + 1, -(-self.total * k // 10))
 
     def update(self, n: int = 1, note: str = "") -> None:
         """`n` more steps done; `note` (e.g. the loss) goes on the bar or the next line."""
@@ -98,13 +102,13 @@ class Loop:
         if not self._show or self.total <= 0:
             return
         if self.done >= self._next_line or self.done >= self.total:
-            while self._next_line <= self.done:
-                self._next_line += self._tenth()
+            self._next_line = self._tenth()
             self._line(note)
 
     def set_total(self, total: int) -> None:
         """The loop turned out longer or shorter (e.g. a time budget)."""
         self.total = max(0, int(total))
+        self._next_line = self._tenth()
         if self._bar is not None:
             self._bar.total = self.total
             self._bar.refresh()
