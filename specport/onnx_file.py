@@ -72,8 +72,8 @@ def check_onnx_input(path: str | os.PathLike[str]) -> Any:
             f"{p} uses ONNX opset {opset}, newer than this onnx knows ({newest}); upgrade onnx "
             "(pip install -U onnx) or export with an older opset."
         )
-    try:
-        onnx.checker.check_model(proto)
+    try:  # by path: external data is looked up beside the file, not in the current folder
+        onnx.checker.check_model(str(p))
     except Exception as e:  # noqa: BLE001 - ValidationError and friends
         raise InvalidModelError(
             f"{p} fails onnx's checker ({_first_line(e)}); fix or re-export the model."

@@ -355,3 +355,21 @@ def test_json_error_object_for_usage_errors(cli, config_only_model, tmp_path):
     assert code == 2
     obj = json.loads(out)
     assert obj["type"] == "UsageError" and "--passes" in obj["error"]
+
+
+def test_a_good_onnx_with_external_weights_elsewhere(
+    cli, files, tiny_llama_artifact, tmp_path, monkeypatch
+):
+    """The checks read external data beside the file (not in the current folder), and an
+    earlier `optimize` output may be replaced, while the input never is."""
+    monkeypatch.chdir(tmp_path)
+    src = tiny_llama_artifact / "model.onnx"
+    before = files(tiny_llama_artifact)
+    out = tmp_path / "opt" / "opt.onnx"
+    for _ in range(2):  # the second run replaces its own earlier output
+        code, _, err = cli("optimize", src, "--out", out, "--json")
+        assert code == 0, err
+    code, out_text, err = cli("inspect", out, "--json")
+    assert code == 0, err
+    assert json.loads(out_text)["nodes"] > 0
+    assert files(tiny_llama_artifact) == before
