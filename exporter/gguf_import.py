@@ -101,6 +101,22 @@ def save_gguf_as_hf(path: Path, out_dir: Path, progress: bool | None = None) -> 
     }
 
 
+def tensor_plan(path: Path) -> tuple[Any, gguf_tensors.Plan]:
+    """(reader, plan) of a GGUF file without converting any weight: which GGUF tensor is which
+    Hugging Face parameter (for passes that read the file's own blocks)."""
+    import tempfile
+
+    reader = open_gguf(Path(path))
+    meta = gguf_config.Metadata(reader, str(path))
+    model_type = gguf_config.model_type(meta)
+    tensors = {t.name: t for t in reader.tensors}
+    cfg = gguf_config.hf_config(meta, tensors, _rope_tensors(tensors))
+    with tempfile.TemporaryDirectory(prefix="specport-gguf-plan-") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(cfg))
+        names = gguf_tensors.hf_parameter_names(Path(tmp))
+    return reader, gguf_tensors.plan(meta.arch, model_type, cfg, tensors, names)
+
+
 def _rope_tensors(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
     from gguf import dequantize
 

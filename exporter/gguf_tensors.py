@@ -90,10 +90,21 @@ def plan(
     )
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's `permute` of q/k rows (interleaved rotary pairs -> rotate-half halves)."""
     rows = w.shape[0]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def permuted_heads(p: Plan, gguf_name: str) -> int | None:
+    """The head count whose rows llama.cpp permuted in this tensor (q/k of Llama), else None."""
+    if p.arch not in PERMUTED_QK:
+        return None
+    if gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
+        return p.num_heads
+    if gguf_name.endswith(("attn_k.weight", "attn_k.bias")):
+        return p.num_kv_heads
+    return None
 
 
 def _convert(tensor: Any, hf_name: str, p: Plan) -> tuple[np.ndarray, str, str]:
@@ -123,10 +134,9 @@ def _convert(tensor: Any, hf_name: str, p: Plan) -> tuple[np.ndarray, str, str]:
             f"(supported: {', '.join([*FLOAT_TYPES, *sorted(DEQUANTIZED)])}). Use a file "
             "quantized with one of those types."
         )
-    if p.arch in PERMUTED_QK and gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
-        arr = _unpermute(arr, p.num_heads)
-    elif p.arch in PERMUTED_QK and gguf_name.endswith(("attn_k.weight", "attn_k.bias")):
-        arr = _unpermute(arr, p.num_kv_heads)
+    heads = permuted_heads(p, gguf_name)
+    if heads:
+        arr = unpermute(arr, heads)
     return np.ascontiguousarray(arr), dtype, how
 
 

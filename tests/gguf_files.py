@@ -162,11 +162,14 @@ def write_gguf(
     model: Any,
     vocab: dict[str, Any],
     path: Path,
-    qtype: str = "F32",
+    qtype: str | dict[str, str] = "F32",
     arch: str | None = None,
     seed: int = 0,
 ) -> Path:
-    """Write `model` as a GGUF file the way llama.cpp's convert_hf_to_gguf.py lays it out."""
+    """Write `model` as a GGUF file the way llama.cpp's convert_hf_to_gguf.py lays it out.
+
+    `qtype`: one type for every matrix, or {GGUF name fragment: type} (first match, else F32).
+    """
     import gguf
     from gguf import GGMLQuantizationType as Q
 
@@ -221,14 +224,18 @@ def write_gguf(
             arr = _permute(arr, cfg.num_key_value_heads)
         if arch.startswith("gemma") and gname.endswith("norm.weight"):
             arr = arr + 1
-        if arr.ndim == 1 or qtype == "F32":
-            w.add_tensor(gname, arr.astype(np.float32))
-        elif qtype == "F16":
-            w.add_tensor(gname, arr.astype(np.float16))
-        elif qtype in K_QUANTS:
-            w.add_tensor(gname, _random_k_blocks(*arr.shape, qtype, rng), raw_dtype=Q[qtype])
+        if isinstance(qtype, str):
+            qt = qtype
         else:
-            w.add_tensor(gname, gguf.quants.quantize(arr, Q[qtype]), raw_dtype=Q[qtype])
+            qt = next((v for k, v in qtype.items() if k in gname), "F32")
+        if arr.ndim == 1 or qt == "F32":
+            w.add_tensor(gname, arr.astype(np.float32))
+        elif qt == "F16":
+            w.add_tensor(gname, arr.astype(np.float16))
+        elif qt in K_QUANTS:
+            w.add_tensor(gname, _random_k_blocks(*arr.shape, qt, rng), raw_dtype=Q[qt])
+        else:
+            w.add_tensor(gname, gguf.quants.quantize(arr, Q[qt]), raw_dtype=Q[qt])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

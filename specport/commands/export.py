@@ -58,6 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="quantize after export (default recipe; `specport quantize` has every option)",
     )
     p.add_argument(
+        "--keep-gguf-quant",
+        action="store_true",
+        help="(GGUF source) MatMul weights keep the file's own quantized blocks as MatMulNBits "
+        "instead of float32 (Q4_0/Q8_0/Q5_0/Q6_K exactly, Q4_1/Q4_K to ~1 ulp)",
+    )
+    p.add_argument(
         "--skip-verify", action="store_true", help="do not compare against PyTorch after export"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -75,6 +81,13 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.passes is not None and args.no_fuse:
         raise UsageError("--no-fuse and --passes exclude each other; drop one of them.")
+    if args.keep_gguf_quant:  # checked before the slow export
+        if args.quant:
+            raise UsageError("use either --keep-gguf-quant or --quant, not both.")
+        if not str(args.model).lower().endswith(".gguf") or args.kv_layout != "concat":
+            raise UsageError(
+                "--keep-gguf-quant needs a GGUF source file (model.gguf) and the concat KV layout."
+            )
     manifest = api.export(
         args.model,
         args.out,
@@ -89,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
         tree_mask=args.tree_mask,
         quant=args.quant,
     )
+    if args.keep_gguf_quant:
+        from specport.passes.quant.keep_gguf import keep_gguf_quant_artifact
+
+        manifest = keep_gguf_quant_artifact(args.out, args.out, args.model)
     summary = {
         "artifact": str(args.out),
         "architecture": manifest.architecture,
