@@ -6,10 +6,12 @@ Contract (heads-first layout, as the exported graph has it after RoPE):
     GroupQueryAttention(query [B, H, S, Dh], key [B, Hkv, S, Dh], value [B, Hkv, S, Dv],
                         past_key [B, Hkv, P, Dh], past_value [B, Hkv, P, Dv],
                         attention_mask int64 [B, P+S]; scale, sliding_window,
-                        num_heads, kv_num_heads)
+                        num_heads, kv_num_heads, softcap)
         -> (output [B, H, S, Dv], present_key [B, Hkv, P+S, Dh], present_value [B, Hkv, P+S, Dv])
     H % Hkv == 0 (Hkv == H: MHA, Hkv == 1: MQA). Query i sits at absolute slot P+i and sees key
     slot j iff j <= P+i, attention_mask[b, j] == 1, and (sliding_window <= 0 or P+i-j < window).
+    softcap > 0 caps the scaled scores as softcap * tanh(scores / softcap) before masking
+    (Gemma 2; onnxruntime's kernel and ONNX Attention-23 define it the same way).
     Rows with nothing visible (left-pad queries) get a uniform softmax instead of NaN.
 
 Why the mask is an input and not a bias: it keeps the spine I/O contract (`attention_mask`
@@ -39,6 +41,7 @@ def gqa_reference(
     attention_mask: np.ndarray,
     scale: float | None = None,
     sliding_window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     _b, h, s, dh = query.shape
     hkv = key.shape[1]
@@ -50,6 +53,8 @@ def gqa_reference(
     v = np.repeat(pv, g, axis=1).astype(np.float64)
     scale = scale if scale else 1.0 / np.sqrt(dh)
     scores = np.einsum("bhsd,bhtd->bhst", query.astype(np.float64), k) * scale
+    if softcap > 0:
+        scores = softcap * np.tanh(scores / softcap)
     qpos = np.arange(t - s, t)[:, None]
     kpos = np.arange(t)[None, :]
     allowed = kpos <= qpos
@@ -76,6 +81,7 @@ def GroupQueryAttention(
     sliding_window: int = 0,
     num_heads: int = 0,
     kv_num_heads: int = 0,
+    softcap: float = 0.0,
 ):
     # num_heads / kv_num_heads are informative (read by the lowerings); the body infers them.
     present_key = op.Concat(past_key, key, axis=2)
@@ -98,6 +104,11 @@ def GroupQueryAttention(
     v = op.Reshape(v5, op.Concat(b, h, t, dv, axis=0))
     scores = op.MatMul(query, op.Transpose(k, perm=[0, 1, 3, 2]))
     scores = op.Mul(scores, op.CastLike(op.Constant(value_float=scale), scores))
+    cap = op.CastLike(op.Constant(value_float=softcap), scores)
+    capped = op.Mul(op.Tanh(op.Div(scores, cap)), cap)  # unused (and inf/nan) when cap == 0
+    scores = op.Where(
+        op.Greater(cap, op.CastLike(op.Constant(value_float=0.0), cap)), capped, scores
+    )
     # Visibility mask [B, 1, S, T]: causal (bottom-right aligned), window, padding.
     t0 = op.Squeeze(t)
     s0 = op.Squeeze(s)

@@ -189,6 +189,9 @@ def _gqa_native(tape, node, lengths, packed):
         attrs["scale"] = float(scale)
     if window and window > 0:
         attrs["local_window_size"] = int(window)  # matches HF q-k < window (tested)
+    softcap = _attr(node, "softcap", 0.0)
+    if softcap:
+        attrs["softcap"] = float(softcap)  # cap * tanh(scores / cap) before the mask (tested)
     outs = tape.op_multi_out(
         "GroupQueryAttention",
         [q3, k3, v3, past_k, past_v, seqlens, total_scalar, None, None, None, bias],

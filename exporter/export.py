@@ -20,7 +20,9 @@ from specport import artifact as art
 from specport.contract import TREE_MASK
 from specport.errors import ExportError
 from specport.exporter import source as src_mod
+from specport.exporter.onnx_attention import tracing
 from specport.exporter.optimum_config import save_source_config
+from specport.exporter.registry import check_supported
 from specport.exporter.verify import compare, reference_cases
 from specport.exporter.weights import detach_weights, fold_weight_transposes, release_weights
 from specport.exporter.wrapper import (
@@ -70,6 +72,7 @@ def export_model(
     stages = Stages(total=5, show=progress)
     stages.start("resolving source model")
     source = src_mod.resolve(model, tokenizer, progress=stages.show)
+    check_supported(source.arch, source.config)
     stages.start("loading PyTorch weights")
     torch_model = src_mod.load_model(source, num_layers=layers, progress=stages.show)
     config = torch_model.config
@@ -81,7 +84,8 @@ def export_model(
         _check_tree_model(config)
 
     stages.start("exporting to ONNX (torch.onnx.export, dynamo)")
-    ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"], tree_mask=tree_mask)
+    with tracing(torch_model, source.arch.trace_onnx_attention):
+        ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"], tree_mask=tree_mask)
 
     stages.start("rewriting the graph")
     buffer_length = _shared_buffer_length(kv_layout, kv_shapes, norm, max_length)

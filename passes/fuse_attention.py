@@ -14,7 +14,8 @@ When a sliding-window cache layer crops the past before the Concat (HF's
 DynamicSlidingWindowLayer keeps the last W-1 tokens), the fused op takes the cropped past and the
 matching last columns of the mask, so present keeps the exported (cropped) length.
 
-What is not matched, with the reason in the report: softcap (Gemma-2), 3-D packed Q/K/V,
+Attention-23's `softcap` (Gemma 2) is carried over to the fused op.
+What is not matched, with the reason in the report: 3-D packed Q/K/V,
 attention whose K/V are not a 2-input Concat of a past (no KV cache / other cache layouts),
 unknown head counts. The sliding window comes from the pass option `sliding_window` (int, or a
 list per attention node in graph order), else the model metadata key `sliding_window`, else the
@@ -205,8 +206,6 @@ class FuseAttentionPass(Pass):
             return "Attention already takes past_key/past_value inputs"
         if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
             return "Attention present/qk outputs are used"
-        if node.attributes.get_float("softcap", 0.0):
-            return "softcap is not supported by the fused op"
         q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
         if q is None or q.shape is None or q.shape.rank() != 4:
             return "query is not 4-D [B, H, S, Dh] (3-D packed form not supported)"
@@ -241,6 +240,7 @@ class FuseAttentionPass(Pass):
             "num_heads": num_heads,
             "kv_heads": kv_heads,
             "scale": scale,
+            "softcap": node.attributes.get_float("softcap", 0.0),
             "cropped": k_cropped,
         }
 
@@ -284,6 +284,8 @@ class FuseAttentionPass(Pass):
                 "num_heads": int(m["num_heads"]),
                 "kv_num_heads": int(m["kv_heads"]),
             }
+            if m["softcap"]:
+                attrs["softcap"] = float(m["softcap"])
             layer_mask = mask
             if m["cropped"]:
                 # HF's sliding-window cache layer crops the past before the Concat: attend over

@@ -93,6 +93,119 @@ def gemma_config() -> Any:
     return GemmaConfig(**cfg)
 
 
+def _gemma_like(**extra: Any) -> dict[str, Any]:
+    """Gemma 2/3: one sliding and one global layer, window shorter than a test run, a head_dim
+    GroupQueryAttention runs (32), tied and scaled embeddings, query_pre_attn_scalar != head_dim.
+    """
+    # Untied: with tied random embeddings the model only echoes its last input token.
+    cfg = {**_llama_like(), "num_key_value_heads": 2, "head_dim": 32, "initializer_range": 0.5}
+    return {
+        **cfg,
+        "sliding_window": SLIDING_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "query_pre_attn_scalar": 24,
+        **extra,
+    }
+
+
+def gemma2_config() -> Any:
+    from transformers import Gemma2Config
+
+    # Soft-capping on (attention logits and final logits) at values the random weights reach.
+    return Gemma2Config(**_gemma_like(attn_logit_softcapping=5.0, final_logit_softcapping=8.0))
+
+
+def gemma3_text_config() -> Any:
+    from transformers import Gemma3TextConfig
+
+    # Sliding layers and global layers rotate with their own bases; q/k RMSNorm.
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+    }
+    return Gemma3TextConfig(**_gemma_like(rope_parameters=rope))
+
+
+def smollm3_config() -> Any:
+    from transformers import SmolLM3Config
+
+    # Layer 1 has no rotary embedding (NoPE), as every 4th layer of the real model.
+    return SmolLM3Config(**{**_llama_like(), "tie_word_embeddings": True}, no_rope_layers=[1, 0])
+
+
+def granite_config() -> Any:
+    from transformers import GraniteConfig
+
+    return GraniteConfig(
+        **_llama_like(),
+        embedding_multiplier=4.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.125,
+        logits_scaling=2.0,
+    )
+
+
+def olmo2_config() -> Any:
+    from transformers import Olmo2Config
+
+    # Post-norms, and q/k RMSNorm over the whole projection (not per head).
+    return Olmo2Config(**{**_llama_like(), "initializer_range": 0.5})
+
+
+def llama_rope_llama3_config() -> Any:
+    from transformers import LlamaConfig
+
+    # Llama 3.x frequency scaling; original length 32 so the scaled band has short wavelengths.
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500_000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
+    return LlamaConfig(**_llama_like(), rope_parameters=rope)
+
+
+def llama_rope_yarn_config() -> Any:
+    from transformers import LlamaConfig
+
+    # YaRN (DeepSeek-V3 and long-context Qwen/Llama fine-tunes): frequencies and an attention
+    # factor fixed at load time.
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 10_000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
+    return LlamaConfig(**_llama_like(), rope_parameters=rope)
+
+
+# Below CONTEXT, so the artifact's context is capped to it (exporter/archs/phi3.py); above
+# every test sequence.
+LONGROPE_ORIGINAL = 64
+
+
+def phi3_rope_longrope_config() -> Any:
+    from transformers import Phi3Config
+
+    # Phi-3.5 / Phi-4-mini: long-rope scaling with partial rotary (0.75 of a 16-dim head).
+    half = 6  # rotary dim 12 -> 6 frequencies
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10_000.0,
+        "short_factor": [1.0 + 0.1 * i for i in range(half)],
+        "long_factor": [1.0 + 2.0 * i for i in range(half)],
+        "original_max_position_embeddings": LONGROPE_ORIGINAL,
+        "partial_rotary_factor": 0.75,
+    }
+    return Phi3Config(
+        **_llama_like(),
+        rope_parameters=rope,
+        original_max_position_embeddings=LONGROPE_ORIGINAL,
+    )
+
+
 def gpt2_config() -> Any:
     from transformers import GPT2Config
 
@@ -145,6 +258,19 @@ TINY_CONFIGS: dict[str, Callable[[], Any]] = {
     "gemma": gemma_config,
     "gpt2": gpt2_config,
     "deepseek_v3": deepseek_v3_config,
+    "gemma2": gemma2_config,
+    "gemma3_text": gemma3_text_config,
+    "smollm3": smollm3_config,
+    "granite": granite_config,
+    "olmo2": olmo2_config,
+}
+
+# Options of a registry entry that need their own tiny model ("<model_type>:<option>"):
+# the rope scaling types the registry accepts beyond "default".
+VARIANT_CONFIGS: dict[str, Callable[[], Any]] = {
+    "llama:rope_llama3": llama_rope_llama3_config,
+    "llama:rope_yarn": llama_rope_yarn_config,
+    "phi3:rope_longrope": phi3_rope_longrope_config,
 }
 
 # Prompts used by the parity tests: different lengths so a batch needs left padding.
@@ -152,15 +278,27 @@ SHORT_PROMPT = [BOS, 17, 93, 5]
 LONG_PROMPT = [BOS, 40, 41, 200, 7, 99, 123, 64, 3, 18]
 
 
+def fixture_model_type(name: str) -> str:
+    """ "phi3:rope_longrope" -> "phi3" (a fixture name is a model_type, optionally ":option")."""
+    return name.split(":", 1)[0]
+
+
+def fixture_config(name: str) -> Any:
+    """The tiny config of a fixture name (a registry model_type or a "<type>:<option>")."""
+    builders = {**TINY_CONFIGS, **VARIANT_CONFIGS}
+    return builders[name]()
+
+
 def load_kwargs(model_type: str) -> dict[str, Any]:
     """The registry entry's `from_pretrained` kwargs (e.g. DeepSeek's batched_mm experts)."""
     from specport.exporter.registry import lookup
 
-    return dict(lookup(model_type).load_kwargs)
+    return dict(lookup(fixture_model_type(model_type)).load_kwargs)
 
 
 def build_tiny_model(model_type: str, out_dir: Path, seed: int = 0) -> Path:
-    """Write a randomly initialised tiny checkpoint of `model_type` to `out_dir`; return it.
+    """Write a randomly initialised tiny checkpoint of `model_type` (a fixture name: a
+    registry model_type or "<type>:<option>") to `out_dir`; return it.
 
     For configs that announce MTP layers (DeepSeek-V3), the checkpoint also holds
     `model.layers.{N}.*` (a full decoder layer plus enorm/hnorm/eh_proj/shared_head), the way
@@ -168,7 +306,7 @@ def build_tiny_model(model_type: str, out_dir: Path, seed: int = 0) -> Path:
     """
     from transformers import AutoModelForCausalLM
 
-    config = TINY_CONFIGS[model_type]()
+    config = fixture_config(model_type)
     out_dir = Path(out_dir)
     n_mtp = int(getattr(config, "num_nextn_predict_layers", 0) or 0)
     torch.manual_seed(seed)
@@ -259,7 +397,8 @@ class TinyZoo:
     def source(self, model_type: str) -> Path:
         """A saved tiny checkpoint directory (config.json + model.safetensors)."""
         if model_type not in self._sources:
-            self._sources[model_type] = build_tiny_model(model_type, self.root / "src" / model_type)
+            where = self.root / "src" / model_type.replace(":", "-")
+            self._sources[model_type] = build_tiny_model(model_type, where)
         return self._sources[model_type]
 
     def reference(self, model_type: str) -> Any:
@@ -276,7 +415,8 @@ class TinyZoo:
 
         key = (model_type, fuse)
         if key not in self._artifacts:
-            out = self.root / "art" / f"{model_type}-{'fused' if fuse else 'plain'}"
+            tag = model_type.replace(":", "-")
+            out = self.root / "art" / f"{tag}-{'fused' if fuse else 'plain'}"
             t0 = time.perf_counter()
             manifest = export_model(self.source(model_type), out, fuse=fuse, progress=False)
             self.export_seconds[key] = time.perf_counter() - t0

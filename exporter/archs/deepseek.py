@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 class DeepseekV3(ArchConfig):
     load_kwargs = {"experts_implementation": "batched_mm"}
     rope = "interleaved"
+    rope_types = frozenset({"default", "yarn"})  # the published checkpoints use YaRN
 
     @classmethod
     def normalize(cls, config: Any) -> dict[str, Any]:

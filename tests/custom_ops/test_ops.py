@@ -67,20 +67,27 @@ def test_rotary(target, rot):
 
 
 GQA_CASES = [
-    # B, H, Hkv, S, P, left pads, window
-    (2, 8, 8, 1, 7, [0, 3], 0),  # MHA decode, padded row
-    (2, 8, 4, 3, 5, [0, 2], 0),  # GQA ratio 2, multi-token on a past, batch 2 (If fallback)
-    (2, 8, 1, 1, 9, [1, 0], 0),  # MQA (ratio 8)
-    (2, 4, 2, 6, 0, [0, 2], 0),  # prefill, past 0, padding
-    (1, 4, 2, 5, 9, [0], 4),  # sliding window, multi-token
-    (2, 4, 2, 1, 9, [0, 2], 4),  # sliding window decode
+    # B, H, Hkv, S, P, left pads, window, softcap
+    (2, 8, 8, 1, 7, [0, 3], 0, 0.0),  # MHA decode, padded row
+    (2, 8, 4, 3, 5, [0, 2], 0, 0.0),  # GQA ratio 2, multi-token on a past, batch 2 (If fallback)
+    (2, 8, 1, 1, 9, [1, 0], 0, 0.0),  # MQA (ratio 8)
+    (2, 4, 2, 6, 0, [0, 2], 0, 0.0),  # prefill, past 0, padding
+    (1, 4, 2, 5, 9, [0], 4, 0.0),  # sliding window, multi-token
+    (2, 4, 2, 1, 9, [0, 2], 4, 0.0),  # sliding window decode
+    (2, 4, 2, 1, 9, [0, 2], 0, 1.0),  # soft-capped scores (Gemma 2), decode
+    (1, 4, 2, 5, 9, [0], 4, 1.0),  # soft-capping with a sliding window, multi-token
+    (2, 4, 2, 6, 0, [0, 2], 0, 1.0),  # soft-capped prefill with padding
 ]
 
 
+def _gqa_id(c: tuple) -> str:
+    return "-".join(map(str, c[:5])) + f"-w{c[6]}" + (f"-cap{c[7]:g}" if c[7] else "")
+
+
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("case", GQA_CASES, ids=lambda c: "-".join(map(str, c[:5])) + f"-w{c[6]}")
+@pytest.mark.parametrize("case", GQA_CASES, ids=_gqa_id)
 def test_group_query_attention(case, target):
-    b, h, hkv, s, p, pads, window = case
+    b, h, hkv, s, p, pads, window, softcap = case
     rng = _rng()
     d = 16
 
@@ -98,6 +105,8 @@ def test_group_query_attention(case, target):
     for i, n in enumerate(pads):
         feeds["mask"][i, :n] = 0
     attrs = {"scale": 0.3, "sliding_window": window, "num_heads": h, "kv_num_heads": hkv}
+    if softcap:
+        attrs["softcap"] = softcap
     model = single_op_model("GroupQueryAttention", feeds, 3, attrs)
     lower_model(model, target)
     counts = op_counts(model)
@@ -105,7 +114,7 @@ def test_group_query_attention(case, target):
         assert counts.get("com.microsoft.GroupQueryAttention") == 1
     out, pk, pv = run(model, feeds)
     ref = REGISTRY["GroupQueryAttention"].reference(
-        *feeds.values(), scale=0.3, sliding_window=window
+        *feeds.values(), scale=0.3, sliding_window=window, softcap=softcap
     )
     real = feeds["mask"][:, p:] == 1  # rows of real query tokens [B, S]
     diff = np.abs(out - ref[0]).max(axis=(1, 3))

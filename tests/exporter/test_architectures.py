@@ -1,8 +1,9 @@
 """Every registry architecture exports, verifies, and decodes token-exactly like transformers.
 
-Tiny random models (tests/fixtures.py) cover each family's quirks; the real stories260K
-checkpoint (HF directory and llama2c .bin) must reproduce the reference text of
-shared/README.md. Llama runs in the quick set; the full matrix is `slow`.
+Tiny random models (tests/fixtures.py) cover each family's quirks, and each rope scaling type
+an entry accepts has its own ("llama:rope_llama3"); the real stories260K checkpoint (HF
+directory and llama2c .bin) must reproduce the reference text of shared/README.md. Llama runs
+in the quick set; the full matrix (fused and unfused, concat and shared KV) is `slow`.
 """
 
 from __future__ import annotations
@@ -17,17 +18,31 @@ import pytest
 import torch
 
 import specport
-from specport.exporter.registry import supported
-from tests.fixtures import LONG_PROMPT, SHORT_PROMPT, TINY_CONFIGS, has_pipelines, hf_greedy
+from specport.exporter.registry import lookup, rope_types, supported
+from tests.fixtures import (
+    LONG_PROMPT,
+    SHORT_PROMPT,
+    TINY_CONFIGS,
+    VARIANT_CONFIGS,
+    fixture_config,
+    fixture_model_type,
+    has_pipelines,
+    hf_greedy,
+)
 
 NEW_TOKENS = 16
 QUICK = {"llama"}
 FUSE_MODES = [False, True] if has_pipelines() else [False]
 
 
+def _fixtures() -> list[str]:
+    """A fixture per registry entry plus one per extra rope scaling type."""
+    return [*supported(), *sorted(VARIANT_CONFIGS)]
+
+
 def _matrix() -> list:
     params = []
-    for model_type in supported():
+    for model_type in _fixtures():
         for fuse in FUSE_MODES:
             marks = [] if (model_type in QUICK and not fuse) else [pytest.mark.slow]
             tag = f"{model_type}-{'fused' if fuse else 'plain'}"
@@ -40,8 +55,41 @@ def test_all_registry_architectures_have_fixtures() -> None:
     assert not missing, f"registry entries without a tiny model in tests/fixtures.py: {missing}"
 
 
+def test_every_accepted_rope_type_has_a_fixture() -> None:
+    accepted = {(t, r) for t in supported() for r in lookup(t).rope_types}
+    covered = {
+        r for name in [*TINY_CONFIGS, *VARIANT_CONFIGS] for r in rope_types(fixture_config(name))
+    }
+    missing = sorted({r for _, r in accepted} - covered - {"default"})
+    assert not missing, (
+        f"rope scaling types accepted by the registry without a tiny model: {missing}"
+    )
+
+
+def _both_layer_kinds(c) -> bool:
+    return c.layer_types == ["sliding_attention", "full_attention"] and c.sliding_window == 8
+
+
 FEATURES = {  # the family quirk each tiny config must switch on
     "mistral": lambda c: c.sliding_window == 8,
+    "gemma2": lambda c: (
+        _both_layer_kinds(c) and c.attn_logit_softcapping and c.final_logit_softcapping
+    ),
+    "gemma3_text": lambda c: (
+        _both_layer_kinds(c)
+        and c.rope_parameters["sliding_attention"]["rope_theta"]
+        != c.rope_parameters["full_attention"]["rope_theta"]
+    ),
+    "smollm3": lambda c: c.no_rope_layers == [1, 0],
+    "granite": lambda c: (
+        c.embedding_multiplier != 1 and c.residual_multiplier != 1 and c.logits_scaling != 1
+    ),
+    "llama:rope_llama3": lambda c: c.rope_parameters["rope_type"] == "llama3",
+    "llama:rope_yarn": lambda c: c.rope_parameters["rope_type"] == "yarn",
+    "phi3:rope_longrope": lambda c: (
+        c.rope_parameters["rope_type"] == "longrope"
+        and c.rope_parameters["partial_rotary_factor"] == 0.75
+    ),
     "phi3": lambda c: c.rope_parameters["partial_rotary_factor"] == 0.5,
     "qwen3": lambda c: c.head_dim * c.num_attention_heads != c.hidden_size,
     "gemma": lambda c: c.head_dim == 32 and c.num_key_value_heads == 1,
@@ -58,18 +106,19 @@ FEATURES = {  # the family quirk each tiny config must switch on
 }
 
 
-@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
+@pytest.mark.parametrize("model_type", _fixtures())
 def test_tiny_config_builds(model_type: str) -> None:
-    config = TINY_CONFIGS[model_type]()
-    assert config.model_type == model_type
+    config = fixture_config(model_type)
+    assert config.model_type == fixture_model_type(model_type)
     assert FEATURES.get(model_type, lambda c: True)(config)
+    assert not lookup(config.model_type).missing_features(config)
 
 
 @pytest.mark.parametrize(("model_type", "fuse"), _matrix())
 def test_export_matches_transformers(tiny_zoo, model_type: str, fuse: bool) -> None:
     artifact = tiny_zoo.artifact(model_type, fuse=fuse)
     manifest = json.loads((artifact / "specport.json").read_text())
-    assert manifest["architecture"] == model_type
+    assert manifest["architecture"] == fixture_model_type(model_type)
     assert manifest["verify"]["ok"], manifest["verify"]
     assert manifest["verify"]["max_abs_logits"] < 1e-3
 
@@ -102,6 +151,78 @@ def _assert_every_attention_fused(artifact: Path, manifest: dict) -> None:
     assert not report.get("rejected"), report
     graph = onnx.load(str(artifact / "model.onnx"), load_external_data=False).graph
     assert not [n for n in graph.node if n.op_type == "Softmax"], "Softmax left on the decode path"
+
+
+def _save_config(config, path: Path) -> Path:
+    """A model directory with only config.json: enough for the checks that run before loading."""
+    config.save_pretrained(str(path))
+    return path
+
+
+LONGROPE = {  # valid for transformers, not accepted by the qwen2 entry
+    "rope_type": "longrope",
+    "rope_theta": 1e4,
+    "short_factor": [1.0] * 8,
+    "long_factor": [2.0] * 8,
+    "original_max_position_embeddings": 64,
+}
+REFUSED = [
+    # (fixture, config change, what the error must name)
+    (
+        "llama",
+        {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+        "rope scaling 'dynamic'",
+    ),
+    ("qwen2", {"rope_parameters": LONGROPE}, "rope scaling 'longrope'"),
+    ("gemma3_text", {"use_bidirectional_attention": True}, "bidirectional attention"),
+]
+
+
+@pytest.mark.parametrize(("name", "change", "named"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_unsupported_option_fails_before_export(tmp_path: Path, name, change, named) -> None:
+    """A supported model_type with an option its entry does not implement: a clear error
+    naming it (and what is supported), before any weights load and with no output written."""
+    from specport.errors import UnsupportedArchitectureError
+    from specport.exporter.export import export_model
+
+    config = fixture_config(name)
+    for key, value in change.items():
+        setattr(config, key, value)
+    src = _save_config(config, tmp_path / "src")  # no weights: the check must come first
+    with pytest.raises(UnsupportedArchitectureError, match="is supported, but not with") as e:
+        export_model(src, tmp_path / "out", progress=False)
+    assert named in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_layer_type_is_refused() -> None:
+    config = fixture_config("gemma2")
+    config.layer_types = ["chunked_attention", "full_attention"]
+    missing = lookup("gemma2").missing_features(config)
+    assert missing and "chunked_attention" in missing[0]
+
+
+def test_cli_names_the_unsupported_option(tmp_path: Path) -> None:
+    config = fixture_config("llama")
+    config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    src = _save_config(config, tmp_path / "src")
+    proc = _cli("export", str(src), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 1
+    assert "rope scaling 'dynamic'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_longrope_context_is_capped_at_the_original_length(tiny_zoo) -> None:
+    """transformers re-computes the cache past original_max_position_embeddings; an artifact
+    keeps its cache, so it is exact only below that length: the artifact's context stops there."""
+    manifest = json.loads((tiny_zoo.artifact("phi3:rope_longrope") / "specport.json").read_text())
+    config = fixture_config("phi3:rope_longrope")
+    original = config.rope_parameters["original_max_position_embeddings"]
+    assert original < config.max_position_embeddings
+    assert manifest["config"]["context_length"] == original
+    assert manifest["config"]["rope_long_context"]["max_position_embeddings"] == (
+        config.max_position_embeddings
+    )
 
 
 @pytest.mark.slow

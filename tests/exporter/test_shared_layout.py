@@ -125,11 +125,28 @@ def test_refuses_head_dims_gqa_cannot_run(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+SHARED_FAMILIES = [
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "phi3",
+    "gemma2",
+    "gemma3_text",
+    "smollm3",
+    "granite",
+    "olmo2",
+    "llama:rope_llama3",
+    "phi3:rope_longrope",
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", ["qwen2", "mistral", "phi3"])
+@pytest.mark.parametrize("model_type", SHARED_FAMILIES)
 def test_shared_other_families(model_type, tmp_path):
     """qkv biases (no packing), a sliding window shorter than the run, partial rotary (rotary
-    stays outside the attention op, position_ids kept): verified and greedy == transformers."""
+    stays outside the attention op, position_ids kept), soft-capping, sliding and global
+    layers with their own rope bases, layers without rope: verified and greedy ==
+    transformers, every layer's attention one GroupQueryAttention."""
     from specport.exporter.export import export_model
 
     src = build_tiny_model(model_type, tmp_path / "src")
@@ -139,3 +156,4 @@ def test_shared_other_families(model_type, tmp_path):
     prompt = PROMPTS[2]
     got = model.generate(prompt_ids=prompt, max_new_tokens=16, ignore_eos=True).tokens
     assert got == hf_greedy(load_reference(src, model_type), prompt, 16)
+    assert m.kv.num_heads and len(m.kv.num_heads) == m.config["num_layers"]
