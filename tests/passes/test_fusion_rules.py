@@ -201,3 +201,50 @@ def test_layer_norm_over_another_axis_is_refused():
     result = FuseRMSNormPass()(model)
     assert not result.modified
     assert any("not the last axis" in r["reason"] for r in result.report["rejected"])
+
+
+def _cached_attention_graph(softcap: float):
+    """Attention-23 (softcap) over Concat(past, new) KV, one decode token: the exported shape."""
+    d, h, p = 16, 4, 5
+    past = [_x(f"past_key_values.0.{n}", ("B", h, "P", d)) for n in ("key", "value")]
+    new = [_x(n, ("B", h, 1, d)) for n in ("q", "k", "v")]
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "T"])
+    nodes = [
+        helper.make_node("Concat", ["past_key_values.0.key", "k"], ["present.0.key"], axis=2),
+        helper.make_node("Concat", ["past_key_values.0.value", "v"], ["present.0.value"], axis=2),
+        helper.make_node(
+            "Attention",
+            ["q", "present.0.key", "present.0.value"],
+            ["y"],
+            scale=0.5,
+            softcap=softcap,
+        ),
+    ]
+    outs = [
+        _x("y", ("B", h, 1, d)),
+        *(_x(f"present.0.{n}", ("B", h, "T", d)) for n in ("key", "value")),
+    ]
+    model = _model(nodes, [*new, *past, mask], outs)
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal((2, h, 1, d)).astype(np.float32) for v in new}
+    for v in past:
+        feeds[v.name] = rng.standard_normal((2, h, p, d)).astype(np.float32)
+    feeds["attention_mask"] = np.ones((2, p + 1), np.int64)
+    return model, feeds
+
+
+def test_attention_softcap_is_carried_into_the_fused_op():
+    """Gemma 2's soft-capped scores: fused with the cap, and onnxruntime's lowered kernel gives
+    the unfused graph's numbers (which differ from the uncapped ones)."""
+    from specport.custom_ops.lowering import lower_model
+
+    model, feeds = _cached_attention_graph(softcap=2.0)
+    want = run(model, feeds)[0]
+    uncapped = run(_cached_attention_graph(softcap=0.0)[0], feeds)[0]
+    assert np.abs(want - uncapped).max() > 1e-2  # the cap changes the result
+    result = FuseAttentionPass()(model)
+    assert result.modified, result.report
+    assert result.report["fused"][0]["softcap"] == 2.0
+    lower_model(model, "cpu", gqa_fallback="none")
+    assert op_counts(model).get("com.microsoft.GroupQueryAttention") == 1
+    np.testing.assert_allclose(run(model, feeds)[0], want, atol=1e-5)
