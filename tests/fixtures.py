@@ -5,9 +5,13 @@ decoder layers, vocab 256) but with `initializer_range=0.2`, so greedy decoding 
 varied tokens instead of repeating one: a token-exact comparison then means something.
 Family-specific features are switched on on purpose: Mistral's sliding window is shorter than
 the test sequences, Phi-3 uses partial rotary, Qwen2 has qkv biases, Qwen3 q/k norms, Gemma
-a large head_dim and scaled embeddings, and DeepSeek-V3 MLA + MoE with one MTP layer whose
-weights are written into the checkpoint (transformers drops them on load; the exporter keeps
-them as `mtp_source.safetensors`).
+a large head_dim and scaled embeddings, Gemma 2/3 one sliding and one global layer (Gemma 2
+soft-capping, Gemma 3 a rope base per layer type and q/k norm), SmolLM3 a layer without rope,
+Granite its four multipliers, OLMo 2 post-norms and whole-projection q/k norm, and
+DeepSeek-V3 MLA + MoE with one MTP layer whose weights are written into the checkpoint
+(transformers drops them on load; the exporter keeps them as `mtp_source.safetensors`).
+`VARIANT_CONFIGS` adds one model per extra rope scaling type an entry accepts (Llama 3.x,
+YaRN, Phi-3.5 long-rope).
 """
 
 from __future__ import annotations
