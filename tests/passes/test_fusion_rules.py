@@ -212,9 +212,11 @@ def _cached_attention_graph(softcap: float):
     nodes = [
         helper.make_node("Concat", ["past_key_values.0.key", "k"], ["present.0.key"], axis=2),
         helper.make_node("Concat", ["past_key_values.0.value", "v"], ["present.0.value"], axis=2),
+        helper.make_node("Equal", ["attention_mask", "one"], ["real"]),
+        helper.make_node("Unsqueeze", ["real", "axes"], ["mask4"]),  # [B, 1, 1, T] bool
         helper.make_node(
             "Attention",
-            ["q", "present.0.key", "present.0.value"],
+            ["q", "present.0.key", "present.0.value", "mask4"],
             ["y"],
             scale=0.5,
             softcap=softcap,
@@ -224,7 +226,8 @@ def _cached_attention_graph(softcap: float):
         _x("y", ("B", h, 1, d)),
         *(_x(f"present.0.{n}", ("B", h, "T", d)) for n in ("key", "value")),
     ]
-    model = _model(nodes, [*new, *past, mask], outs)
+    inits = [_c("one", 1, np.int64), _c("axes", [1, 2], np.int64)]
+    model = _model(nodes, [*new, *past, mask], outs, inits)
     rng = np.random.default_rng(0)
     feeds = {v.name: rng.standard_normal((2, h, 1, d)).astype(np.float32) for v in new}
     for v in past:
