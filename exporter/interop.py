@@ -43,16 +43,29 @@ FALLBACK_CARD_NAME = "MODEL_CARD.md"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
 
-def runtimes_of(manifest: Any, hf_cfg: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Which runtimes run the artifact: recorded at write time, else worked out from the manifest."""
+def runtimes_of(manifest: Any, directory: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Which runtimes run the artifact: recorded at write time, else worked out from the manifest.
+
+    An artifact written before these files existed has no genai_config.json or config.json:
+    it is reported as what it would be once re-written (`specport quantize --scheme none` or a
+    re-export), with a note.
+    """
     recorded = (manifest.extra.get(INTEROP_KEY) or {}).get("runtimes")
     if recorded:
         return dict(recorded)
+    hf_cfg = _read_json(directory / HF_CONFIG_NAME) if directory is not None else None
+    genai = genai_support(manifest)
+    missing = directory is not None and not (directory / GENAI_CONFIG_NAME).exists()
+    if missing and genai["status"] != "no":
+        genai = {"status": "no", "reason": f"no {GENAI_CONFIG_NAME}: re-export the artifact"}
+    optimum = optimum_support(manifest, hf_cfg or hf_config(None, manifest))
+    if directory is not None and hf_cfg is None and optimum["status"] != "no":
+        optimum = {"status": "no", "reason": f"no {HF_CONFIG_NAME}: re-export the artifact"}
     return {
         "specport": {"status": "yes"},
         "onnxruntime": {"status": "yes", "notes": _ort_notes(manifest)},
-        "onnxruntime-genai": genai_support(manifest),
-        "optimum": optimum_support(manifest, hf_cfg),
+        "onnxruntime-genai": genai,
+        "optimum": optimum,
     }
 
 

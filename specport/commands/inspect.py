@@ -7,6 +7,7 @@ weights present, onnx's checker) and summarised (opset, inputs, outputs, ops).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from specport.cli import emit_json
@@ -50,27 +51,25 @@ def summarize(manifest: Any) -> dict[str, Any]:
         "tokenizer": manifest.tokenizer.get("kind"),
         "files": {name: digest[:12] for name, digest in manifest.files.items()},
         "source": manifest.source,
-        "runtimes": _runtimes(manifest),
     }
 
 
-def _runtimes(manifest: Any) -> dict[str, dict[str, Any]]:
+def runtimes(manifest: Any, directory: str) -> dict[str, dict[str, Any]]:
     """Which runtimes run the artifact (recorded at write time; worked out for older artifacts)."""
     from specport.exporter.interop import runtimes_of
 
-    return runtimes_of(manifest)
+    return runtimes_of(manifest, Path(directory))
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from specport.artifact import read_manifest
 
     if Path(args.artifact).is_file() and Path(args.artifact).suffix == ".onnx":
         info = summarize_onnx(args.artifact)
         checked = "graph passes onnx's checker; external data present"
     else:
-        info = summarize(read_manifest(args.artifact))
+        manifest = read_manifest(args.artifact)
+        info = {**summarize(manifest), "runtimes": runtimes(manifest, args.artifact)}
         checked = "all file hashes match"
     if args.json:
         emit_json(info)

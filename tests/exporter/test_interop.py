@@ -315,3 +315,23 @@ def test_genai_tokenizer_and_text_on_stories260k(
     ours = specport.load(tmp_path / "a", provider="cpu", threads=1)
     result = ours.generate(prompt_ids=ids, max_new_tokens=40 - len(ids))
     assert [int(t) for t in gen.get_sequence(0)][len(ids) :] == result.tokens
+
+
+def test_inspect_on_an_artifact_without_interop_files(
+    tiny_llama_artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An artifact written before these files existed: inspect says what is missing and how."""
+    from specport.artifact import write_manifest
+    from specport.cli import main
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_llama_artifact, old)
+    m = read_manifest(old)
+    for name in m.extra.pop("interop")["generated"]:
+        (old / name).unlink()
+    write_manifest(old, m, interop=False)
+    assert main(["inspect", str(old), "--json"]) == 0
+    runtimes = json.loads(capsys.readouterr().out)["runtimes"]
+    assert runtimes["specport"]["status"] == "yes"
+    assert "re-export" in runtimes["onnxruntime-genai"]["reason"]
+    assert "re-export" in runtimes["optimum"]["reason"]
