@@ -72,8 +72,19 @@ def _threads(config: Any) -> int:
     return int(config.threads or (os.cpu_count() or 1))
 
 
+def genai_precision(manifest: art.Manifest) -> str:
+    """onnxruntime-genai's builder precision with the artifact's weight bit width."""
+    scheme = str((manifest.quant or {}).get("scheme", "none"))
+    if scheme.startswith("w8"):
+        return "int8"
+    if scheme.startswith("w4"):
+        return "int4"
+    return "fp32"
+
+
 class GenaiPeer:
-    """onnxruntime-genai fp32/cpu model built by its own builder from the same HF directory."""
+    """onnxruntime-genai cpu model built by its own builder from the same checkpoint, at the
+    artifact's weight bit width (fp32, int8 or int4)."""
 
     def __init__(self, manifest: art.Manifest, config: Any, progress: bool | None = None) -> None:
         try:
@@ -86,7 +97,12 @@ class GenaiPeer:
 
         self.og = og
         self.hf = source_dir(manifest)
-        self.dir = build_genai(self.hf, progress=progress)
+        self.precision = genai_precision(manifest)
+        # a GGUF source is converted to a fresh temp directory each time: key by the file's hash
+        gguf_hash = (manifest.source.get("gguf") or {}).get("sha256")
+        self.dir = build_genai(
+            self.hf, progress=progress, precision=self.precision, key=gguf_hash and gguf_hash[:16]
+        )
         self.threads = _threads(config)
         self.spin = SessionConfig(allow_spinning=config.allow_spinning).resolved_spinning()
         cfg = og.Config(str(self.dir))
@@ -103,6 +119,7 @@ class GenaiPeer:
     def info(self) -> dict[str, Any]:
         return {
             "model_dir": str(self.dir),
+            "precision": self.precision,
             "intra_op_threads": self.threads,
             "allow_spinning": self.spin,
             "version": getattr(self.og, "__version__", "?"),
@@ -137,8 +154,10 @@ class GenaiPeer:
         del self.model
 
 
-def build_genai(hf_dir: Path, progress: bool | None = None) -> Path:
-    """Build (once, cached by config + weights identity) the genai fp32/cpu model for `hf_dir`."""
+def build_genai(
+    hf_dir: Path, progress: bool | None = None, precision: str = "fp32", key: str | None = None
+) -> Path:
+    """Build (once, cached by `key` or the directory's identity) the genai cpu model."""
     from specport.settings import cache_dir
 
     if not any(
@@ -148,14 +167,14 @@ def build_genai(hf_dir: Path, progress: bool | None = None) -> Path:
             f"onnxruntime-genai's builder needs a tokenizer in {hf_dir} (tokenizer.json); "
             "add one there, or bench without --peer onnxruntime-genai."
         )
-    key = _identity(hf_dir)
+    key = (key or _identity(hf_dir)) + ("" if precision == "fp32" else f"-{precision}")
     out = cache_dir() / "peers" / "onnxruntime-genai" / key
     if (out / "genai_config.json").exists():
         return out
     show = sys.stderr.isatty() if progress is None else progress
     if show:
         print(
-            f"[peer] building onnxruntime-genai fp32/cpu model from {hf_dir} ...",
+            f"[peer] building onnxruntime-genai {precision}/cpu model from {hf_dir} ...",
             file=sys.stderr,
             flush=True,
         )
@@ -173,9 +192,11 @@ def build_genai(hf_dir: Path, progress: bool | None = None) -> Path:
         contextlib.redirect_stderr(sys.stderr if show else sink),
     ):
         opts = builder.parse_extra_options(
-            None, str(hf_dir), str(tmp), "fp32", "cpu", str(tmp / "cache"), []
+            None, str(hf_dir), str(tmp), precision, "cpu", str(tmp / "cache"), []
         )
-        builder.create_model(None, str(hf_dir), str(tmp), "fp32", "cpu", str(tmp / "cache"), **opts)
+        builder.create_model(
+            None, str(hf_dir), str(tmp), precision, "cpu", str(tmp / "cache"), **opts
+        )
     import shutil
 
     shutil.rmtree(tmp / "cache", ignore_errors=True)
