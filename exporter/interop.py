@@ -47,8 +47,7 @@ def runtimes_of(manifest: Any, directory: Path | None = None) -> dict[str, dict[
     """Which runtimes run the artifact: recorded at write time, else worked out from the manifest.
 
     An artifact written before these files existed has no genai_config.json or config.json:
-    it is reported as what it would be once re-written (`specport quantize --scheme none` or a
-    re-export), with a note.
+    genai and Optimum are reported as not running it, with "re-export" as the fix.
     """
     recorded = (manifest.extra.get(INTEROP_KEY) or {}).get("runtimes")
     if recorded:
