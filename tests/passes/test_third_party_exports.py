@@ -151,3 +151,19 @@ def test_other_targets(optimized, name, target):
     report, out, _ = optimized(name, target)
     assert _attn(report)["matched"] == LAYERS
     assert max_error(_session(FIXTURES / name), _session(out)) < 1e-4
+
+
+def test_a_layer_left_unfused_is_named_with_its_reason():
+    """Layer 1's Softmax over another axis: layer 0 still fuses; the report names layer 1's
+    node and why it stayed (the graph keeps its MatMul/Softmax attention there)."""
+    import onnx_ir as ir
+
+    model = ir.load(str(FIXTURES / "optimum_llama.onnx"))
+    softmax = [n for n in model.graph if n.op_type == "Softmax"]
+    softmax[1].attributes["axis"] = ir.AttrInt64("axis", 2)
+    fused, report = optimize_model(model, "cpu")
+    attn = _attn(report)
+    assert attn["matched"] == 1 and attn["softmax_left"] == 1
+    (why,) = attn["rejected"]
+    assert "layers.1" in why["node"] and "Softmax over axis 2" in why["reason"]
+    assert op_counts(fused)["com.microsoft.GroupQueryAttention"] == 1
