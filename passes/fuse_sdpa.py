@@ -85,6 +85,41 @@ def _peel_scale(v: ir.Value | None) -> tuple[ir.Value | None, float, str | None]
             v = b
 
 
+def _same_dim(a: ir.Value, i: int, b: ir.Value, j: int) -> bool:
+    da, db = a.shape[i], b.shape[j]  # type: ignore[index]
+    if isinstance(da, int) or isinstance(db, int):
+        return da == db
+    return da.value is not None and da.value == db.value
+
+
+def _unflattened_k(kt: ir.Value | None) -> ir.Value | None:
+    """torch's SDPA decomposition below opset 23 transposes K as 3-D:
+    Reshape(Transpose(Reshape(k [B, H, T, D] -> [B*H, T, D]), perm=[0, 2, 1]) -> [B, H, D, T]).
+    Returns k when the shapes prove that this is K^T, else None."""
+    outer = _prod(kt, "Reshape")
+    tr = _prod(outer.inputs[0], "Transpose") if outer is not None else None
+    inner = _prod(tr.inputs[0], "Reshape") if tr is not None else None
+    if tr is None or inner is None or kt is None:
+        return None
+    k, flat = inner.inputs[0], inner.outputs[0]
+    if list(tr.attributes.get_ints("perm", [])) != [0, 2, 1] or k is None:
+        return None
+    shapes = (k.shape, flat.shape, kt.shape)
+    if any(sh is None for sh in shapes) or [sh.rank() for sh in shapes] != [4, 3, 4]:  # type: ignore[union-attr]
+        return None
+    h, d = static_dim(k, 1), static_dim(k, 3)
+    proven = (
+        h is not None
+        and d is not None
+        and static_dim(flat, 2) == d  # [X, T, D]: the last axis is untouched
+        and _same_dim(flat, 1, k, 2)  # ... and the middle one is T
+        and static_dim(kt, 1) == h  # back to [B, H, D, T]
+        and static_dim(kt, 2) == d
+        and _same_dim(kt, 3, k, 2)
+    )
+    return k if proven else None
+
+
 def _is_zero(v: ir.Value | None) -> bool:
     c = eval_scalar(v)
     return c == 0.0
@@ -160,13 +195,18 @@ def match_sdpa(softmax: ir.Node) -> dict[str, Any] | str:
     q_side, k_side = node.inputs
     q, cq, _ = _peel_scale(q_side)
     kt, ck, _ = _peel_scale(k_side)
+    k_3d = _unflattened_k(kt)
     tr = _prod(kt, "Transpose")
-    if tr is None:
+    k: ir.Value | None
+    if k_3d is not None:
+        k, ck2, perm = k_3d, 1.0, [0, 1, 3, 2]
+    elif tr is None:
         return "K^T is not a Transpose of K"
-    perm = list(tr.attributes.get_ints("perm", []))
-    if perm not in ([0, 1, 3, 2], [0, 2, 3, 1]):
-        return f"K is transposed with perm {perm}, not [0, 1, 3, 2] (or [0, 2, 3, 1] from BSHD)"
-    k, ck2, _ = _peel_scale(tr.inputs[0])
+    else:
+        perm = list(tr.attributes.get_ints("perm", []))
+        if perm not in ([0, 1, 3, 2], [0, 2, 3, 1]):
+            return f"K is transposed with perm {perm}, not [0, 1, 3, 2] (or [0, 2, 3, 1] from BSHD)"
+        k, ck2, _ = _peel_scale(tr.inputs[0])
     k_axes = (1, 3) if perm == [0, 1, 3, 2] else (2, 3)  # where K's heads / head dim sit
     value = mm.inputs[1]
     for name, t in (("Q", q), ("K", k), ("V", value)):
