@@ -122,6 +122,13 @@ class KeepGGUFQuantPass(Pass):
         if pending and model.opset_imports.get("com.microsoft", 0) < 1:
             model.opset_imports["com.microsoft"] = 1
         kept = sorted({v["gguf_type"] for v in layers.values() if v.get("bits", 32) < 32})
+        if any(t in gguf_blocks.APPROX for t in kept):
+            logger.warning(
+                "%s blocks keep their minimum as float zero points: onnxruntime's CPU "
+                "MatMulNBits runs those on a slow path (SmolLM2-135M Q4_1 decoded 12x slower "
+                "than float32). For speed, export without --keep-gguf-quant and quantize.",
+                "/".join(t for t in kept if t in gguf_blocks.APPROX),
+            )
         return bool(pending), {
             "gguf": str(self.gguf_path),
             "accuracy_level": self.accuracy_level or 0,
