@@ -79,7 +79,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="benchmark this method against plain greedy (repeatable)",
     )
     spec.add_argument(
-        "--num-draft", type=int_between(1, 16), default=4, help="draft tokens per step"
+        "--num-draft",
+        type=int_between(1, 16),
+        default=None,
+        help="draft tokens per step (default: all MTP heads when mtp is benchmarked, else 4)",
     )
     spec.add_argument("--draft", help="draft artifact for --speculative draft")
     spec.add_argument(
@@ -182,7 +185,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
 
     config = SpecBenchConfig(
         methods=list(dict.fromkeys(args.speculative or [])),
-        num_draft=args.num_draft,
+        num_draft=_num_draft(args),
         draft=args.draft,
         prompts=args.prompt,
         prompt_ids=[parse_ids(args.prompt_ids)] if args.prompt_ids else [],
@@ -227,3 +230,16 @@ def _run_engines(args: argparse.Namespace) -> int:
     else:
         print(format_engine_table(report))
     return 0
+
+
+def _num_draft(args: argparse.Namespace) -> int:
+    """--num-draft, or a default that fits every method benchmarked (an MTP artifact's heads)."""
+    if args.num_draft is not None:
+        return int(args.num_draft)
+    if "mtp" in (args.speculative or []):
+        from specport.artifact import read_manifest
+
+        heads = int((read_manifest(args.artifact, check_hashes=False).mtp or {}).get("heads") or 0)
+        if heads:
+            return heads
+    return 4
