@@ -240,8 +240,14 @@ def train_demo_model(
 
 def save_hf_model_dir(model: LlamaForCausalLM, tok: Tokenizer, out_dir: Path) -> Path:
     """Write `model` and `tok` as a regular Hugging Face directory (safetensors weights)."""
+    import transformers
+
+    from specport.progress import bar_enabled
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not bar_enabled():  # transformers' "Writing model shards" bar: terminals only
+        transformers.utils.logging.disable_progress_bar()
     model.save_pretrained(out_dir, safe_serialization=True)
     save_tokenizer(tok, llama_tokenizer_config(tok, model.config.max_position_embeddings), out_dir)
     return out_dir
