@@ -165,6 +165,7 @@ def write_gguf(
     qtype: str | dict[str, str] = "F32",
     arch: str | None = None,
     seed: int = 0,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Write `model` as a GGUF file the way llama.cpp's convert_hf_to_gguf.py lays it out.
 
@@ -236,6 +237,8 @@ def write_gguf(
             w.add_tensor(gname, _random_k_blocks(*arr.shape, qt, rng), raw_dtype=Q[qt])
         else:
             w.add_tensor(gname, gguf.quants.quantize(arr, Q[qt]), raw_dtype=Q[qt])
+    for name, arr in (extra or {}).items():  # e.g. rope_freqs (Llama 3's rope scaling)
+        w.add_tensor(name, np.asarray(arr, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

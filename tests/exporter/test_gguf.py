@@ -224,3 +224,31 @@ def _onnx_logits(art: Any, ids: np.ndarray, manifest: dict[str, Any]) -> np.ndar
         feeds[k] = np.zeros((1, h, 0, kd), np.float32)
         feeds[v] = np.zeros((1, h, 0, vd), np.float32)
     return art.session.run(["logits"], feeds)[0][0]
+
+
+def test_llama3_rope_scaling_is_recovered_from_rope_freqs(
+    gpt2_tok: dict[str, Any], tmp_path: Path
+) -> None:
+    """Llama 3.x files carry their rope scaling only as `rope_freqs` divisors."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from specport.exporter.gguf_config import _llama3_divisors
+
+    params = {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    config = tiny_config("llama", 300, rope_theta=500000.0, rope_scaling=dict(params))
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
+    base = 1.0 / 500000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)
+    divisors = _llama3_divisors(params, 500000.0, 64)  # what llama.cpp writes as rope_freqs
+    assert np.allclose(base.numpy() / divisors, scaled.numpy(), rtol=1e-6)
+
+    model = random_model(tiny_config("llama", len(gpt2_tok["tokens"]), rope_theta=500000.0))
+    path = write_gguf(model, gpt2_tok, tmp_path / "l3.gguf", extra={"rope_freqs.weight": divisors})
+    save_gguf_as_hf(path, tmp_path / "hf", progress=False)
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["rope_scaling"] == params
