@@ -218,10 +218,6 @@ def write_mtp_artifact(
     from specport.passes.mtp import BRANCH_OUTPUTS, InsertMTPBranchPass
 
     manifest = art.read_manifest(artifact)
-    if manifest.kv.layout != "concat":
-        raise InputError(
-            f"the MTP branch needs a concat-KV artifact, {artifact} has {manifest.kv.layout!r}"
-        )
     model = ir.load(str(Path(artifact) / manifest.model_file))
     result = InsertMTPBranchPass(export_branch(heads, manifest.vocab_size))(model)
     if not result.modified:
@@ -264,6 +260,7 @@ def train_mtp(
     new_tokens: int = 120,
     progress: bool | None = None,
     threads: int = 1,
+    batch: int = 32,
 ) -> art.Manifest:
     """Heads for ``artifact`` (trained, or the checkpoint's own for DeepSeek-V3) -> artifact ``out``."""
 
@@ -283,6 +280,7 @@ def train_mtp(
             prompt_len,
             new_tokens,
             progress,
+            batch,
         )
     finally:
         torch.set_num_threads(saved_threads)
@@ -299,6 +297,7 @@ def _train_mtp(
     prompt_len: int,
     new_tokens: int,
     progress: bool | None,
+    batch: int = 32,
 ) -> art.Manifest:
     from specport.runtime.tokenizer import load_tokenizer
 
@@ -327,7 +326,7 @@ def _train_mtp(
         logger.info(
             "self-generated %s tokens in %.1fs", tuple(seqs.shape), time.perf_counter() - t0
         )
-        heads, report = train_heads(base, seqs, num_heads, steps, progress=progress)
+        heads, report = train_heads(base, seqs, num_heads, steps, batch=batch, progress=progress)
         report = {
             "source": "self-distillation",
             "data": str(data),

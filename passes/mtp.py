@@ -14,6 +14,12 @@ connects them to the main graph: the hidden state is the first input of the LM-h
 depend on how the rest of the graph was fused. Logits and presents are untouched, so the plain
 generator still runs the graph (the extra outputs are ignored) and a bare InferenceSession
 loads it.
+
+On a shared-layout graph (``passes.select_logits``: a ``logits_index`` [B, K] input picks the
+positions that reach the LM head) the branch sees those K positions: its hidden state and
+logits are already the selected ones, and its input ids are gathered with the same index. A
+verify step selects every position (K = S, the branch works as on concat); a prefill or decode
+step selects the last one, and the branch then yields the next token and K fresh drafts.
 """
 
 from __future__ import annotations
@@ -77,10 +83,12 @@ class InsertMTPBranchPass(Pass):
 
     def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
         graph, branch = model.graph, self.branch.graph
+        input_ids = next(v for v in graph.inputs if v.name == "input_ids")
+        index = next((v for v in graph.inputs if v.name == "logits_index"), None)
         main_values = {
             "mtp_hidden": find_lm_head_input(model, self.logits_name),
             "mtp_logits": next(v for v in graph.outputs if v.name == self.logits_name),
-            "mtp_input_ids": next(v for v in graph.inputs if v.name == "input_ids"),
+            "mtp_input_ids": input_ids if index is None else _gather_ids(graph, input_ids, index),
         }
         for version_domain, version in self.branch.opset_imports.items():
             have = model.opset_imports.get(version_domain)
@@ -119,6 +127,28 @@ class InsertMTPBranchPass(Pass):
             "initializers_added": len(inits),
             "outputs": [v.name for v in branch_outputs],
         }
+
+
+def _gather_ids(graph: ir.Graph, input_ids: ir.Value, index: ir.Value) -> ir.Value:
+    """input_ids [B, S] at logits_index [B, K] -> [B, K] (the positions the LM head sees)."""
+    import numpy as np
+
+    axes = ir.Value(name="mtp.gather_ids/axes", const_value=ir.tensor(np.array([-1], np.int64)))
+    axes.shape, axes.type = ir.Shape([1]), ir.TensorType(ir.DataType.INT64)
+    graph.register_initializer(axes)
+    ids3 = ir.node("Unsqueeze", [input_ids, axes], name="/mtp/gather_ids/ids")
+    idx3 = ir.node("Unsqueeze", [index, axes], name="/mtp/gather_ids/index")
+    gather = ir.node(
+        "GatherND", [ids3.outputs[0], idx3.outputs[0]], {"batch_dims": 1}, name="/mtp/gather_ids"
+    )
+    out = ir.node("Squeeze", [gather.outputs[0], axes], name="/mtp/gather_ids/squeeze")
+    for i, node in enumerate((ids3, idx3, gather, out)):
+        node.outputs[0].name = f"/mtp/gather_ids/out{i}"
+        graph.append(node)
+    value = out.outputs[0]
+    value.type = ir.TensorType(ir.DataType.INT64)
+    value.shape = ir.Shape(["batch", "kept"])
+    return value
 
 
 def strip_mtp_branch(model: ir.Model) -> int:

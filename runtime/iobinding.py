@@ -91,6 +91,26 @@ class BoundSession:
         self._bind_out("logits", self.logits)
         if self.has_next:
             self._bind_out(self.io["next_token_output"], self.next_token)
+        # Any other output (the MTP branch's accepted/bonus/drafts): preallocated [B, ...] and
+        # bound once; onnxruntime computes every node whatever is fetched, so leaving them
+        # unbound would save nothing.
+        known = {"logits", self.io["next_token_output"], *self.kv.output_names}
+        self.extra: dict[str, np.ndarray] = {}
+        for out in session.get_outputs():
+            if out.name in known:
+                continue
+            dims = list(out.shape)[1:]
+            if not all(isinstance(d, int) for d in dims):
+                raise ArtifactError(
+                    f"output {out.name!r} has shape {out.shape}; IO binding needs [batch, fixed...]"
+                )
+            dtype = np.int64 if "int64" in out.type else np.float32
+            self.extra[out.name] = np.zeros((batch, *dims), dtype=dtype)
+            self._bind_out(out.name, self.extra[out.name])
+
+    def extra_outputs(self) -> dict[str, np.ndarray]:
+        """The other outputs of the last run (views, overwritten by the next one)."""
+        return self.extra
 
     def _bind_in(self, name: str, arr: np.ndarray) -> None:
         value = self._ov(arr)

@@ -1,9 +1,10 @@
 """Draft-model proposer: a smaller artifact with the same vocabulary guesses the next K tokens.
 
-The draft keeps its own concat KV cache and the token list that cache describes. On every
-``propose`` it finds the longest common prefix between that list and the new context (the
-verifier may have rejected some of its drafts), trims its cache to it, feeds the rest of the
-context in one run and then drafts K tokens one run each. A self-draft (``specport export
+The draft keeps its own KV cache (``runtime.seq_cache``: in place on a shared-layout draft,
+concat otherwise) and the token list that cache describes. On every ``propose`` it finds the
+longest common prefix between that list and the new context (the verifier may have rejected
+some of its drafts), keeps that much of its cache (a length move on the shared layout), feeds
+the rest of the context in one run and then drafts K tokens one run each. A self-draft (``specport export
 MODEL --layers N``: the first N layers of the target) is the cheapest way to get one.
 
 Greedy decoding drafts the argmax and carries no probabilities; when sampling, each draft is
@@ -117,9 +118,7 @@ class DraftModelProposer:
             )
         self.session = session
         self.manifest = manifest
-        self.output_names = [o.name for o in session.get_outputs()]
-        self.n_kv = 2 * len(manifest.kv.inputs)
-        self.tree_mask = has_tree_mask(session)
+        self._bound: Any = None  # the shared layout's bound buffers, kept across resets
         self.sampler: Sampler | None = None
         self.rng = np.random.default_rng()
         self.reset()
@@ -134,14 +133,21 @@ class DraftModelProposer:
             self.rng = np.random.default_rng(seed)
 
     def reset(self) -> None:
-        self.kv = TrimmableKV(self.manifest)
-        self.tokens: list[int] = []  # the tokens whose keys/values ``kv`` holds
+        from specport.runtime.seq_cache import SharedCache, open_cache
+
+        self.cache = open_cache(self.session, self.manifest, bound=self._bound)
+        if isinstance(self.cache, SharedCache):
+            self._bound = self.cache.bound
+        self.tokens: list[int] = []  # the tokens whose keys/values ``cache`` holds
 
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         if len(context) != 1:
             raise InputError(f"the draft-model proposer runs batch 1, got {len(context)} rows")
+        from specport.runtime.seq_cache import context_limit
+
         row = [int(t) for t in context[0]]
-        room = self.manifest.context_length - len(row)
+        limit = context_limit(self.manifest)
+        room = limit - len(row)
         k = min(int(num_draft), room)
         if k <= 0 or not row:
             return Drafts.empty(1)
@@ -151,18 +157,14 @@ class DraftModelProposer:
                 break
             common += 1
         common = min(common, len(row) - 1)  # at least one token must be fed to get logits
-        self.kv.trim(common)
+        self.cache.keep(common)
         self.tokens = self.tokens[:common]
         feed = row[common:]
         drafts: list[int] = []
         probs: list[np.ndarray] = []
         for i in range(k):
-            outputs = run_step(
-                self.session, self.output_names, self.kv, feed, len(self.tokens), self.tree_mask
-            )
-            self.kv.update(outputs[1 : 1 + self.n_kv])
+            logits = self.cache.step(feed, last_only=True).logits  # [1, V]
             self.tokens += feed
-            logits = outputs[0][:, -1, :]  # [1, V]
             if self.sampler is None:
                 tok = int(np.argmax(logits[0]))
             else:
@@ -171,7 +173,7 @@ class DraftModelProposer:
                 probs.append(q[0])
             drafts.append(tok)
             feed = [tok]
-            if i + 1 < k and len(self.tokens) + 1 >= self.manifest.context_length:
+            if i + 1 < k and len(self.tokens) + 1 >= limit:
                 break
         q_arr = np.stack(probs)[None] if probs else None  # [1, K, V]
         return Drafts.from_lists([drafts], q_arr)

@@ -1,10 +1,11 @@
 """The speculative decoding loop: draft K tokens, score [last, drafts] in one run, keep a prefix.
 
 Each step feeds the last emitted token and up to K drafts (S = K+1) at positions P..P+K on
-top of the concat KV cache, verifies the drafts against the target's K+1 scores (greedy exact
-or lossless rejection sampling, ``runtime.speculative.verify``), emits ``accepted + 1`` tokens
-and cuts the presents back to ``P + accepted + 1`` positions (the rejected drafts' keys and
-values are dropped; with the shared layout this becomes moving the sequence length).
+top of the sequence's KV cache (``runtime.seq_cache``: either layout), verifies the drafts
+against the target's K+1 scores (greedy exact or lossless rejection sampling,
+``runtime.speculative.verify``), emits ``accepted + 1`` tokens and keeps ``P + accepted + 1``
+cached positions: on the shared layout that only moves the sequence length back (the rejected
+drafts' keys and values are overwritten by the next step), on concat it slices the presents.
 
 The prompt is prefilled without its last token, so the first step already carries drafts and
 every method (n-gram, draft model, MTP graph) goes through the same loop. Greedy output is
@@ -23,8 +24,10 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
+from specport.contract import TREE_MASK
 from specport.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
+from specport.runtime.seq_cache import SharedCache, context_limit, open_cache
 from specport.runtime.speculative.base import (
     Drafts,
     Proposer,
@@ -32,12 +35,7 @@ from specport.runtime.speculative.base import (
     check_prompts,
     stop_reason,
 )
-from specport.runtime.speculative.draft import (
-    DraftModelProposer,
-    TrimmableKV,
-    has_tree_mask,
-    run_step,
-)
+from specport.runtime.speculative.draft import DraftModelProposer
 from specport.runtime.speculative.metrics import (
     AdaptiveDraftLength,
     SpecDecodingStats,
@@ -93,9 +91,6 @@ class SpeculativeGenerator:
         self.num_draft = check_num_draft(num_draft)
         self.adaptive = default_adaptive(proposer) if adaptive is None else bool(adaptive)
         self.fast = fast  # greedy MTP: trust the graph's verification (``mtp.decode_greedy``)
-        self.output_names = [o.name for o in session.get_outputs()]
-        self.n_kv = 2 * len(manifest.kv.inputs)
-        self.tree_mask = has_tree_mask(session)
 
     def generate(
         self,
@@ -105,28 +100,30 @@ class SpeculativeGenerator:
         eos_ids: Sequence[int] = (),
         on_token: OnToken | None = None,
     ) -> SpeculativeOutput:
-        ctx_len, vocab = self.manifest.context_length, self.manifest.vocab_size
-        prompt = check_prompts([prompt], max_new_tokens, ctx_len, vocab)[0]
+        vocab = self.manifest.vocab_size
+        prompt = check_prompts([prompt], max_new_tokens, context_limit(self.manifest), vocab)[0]
         sampling = sampling or SamplingConfig()
         sampler = Sampler(sampling, vocab)
         if hasattr(self.proposer, "configure"):
             self.proposer.configure(sampling)
         if hasattr(self.proposer, "reset"):
             self.proposer.reset()
+        ctx_len = context_limit(self.manifest)
         budget = min(max_new_tokens, ctx_len - len(prompt))
         eos = {int(e) for e in eos_ids}
         stats = SpecDecodingStats()
-        kv = TrimmableKV(self.manifest)
-        ort_s = propose_s = 0.0
+        cache = open_cache(
+            self.session, self.manifest, len(prompt) + budget, getattr(self, "_bound", None)
+        )
+        if isinstance(cache, SharedCache):
+            self._bound = cache.bound  # reused by the next generate (buffers allocated once)
+        propose_s = 0.0
 
         t_start = time.perf_counter()
         if len(prompt) > 1:  # prefill all but the last token; its logits are not needed
-            t0 = time.perf_counter()
-            outputs = run_step(self.session, self.output_names, kv, prompt[:-1], 0)
-            ort_s += time.perf_counter() - t0
-            kv.update(outputs[1 : 1 + self.n_kv])
+            cache.step(prompt[:-1], last_only=True)
         t_prefill = time.perf_counter()
-        prefill_ort = ort_s
+        prefill_ort = cache.ort_seconds
 
         controller = self._controller() if self.adaptive else None
         # Timings steer K only under greedy decoding, where K cannot change the output; with
@@ -141,13 +138,12 @@ class SpeculativeGenerator:
         if self.fast and self._fast_ok(sampler):
             assert isinstance(self.proposer, MTPProposer)
             res = decode_greedy(
-                self.session,
-                self.manifest,
+                cache,
                 self.proposer,
-                kv.past,
                 prompt[-1],
                 budget,
                 max_new_tokens,
+                ctx_len,
                 self.num_draft,
                 eos,
                 on_token,
@@ -155,12 +151,10 @@ class SpeculativeGenerator:
                 controller,
             )
             out, reason, t_first, done = res.tokens, res.reason, res.t_first, True
-            kv.past = res.past
-            ort_s += res.ort_s
         per_draft = getattr(self.proposer, "name", "") in PER_DRAFT_COST
         last_step: tuple[int, float, float] | None = None  # (k, start, propose seconds)
         while not done:
-            pos = kv.length  # == len(context) - 1: the last token is not in the cache yet
+            pos = cache.length  # == len(context) - 1: the last token is not in the cache yet
             room = min(budget - len(out) - 1, ctx_len - 1 - pos)
             k = min(self.num_draft if controller is None else controller.choose(), room)
             t0 = time.perf_counter()
@@ -177,14 +171,13 @@ class SpeculativeGenerator:
             t1 = time.perf_counter()
             propose_s += t1 - t0
             fed = [context[-1], *drafts.row(0)]
-            outputs = run_step(self.session, self.output_names, kv, fed, pos, self.tree_mask)
-            ort_s += time.perf_counter() - t1
+            step = cache.step(fed)
             last_step = (k, t0, t1 - t0)
-            logits = outputs[0][:, : len(fed)]  # [1, S, V]
+            logits = step.logits[None, : len(fed)]  # [1, S, V]
             result = self._verify(drafts, logits, sampler, context)
-            kv.update(outputs[1 : 1 + self.n_kv], keep=pos + int(result.accepted[0]) + 1)
+            cache.keep(pos + int(result.accepted[0]) + 1)  # rollback: no KV is copied
             if hasattr(self.proposer, "observe"):
-                self.proposer.observe(dict(zip(self.output_names, outputs)), result)
+                self.proposer.observe(step.outputs, result)
             stats.observe(drafts, result)
             if controller is not None:
                 controller.observe(int(drafts.lengths[0]), int(result.accepted[0]))
@@ -198,13 +191,20 @@ class SpeculativeGenerator:
                     reason, done = why, True
                     break
         t_end = time.perf_counter()
-        self.last_kv = kv  # the cache after the final step (tests compare it to plain decoding)
+        self.last_kv = cache  # the cache after the final step (tests compare it to plain decoding)
         stats.log()
         clock = {"start": t_start, "prefill": t_prefill, "first": t_first, "end": t_end}
         metrics: dict[str, Any] = {
             **timing_metrics(
-                len(prompt), len(out), stats.num_steps, clock, ort_s, prefill_ort, propose_s
+                len(prompt),
+                len(out),
+                stats.num_steps,
+                clock,
+                cache.ort_seconds,
+                prefill_ort,
+                propose_s,
             ),
+            "kv_layout": self.manifest.kv.layout,
             "speculative": {
                 "method": getattr(self.proposer, "name", "custom"),
                 "num_draft": self.num_draft,
@@ -228,9 +228,7 @@ class SpeculativeGenerator:
     def _fast_ok(self, sampler: Sampler) -> bool:
         """Greedy MTP without a repetition penalty: the graph's own verification is exact."""
         cfg = sampler.config
-        contract = {"input_ids", "attention_mask", "position_ids"}
-        contract.update(name for pair in self.manifest.kv.inputs for name in pair)
-        plain_inputs = {i.name for i in self.session.get_inputs()} == contract  # no extra feeds
+        plain_inputs = TREE_MASK not in {i.name for i in self.session.get_inputs()}
         return (
             isinstance(self.proposer, MTPProposer)
             and cfg.greedy

@@ -22,6 +22,7 @@ import numpy as np
 
 from specport.artifact import Manifest
 from specport.errors import InputError
+from specport.runtime.seq_cache import SequenceCache
 from specport.runtime.speculative.base import Drafts, stop_reason
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
 from specport.runtime.speculative.verify import VerifyResult
@@ -48,6 +49,7 @@ class MTPProposer:
 
     def __init__(self, manifest: Manifest) -> None:
         info = mtp_info(manifest)
+        self.manifest = manifest
         self.heads = int(info["heads"])
         out = info["outputs"]
         self.accepted_name = out["accepted"]
@@ -83,19 +85,16 @@ class FastDecode:
 
     tokens: list[int]
     reason: str
-    past: list[np.ndarray]  # the final KV cache, [1, Hkv, T, D] per tensor in manifest order
-    ort_s: float
     t_first: float | None
 
 
 def decode_greedy(
-    session: Any,
-    manifest: Manifest,
+    cache: SequenceCache,  # prefilled with prompt[:-1]
     proposer: MTPProposer,
-    past: list[np.ndarray],  # prefilled cache of prompt[:-1], [1, Hkv, P, D] each
     last: int,  # the prompt's last token (not in the cache yet)
     budget: int,  # new tokens allowed (max_new_tokens capped by the context window)
     max_new_tokens: int,
+    ctx_len: int,  # positions the cache may reach
     num_draft: int,
     eos: set[int],
     on_token: Callable[[int], bool | None] | None,
@@ -106,54 +105,28 @@ def decode_greedy(
 
     The graph already takes the argmax of the verified logits, the accepted prefix and the
     bonus token (``passes.mtp``); under greedy decoding without a repetition penalty the host
-    would recompute exactly that, so here nothing but the presents and the three small MTP
-    outputs leave the session (no logits), the host keeps plain lists, and the per-step feeds
-    are views of buffers prepared once (attention mask of ones, position ids). The KV cache is
-    copied only when drafts were rejected (cut back to the accepted prefix).
+    would recompute exactly that, so only the three small MTP outputs are read (on concat no
+    logits leave the session at all) and the cache keeps the accepted prefix: a length move on
+    the shared layout, a view of the presents on concat.
     """
-    info = mtp_info(manifest)
-    outputs = info["outputs"]
-    kv_in = [name for pair in manifest.kv.inputs for name in pair]
-    kv_out = [name for pair in manifest.kv.outputs for name in pair]
-    fetch = [*kv_out, outputs["accepted"], outputs["bonus"], outputs["drafts"]]
-    n_kv = len(kv_out)
-    ctx_len = manifest.context_length
-    ones = np.ones((1, ctx_len), dtype=np.int64)  # [1, ctx]: attention_mask = ones[:, :P+S]
-    arange = np.arange(ctx_len, dtype=np.int64)[None, :]  # [1, ctx]: position_ids slices
-    feeds: dict[str, np.ndarray] = dict(zip(kv_in, past))
+    out_names = mtp_info(proposer.manifest)["outputs"]
+    acc_name, bonus_name, drafts_name = (out_names[k] for k in ("accepted", "bonus", "drafts"))
     pending = list(proposer.pending)
-    pos = int(past[0].shape[2]) if past else 0
     out: list[int] = []
     reason = "length"
-    ort_s = 0.0
     t_first: float | None = None
     tally = [[0] * (k + 1) for k in range(num_draft + 1)]  # [k][a]: steps drafting k, accepting a
-    # onnxruntime's Python wrapper re-validates the feed names on every call; the names are
-    # fixed here, so call the binding directly when there is one (a plain session otherwise)
-    inner = getattr(session, "_sess", None)
-    run = (lambda names, f: inner.run(names, f, None)) if inner is not None else session.run
     clock = time.perf_counter
     while True:
+        pos = cache.length
         room = min(budget - len(out) - 1, ctx_len - 1 - pos)
         k = min(num_draft if controller is None else controller.choose(), room, len(pending))
         fed = [last, *pending[:k]] if k > 0 else [last]
-        s = k + 1
-        feeds["input_ids"] = np.array([fed], dtype=np.int64)  # [1, S]
-        feeds["attention_mask"] = ones[:, : pos + s]  # [1, P+S]
-        feeds["position_ids"] = arange[:, pos : pos + s]  # [1, S]
-        t0 = clock()
-        res = run(fetch, feeds)
-        ort_s += clock() - t0
-        accepted = int(res[n_kv][0])  # [B] int64
-        bonus = int(res[n_kv + 1][0])  # [B] int64
-        pending = res[n_kv + 2][0].tolist()  # [B, K] int64
-        pos += accepted + 1
-        if accepted == k:  # nothing rejected: the presents are the next step's past as they are
-            for name, present in zip(kv_in, res):
-                feeds[name] = present
-        else:  # [1, Hkv, P+S, D] -> view [1, Hkv, P+accepted+1, D]; onnxruntime packs it
-            for name, present in zip(kv_in, res):
-                feeds[name] = present[:, :, :pos]
+        res = cache.step(fed, logits=False).outputs
+        accepted = int(res[acc_name][0])  # [B] int64
+        bonus = int(res[bonus_name][0])  # [B] int64
+        pending = res[drafts_name][0].tolist()  # [B, K] int64
+        cache.keep(pos + accepted + 1)
         tally[k][accepted] += 1
         if controller is not None:
             controller.observe(k, accepted)
@@ -176,5 +149,4 @@ def decode_greedy(
         for accepted, count in enumerate(row):
             if count:
                 stats.observe_draft(k, accepted, count)
-    past_out = [np.ascontiguousarray(feeds[n]) for n in kv_in]
-    return FastDecode(out, reason, past_out, ort_s, t_first)
+    return FastDecode(out, reason, t_first)

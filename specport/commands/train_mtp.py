@@ -16,7 +16,7 @@ from specport.commands._args import POSITIVE, int_at_least, int_between
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-mtp", help="train MTP draft heads and write an MTP artifact")
-    p.add_argument("artifact", help="artifact exported by `specport export` (concat KV layout)")
+    p.add_argument("artifact", help="artifact exported by `specport export` (either KV layout)")
     p.add_argument(
         "--heads",
         type=int_between(1, 16),
@@ -36,6 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=768,
         help="self-generated training sequences (default 768)",
     )
+    p.add_argument(
+        "--batch",
+        type=POSITIVE,
+        default=32,
+        help="sequences per optimizer step (default 32; lower it for large vocabularies: each "
+        "step holds batch x length x vocab logits per head)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=run)
 
@@ -50,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         data=args.data,
         steps=args.steps,
         num_sequences=args.sequences,
+        batch=args.batch,
     )
     mtp = manifest.mtp or {}
     training = mtp.get("training", {})

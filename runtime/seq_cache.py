@@ -1,0 +1,182 @@
+"""One sequence's KV cache that can append tokens and cut back: the speculative loops' only view of KV.
+
+Speculative decoding appends ``[last token, drafts]`` in one run and then keeps a prefix. The
+two layouts do that differently, and nothing above this module needs to know how:
+
+* ``ConcatCache`` (``concat`` layout): the graph returns present = past + new; keeping ``n``
+  positions keeps a view of the presents (onnxruntime packs a strided past while it reads it,
+  the one copy a cut needs);
+* ``SharedCache`` (``shared`` layout): one preallocated buffer per layer, written in place by
+  onnxruntime's GroupQueryAttention through IO binding; keeping ``n`` positions only moves the
+  sequence length back. The rejected drafts' keys and values stay in the buffer and the next
+  step overwrites them: no KV is copied, ever.
+
+Both give ``step(tokens) -> StepResult`` (per-position logits [S, V] for every fed token, or
+only the last one, and any extra graph outputs such as the MTP branch's) and ``keep(n)``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from specport.artifact import Manifest
+from specport.contract import TREE_MASK, causal_tree_mask
+from specport.errors import InputError
+
+
+@dataclass
+class StepResult:
+    """What one run over S appended tokens returns."""
+
+    logits: np.ndarray  # [S, V] (or [1, V] with last_only): scores after each fed token
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)  # extra graph outputs by name
+
+
+class SequenceCache(Protocol):
+    """Batch-1 KV cache over a session: append tokens, read their logits, keep a prefix."""
+
+    length: int  # positions cached (the context minus tokens not fed yet)
+    ort_seconds: float  # time inside onnxruntime so far
+
+    def step(
+        self, tokens: list[int], last_only: bool = False, tree: Any = None, logits: bool = True
+    ) -> StepResult: ...
+
+    def keep(self, n: int) -> None: ...
+
+
+class ConcatCache:
+    """Concat-layout cache for one sequence: past [1, Hkv, P, D] per tensor, cut by slicing."""
+
+    def __init__(self, session: Any, manifest: Manifest) -> None:
+        kv = manifest.kv
+        self.session = session
+        self.names = [name for pair in kv.inputs for name in pair]
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.n_kv = len(self.names)
+        self.tree_mask = any(i.name == TREE_MASK for i in session.get_inputs())
+        dtype = np.dtype(kv.dtype)
+        self._past: list[np.ndarray] = []
+        for heads, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim):
+            self._past.append(np.zeros((1, heads, 0, kd), dtype))
+            self._past.append(np.zeros((1, heads, 0, vd), dtype))
+        self.ort_seconds = 0.0
+        self._keep: int | None = None  # positions to keep of _past, applied at the next read
+
+    @property
+    def length(self) -> int:
+        if self._keep is not None:
+            return self._keep
+        return int(self._past[0].shape[2]) if self._past else 0
+
+    @property
+    def past(self) -> list[np.ndarray]:
+        """The cache, [1, Hkv, length, D] per tensor in manifest order."""
+        if self._keep is not None:
+            n, self._keep = self._keep, None
+            self._past = [p[:, :, :n] for p in self._past]
+        return self._past
+
+    def step(
+        self, tokens: list[int], last_only: bool = False, tree: Any = None, logits: bool = True
+    ) -> StepResult:
+        """Append ``tokens`` (a causal chain, or a token tree: ``tree`` = (depths [S], mask [S, S]))."""
+        start, s = self.length, len(tokens)
+        feeds: dict[str, np.ndarray] = {
+            "input_ids": np.asarray([tokens], dtype=np.int64),  # [1, S]
+            "attention_mask": np.ones((1, start + s), dtype=np.int64),  # [1, P+S]
+            **dict(zip(self.names, self.past)),  # [1, Hkv, P, D] each
+        }
+        if tree is not None:
+            if not self.tree_mask:
+                raise InputError(
+                    "token-tree verification needs a --tree-mask artifact on the concat layout."
+                )
+            depths, mask = tree
+            feeds["position_ids"] = (start + np.asarray(depths, dtype=np.int64))[None, :]
+            feeds[TREE_MASK] = np.asarray(mask, dtype=np.int64)[None]
+        else:
+            feeds["position_ids"] = np.arange(start, start + s, dtype=np.int64)[None, :]
+            if self.tree_mask:
+                feeds[TREE_MASK] = causal_tree_mask(1, s)
+        names = self.output_names if logits else self.output_names[1:]
+        t0 = time.perf_counter()
+        out = self.session.run(names, feeds)
+        self.ort_seconds += time.perf_counter() - t0
+        if not logits:  # the lean path (greedy MTP trusts the graph): no [S, V] copy out
+            out = [np.zeros((0, 0), np.float32), *out]
+        self._past = list(out[1 : 1 + self.n_kv])
+        scores = out[0][0, -1:] if last_only and logits else (out[0][0] if logits else out[0])
+        extra = dict(zip(self.output_names[1 + self.n_kv :], out[1 + self.n_kv :]))
+        return StepResult(scores, extra)
+
+    def keep(self, n: int) -> None:
+        """Keep the first ``n`` positions (the cut is a view, taken at the next step)."""
+        if n < self.length:
+            self._keep = n
+
+    def keep_positions(self, index: np.ndarray) -> None:
+        """Keep exactly these cached positions, in this order (a tree's accepted path)."""
+        self._past = [np.take(p, index, axis=2) for p in self.past]
+
+
+class SharedCache:
+    """Shared-layout cache for one sequence: in-place buffers bound once, cut by the length."""
+
+    def __init__(
+        self, session: Any, manifest: Manifest, max_length: int, bound: Any = None
+    ) -> None:
+        """``bound``: an existing batch-1 ``BoundSession`` to reuse (its cache is reset)."""
+        from specport.runtime.iobinding import BoundSession
+
+        if bound is None or bound.batch != 1 or bound.kv.max_length < max_length:
+            bound = BoundSession(session, manifest, 1, max_length)
+        bound.reset()
+        self.bound = bound
+
+    @property
+    def length(self) -> int:
+        return int(self.bound.kv.lengths[0])
+
+    @property
+    def ort_seconds(self) -> float:
+        return float(self.bound.ort_seconds)
+
+    def step(
+        self, tokens: list[int], last_only: bool = False, tree: Any = None, logits: bool = True
+    ) -> StepResult:
+        """``logits=False`` is accepted for symmetry; the bound logits are cheap to keep."""
+        if tree is not None:
+            raise InputError(
+                "token-tree verification runs on the concat layout (--tree-mask): onnxruntime's "
+                "GroupQueryAttention takes no per-token mask. Use chain speculation here."
+            )
+        ids = np.asarray([tokens], dtype=np.int64)  # [1, S]
+        scores, _ = self.bound.extend(ids, last_only=last_only)
+        return StepResult(scores[0], self.bound.extra_outputs())
+
+    def keep(self, n: int) -> None:
+        """Forget positions past ``n``: the lengths move, the buffers are not touched."""
+        lengths = self.bound.kv.lengths
+        lengths[0] = min(int(lengths[0]), n)
+
+
+def open_cache(
+    session: Any, manifest: Manifest, max_length: int | None = None, bound: Any = None
+) -> ConcatCache | SharedCache:
+    """The sequence cache for the artifact's layout (``max_length``: shared buffer positions)."""
+    if manifest.kv.layout == "shared":
+        limit = manifest.kv.max_length or manifest.context_length
+        return SharedCache(session, manifest, min(max_length or limit, limit), bound)
+    return ConcatCache(session, manifest)
+
+
+def context_limit(manifest: Manifest) -> int:
+    """Positions a sequence may reach: the context window, or a shared artifact's buffer."""
+    if manifest.kv.layout == "shared" and manifest.kv.max_length:
+        return min(manifest.context_length, manifest.kv.max_length)
+    return manifest.context_length

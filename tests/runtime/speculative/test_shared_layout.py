@@ -1,0 +1,189 @@
+"""Speculative decoding on the shared (in-place) KV layout: the same guarantees as on concat.
+
+Every proposer (n-gram, draft model, MTP heads) x every layout: greedy output equals plain
+greedy token for token; sampling stays lossless (the joint law of the first two sampled tokens
+matches the target's); a rejected draft is rolled back by the sequence length alone - the
+bound buffers are never replaced or copied, and what they hold for the kept positions equals a
+fresh prefill of the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specport.runtime.sampler import Sampler, SamplingConfig
+from specport.runtime.seq_cache import ConcatCache, SharedCache, open_cache
+from specport.runtime.speculative.base import Drafts
+from specport.runtime.speculative.loop import SpeculativeGenerator, generate_speculative
+
+pytestmark = pytest.mark.slow  # exports four tiny artifacts (~20-60 s)
+
+MAX_LENGTH = 96
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        base = rng.integers(3, 256, size=int(rng.integers(1, 10))).tolist()
+        out.append(base * (1 + i % 3))  # some prompts repeat themselves: n-gram hits
+    return out
+
+
+@pytest.fixture(scope="module")
+def arts(tmp_path_factory) -> dict[str, object]:
+    import torch
+
+    import specport
+    from specport.exporter.export import export_model
+    from specport.exporter.mtp_heads import MTPHeads
+    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from tests.fixtures import build_tiny_model
+
+    tmp: Path = tmp_path_factory.mktemp("spec_shared")
+    src = build_tiny_model("llama", tmp / "src")
+    kw = dict(skip_verify=True, progress=False)
+    export_model(src, tmp / "shared", kv_layout="shared", max_length=MAX_LENGTH, **kw)
+    export_model(src, tmp / "draft", kv_layout="shared", max_length=MAX_LENGTH, layers=1, **kw)
+    export_model(src, tmp / "concat", kv_layout="concat", **kw)
+    out = {name: specport.load(tmp / name, threads=1) for name in ("shared", "draft", "concat")}
+    torch.manual_seed(0)
+    for layout in ("shared", "concat"):
+        heads = MTPHeads(load_base(out[layout].manifest), 2).eval()  # type: ignore[attr-defined]
+        write_mtp_artifact(tmp / layout, heads, tmp / f"mtp_{layout}", {"source": "test"})
+        out[f"mtp_{layout}"] = specport.load(tmp / f"mtp_{layout}", threads=1)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["shared", "concat"])
+@pytest.mark.parametrize("method", ["ngram", "draft", "mtp"])
+def test_greedy_equals_plain_every_method_and_layout(arts, layout, method):
+    model = arts[layout]
+    spec = arts[f"mtp_{layout}"] if method == "mtp" else model
+    assert spec.manifest.kv.layout == layout
+    for ids in _prompts(6, seed=1):
+        plain = model.generate(prompt_ids=ids, max_new_tokens=24, ignore_eos=True).tokens
+        for k in (1, 2) if method == "mtp" else (1, 4):
+            for adaptive in (False, True):
+                toks, reason, metrics = generate_speculative(
+                    spec, ids, 24, method, k, arts["draft"], SamplingConfig(), (), None, adaptive
+                )
+                assert toks == plain, (method, layout, k, adaptive, ids)
+                assert reason == "length" and metrics["kv_layout"] == layout
+        if method != "ngram":
+            assert metrics["speculative"]["drafted"] > 0
+
+
+def test_shared_mtp_verifies_and_drafts_in_one_run(arts):
+    """The MTP branch on the shared graph: one bound run gives accepted, bonus and new drafts."""
+    mtp = arts["mtp_shared"]
+    outs = [o.name for o in mtp.session.get_outputs()]
+    assert outs[-3:] == ["mtp_accepted", "mtp_bonus", "mtp_drafts"]
+    assert "logits_index" in {i.name for i in mtp.session.get_inputs()}
+    cache = open_cache(mtp.session, mtp.manifest, 64)
+    assert isinstance(cache, SharedCache)
+    ids = [5, 17, 42, 9]
+    first = cache.step(ids, last_only=True)  # a prefill selects the last position only
+    bonus = int(first.outputs["mtp_bonus"][0])
+    assert bonus == int(np.argmax(first.logits[-1]))
+    drafts = first.outputs["mtp_drafts"][0].tolist()
+    assert len(drafts) == 2
+    step = cache.step([bonus, *drafts])  # verify: every position selected
+    best = np.argmax(step.logits, axis=-1).tolist()
+    accepted = 0
+    while accepted < 2 and drafts[accepted] == best[accepted]:
+        accepted += 1
+    assert int(step.outputs["mtp_accepted"][0]) == accepted
+    assert int(step.outputs["mtp_bonus"][0]) == best[accepted]
+
+
+class RandomProposer:
+    """Drafts random tokens: nearly every draft is rejected, exercising the rollback."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, context, num_draft):
+        return Drafts.from_lists([self.rng.integers(3, 256, size=num_draft).tolist()])
+
+
+def test_rollback_moves_lengths_and_copies_nothing(arts):
+    model = arts["shared"]
+    ids = _prompts(2, seed=5)[1]
+    gen = SpeculativeGenerator(model.session, model.manifest, RandomProposer(), 4)
+    out = gen.generate(ids, 20)
+    plain = model.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True)
+    assert out.tokens == plain.tokens
+    assert out.stats.num_accepted_tokens < out.stats.num_draft_tokens  # rejections happened
+    cache = gen.last_kv
+    assert isinstance(cache, SharedCache)
+    bound = cache.bound
+    # the OrtValues bound at the start still wrap the same numpy buffers: nothing was replaced
+    assert all(
+        np.shares_memory(ov.numpy(), buf) for ov, buf in zip(bound.kv._ortvalues, bound.kv.buffers)
+    )
+    seq = ids + out.tokens[:-1]
+    assert cache.length == len(seq)
+    fresh = open_cache(model.session, model.manifest, 64)
+    fresh.step(seq, last_only=True)
+    for got, want in zip(bound.kv.buffers, fresh.bound.kv.buffers):  # type: ignore[union-attr]
+        np.testing.assert_allclose(got[:, :, : len(seq)], want[:, :, : len(seq)], atol=1e-5)
+
+
+def test_concat_cache_keeps_a_view(arts):
+    model = arts["concat"]
+    cache = open_cache(model.session, model.manifest)
+    assert isinstance(cache, ConcatCache)
+    cache.step([5, 6, 7, 8, 9])
+    presents = cache.past
+    cache.keep(3)
+    assert cache.length == 3
+    assert all(np.shares_memory(a, b) for a, b in zip(cache.past, presents))
+
+
+@pytest.mark.parametrize("method", ["draft", "mtp"])
+def test_sampling_on_shared_is_lossless(arts, method):
+    """Joint law of the first two sampled tokens equals the target's, over many seeds."""
+    model = arts["shared"]
+    spec = arts["mtp_shared"] if method == "mtp" else model
+    ids = [5, 17, 42]
+    cfg = dict(greedy=False, temperature=1.0, top_k=3)
+    sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
+
+    def last_probs(seq: list[int]) -> np.ndarray:
+        cache = open_cache(model.session, model.manifest, 16)
+        return sampler.probs(cache.step(seq, last_only=True).logits)[0]
+
+    p1 = last_probs(ids)
+    expected: dict[tuple[int, int], float] = {}
+    for t1 in np.flatnonzero(p1):
+        p2 = last_probs([*ids, int(t1)])
+        for t2 in np.flatnonzero(p2):
+            expected[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    n = 1200
+    counts: Counter[tuple[int, int]] = Counter()
+    drafted = 0
+    for seed in range(n):
+        toks, _, metrics = generate_speculative(
+            spec, ids, 3, method, 2, arts["draft"], SamplingConfig(**cfg, seed=seed), (), None
+        )
+        counts[(toks[0], toks[1])] += 1
+        drafted += metrics["speculative"]["drafted"]
+    assert drafted > n // 10  # the drafts really went through rejection sampling
+    assert set(counts) <= set(expected)
+    tv = 0.5 * sum(abs(counts[c] / n - p) for c, p in expected.items())
+    assert tv < 0.07, (tv, counts, expected)
+
+
+def test_seeded_sampling_repeats_on_shared(arts):
+    model = arts["shared"]
+    cfg = SamplingConfig(greedy=False, temperature=0.8, seed=11)
+    a = generate_speculative(model, [5, 6, 7], 16, "draft", 3, arts["draft"], cfg, (), None)[0]
+    b = generate_speculative(model, [5, 6, 7], 16, "draft", 3, arts["draft"], cfg, (), None)[0]
+    assert a == b and len(a) == 16
