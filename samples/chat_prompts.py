@@ -1,0 +1,65 @@
+"""A fixed set of 16 varied chat prompts for benchmarks on instruction-tuned models.
+
+Three kinds, because speculative methods win in different places: questions and instructions
+(free-form answers: what MTP heads and draft models must guess) and rewriting or summarising a
+given paragraph (the answer copies spans of the prompt: where n-gram lookup helps). Each is a
+single user turn; the bench renders it with the artifact's chat template.
+"""
+
+from __future__ import annotations
+
+PARAGRAPH_BEES = (
+    "Honey bees live in colonies of up to sixty thousand workers, one queen and a few hundred "
+    "drones. Workers gather nectar and pollen from flowers, turn the nectar into honey, and store "
+    "it in wax cells for the winter. A worker bee lives about six weeks in summer, while the "
+    "queen can live for several years and lays up to two thousand eggs a day."
+)
+PARAGRAPH_TRAIN = (
+    "The first public railway to use steam locomotives opened in 1825 between Stockton and "
+    "Darlington in the north of England. It carried coal from the mines to the river, and soon "
+    "passengers as well. Within twenty years railways linked most large cities in Britain, and "
+    "travel times that had taken days by coach fell to a few hours."
+)
+PARAGRAPH_EMAIL = (
+    "hi team, the meeting on thursday is moved to friday at 10am because the room is booked. "
+    "please bring the sales numbers for march and april and the draft of the new price list. "
+    "if you cannot come tell me before wednesday so i can send you the notes after."
+)
+PARAGRAPH_PYTHON = (
+    "Python is a programming language that is easy to read and easy to learn. It is used for "
+    "web development, data analysis, machine learning and automating everyday tasks. Python "
+    "code uses indentation to mark blocks, and it comes with a large standard library."
+)
+
+CHAT_PROMPTS: list[dict[str, str]] = [
+    {"kind": "question", "text": "What is the capital of France?"},
+    {"kind": "question", "text": "Why is the sky blue?"},
+    {"kind": "question", "text": "How do plants make their food?"},
+    {"kind": "question", "text": "What are the main differences between a cat and a dog as pets?"},
+    {"kind": "question", "text": "What causes the seasons on Earth?"},
+    {"kind": "instruction", "text": "Write a haiku about the sea."},
+    {"kind": "instruction", "text": "Give me three tips for sleeping better."},
+    {"kind": "instruction", "text": "Write a short story about a robot who learns to paint."},
+    {"kind": "instruction", "text": "Explain how to make a cup of tea, step by step."},
+    {
+        "kind": "instruction",
+        "text": "Write a polite email asking my neighbour to turn down the music.",
+    },
+    {"kind": "rewrite", "text": f"Summarise this paragraph in two sentences:\n\n{PARAGRAPH_BEES}"},
+    {"kind": "rewrite", "text": f"Rewrite this paragraph in simpler words:\n\n{PARAGRAPH_TRAIN}"},
+    {
+        "kind": "rewrite",
+        "text": f"Fix the capitalisation and punctuation of this email:\n\n{PARAGRAPH_EMAIL}",
+    },
+    {
+        "kind": "rewrite",
+        "text": f"Repeat this paragraph, then give it a title:\n\n{PARAGRAPH_PYTHON}",
+    },
+    {"kind": "rewrite", "text": f"Turn this paragraph into a bulleted list:\n\n{PARAGRAPH_BEES}"},
+    {"kind": "rewrite", "text": f"Rewrite this paragraph in the past tense:\n\n{PARAGRAPH_PYTHON}"},
+]
+
+
+def chat_prompts(kind: str | None = None) -> list[str]:
+    """The prompt texts, all or only one kind (question | instruction | rewrite)."""
+    return [p["text"] for p in CHAT_PROMPTS if kind is None or p["kind"] == kind]
