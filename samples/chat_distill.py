@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             gen = model.generate(**enc, do_sample=False, max_new_tokens=args.new_tokens)
         for row in gen[:, enc["input_ids"].shape[1] :]:
-            text = tok.decode(row, skip_special_tokens=True).strip().replace("\n\n", "\n")
+            text = str(tok.decode(row, skip_special_tokens=True)).strip().replace("\n\n", "\n")
             if text:
                 docs.append(text)
         logger.info("%d/%d answers", len(docs), len(texts))
