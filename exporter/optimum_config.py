@@ -156,14 +156,19 @@ def tokenizer_config_compat(data: dict[str, Any]) -> dict[str, Any] | None:
 
     transformers 5 writes the extra special tokens as a list under `extra_special_tokens`, where
     4.x expects a dict there and crashes on the list; both read the list as
-    `additional_special_tokens`, so it moves there (same tokens, same ids).
+    `additional_special_tokens`, so it moves there (same tokens, same ids). Its
+    `TokenizersBackend` class is `PreTrainedTokenizerFast` in both (5.x keeps that name as alias).
     """
     extra = data.get("extra_special_tokens")
-    if not isinstance(extra, list):
+    renamed = data.get("tokenizer_class") == "TokenizersBackend"
+    if not isinstance(extra, list) and not renamed:
         return None
-    out = {k: v for k, v in data.items() if k != "extra_special_tokens"}
-    merged = list(out.get("additional_special_tokens") or [])
-    out["additional_special_tokens"] = merged + [t for t in extra if t not in merged]
+    out = {k: v for k, v in data.items() if k != "extra_special_tokens" or not isinstance(v, list)}
+    if isinstance(extra, list):
+        merged = list(out.get("additional_special_tokens") or [])
+        out["additional_special_tokens"] = merged + [t for t in extra if t not in merged]
+    if renamed:  # transformers 5's name for the class 4.x calls PreTrainedTokenizerFast
+        out["tokenizer_class"] = "PreTrainedTokenizerFast"
     return out
 
 

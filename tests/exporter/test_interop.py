@@ -335,3 +335,16 @@ def test_inspect_on_an_artifact_without_interop_files(
     assert runtimes["specport"]["status"] == "yes"
     assert "re-export" in runtimes["onnxruntime-genai"]["reason"]
     assert "re-export" in runtimes["optimum"]["reason"]
+
+
+def test_tokenizer_config_compat_keeps_the_tokens() -> None:
+    """transformers-5 tokenizer configs get the form transformers 4.x (Optimum's) reads too."""
+    from specport.exporter.optimum_config import tokenizer_config_compat
+
+    v5 = {"tokenizer_class": "TokenizersBackend", "extra_special_tokens": ["<s>", "</s>"]}
+    assert tokenizer_config_compat(v5) == {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "additional_special_tokens": ["<s>", "</s>"],
+    }
+    v4 = {"tokenizer_class": "LlamaTokenizer", "extra_special_tokens": {"image": "<img>"}}
+    assert tokenizer_config_compat(v4) is None
