@@ -127,6 +127,74 @@ class Rotary3DFusion(orp.RewriteRuleClassBase):
         return op.RotaryEmbedding(x, cos, sin, **attrs)
 
 
+def _leading_dims_of(shape: ir.Value, x: ir.Value) -> bool:
+    """`shape` = Concat(Unsqueeze(Gather(Shape(x), 0)), ..., Unsqueeze(Gather(Shape(x), r-2)), N):
+    x's leading dims and one constant."""
+    cat = shape.producer()
+    if cat is None or cat.op_type != "Concat" or x.shape is None:
+        return False
+    parts = list(cat.inputs)
+    if len(parts) != x.shape.rank() or parts[-1] is None or parts[-1].const_value is None:
+        return False
+    for j, part in enumerate(parts[:-1]):
+        unsq = part.producer() if part is not None else None
+        gather = (
+            unsq.inputs[0].producer() if unsq is not None and unsq.op_type == "Unsqueeze" else None
+        )
+        src = (
+            gather.inputs[0].producer()
+            if gather is not None and gather.op_type == "Gather"
+            else None
+        )
+        idx = gather.inputs[1].const_value if gather is not None and gather.inputs[1] else None
+        if src is None or src.op_type != "Shape" or src.inputs[0] is not x or src.attributes:
+            return False
+        if idx is None or int(idx.numpy().reshape(-1)[0]) != j:
+            return False
+    return True
+
+
+class Conv1DMatMulFusion(orp.RewriteRuleClassBase):
+    """GPT-2's Conv1D as TorchScript writes it: Reshape(Gemm(Reshape(x, [-1, D]), W, b),
+    Concat(x.shape[:-1], N)) -> Add(MatMul(x, W), b). Drops the per-projection shape
+    arithmetic (a Shape/Gather/Unsqueeze/Concat chain each), which dominates small decode steps.
+    """
+
+    def pattern(self, op, x, flat, w, shape):
+        y = op.Gemm(
+            op.Reshape(x, flat),
+            w,
+            _allow_other_inputs=True,
+            _allow_other_attributes=True,
+            _outputs=["g"],
+        )
+        return op.Reshape(y, shape)
+
+    def check(self, context, x, flat, w, shape, g, **_):
+        r = orp.MatchResult()
+        attrs = g.producer().attributes
+        if attrs.get_int("transA", 0) or attrs.get_int("transB", 0):
+            return r.fail("transposed Gemm")
+        if attrs.get_float("alpha", 1.0) != 1.0 or attrs.get_float("beta", 1.0) != 1.0:
+            return r.fail("scaled Gemm")
+        d = x.shape[-1] if x.shape is not None else None
+        if flat.const_value is None or flat.const_value.numpy().tolist() != [-1, d]:
+            return r.fail("not a flatten to [-1, D]", flat)
+        b = g.producer().inputs[2] if len(g.producer().inputs) > 2 else None
+        if b is not None and (b.shape is None or b.shape.rank() != 1):
+            return r.fail("bias not 1-D", b)
+        if w.shape is None or w.shape.rank() != 2:
+            return r.fail("weight not 2-D", w)
+        if not _leading_dims_of(shape, x):
+            return r.fail("output shape is not x's leading dims + N", shape)
+        return r
+
+    def rewrite(self, op, x, w, g, **_):
+        inputs = g.producer().inputs
+        y = op.MatMul(x, w)
+        return op.Add(y, inputs[2]) if len(inputs) > 2 and inputs[2] is not None else y
+
+
 class CleanupPass(Pass):
     name = "cleanup"
 
@@ -138,6 +206,7 @@ class CleanupPass(Pass):
                 basic.no_op_transpose_rule,
                 basic.unsqueeze_unsqueeze_rule,
                 Rotary3DFusion().rule(),
+                Conv1DMatMulFusion().rule(),
             ]
         )
         count = rules.apply_to_model(model)

@@ -251,3 +251,43 @@ def test_attention_softcap_is_carried_into_the_fused_op():
     lower_model(model, "cpu", gqa_fallback="none")
     assert op_counts(model).get("com.microsoft.GroupQueryAttention") == 1
     np.testing.assert_allclose(run(model, feeds)[0], want, atol=1e-5)
+
+
+@pytest.mark.parametrize("trans_b", [0, 1], ids=["conv1d", "transposed-gemm"])
+def test_conv1d_gemm_becomes_matmul(trans_b):
+    """GPT-2's Conv1D (TorchScript): Reshape -> Gemm -> Reshape(x.shape[:-1] + [N]) becomes
+    MatMul + Add on the 3-D input; a transposed Gemm (a near miss) is left alone."""
+    from specport.passes.cleanup import CleanupPass
+
+    n = 6
+    nodes = [
+        helper.make_node("Reshape", ["x", "flat"], ["x2"]),
+        helper.make_node("Gemm", ["x2", "w", "b"], ["g"], transB=trans_b),
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "i0"], ["d0"], axis=0),
+        helper.make_node("Gather", ["sh", "i1"], ["d1"], axis=0),
+        helper.make_node("Unsqueeze", ["d0", "ax"], ["u0"]),
+        helper.make_node("Unsqueeze", ["d1", "ax"], ["u1"]),
+        helper.make_node("Concat", ["u0", "u1", "nn"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["g", "shape"], ["y"]),
+    ]
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n, D) if trans_b else (D, n))
+    inits = [
+        _c("flat", [-1, D], np.int64),
+        _c("w", w),
+        _c("b", rng.standard_normal(n)),
+        _c("i0", 0, np.int64),
+        _c("i1", 1, np.int64),
+        _c("ax", [0], np.int64),
+        _c("nn", [n], np.int64),
+    ]
+    model = _model(nodes, [_x()], [_x("y", ("B", "S", n))], inits)
+    x = rng.standard_normal((2, 3, D)).astype(np.float32)
+    want = run(model, {"x": x})[0]
+    CleanupPass()(model)
+    ops = op_counts(model)
+    assert ("Gemm" in ops) == bool(trans_b)
+    if not trans_b:
+        assert ops == {"MatMul": 1, "Add": 1}
+    np.testing.assert_allclose(run(model, {"x": x})[0], want, atol=1e-5)
