@@ -138,14 +138,10 @@ def _leading_dims_of(shape: ir.Value, x: ir.Value) -> bool:
         return False
     for j, part in enumerate(parts[:-1]):
         unsq = part.producer() if part is not None else None
-        gather = (
-            unsq.inputs[0].producer() if unsq is not None and unsq.op_type == "Unsqueeze" else None
-        )
-        src = (
-            gather.inputs[0].producer()
-            if gather is not None and gather.op_type == "Gather"
-            else None
-        )
+        u_in = unsq.inputs[0] if unsq is not None and unsq.op_type == "Unsqueeze" else None
+        gather = u_in.producer() if u_in is not None else None
+        g_in = gather.inputs[0] if gather is not None and gather.op_type == "Gather" else None
+        src = g_in.producer() if g_in is not None else None
         idx = gather.inputs[1].const_value if gather is not None and gather.inputs[1] else None
         if src is None or src.op_type != "Shape" or src.inputs[0] is not x or src.attributes:
             return False
