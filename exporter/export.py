@@ -52,12 +52,15 @@ def export_model(
     skip_verify: bool = False,
     layers: int | None = None,
     progress: bool | None = None,
-    kv_layout: str = "concat",
+    kv_layout: str = "auto",
     max_length: int | None = None,
     tree_mask: bool = False,
 ) -> art.Manifest:
     """Export `model` (HF dir, cached hub id, GGUF file or llama2c .bin) to the artifact `out`.
 
+    `kv_layout="auto"` (the default) picks `shared` wherever onnxruntime's fused attention runs
+    the model (target cpu/cuda, fusion on, head dims GroupQueryAttention accepts) and `concat`
+    elsewhere; the manifest's `kv_layout_choice` and `specport inspect` say why.
     `kv_layout="shared"` (target cpu/cuda) ships the runtime's fast path: one in-place KV buffer
     per layer of up to `max_length` positions (default min(context, 4096)), `logits_index` in
     and greedy `next_token` out (passes/shared_kv.py, passes/select_logits.py).
@@ -67,6 +70,8 @@ def export_model(
     mask); the other fusions still apply. Concat layout only.
     Raises ExportError when verification against PyTorch is over tolerance (unless skipped).
     """
+    requested = kv_layout
+    kv_layout, why = _auto_layout(kv_layout, target, fuse, tree_mask, passes)
     _check_kv_layout(kv_layout, target, fuse)  # before any slow step
     _check_tree_mask(tree_mask, kv_layout, passes)
     stages = Stages(total=5, show=progress)
@@ -88,12 +93,31 @@ def export_model(
         ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"], tree_mask=tree_mask)
 
     stages.start("rewriting the graph")
+    if requested == "auto" and kv_layout == "shared" and _bad_head_dims(kv_shapes):
+        kv_layout, why = (
+            "concat",
+            (
+                f"head dims {_bad_head_dims(kv_shapes)} (key, value): onnxruntime's "
+                "GroupQueryAttention needs equal dims that are a multiple of 16"
+            ),
+        )
     buffer_length = _shared_buffer_length(kv_layout, kv_shapes, norm, max_length)
     if tree_mask and fuse and passes is None:
         passes = _tree_passes(target)
-    pass_reports, kv, target_used, runtime_io = _apply_passes(
-        ir_model, target, fuse, passes, norm, kv_shapes, kv_layout, buffer_length
-    )
+    try:
+        pass_reports, kv, target_used, runtime_io = _apply_passes(
+            ir_model, target, fuse, passes, norm, kv_shapes, kv_layout, buffer_length
+        )
+    except ExportError as e:
+        if requested != "auto" or kv_layout != "shared":
+            raise
+        # auto: a model the fused attention does not cover keeps the portable layout
+        logger.info("KV layout auto -> concat: %s", e)
+        kv_layout, why = "concat", f"not every attention fused to GroupQueryAttention ({e})"
+        ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"], tree_mask=tree_mask)
+        pass_reports, kv, target_used, runtime_io = _apply_passes(
+            ir_model, target, fuse, passes, norm, kv_shapes, kv_layout, None
+        )
     if tree_mask:
         runtime_io[TREE_MASK] = TREE_MASK_INFO
 
@@ -156,7 +180,12 @@ def export_model(
             tokenizer=tok_info,
             passes=pass_reports,
             verify=verify,
-            extra={"export": {"seconds": stages.done()}, **extra_files, **runtime_io},
+            extra={
+                "export": {"seconds": stages.done()},
+                "kv_layout_choice": {"requested": requested, "layout": kv.layout, "reason": why},
+                **extra_files,
+                **runtime_io,
+            },
         )
         art.write_manifest(tmp, manifest)
     logger.info("artifact written to %s", out)
@@ -286,12 +315,36 @@ def _tree_passes(target: str) -> list[str]:
     return [n for n in names if n not in TREE_UNFUSABLE]
 
 
+def _auto_layout(
+    kv_layout: str, target: str, fuse: bool, tree_mask: bool, passes: list[str] | None
+) -> tuple[str, str]:
+    """(layout, why) for `kv_layout` ("auto" resolves here; head dims are checked later)."""
+    if kv_layout != "auto":
+        return kv_layout, f"--kv-layout {kv_layout} was asked for"
+    if target not in ("cpu", "cuda"):
+        return (
+            "concat",
+            f"target {target}: the in-place layout needs onnxruntime's cpu/cuda kernels",
+        )
+    if not fuse:
+        return "concat", "--no-fuse: the in-place layout needs the fused attention"
+    if tree_mask:
+        return "concat", "--tree-mask: the fused attention takes no per-token tree mask"
+    if passes is not None and "fuse_attention" not in passes:
+        return "concat", "--passes without fuse_attention: the in-place layout needs it"
+    return "shared", "onnxruntime's fused attention runs this model in place (the fast path)"
+
+
+def _bad_head_dims(kv_shapes: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    return sorted({(k, v) for _, k, v in kv_shapes if k != v or k % 16})
+
+
 def _check_kv_layout(kv_layout: str, target: str, fuse: bool) -> None:
     """Refuse a KV layout the passes cannot make for this target (before loading anything)."""
     if kv_layout == "concat":
         return
     if kv_layout != "shared":
-        raise ExportError(f"unknown KV layout {kv_layout!r}: choose 'concat' or 'shared'.")
+        raise ExportError(f"unknown KV layout {kv_layout!r}: choose 'auto', 'concat' or 'shared'.")
     if target not in ("cpu", "cuda"):
         raise ExportError(
             f"--kv-layout shared needs onnxruntime's GroupQueryAttention (target cpu or cuda), "
@@ -313,7 +366,7 @@ def _shared_buffer_length(
     """The shared layout's KV limit (None for concat); refuses head dims GQA cannot run."""
     if kv_layout != "shared":
         return None
-    bad = sorted({(k, v) for _, k, v in kv_shapes if k != v or k % 16})
+    bad = _bad_head_dims(kv_shapes)
     if bad:
         raise ExportError(
             f"--kv-layout shared runs attention as onnxruntime's GroupQueryAttention, which needs "

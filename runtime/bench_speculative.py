@@ -45,6 +45,22 @@ PROMPT_SETS: dict[str, list[str]] = {
         "The dog ran and ran and ran and ran and ran and ran and",
     ],
 }
+# Chat prompt sets (``samples.chat_prompts``): rendered with the artifact's chat template.
+CHAT_SETS = ("chat", "chat-question", "chat-instruction", "chat-rewrite")
+
+
+def chat_prompt_ids(model: Any, prompt_set: str) -> list[list[int]]:
+    """The 16 fixed chat prompts (or one kind of them) as the model's chat-template ids."""
+    from specport.runtime.chat_template import load_chat_template
+    from specport.samples.chat_prompts import chat_prompts
+
+    template = load_chat_template(model)
+    if template is None:
+        raise InputError(
+            f"--prompt-set {prompt_set} needs a model with a chat template; use story or copy."
+        )
+    kind = prompt_set.split("-", 1)[1] if "-" in prompt_set else None
+    return [template.render_ids([{"role": "user", "content": t}]) for t in chat_prompts(kind)]
 
 
 @dataclass
@@ -130,11 +146,14 @@ def _run(model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig) -
 
     if config.prompt_ids:
         encoded = [list(p) for p in config.prompt_ids]
+    elif not config.prompts and config.prompt_set in CHAT_SETS:
+        encoded = chat_prompt_ids(model, config.prompt_set)
     else:
         prompts = config.prompts or PROMPT_SETS.get(config.prompt_set, [])
         if not prompts:
             raise InputError(
-                f"unknown prompt set {config.prompt_set!r}; use one of {sorted(PROMPT_SETS)} "
+                f"unknown prompt set {config.prompt_set!r}; use one of "
+                f"{sorted(PROMPT_SETS) + list(CHAT_SETS)} "
                 "or --prompt TEXT."
             )
         encoded = [model.encode(text) for text in prompts]

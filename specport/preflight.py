@@ -21,7 +21,7 @@ from specport.options import option
 from specport.outputs import check_artifact_out, check_onnx_out
 
 TARGETS = ("cpu", "cuda", "cann", "neutral")
-KV_LAYOUTS = ("concat", "shared")
+KV_LAYOUTS = ("auto", "concat", "shared")  # auto: shared where the fused kernel runs
 QUANT_SCHEMES = ("w8a8", "w8a16", "w4a16", "w4a8")
 
 
@@ -84,7 +84,7 @@ def check_export(
     fuse: bool = True,
     passes: Sequence[str] | None = None,
     layers: int | None = None,
-    kv_layout: str = "concat",
+    kv_layout: str = "auto",
     max_length: int | None = None,
     tree_mask: bool = False,
     quant: str | None = None,
@@ -93,13 +93,13 @@ def check_export(
     check_layout(target, kv_layout, fuse, passes)
     at_least("layers", layers, 1, allow_none=True)
     at_least("max_length", max_length, 1, allow_none=True)
-    if max_length is not None and kv_layout != "shared":
+    if max_length is not None and kv_layout == "concat":
         raise UsageError(
             f"{option('max_length')} sizes the shared KV buffer; add "
             f"{option('kv_layout', 'shared')} or drop {option('max_length')}."
         )
     if tree_mask:
-        if kv_layout != "concat":
+        if kv_layout == "shared":  # auto keeps concat for a tree mask
             raise UsageError(
                 f"{option('tree_mask')} needs {option('kv_layout', 'concat')}: the shared "
                 "layout's attention builds its own causal mask."
@@ -176,9 +176,11 @@ def _check_against_model(
         raise UsageError(
             f"{option('layers', layers)} is more than the model's {total} layers; use 1..{total}."
         )
-    if kv_layout != "shared":
+    if kv_layout not in ("shared", "auto"):
         return
     k, v = numbers["kv_dims"]
+    if (k != v or k % 16) and kv_layout == "auto":
+        return  # auto keeps concat for head dims the fused kernel refuses
     if k != v or k % 16:
         raise UsageError(
             f"{option('kv_layout', 'shared')} runs attention as onnxruntime's "

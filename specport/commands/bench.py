@@ -101,7 +101,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     spec.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     spec.add_argument(
-        "--prompt-set", default="story", help="built-in prompts when no --prompt: story | copy"
+        "--prompt-set",
+        default="story",
+        help="built-in prompts when no --prompt: story | copy | chat (16 chat prompts, chat "
+        "template) | chat-question | chat-instruction | chat-rewrite",
     )
     load = p.add_argument_group(
         "serving load (the request engines of `specport serve`, shared-layout artifacts)"

@@ -36,10 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--kv-layout",
-        default="concat",
-        choices=["concat", "shared"],
-        help="KV cache contract: concat (default, any target) or shared (cpu/cuda: one "
-        "in-place buffer per layer, logits_index/next_token; the fast runtime path)",
+        default="auto",
+        choices=["auto", "concat", "shared"],
+        help="KV cache contract: auto (default: shared wherever onnxruntime's fused attention "
+        "runs the model, else concat; inspect shows why), shared (cpu/cuda: one in-place "
+        "buffer per layer, logits_index/next_token; the fast path) or concat (past in, present "
+        "out: any target, a plain InferenceSession)",
     )
     p.add_argument(
         "--max-length",

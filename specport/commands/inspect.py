@@ -38,6 +38,7 @@ def summarize(manifest: Any) -> dict[str, Any]:
         "vocab": c.get("vocab_size"),
         "context": c.get("context_length"),
         "kv_layout": manifest.kv.layout,
+        "kv_layout_reason": (manifest.extra.get("kv_layout_choice") or {}).get("reason"),
         "inputs": [i["name"] for i in manifest.io.get("inputs", [])],
         "outputs": [o["name"] for o in manifest.io.get("outputs", [])],
         "passes": [p.get("name") for p in manifest.passes],

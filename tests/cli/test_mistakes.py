@@ -231,7 +231,7 @@ def test_number_out_of_range_is_a_usage_error(cli, args, flag):
         (["--kv-layout", "shared", "--no-fuse"], "drop --no-fuse"),
         (["--no-fuse", "--passes", "fuse_rotary"], "drop one of them"),
         (["--passes", "fuse_everything"], "choose from"),
-        (["--max-length", "64"], "--kv-layout shared"),
+        (["--kv-layout", "concat", "--max-length", "64"], "--kv-layout shared"),
         (["--tree-mask", "--kv-layout", "shared"], "--kv-layout concat"),
         (["--tokenizer", "{tok}"], "Drop it"),
         # against the model's config, still without weights

@@ -140,6 +140,30 @@ SHARED_FAMILIES = [
 ]
 
 
+def test_auto_layout_keeps_concat_for_head_dims_gqa_cannot_run(tmp_path):
+    from specport.commands.inspect import summarize
+    from specport.exporter.export import export_model
+    from specport.runtime.bench_model import TINY, make_llama
+
+    hf = make_llama(tmp_path / "hf", context_length=64, **{**TINY, "num_attention_heads": 8})
+    m = export_model(hf, tmp_path / "out", skip_verify=True, progress=False)  # auto
+    assert m.kv.layout == "concat"
+    choice = m.extra["kv_layout_choice"]
+    assert choice["requested"] == "auto" and "multiple of 16" in choice["reason"]
+    assert summarize(m)["kv_layout_reason"] == choice["reason"]
+
+
+@pytest.mark.slow
+def test_auto_layout_is_shared_where_the_fused_kernel_runs(tiny_llama, tmp_path):
+    from specport.exporter.export import export_model
+
+    m = export_model(tiny_llama, tmp_path / "a", skip_verify=True, progress=False)
+    assert m.kv.layout == "shared" and "fused attention" in m.extra["kv_layout_choice"]["reason"]
+    for kwargs, why in (({"fuse": False}, "--no-fuse"), ({"target": "neutral"}, "target neutral")):
+        m = export_model(tiny_llama, tmp_path / why, skip_verify=True, progress=False, **kwargs)
+        assert m.kv.layout == "concat" and why in m.extra["kv_layout_choice"]["reason"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", SHARED_FAMILIES)
 def test_shared_other_families(model_type, tmp_path):

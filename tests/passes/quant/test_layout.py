@@ -29,7 +29,7 @@ def twins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("layout")
     hf = make_llama(root / "hf", context_length=128, **SIZES)
     concat, shared = root / "concat", root / "shared"
-    export_model(hf, concat, progress=False)
+    export_model(hf, concat, kv_layout="concat", progress=False)
     export_model(hf, shared, kv_layout="shared", progress=False)
     return concat, shared, write_corpus(root / "calib.txt", docs=12, seed=0)
 
