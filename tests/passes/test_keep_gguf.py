@@ -78,8 +78,10 @@ def test_cli_keep_gguf_quant_matches_the_dequantized_export(tmp_path: Path) -> N
     vocab = gpt2_vocab()
     model = random_model(tiny_config("llama", len(vocab["tokens"])))
     path = write_gguf(model, vocab, tmp_path / "mix.gguf", qtype=MIX)
-    assert main(["export", str(path), "--out", str(tmp_path / "float")]) == 0
-    assert main(["export", str(path), "--out", str(tmp_path / "kept"), "--keep-gguf-quant"]) == 0
+    concat = ["--kv-layout", "concat"]  # the graph layout these counts were written for
+    assert main(["export", str(path), "--out", str(tmp_path / "float"), *concat]) == 0
+    kept_args = ["--out", str(tmp_path / "kept"), "--keep-gguf-quant", *concat]
+    assert main(["export", str(path), *kept_args]) == 0
 
     manifest = json.loads((tmp_path / "kept" / "specport.json").read_text())
     quant = manifest["quant"]
