@@ -20,6 +20,12 @@ from specport import artifact as art
 from specport.contract import TREE_MASK
 from specport.errors import ExportError
 from specport.exporter import source as src_mod
+from specport.exporter.checkpoint import (
+    Checkpoint,
+    bind_parameters,
+    hollow_model,
+    probe_kv_shapes_meta,
+)
 from specport.exporter.onnx_attention import tracing
 from specport.exporter.optimum_config import save_source_config
 from specport.exporter.registry import check_supported
@@ -78,11 +84,17 @@ def export_model(
     stages.start("resolving source model")
     source = src_mod.resolve(model, tokenizer, progress=stages.show)
     check_supported(source.arch, source.config)
-    stages.start("loading PyTorch weights")
-    torch_model = src_mod.load_model(source, num_layers=layers, progress=stages.show)
+    stages.start("preparing the PyTorch model")
+    streamed = streaming_model(source, layers)
+    if streamed is not None:  # weights stay in the checkpoint until written (checkpoint.py)
+        torch_model, checkpoint, bindings = streamed
+        kv_shapes = probe_kv_shapes_meta(torch_model)
+    else:
+        torch_model = src_mod.load_model(source, num_layers=layers, progress=stages.show)
+        checkpoint, bindings = None, None
+        kv_shapes = probe_kv_shapes(torch_model)
     config = torch_model.config
     norm = source.arch.normalize(config)
-    kv_shapes = probe_kv_shapes(torch_model)
     num_layers = len(kv_shapes)
     norm["num_layers"] = num_layers
     if tree_mask:
@@ -90,7 +102,14 @@ def export_model(
 
     stages.start("exporting to ONNX (torch.onnx.export, dynamo)")
     with tracing(torch_model, source.arch.trace_onnx_attention):
-        ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"], tree_mask=tree_mask)
+        ir_model = trace_to_onnx(
+            torch_model,
+            kv_shapes,
+            norm["vocab_size"],
+            tree_mask=tree_mask,
+            checkpoint=checkpoint,
+            bindings=bindings,
+        )
 
     stages.start("rewriting the graph")
     if requested == "auto" and kv_layout == "shared" and _bad_head_dims(kv_shapes):
@@ -123,13 +142,13 @@ def export_model(
 
     references = (
         None
-        if skip_verify
+        if skip_verify or streamed is not None
         else reference_cases(torch_model, kv_shapes, norm["vocab_size"], tree_mask=tree_mask)
     )
     extra = source.arch.extra_weights(source.path, config)
     # From here on only the ONNX graph holds the weights: free the PyTorch copy before
     # onnxruntime loads its own (peak memory stays near one copy of the weights).
-    del torch_model
+    del torch_model, streamed
     gc.collect()
 
     with art.atomic_artifact_dir(Path(out)) as tmp:
@@ -152,14 +171,16 @@ def export_model(
             del extra
 
         stages.start("verifying against PyTorch")
+        if checkpoint is not None and not skip_verify:
+            # The graph is on disk and its weights are freed: now the PyTorch model may load.
+            real = src_mod.load_model(source, num_layers=layers, progress=stages.show)
+            references = reference_cases(real, kv_shapes, norm["vocab_size"], tree_mask=tree_mask)
+            del real
+            gc.collect()
         if references is None:
             verify: dict[str, Any] = {"skipped": True}
         else:
-            import onnxruntime as ort
-
-            session = ort.InferenceSession(
-                str(tmp / art.MODEL_NAME), providers=["CPUExecutionProvider"]
-            )
+            session = verification_session(tmp / art.MODEL_NAME)
             verify = compare(session, references, atol=source.arch.atol, rtol=source.arch.rtol)
             del session, references
             if not verify["ok"]:
@@ -192,12 +213,53 @@ def export_model(
     return manifest
 
 
+def streaming_model(source: src_mod.Source, layers: int | None) -> tuple[Any, Any, Any] | None:
+    """(hollow model, checkpoint, parameter bindings) when the weights can be streamed from a
+    safetensors checkpoint (checkpoint.py), else None (the model is then loaded as usual)."""
+    import copy
+
+    checkpoint = Checkpoint.open(source.path)
+    if checkpoint is None:
+        return None
+    config = source.config
+    if layers is not None:
+        total = int(getattr(config, source.arch.layers_attr))
+        if not 1 <= layers <= total:
+            return None  # load_model raises the user-facing error
+        config = copy.deepcopy(config)
+        setattr(config, source.arch.layers_attr, layers)
+    try:
+        model = hollow_model(config, dict(source.arch.load_kwargs))
+    except Exception as e:  # noqa: BLE001 - fall back to the ordinary load, which reports
+        logger.info("cannot build the model without weights (%s); loading it instead", e)
+        return None
+    bindings = bind_parameters(model, checkpoint)
+    if bindings is None:
+        return None
+    logger.info("streaming weights from the checkpoint (%d tensors)", len(bindings))
+    return model, checkpoint, bindings
+
+
+def verification_session(path: Path) -> Any:
+    """An onnxruntime CPU session for `compare`, reading the saved graph and external data."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
 def trace_to_onnx(
     torch_model: Any,
     kv_shapes: list[tuple[int, int, int]],
     vocab_size: int,
     tree_mask: bool = False,
+    checkpoint: Any = None,
+    bindings: dict[int, str] | None = None,
 ) -> ir.Model:
+    """torch.onnx.export (dynamo) of the flat-KV wrapper; weights become lazy initializers.
+
+    With `checkpoint` and `bindings` (from `streaming_model`) the model's parameters hold no
+    data and every initializer reads its tensor from the checkpoint when written.
+    """
     import torch
 
     num_layers = len(kv_shapes)
@@ -232,7 +294,7 @@ def trace_to_onnx(
             )
             if program is None:
                 raise ExportError("torch.onnx.export returned no program; upgrade torch (>= 2.6).")
-            detach_weights(program.model)
+            detach_weights(program.model, checkpoint=checkpoint, bindings=bindings)
             fold_weight_transposes(program.model)
             program.optimize()
         except ExportError:

@@ -69,10 +69,19 @@ class StoredWeight(ir.LazyTensor):
 
 
 class WeightStore:
-    """Owns the PyTorch tensors behind lazy initializers; `clear()` lets them be freed."""
+    """Owns the weights behind lazy initializers; `clear()` lets them be freed.
 
-    def __init__(self) -> None:
+    A weight is either a PyTorch tensor (`tensors`) or a key of a safetensors checkpoint
+    (`bound`, read afresh on each use: nothing stays resident between uses).
+    """
+
+    def __init__(self, checkpoint: Any = None) -> None:
         self.tensors: dict[str, Any] = {}
+        self.bound: dict[str, str] = {}  # initializer name -> checkpoint key
+        self.checkpoint = checkpoint
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.bound
 
     def loader(self, key: str, perm: list[int] | None = None) -> Any:
         """A function that materializes tensor `key` (transposed by `perm`) when called."""
@@ -84,35 +93,58 @@ class WeightStore:
 
     def view(self, key: str, perm: list[int] | None = None) -> Any:
         """Tensor `key` as a (possibly non-contiguous) torch view, transposed by `perm`."""
-        if key not in self.tensors:
+        import torch
+
+        if key in self.bound:
+            data = self.checkpoint.read(self.bound[key], torch.float32)
+        elif key in self.tensors:
+            data = self.tensors[key].detach()
+        else:
             raise RuntimeError(
                 f"weight {key!r} was released; the model was already saved and freed."
             )
-        data = self.tensors[key].detach()
         return data.permute(*perm) if perm is not None else data
 
     def clear(self) -> None:
         self.tensors.clear()
+        self.bound.clear()
 
 
-def detach_weights(model: ir.Model, min_elements: int = FOLD_MIN_ELEMENTS) -> WeightStore:
+def detach_weights(
+    model: ir.Model,
+    min_elements: int = FOLD_MIN_ELEMENTS,
+    checkpoint: Any = None,
+    bindings: dict[int, str] | None = None,
+) -> WeightStore:
     """Route every PyTorch-backed initializer through a `WeightStore` kept in `model.meta`.
 
     Small tensors are copied (cheap, and passes read them as constants); large ones become
-    lazy initializers that view the PyTorch data until saved. Returns the store.
+    lazy initializers that view the PyTorch data until saved. With `bindings` (data pointer of
+    a parameter -> checkpoint key, see checkpoint.py) those parameters are read from
+    `checkpoint` instead: the PyTorch tensors then never need to hold data. Returns the store.
     """
     import torch
 
-    store = WeightStore()
+    store = WeightStore(checkpoint)
+    bindings = bindings or {}
     for name, value in model.graph.initializers.items():
         tensor = value.const_value
         raw = getattr(tensor, "raw", None)
         if tensor is None or not isinstance(raw, torch.Tensor):
             continue
-        if tensor.size < min_elements:
+        key = bindings.get(raw.data_ptr()) if raw.numel() else None
+        if key is not None:
+            store.bound[name] = key
+            if tensor.size < min_elements:
+                data = store.view(name)
+                del store.bound[name]
+                value.const_value = ir.tensor_adapters.TorchTensor(data, name=name)
+                continue
+        elif tensor.size < min_elements:
             value.const_value = ir.tensor_adapters.TorchTensor(raw.detach().clone(), name=name)
             continue
-        store.tensors[name] = raw
+        else:
+            store.tensors[name] = raw
         value.const_value = StoredWeight(
             store, name, None, dtype=tensor.dtype, shape=tensor.shape, name=name
         )
@@ -136,7 +168,7 @@ def fold_weight_transposes(model: ir.Model, min_elements: int = FOLD_MIN_ELEMENT
         if src is None or src.name not in graph.initializers or src.const_value is None:
             continue
         tensor = src.const_value
-        if store is None or src.name not in store.tensors:
+        if store is None or src.name not in store:
             continue
         if tensor.size < min_elements or len(src.uses()) != 1 or src in graph.outputs:
             continue

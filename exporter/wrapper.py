@@ -136,7 +136,7 @@ class TreeMaskKVWrapper(FlatKVWrapper):
         return super().forward(input_ids, mask, position_ids, *past)
 
 
-def probe_kv_shapes(model: torch.nn.Module) -> list[tuple[int, int, int]]:
+def probe_kv_shapes(model: torch.nn.Module, device: str = "cpu") -> list[tuple[int, int, int]]:
     """Per layer (kv_heads, key_dim, value_dim), read off a real forward pass.
 
     Reading shapes from the cache rather than the config covers MLA (DeepSeek), MQA and any
@@ -144,7 +144,9 @@ def probe_kv_shapes(model: torch.nn.Module) -> list[tuple[int, int, int]]:
     """
     with torch.no_grad():
         out = model(
-            input_ids=torch.tensor([[1, 2]]), past_key_values=DynamicCache(), use_cache=True
+            input_ids=torch.tensor([[1, 2]], device=device),
+            past_key_values=DynamicCache(),
+            use_cache=True,
         )
     shapes = []
     for layer in out.past_key_values.layers:
