@@ -1,0 +1,236 @@
+"""Load and fault test for an OpenAI-compatible server (specport's, or any peer's).
+
+    python -m specport.runtime.serve.loadtest http://127.0.0.1:8000 --model NAME \
+        --concurrency 1,4,16,64 --requests 64 --max-tokens 64 [--faults]
+
+Built on the official `openai` async client (streaming, as users call it). First the greedy
+answer of every prompt is taken one request at a time (the reference); then, per concurrency
+level, every request's streamed answer must equal its own prompt's reference (complete, not
+truncated, not another request's). Reported per level, as serving benchmarks do: requests/s,
+output tokens/s, time to first token and inter-token latency at p50/p90/p99, errors and
+mismatches. `--faults` then hits the server with what misbehaving clients send (a stream dropped
+halfway, a truncated body, an oversized body, garbage bytes, an idle connection) and checks after
+each that it still answers correctly. Speed claims come from here, never from timed tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+WORDS = [
+    "once",
+    "upon",
+    "a",
+    "time",
+    "there",
+    "was",
+    "a",
+    "little",
+    "cat",
+    "who",
+    "liked",
+    "to",
+    "play",
+    "in",
+    "the",
+    "sun",
+    "with",
+    "a",
+    "red",
+    "ball",
+]
+
+
+def prompts(count: int, seed: int = 0) -> list[str]:
+    """Distinct seeded text prompts (the same for every run with the same seed)."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(4, 12)))) for _ in range(count)]
+
+
+@dataclass
+class Result:
+    text: str = ""
+    ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str | None = None
+
+
+async def one(client: Any, model: str, prompt: str, max_tokens: int) -> Result:
+    out = Result()
+    t0 = time.perf_counter()
+    last = t0
+    try:
+        stream = await client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for chunk in stream:
+            now = time.perf_counter()
+            if chunk.usage is not None:
+                out.tokens = chunk.usage.completion_tokens
+            if not chunk.choices or not chunk.choices[0].text:
+                continue
+            if out.ttft is None:
+                out.ttft = now - t0
+            else:
+                out.gaps.append(now - last)
+            last = now
+            out.text += chunk.choices[0].text
+    except Exception as e:  # noqa: BLE001 - counted and reported, the run goes on
+        out.error = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q) * 1e3) if values else float("nan")
+
+
+async def level(
+    client: Any,
+    model: str,
+    texts: list[str],
+    refs: dict[str, str],
+    concurrency: int,
+    max_tokens: int,
+) -> dict[str, Any]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def gated(p: str) -> tuple[str, Result]:
+        async with gate:
+            return p, await one(client, model, p, max_tokens)
+
+    t0 = time.perf_counter()
+    done = await asyncio.gather(*(gated(p) for p in texts))
+    wall = time.perf_counter() - t0
+    results = [r for _, r in done]
+    ttft = [r.ttft for r in results if r.ttft is not None]
+    gaps = [g for r in results for g in r.gaps]
+    return {
+        "concurrency": concurrency,
+        "requests": len(results),
+        "errors": sum(r.error is not None for r in results),
+        "mismatches": sum(r.error is None and r.text != refs[p] for p, r in done),
+        "requests_per_s": round(len(results) / wall, 2),
+        "output_tokens_per_s": round(sum(r.tokens for r in results) / wall, 1),
+        "ttft_ms": [round(_pct(ttft, q), 1) for q in (50, 90, 99)],
+        "itl_ms": [round(_pct(gaps, q), 2) for q in (50, 90, 99)],
+    }
+
+
+async def run_load(
+    url: str, model: str, concurrency: list[int], requests: int, max_tokens: int, api_key: str
+) -> list[dict[str, Any]]:
+    import openai
+
+    client = openai.AsyncOpenAI(  # its pool allows 1000 connections
+        base_url=url.rstrip("/") + "/v1", api_key=api_key, max_retries=0, timeout=600
+    )
+    texts = prompts(requests)
+    refs = {}
+    for p in dict.fromkeys(texts):  # the reference: one request at a time
+        r = await one(client, model, p, max_tokens)
+        if r.error:
+            raise RuntimeError(f"reference request failed: {r.error}")
+        refs[p] = r.text
+    rows = []
+    for c in concurrency:
+        row = await level(client, model, texts, refs, c, max_tokens)
+        logger.info("%s", row)
+        rows.append(row)
+    await client.close()
+    return rows
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+def _raw(url: str, data: bytes, read: bool = True, hold: float = 0.0) -> bytes:
+    u = urlparse(url)
+    with socket.create_connection((u.hostname, u.port or 80), timeout=30) as s:
+        s.sendall(data)
+        time.sleep(hold)
+        if not read:
+            return b""
+        try:
+            return s.recv(4096)
+        except OSError:
+            return b""
+
+
+def faults(url: str, model: str, api_key: str, check: Any) -> dict[str, str]:
+    """Each fault, then a correct answer from the server (`check()` returns True)."""
+    body = json.dumps({"model": model, "prompt": "once upon", "max_tokens": 200, "stream": True})
+    auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + auth
+    cases = {
+        "disconnect mid-stream": (head + f"Content-Length: {len(body)}\r\n\r\n{body}").encode(),
+        "truncated body": (head + f"Content-Length: {len(body)}\r\n\r\n{body[:10]}").encode(),
+        "oversized body": (head + "Content-Length: 99999999999\r\n\r\n{").encode(),
+        "garbage bytes": b"\x00\xffGARBAGE \x13\x37\r\n\r\n",
+        "idle connection": b"",
+    }
+    out = {}
+    for name, data in cases.items():
+        reply = _raw(
+            url, data, read=name not in ("disconnect mid-stream", "truncated body"), hold=0.5
+        )
+        status = reply.split(b"\r\n", 1)[0].decode(errors="replace") if reply else "(closed)"
+        out[name] = f"{status}; then {'serving correctly' if check() else 'BROKEN'}"
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("url")
+    p.add_argument("--model", required=True, help="the model name the server expects")
+    p.add_argument("--concurrency", default="1,4,16,64")
+    p.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--api-key", default="unused")
+    p.add_argument("--faults", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    rows = asyncio.run(
+        run_load(args.url, args.model, levels, args.requests, args.max_tokens, args.api_key)
+    )
+    print(
+        "| concurrency | req/s | output tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | errors | mismatches |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['concurrency']} | {r['requests_per_s']} | {r['output_tokens_per_s']} | "
+            f"{' / '.join(map(str, r['ttft_ms']))} | {' / '.join(map(str, r['itl_ms']))} | "
+            f"{r['errors']} | {r['mismatches']} |"
+        )
+    if args.faults:
+        ref = asyncio.run(run_load(args.url, args.model, [1], 2, 8, args.api_key))
+
+        def check() -> bool:
+            again = asyncio.run(run_load(args.url, args.model, [2], 2, 8, args.api_key))
+            return again[0]["errors"] == 0 and again[0]["mismatches"] == 0 and bool(ref)
+
+        for name, outcome in faults(args.url, args.model, args.api_key, check).items():
+            print(f"fault {name}: {outcome}")
+
+
+if __name__ == "__main__":
+    main()

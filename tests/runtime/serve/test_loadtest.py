@@ -1,0 +1,38 @@
+"""The load/fault script, bounded: a few requests at concurrency 1 and 4 against the batching
+engine (every streamed answer equals its prompt's greedy reference), then each client fault,
+after which the server must still answer correctly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specport.runtime.serve.loadtest import faults, run_load
+
+pytestmark = pytest.mark.slow
+
+
+def test_load_levels_and_faults(bytes_batching):
+    model, server = bytes_batching
+    name = server.app.state.specport.served.name
+    rows = asyncio.run(run_load(server.url, name, [1, 4], 8, 12, "x"))
+    for row in rows:
+        assert row["requests"] == 8 and row["errors"] == 0 and row["mismatches"] == 0, row
+        assert row["output_tokens_per_s"] > 0 and row["ttft_ms"][0] > 0
+
+    def check() -> bool:
+        again = asyncio.run(run_load(server.url, name, [2], 2, 8, "x"))
+        return again[0]["errors"] == 0 and again[0]["mismatches"] == 0
+
+    outcomes = faults(server.url, name, "", check)
+    assert set(outcomes) == {
+        "disconnect mid-stream",
+        "truncated body",
+        "oversized body",
+        "garbage bytes",
+        "idle connection",
+    }
+    assert all(o.endswith("serving correctly") for o in outcomes.values()), outcomes
+    assert outcomes["oversized body"].startswith("HTTP/1.1 413"), outcomes
+    assert outcomes["garbage bytes"].startswith("HTTP/1.1 400"), outcomes
