@@ -39,6 +39,7 @@ class _Model:
     tokenizer_file: Path
     bos_token_id: int | None
     context: int | None
+    manifest: Any = None  # a shared-layout artifact's manifest (scored through its KV buffers)
 
 
 def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
@@ -47,18 +48,17 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
     bos: int | None = None
     context: int | None = None
     entries: dict[str, str] = {}
+    shared: Any = None
     if p.is_dir():
         from specport.artifact import read_manifest
 
         m = read_manifest(p, check_hashes=False)
-        if m.kv.layout != "concat":
-            raise InputError(
-                f"{p} uses the {m.kv.layout!r} KV layout, which returns only the last logits; "
-                "evaluate the concat artifact (the default export) instead"
-            )
+        shared = m if m.kv.layout == "shared" else None
         onnx_path, tok_dir = p / m.model_file, p
         bos = m.config.get("bos_token_id")
         context = m.config.get("context_length")
+        if shared is not None and m.kv.max_length:  # a document fits the KV buffer
+            context = min(context or m.kv.max_length, m.kv.max_length)
         from specport.api import artifact_session_entries
 
         entries = artifact_session_entries(m)
@@ -78,7 +78,7 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
     for key, value in entries.items():  # what the artifact's recipe needs (e.g. W4A16 QDQ)
         so.add_session_config_entry(key, value)
     sess = ort.InferenceSession(str(onnx_path), so, providers=providers or ["CPUExecutionProvider"])
-    return _Model(sess, tok, bos, context)
+    return _Model(sess, tok, bos, context, shared)
 
 
 def read_documents(
@@ -121,6 +121,14 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def _logits(model: _Model, ids: np.ndarray, chunk: int | None = None) -> np.ndarray:
     """ids [T] -> logits [T, V]; with `chunk`, N tokens per run on top of the carried KV."""
+    if model.manifest is not None:  # shared layout: logits_index selects every position
+        from specport.runtime.seq_cache import open_cache
+
+        cache = open_cache(model.sess, model.manifest, len(ids))
+        size = chunk or len(ids)
+        return np.concatenate(
+            [cache.step(ids[i : i + size].tolist()).logits for i in range(0, len(ids), size)]
+        )
     feeds = prefill_feeds(model.sess, ids)
     if not chunk or chunk >= len(ids):
         (out,) = model.sess.run(["logits"], feeds)

@@ -86,3 +86,21 @@ def test_stories260k_matches_transformers(shared_dir, tmp_path):
     assert abs(r["ppl"] / ref - 1) < 0.005
     assert 3.0 < r["ppl"] < 10.0
     np.testing.assert_allclose(r["ppl"], ref, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_perplexity_on_a_shared_layout_artifact(tiny_zoo, tmp_path):
+    """The in-place layout scores every position through logits_index: same numbers as torch."""
+    from specport.exporter.export import export_model
+
+    art = export_model(
+        tiny_zoo.source("llama"), tmp_path / "s", kv_layout="shared", max_length=128, progress=False
+    )
+    assert art.kv.layout == "shared"
+    shared = with_tokenizer(tmp_path / "s", tmp_path / "art")
+    text = write_corpus(tmp_path / "t.txt", docs=4)
+    tok = char_tokenizer()
+    seqs = [[1, *tok.encode(d, add_special_tokens=False).ids][:128] for d in read_documents(text)]
+    ref = _hf_ppl(tiny_zoo.reference("llama"), seqs)
+    assert perplexity(shared, text)["ppl"] == pytest.approx(ref, rel=1e-4)
+    assert perplexity(shared, text, chunk=5)["ppl"] == pytest.approx(ref, rel=1e-4)
