@@ -93,7 +93,9 @@ def bind_parameters(model: Any, checkpoint: Checkpoint) -> dict[int, str] | None
         if p.data_ptr() not in bound:
             missing.append(name)
     if missing:
-        logger.info("checkpoint does not store %d parameter(s) by name (%s ...)", len(missing), missing[0])
+        logger.info(
+            "checkpoint does not store %d parameter(s) by name (%s ...)", len(missing), missing[0]
+        )
         return None
     return bound
 
@@ -144,9 +146,41 @@ def probe_kv_shapes_meta(model: Any) -> list[tuple[int, int, int]]:
                     continue
                 saved.append((module, kind, name, t))
                 meta = t.to("meta")
-                table[name] = torch.nn.Parameter(meta, requires_grad=False) if kind == "_parameters" else meta
+                table[name] = (
+                    torch.nn.Parameter(meta, requires_grad=False) if kind == "_parameters" else meta
+                )
     try:
         return probe_kv_shapes(model, device="meta")
     finally:
         for module, kind, name, t in saved:
             getattr(module, kind)[name] = t
+
+
+def streaming_model(
+    source: Any, layers: int | None
+) -> tuple[Any, Checkpoint, dict[int, str]] | None:
+    """(hollow model, checkpoint, parameter bindings) when the weights of `source` (a resolved
+    `source.Source`) can be streamed from its safetensors checkpoint, else None (the model is
+    then loaded as usual). `layers` keeps the first N decoder layers."""
+    import copy
+
+    checkpoint = Checkpoint.open(source.path)
+    if checkpoint is None:
+        return None
+    config = source.config
+    if layers is not None:
+        total = int(getattr(config, source.arch.layers_attr))
+        if not 1 <= layers <= total:
+            return None  # load_model raises the user-facing error
+        config = copy.deepcopy(config)
+        setattr(config, source.arch.layers_attr, layers)
+    try:
+        model = hollow_model(config, dict(source.arch.load_kwargs))
+    except Exception as e:  # noqa: BLE001 - fall back to the ordinary load, which reports
+        logger.info("cannot build the model without weights (%s); loading it instead", e)
+        return None
+    bindings = bind_parameters(model, checkpoint)
+    if bindings is None:
+        return None
+    logger.info("streaming weights from the checkpoint (%d tensors)", len(bindings))
+    return model, checkpoint, bindings

@@ -20,12 +20,7 @@ from specport import artifact as art
 from specport.contract import TREE_MASK
 from specport.errors import ExportError
 from specport.exporter import source as src_mod
-from specport.exporter.checkpoint import (
-    Checkpoint,
-    bind_parameters,
-    hollow_model,
-    probe_kv_shapes_meta,
-)
+from specport.exporter.checkpoint import probe_kv_shapes_meta, streaming_model
 from specport.exporter.onnx_attention import tracing
 from specport.exporter.optimum_config import save_source_config
 from specport.exporter.registry import check_supported
@@ -61,6 +56,8 @@ def export_model(
     kv_layout: str = "auto",
     max_length: int | None = None,
     tree_mask: bool = False,
+    quant: str | None = None,
+    quant_algo: str = "hqq",
 ) -> art.Manifest:
     """Export `model` (HF dir, cached hub id, GGUF file or llama2c .bin) to the artifact `out`.
 
@@ -74,12 +71,21 @@ def export_model(
     verification: new token i attends new token j iff 1; feed a lower-triangular mask for
     plain causal runs). Attention is then left unfused (the fused op builds its own causal
     mask); the other fusions still apply. Concat layout only.
+    `quant` (w4a8, w4a16, w8a16; `quant_algo` rtn or hqq) quantizes the weights as they are
+    read, one layer at a time (passes/quant/inline.py): with a safetensors checkpoint the float
+    model is never held, in memory or on disk. Such an artifact cannot equal PyTorch, so its
+    verification is skipped (measure it with `specport eval ppl` / `eval compare`).
     Raises ExportError when verification against PyTorch is over tolerance (unless skipped).
     """
     requested = kv_layout
     kv_layout, why = _auto_layout(kv_layout, target, fuse, tree_mask, passes)
     _check_kv_layout(kv_layout, target, fuse)  # before any slow step
     _check_tree_mask(tree_mask, kv_layout, passes)
+    if quant is not None:
+        from specport.passes.quant.inline import check_inline
+
+        check_inline(quant, quant_algo)
+        skip_verify = True
     stages = Stages(total=5, show=progress)
     stages.start("resolving source model")
     source = src_mod.resolve(model, tokenizer, progress=stages.show)
@@ -139,6 +145,12 @@ def export_model(
         )
     if tree_mask:
         runtime_io[TREE_MASK] = TREE_MASK_INFO
+    quant_info = None
+    if quant is not None:
+        from specport.passes.quant.inline import quantize_inline
+
+        reports, quant_info = quantize_inline(ir_model, quant, quant_algo)
+        pass_reports = [*pass_reports, *reports]
 
     references = (
         None
@@ -179,6 +191,10 @@ def export_model(
             gc.collect()
         if references is None:
             verify: dict[str, Any] = {"skipped": True}
+            if quant is not None:
+                verify["reason"] = (
+                    "weights quantized during export: compare with `specport eval compare`"
+                )
         else:
             session = verification_session(tmp / art.MODEL_NAME)
             verify = compare(session, references, atol=source.arch.atol, rtol=source.arch.rtol)
@@ -201,6 +217,7 @@ def export_model(
             tokenizer=tok_info,
             passes=pass_reports,
             verify=verify,
+            quant=quant_info,
             extra={
                 "export": {"seconds": stages.done()},
                 "kv_layout_choice": {"requested": requested, "layout": kv.layout, "reason": why},
@@ -213,38 +230,25 @@ def export_model(
     return manifest
 
 
-def streaming_model(source: src_mod.Source, layers: int | None) -> tuple[Any, Any, Any] | None:
-    """(hollow model, checkpoint, parameter bindings) when the weights can be streamed from a
-    safetensors checkpoint (checkpoint.py), else None (the model is then loaded as usual)."""
-    import copy
-
-    checkpoint = Checkpoint.open(source.path)
-    if checkpoint is None:
-        return None
-    config = source.config
-    if layers is not None:
-        total = int(getattr(config, source.arch.layers_attr))
-        if not 1 <= layers <= total:
-            return None  # load_model raises the user-facing error
-        config = copy.deepcopy(config)
-        setattr(config, source.arch.layers_attr, layers)
-    try:
-        model = hollow_model(config, dict(source.arch.load_kwargs))
-    except Exception as e:  # noqa: BLE001 - fall back to the ordinary load, which reports
-        logger.info("cannot build the model without weights (%s); loading it instead", e)
-        return None
-    bindings = bind_parameters(model, checkpoint)
-    if bindings is None:
-        return None
-    logger.info("streaming weights from the checkpoint (%d tensors)", len(bindings))
-    return model, checkpoint, bindings
-
-
 def verification_session(path: Path) -> Any:
-    """An onnxruntime CPU session for `compare`, reading the saved graph and external data."""
+    """An onnxruntime CPU session for `compare` that adds no copy of the weights.
+
+    onnxruntime maps the external data file; by default it then repacks every MatMul weight
+    into a private buffer and folds the tied LM head's Transpose into a new initializer (one
+    more copy of the weights, plus the embedding again). Verification runs a few tiny
+    batches, so it reads the mapped weights as they are (same kernels' arithmetic, without
+    the packed layout): peak memory stays at one, file-backed, copy.
+    """
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    return ort.InferenceSession(
+        str(path),
+        so,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=["ConstantFolding"],
+    )
 
 
 def trace_to_onnx(

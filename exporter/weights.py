@@ -168,7 +168,7 @@ def fold_weight_transposes(model: ir.Model, min_elements: int = FOLD_MIN_ELEMENT
         if src is None or src.name not in graph.initializers or src.const_value is None:
             continue
         tensor = src.const_value
-        if store is None or src.name not in store:
+        if store is None or src.name is None or src.name not in store:
             continue
         if tensor.size < min_elements or len(src.uses()) != 1 or src in graph.outputs:
             continue

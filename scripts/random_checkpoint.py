@@ -86,7 +86,9 @@ def _shapes(config: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
     return [(n, tuple(p.shape)) for n, p in model.state_dict().items()]
 
 
-def _write_shard(path: Path, items: list[tuple[str, tuple[int, ...]]], dtype: str, seed: int) -> None:
+def _write_shard(
+    path: Path, items: list[tuple[str, tuple[int, ...]]], dtype: str, seed: int
+) -> None:
     code, tdtype = DTYPES[dtype]
     size = torch.tensor([], dtype=tdtype).element_size()
     header: dict[str, Any] = {}
@@ -95,7 +97,11 @@ def _write_shard(path: Path, items: list[tuple[str, tuple[int, ...]]], dtype: st
         n = 1
         for d in shape:
             n *= d
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + n * size]}
+        header[name] = {
+            "dtype": code,
+            "shape": list(shape),
+            "data_offsets": [offset, offset + n * size],
+        }
         offset += n * size
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
@@ -104,7 +110,7 @@ def _write_shard(path: Path, items: list[tuple[str, tuple[int, ...]]], dtype: st
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for name, shape in items:
-            if name.endswith("norm.weight") or len(shape) == 1 and "norm" in name:
+            if "norm" in name and len(shape) == 1:
                 t = torch.ones(shape, dtype=tdtype)
             elif len(shape) == 1:
                 t = torch.zeros(shape, dtype=tdtype)  # biases

@@ -71,9 +71,12 @@ class Loop:
     """Progress of a loop of `total` steps: a tqdm bar on a terminal; elsewhere one line per
     tenth ("train-mtp: 60/600 (10%), 12.0s elapsed, ETA 1m48s, loss 2.31")."""
 
-    def __init__(self, total: int, desc: str, show: bool | None = None) -> None:
+    def __init__(
+        self, total: int, desc: str, show: bool | None = None, every_step: bool = False
+    ) -> None:
         self.total = max(0, int(total))
         self.desc = desc
+        self.every_step = every_step  # a line per step (few long steps: model layers)
         self.done = 0
         self._show = enabled(show)
         self._t0 = time.perf_counter()
@@ -86,8 +89,8 @@ class Loop:
 
     def _tenth(self) -> int:
         """The step count of the next line: the next tenth of `total` above what is done."""
-        if self.total <= 0:
-            return 1
+        if self.total <= 0 or self.every_step:
+            return self.done + 1
         k = self.done * 10 // self.total + 1
         return max(self.done + 1, -(-self.total * k // 10))
 
@@ -137,7 +140,11 @@ class Loop:
 
 
 def track(
-    items: Iterable[T], desc: str, total: int | None = None, show: bool | None = None
+    items: Iterable[T],
+    desc: str,
+    total: int | None = None,
+    show: bool | None = None,
+    every_step: bool = False,
 ) -> Iterator[T]:
     """Iterate `items` with a `Loop` (total from len() when not given)."""
     if total is None:
@@ -145,7 +152,7 @@ def track(
             total = len(items)  # type: ignore[arg-type]
         except TypeError:
             total = 0
-    with Loop(total, desc, show) as loop:
+    with Loop(total, desc, show, every_step) as loop:
         for item in items:
             yield item
             loop.update()

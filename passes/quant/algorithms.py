@@ -247,6 +247,39 @@ def quantize_clip(
     return quantize_rtn(w, bits, group_size, symmetric, ratio)
 
 
+@dataclass
+class GptqFactor:
+    """What GPTQ derives from the Hessian alone, shared by every row chunk of one weight:
+    channel order `perm`, the upper Cholesky factor `u` of the permuted damped H^-1, and the
+    dead (never active) input channels."""
+
+    perm: np.ndarray  # [K]
+    u: np.ndarray  # [K, K]
+    dead: np.ndarray  # [K] bool
+
+
+def gptq_factor(h: np.ndarray, damp: float = 0.01, act_order: bool = False) -> GptqFactor:
+    """Factor h [K, K] (X^T X of the calibration inputs) once for `quantize_gptq`."""
+    k = h.shape[0]
+    H = h.astype(np.float64).copy()
+    dead = np.diag(H) == 0
+    H[dead, dead] = 1.0
+    H[np.diag_indices(k)] += damp * np.mean(np.diag(H))
+    perm = np.arange(k)
+    if act_order:
+        perm = np.argsort(-np.diag(H), kind="stable")
+        H = H[np.ix_(perm, perm)]
+    try:
+        L = np.linalg.cholesky(H)
+        Linv = np.linalg.inv(L)
+        U = np.linalg.cholesky(Linv.T @ Linv).T  # upper Cholesky factor of H^-1
+    except np.linalg.LinAlgError as e:
+        raise QuantizationError(
+            "GPTQ Hessian is not positive definite even after dampening; use more calibration text"
+        ) from e
+    return GptqFactor(perm, U, dead)
+
+
 def quantize_gptq(
     w: np.ndarray,
     h: np.ndarray,
@@ -257,6 +290,7 @@ def quantize_gptq(
     block: int = 128,
     mse_clip: bool = False,
     act_order: bool = False,
+    factor: GptqFactor | None = None,
 ) -> BlockQuant:
     """GPTQ (Frantar et al. 2022): quantize input channels in order, spreading each channel's
     rounding error onto the not-yet-quantized channels through the inverse Hessian.
@@ -265,22 +299,21 @@ def quantize_gptq(
     first channel of a group is reached, from the already-updated weights (with an MSE clip
     search when `mse_clip`). With `act_order`, channels are processed by decreasing H_jj
     with "static groups": group parameters fixed up front from the original weights, so the
-    groups stay contiguous in K as MatMulNBits requires.
+    groups stay contiguous in K as MatMulNBits requires. Output rows are independent given
+    H: a large weight may be quantized in row chunks sharing one `factor` (`gptq_factor`).
     """
     k, n = w.shape
     check_group_size(k, group_size)
     if h.shape != (k, k):
         raise QuantizationError(f"GPTQ Hessian has shape {h.shape}, expected ({k}, {k})")
+    if factor is None:
+        factor = gptq_factor(h, damp, act_order)
     W = w.T.astype(np.float64).copy()  # [N, K]
-    H = h.astype(np.float64).copy()
-    dead = np.diag(H) == 0
-    H[dead, dead] = 1.0
-    W[:, dead] = 0.0
-    H[np.diag_indices(k)] += damp * np.mean(np.diag(H))
+    W[:, factor.dead] = 0.0
     nb = -(-k // group_size)
     scale = np.ones((n, nb))
     zero = np.zeros((n, nb))
-    perm = np.arange(k)
+    perm = factor.perm
     if act_order:
         ratio = (
             search_clip(w, h if mse_clip == "hessian" else None, bits, group_size, symmetric)
@@ -289,17 +322,8 @@ def quantize_gptq(
         )
         wb, _ = _blocks(w, group_size)
         scale, zero = _params(wb, bits, symmetric, ratio)
-        perm = np.argsort(-np.diag(H), kind="stable")
         W = W[:, perm]
-        H = H[np.ix_(perm, perm)]
-    try:
-        L = np.linalg.cholesky(H)
-        Hinv = np.linalg.inv(L).T @ np.linalg.inv(L)
-        U = np.linalg.cholesky(Hinv).T  # upper Cholesky factor of H^-1
-    except np.linalg.LinAlgError as e:
-        raise QuantizationError(
-            "GPTQ Hessian is not positive definite even after dampening; use more calibration text"
-        ) from e
+    U = factor.u
     Q = np.zeros((n, nb * group_size))
     qmax = 2**bits - 1
     for b0 in range(0, k, block):

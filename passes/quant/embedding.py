@@ -16,7 +16,13 @@ import onnx_ir as ir
 
 from specport.passes.base import Pass
 from specport.passes.quant import algorithms as A
-from specport.passes.quant.graph import add_initializer, remove_unused, replace_node
+from specport.passes.quant.graph import (
+    add_initializer,
+    release_weight,
+    remove_unused,
+    replace_node,
+)
+from specport.passes.quant.weight_only import CHUNK_ELEMENTS, concat_rows
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +69,7 @@ class QuantizeEmbeddingPass(Pass):
         for node in self._sites(model):
             data = node.inputs[0]
             assert data is not None and data.const_value is not None
-            e = data.const_value.numpy().astype(np.float32)  # [V, D]
+            e = np.asarray(data.const_value.numpy())  # [V, D]
             v, d = e.shape
             if d % self.group_size:
                 layers[node.name or "gather"] = {
@@ -71,8 +77,18 @@ class QuantizeEmbeddingPass(Pass):
                     "reason": f"D={d} not a multiple of {self.group_size}",
                 }
                 continue
-            bq = A.quantize_rtn(e.T, self.bits, self.group_size, symmetric=False)  # rows = V
-            err = float(np.abs(A.dequantize(bq).T - e).max())
+            # Rows in chunks: a 128k x 4096 table would need ~17 GB of float64 temporaries.
+            step = max(1, CHUNK_ELEMENTS // d)
+            parts = []
+            err = 0.0
+            for a in range(0, v, step):
+                rows = e[a : a + step].astype(np.float32)
+                bq = A.quantize_rtn(rows.T, self.bits, self.group_size, symmetric=False)
+                err = max(err, float(np.abs(A.dequantize(bq).T - rows).max()))
+                parts.append(bq)
+            bq = parts[0] if len(parts) == 1 else concat_rows(parts)
+            del e, rows
+            release_weight(data)
             base = f"{data.name}.q{self.bits}"
             dv = add_initializer(graph, f"{base}.data", _pack_rows(bq.q, self.bits))
             sv = add_initializer(graph, f"{base}.scales", bq.scale.astype(np.float32))

@@ -86,6 +86,65 @@ def find_weight_matmuls(model: ir.Model) -> list[WeightSite]:
     return sites
 
 
+def layer_chunks(sites: list[WeightSite]) -> list[list[WeightSite]]:
+    """Sites grouped by decoder layer, in graph order (the unit of progress and of memory).
+
+    A layer starts at each site that reads a different input than the previous site and
+    whose input is a normalization output (q/k/v, then o, gate/up, down): the graph does not
+    name layers, so the grouping follows the data. LM heads are a chunk of their own.
+    """
+    chunks: list[list[WeightSite]] = []
+    for site in sites:
+        starts_layer = (
+            not chunks
+            or site.lm_head
+            or chunks[-1][-1].lm_head
+            or (
+                _is_norm_output(site.x)
+                and site.x is not chunks[-1][-1].x
+                and _attention_input(site, chunks[-1])
+            )
+        )
+        if starts_layer:
+            chunks.append([site])
+        else:
+            chunks[-1].append(site)
+    if sum(not c[0].lm_head for c in chunks) > 1 or len(sites) < 2:
+        return chunks
+    # No normalization ops to follow (an unfused graph): sites sharing an input stay together.
+    runs: list[list[WeightSite]] = []
+    for site in sites:
+        if runs and runs[-1][-1].x is site.x and not site.lm_head:
+            runs[-1].append(site)
+        else:
+            runs.append([site])
+    return runs
+
+
+def _attention_input(site: WeightSite, chunk: list[WeightSite]) -> bool:
+    """True when `site` reads the first normalized input seen in a layer, i.e. the chunk
+    already went past its MLP (its norm inputs are all different from `site`'s)."""
+    norm_inputs = {id(s.x) for s in chunk if _is_norm_output(s.x)}
+    return len(norm_inputs) >= 2
+
+
+def _is_norm_output(x: ir.Value) -> bool:
+    prod = x.producer()
+    return prod is not None and "Norm" in prod.op_type
+
+
+def release_weight(value: ir.Value) -> None:
+    """Unmap the fp32 data of a weight just quantized (onnx_ir maps the whole external data
+    file per tensor; pages read stay resident while mapped). Reloaded if read again."""
+    tensor = value.const_value
+    release = getattr(tensor, "release", None)
+    if callable(release):
+        try:
+            release()
+        except BufferError:  # a view of the mapping is still alive: it is unmapped later
+            logger.debug("weight %s still referenced; not unmapped yet", value.name)
+
+
 def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     """Register `array` as a new initializer with a name unique in the graph."""
     base, i = name, 0

@@ -34,7 +34,9 @@ from specport.passes.quant.graph import (
     WeightSite,
     add_initializer,
     find_weight_matmuls,
+    layer_chunks,
     named,
+    release_weight,
     remove_unused,
     replace_node,
 )
@@ -70,8 +72,9 @@ def quantize_weight(
     symmetric: bool,
     stats: ActStats | None,
     float_zero: bool = True,
+    factor: A.GptqFactor | None = None,
 ) -> A.BlockQuant:
-    """Dispatch one weight w [K, N] to an algorithm.
+    """Dispatch one weight w [K, N] to an algorithm (`factor`: a shared GPTQ factorization).
 
     `default` (the best measured combination on stories260K) = GPTQ in activation order with
     static MSE-clipped group ranges, then a least-squares refit of every block's scale and
@@ -88,10 +91,12 @@ def quantize_weight(
         return A.quantize_clip(w, h, bits, group_size, symmetric)
     if algo == "gptq":
         assert h is not None
-        return A.quantize_gptq(w, h, bits, group_size, symmetric)
+        return A.quantize_gptq(w, h, bits, group_size, symmetric, factor=factor)
     if algo == "default":
         assert h is not None
-        bq = A.quantize_gptq(w, h, bits, group_size, symmetric, mse_clip=True, act_order=True)
+        bq = A.quantize_gptq(
+            w, h, bits, group_size, symmetric, mse_clip=True, act_order=True, factor=factor
+        )
         # Float zero points exist only for 4 bits in MatMulNBits (and not at all in QDQ).
         return bq if symmetric or bits != 4 or not float_zero else A.refit_scales(bq, w, h)
     raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
@@ -100,13 +105,34 @@ def quantize_weight(
 def output_rel_error(w: np.ndarray, w_hat: np.ndarray, stats: ActStats | None) -> float:
     """trace(dW^T H dW) / trace(W^T H W): relative output error on the calibration inputs
     (weight-space relative error when there is no calibration)."""
-    dw = (w_hat - w).astype(np.float64)
-    if stats is None:
-        return float((dw**2).sum() / max((w.astype(np.float64) ** 2).sum(), 1e-30))
-    h = stats.hessian
-    num = np.einsum("kn,kj,jn->", dw, h, dw)
-    den = np.einsum("kn,kj,jn->", w.astype(np.float64), h, w.astype(np.float64))
+    num, den = _error_terms(w, w_hat, stats.hessian if stats is not None else None)
     return float(num / max(den, 1e-30))
+
+
+def _error_terms(w: np.ndarray, w_hat: np.ndarray, h: np.ndarray | None) -> tuple[float, float]:
+    """(trace(dW^T H dW), trace(W^T H W)) for columns of a weight; sums over column chunks."""
+    dw = (w_hat - w).astype(np.float64)
+    w64 = w.astype(np.float64)
+    if h is None:
+        return float((dw**2).sum()), float((w64**2).sum())
+    return float(np.einsum("kn,kn->", dw, h @ dw)), float(np.einsum("kn,kn->", w64, h @ w64))
+
+
+# Weights are quantized in chunks of output rows of about this many elements: every algorithm
+# here treats rows independently (GPTQ given one shared factorization of H), and the float64
+# working copies of a 128k-vocabulary LM head would otherwise take several GB at once.
+CHUNK_ELEMENTS = 1 << 23
+
+
+def concat_rows(parts: list[A.BlockQuant]) -> A.BlockQuant:
+    """Join BlockQuants of consecutive output-row chunks of one weight (same K, bits, group)."""
+    return dataclasses.replace(
+        parts[0],
+        q=np.concatenate([b.q for b in parts], axis=0),
+        scale=np.concatenate([b.scale for b in parts], axis=0),
+        zero=np.concatenate([b.zero for b in parts], axis=0),
+        symmetric=all(b.symmetric for b in parts),
+    )
 
 
 class QuantizeWeightsNBitsPass(Pass):
@@ -164,46 +190,25 @@ class QuantizeWeightsNBitsPass(Pass):
         graph = model.graph
         layers: dict[str, dict[str, Any]] = {}
         modified = False
-        pending: list[tuple[WeightSite, A.BlockQuant]] = []
-        for site in track(find_weight_matmuls(model), f"quantizing weights ({self.algo})"):
-            bits = self.bits_for(site)
-            if bits not in (4, 8):
-                layers[site.name] = {"bits": 32, "reason": "kept in float by plan"}
-                continue
-            if self.form == "qdq" and bits != 4:
-                layers[site.name] = {"bits": 32, "reason": "qdq form supports 4 bits only"}
-                continue
-            w = site.weight_array()
-            stats = self.stats.get(site.x.name or "")
-            # HQQ's float zero points exist only for 4 bits in MatMulNBits; 8 bits uses RTN.
-            algo = self.algo if bits == 4 or self.algo != "hqq" else "rtn"
-            bq = quantize_weight(
-                w,
-                algo,
-                bits,
-                self.group_size,
-                self.symmetric,
-                stats,
-                float_zero=self.form == "matmulnbits" and self.float_zero,
-            )
-            if not (self.form == "matmulnbits" and self.float_zero) and not bq.integer_zero:
-                bq = integer_zero_points(bq, w)
-            err = output_rel_error(w, A.dequantize(bq), stats)
-            if self.form == "matmulnbits":
-                pending.append((site, bq))
-            else:
-                self._emit_qdq(graph, site, bq)
-            layers[site.name] = {
-                "bits": bits,
-                "algo": algo,
-                "group_size": self.group_size,
-                "k": site.k,
-                "n": site.n,
-                "lm_head": site.lm_head,
-                "rel_output_error": round(err, 8),
-            }
-            modified = True
-        packed = self.emit_nbits_groups(graph, pending)
+        packed = 0
+        chunks = layer_chunks(find_weight_matmuls(model))
+        desc = f"quantizing weights ({self.algo}), layer"
+        for chunk in track(chunks, desc, every_step=True):
+            # One decoder layer at a time: its weights are read, quantized and emitted, and
+            # their memory-mapped fp32 pages released, before the next layer is touched.
+            pending: list[tuple[WeightSite, A.BlockQuant]] = []
+            for site in chunk:
+                row, bq = self._quantize_site(site)
+                layers[site.name] = row
+                if bq is None:
+                    continue
+                modified = True
+                if self.form == "matmulnbits":
+                    pending.append((site, bq))
+                else:
+                    self._emit_qdq(graph, site, bq)
+                release_weight(site.weight)
+            packed += self.emit_nbits_groups(graph, pending)
         remove_unused(model)
         if modified:
             _ensure_opset(
@@ -219,6 +224,49 @@ class QuantizeWeightsNBitsPass(Pass):
             "layers": layers,
         }
         return modified, details
+
+    def _quantize_site(self, site: WeightSite) -> tuple[dict[str, Any], A.BlockQuant | None]:
+        """(report row, quantized weight or None when the site stays in float)."""
+        bits = self.bits_for(site)
+        if bits not in (4, 8):
+            return {"bits": 32, "reason": "kept in float by plan"}, None
+        if self.form == "qdq" and bits != 4:
+            return {"bits": 32, "reason": "qdq form supports 4 bits only"}, None
+        w = site.weight_array()
+        stats = self.stats.get(site.x.name or "")
+        # HQQ's float zero points exist only for 4 bits in MatMulNBits; 8 bits uses RTN.
+        algo = self.algo if bits == 4 or self.algo != "hqq" else "rtn"
+        float_zero = self.form == "matmulnbits" and self.float_zero
+        k, n = w.shape
+        step = max(1, CHUNK_ELEMENTS // max(k, 1))
+        factor = None
+        if n > step and stats is not None and algo in ("gptq", "default"):
+            factor = A.gptq_factor(stats.hessian, act_order=algo == "default")
+        h = stats.hessian if stats is not None else None
+        parts: list[A.BlockQuant] = []
+        num = den = 0.0
+        for a in range(0, n, step):
+            wc = np.ascontiguousarray(w[:, a : a + step])
+            bq = quantize_weight(
+                wc, algo, bits, self.group_size, self.symmetric, stats, float_zero, factor
+            )
+            if not float_zero and not bq.integer_zero:
+                bq = integer_zero_points(bq, wc)
+            dn, dd = _error_terms(wc, A.dequantize(bq), h)
+            num, den = num + dn, den + dd
+            parts.append(bq)
+        bq = parts[0] if len(parts) == 1 else concat_rows(parts)
+        err = num / max(den, 1e-30)
+        row = {
+            "bits": bits,
+            "algo": algo,
+            "group_size": self.group_size,
+            "k": site.k,
+            "n": site.n,
+            "lm_head": site.lm_head,
+            "rel_output_error": round(err, 8),
+        }
+        return row, bq
 
     def emit_nbits_groups(
         self, graph: ir.Graph, items: list[tuple[WeightSite, A.BlockQuant]]

@@ -17,6 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 TRACING_ALLOWANCE = 128e6  # bytes; independent of weight size (see the module docstring)
@@ -79,3 +80,71 @@ def test_export_peak_rss_is_bounded(tmp_path: Path) -> None:
         f"export peak RSS {net / 1e6:.0f} MB above baseline for {weights / 1e6:.0f} MB of "
         f"weights ({net / weights:.2f}x; limit 1.5x + {TRACING_ALLOWANCE / 1e6:.0f} MB)"
     )
+
+
+# ---------------------------------------------------------------- streaming (no RSS involved)
+
+
+@pytest.mark.slow
+def test_weights_stream_from_checkpoint_before_pytorch_loads(tmp_path: Path, monkeypatch) -> None:
+    """The graph is traced on a model without weights, every tensor is read from the checkpoint
+    one at a time, and PyTorch loads the model only after the external data is complete (for
+    the reference outputs); the written weights equal the non-streamed export's bit for bit."""
+    import onnx
+
+    from specport.exporter import checkpoint as ckpt
+    from specport.exporter import export as ex
+    from specport.exporter import source as src_mod
+    from tests.fixtures import build_tiny_model
+
+    src = build_tiny_model("llama", tmp_path / "src")
+    hollow = {}
+    real_hollow = ckpt.hollow_model
+
+    def spy_hollow(*args, **kwargs):
+        m = real_hollow(*args, **kwargs)
+        hollow["params"] = [p for p in m.parameters()]
+        return m
+
+    reads: list[str] = []
+    real_read = ckpt.Checkpoint.read
+
+    def spy_read(self, key, dtype=None):
+        reads.append(key)
+        return real_read(self, key, dtype)
+
+    at_load: list[int] = []
+    real_load = src_mod.load_model
+
+    def spy_load(source, *args, **kwargs):
+        data = list(tmp_path.glob(".stream.tmp-*/model.onnx.data"))
+        at_load.append(data[0].stat().st_size if data else -1)
+        return real_load(source, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "hollow_model", spy_hollow)
+    monkeypatch.setattr(ckpt.Checkpoint, "read", spy_read)
+    monkeypatch.setattr(src_mod, "load_model", spy_load)
+    manifest = ex.export_model(src, tmp_path / "stream", fuse=False, progress=False)
+    assert manifest.verify["ok"] and manifest.verify["max_abs_logits"] < 1e-4
+    assert hollow["params"] and all(p.device.type == "cpu" for p in hollow["params"])
+    # Every stored tensor was read, each as its own call (small ones once, lazily written
+    # ones once more if a pass looked at them); nothing read the whole file at once.
+    stored = set(ckpt.Checkpoint.open(src).tensors)
+    assert set(reads) == stored
+    final = (tmp_path / "stream" / "model.onnx.data").stat().st_size
+    assert at_load == [final]  # one PyTorch load, after every weight was written
+
+    # The ordinary path (a checkpoint that cannot be streamed loads the PyTorch model first)
+    # writes the same weights.
+    monkeypatch.undo()
+    monkeypatch.setattr(ex, "streaming_model", lambda *args: None)
+    ex.export_model(src, tmp_path / "loaded", fuse=False, progress=False)
+    a = {t.name: t for t in onnx.load(str(tmp_path / "stream" / "model.onnx")).graph.initializer}
+    b = {t.name: t for t in onnx.load(str(tmp_path / "loaded" / "model.onnx")).graph.initializer}
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(
+            onnx.numpy_helper.to_array(a[name], base_dir=str(tmp_path / "stream")),
+            onnx.numpy_helper.to_array(b[name], base_dir=str(tmp_path / "loaded")),
+            err_msg=name,
+        )

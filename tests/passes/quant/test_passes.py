@@ -49,7 +49,8 @@ def test_calibration_stats(stats):
     assert st.rows > 100 and np.all(st.hi >= st.lo)
     h = st.hessian
     np.testing.assert_allclose(h, h.T)
-    assert np.all(np.linalg.eigvalsh(h) > -1e-6)
+    eig = np.linalg.eigvalsh(h)  # PSD up to float32 rounding of the per-chunk Gram updates
+    assert np.all(eig > -1e-6 * eig.max())
 
 
 @pytest.mark.parametrize("form", ["matmulnbits", "qdq"])
