@@ -87,7 +87,7 @@ def _shapes(config: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def _write_shard(
-    path: Path, items: list[tuple[str, tuple[int, ...]]], dtype: str, seed: int
+    path: Path, items: list[tuple[str, tuple[int, ...]]], dtype: str, seed: int, tile: bool = False
 ) -> None:
     code, tdtype = DTYPES[dtype]
     size = torch.tensor([], dtype=tdtype).element_size()
@@ -114,6 +114,10 @@ def _write_shard(
                 t = torch.ones(shape, dtype=tdtype)
             elif len(shape) == 1:
                 t = torch.zeros(shape, dtype=tdtype)  # biases
+            elif tile:  # a random block repeated: same bytes and layout, seconds not minutes
+                n = int(torch.Size(shape).numel())
+                block = (torch.randn(min(n, 1 << 20), generator=g) * 0.02).to(tdtype)
+                t = block.repeat(-(-n // block.numel()))[:n].reshape(shape)
             else:
                 t = (torch.randn(shape, generator=g) * 0.02).to(tdtype)
             f.write(t.contiguous().view(torch.uint8).numpy().tobytes())
@@ -127,6 +131,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--shard-gb", type=float, default=4.0)
     ap.add_argument("--layers", type=int, default=None, help="keep only the first N layers")
+    ap.add_argument(
+        "--tile",
+        action="store_true",
+        help="repeat a 1M-value random block in each tensor (fast; for memory/time runs)",
+    )
     args = ap.parse_args()
     config = dict(CONFIGS[args.shape])
     if args.layers:
@@ -156,7 +165,7 @@ def main() -> None:
             if len(shards) == 1
             else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         )
-        _write_shard(out / fname, shard, args.dtype, seed=i)
+        _write_shard(out / fname, shard, args.dtype, seed=i, tile=args.tile)
         weight_map.update({n: fname for n, _ in shard})
         print(f"wrote {fname} ({len(shard)} tensors)", flush=True)
     if len(shards) > 1:

@@ -67,9 +67,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--embedding-bits",
         type=int,
-        default=0,
+        default=None,
         choices=[0, 4, 8],
-        help="GatherBlockQuantized embedding (0: float)",
+        help="GatherBlockQuantized embedding (0: float; default 8 for w4a16/w4a8, else 0)",
     )
     p.add_argument(
         "--form",

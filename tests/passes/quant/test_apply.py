@@ -20,13 +20,15 @@ def test_w4_artifact_manifest_and_ppl(quant_src, calib_text, eval_text, tmp_path
     m2 = read_manifest(out)  # hashes verified
     assert m2.quant["scheme"] == "w4a16" and m2.quant["algorithm"] == "default"
     assert m2.quant["calibration"]["sha256"] and len(m2.quant["calibration"]["sha256"]) == 64
-    assert set(m2.quant["layers"].values()) == {4, 32}  # 32: the LM head stays float by default
-    assert m2.passes[-1]["name"] == "quantize_weights_nbits"
-    assert len(m2.passes) == len(read_manifest(quant_src).passes) + 1
+    # 32: the LM head stays float by default; 8: the embedding table (GatherBlockQuantized)
+    assert set(m2.quant["layers"].values()) == {4, 8, 32} and m2.quant["embedding_bits"] == 8
+    names = [p["name"] for p in m2.passes]
+    assert names[-2:] == ["quantize_weights_nbits", "quantize_embedding"]
+    assert len(m2.passes) == len(read_manifest(quant_src).passes) + 2
     assert (out / "tokenizer.json").is_file() and "tokenizer.json" in m2.files
-    quantized = [b for b in m.quant["layers"].values() if b != 32]
+    quantized = [b for b in m.quant["layers"].values() if b == 4]
     # q/k/v and gate/up are packed into one MatMulNBits each: 4 nodes per layer
-    packed = m2.passes[-1]["packed_groups"]
+    packed = m2.passes[-2]["packed_groups"]
     assert packed == 4  # 2 layers x (qkv, gate/up)
     assert m2.quant["ort_cpu"]["kernels"]["com.microsoft.MatMulNBits"] == len(quantized) - 6
     ppl = perplexity(out, eval_text)["ppl"]

@@ -98,3 +98,37 @@ def test_row_chunks_quantize_exactly_like_the_whole_weight(algo: str) -> None:
     np.testing.assert_array_equal(joined.q, whole.q)
     np.testing.assert_array_equal(joined.scale, whole.scale)
     np.testing.assert_array_equal(joined.zero, whole.zero)
+
+
+@pytest.mark.slow
+def test_export_quant_streams_to_the_same_weights_as_quantize(tmp_path: Path) -> None:
+    """`export --quant w4a8` quantizes while the checkpoint streams (no float artifact): its
+    blocks equal those of exporting in float and then running `specport quantize`."""
+    import onnx
+
+    import specport
+    from specport.exporter.export import export_model
+    from specport.passes.quant.apply import quantize_artifact
+    from tests.fixtures import build_tiny_model
+
+    src = build_tiny_model("llama", tmp_path / "src")
+    m = export_model(src, tmp_path / "direct", quant="w4a8", progress=False)
+    assert m.quant["in_export"] and m.quant["scheme"] == "w4a8" and m.quant["embedding_bits"] == 8
+    assert m.verify["skipped"] and "quantized" in m.verify["reason"]
+    export_model(src, tmp_path / "float", progress=False)
+    quantize_artifact(tmp_path / "float", tmp_path / "two_step", "w4a8", None, "hqq")
+
+    def blocks(d: Path) -> dict[str, np.ndarray]:
+        proto = onnx.load(str(d / "model.onnx"))
+        return {
+            t.name: onnx.numpy_helper.to_array(t, base_dir=str(d))
+            for t in proto.graph.initializer
+            if ".q4." in t.name or ".q8." in t.name
+        }
+
+    a, b = blocks(tmp_path / "direct"), blocks(tmp_path / "two_step")
+    assert a and a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    model = specport.load(tmp_path / "direct", provider="cpu")
+    assert len(model.generate(prompt_ids=[1, 5, 6], max_new_tokens=4).tokens) == 4
