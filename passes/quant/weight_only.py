@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -122,6 +124,8 @@ def _error_terms(w: np.ndarray, w_hat: np.ndarray, h: np.ndarray | None) -> tupl
 # here treats rows independently (GPTQ given one shared factorization of H), and the float64
 # working copies of a 128k-vocabulary LM head would otherwise take several GB at once.
 CHUNK_ELEMENTS = 1 << 23
+PARALLEL_MIN_ELEMENTS = 1 << 20  # smaller weights are not worth a thread pool
+WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
 def concat_rows(parts: list[A.BlockQuant]) -> A.BlockQuant:
@@ -238,25 +242,36 @@ class QuantizeWeightsNBitsPass(Pass):
         algo = self.algo if bits == 4 or self.algo != "hqq" else "rtn"
         float_zero = self.form == "matmulnbits" and self.float_zero
         k, n = w.shape
+        gptq = algo in ("gptq", "default")
+        # GPTQ's linear algebra already uses every core (BLAS); the elementwise algorithms
+        # are single-threaded numpy, which releases the GIL: their row chunks run in threads.
+        workers = 1 if gptq else WORKERS
         step = max(1, CHUNK_ELEMENTS // max(k, 1))
+        if workers > 1 and w.size >= PARALLEL_MIN_ELEMENTS:
+            step = min(step, -(-n // workers))
         factor = None
-        if n > step and stats is not None and algo in ("gptq", "default"):
+        if n > step and stats is not None and gptq:
             factor = A.gptq_factor(stats.hessian, act_order=algo == "default")
         h = stats.hessian if stats is not None else None
-        parts: list[A.BlockQuant] = []
-        num = den = 0.0
-        for a in range(0, n, step):
+
+        def chunk(a: int) -> tuple[A.BlockQuant, float, float]:
             wc = np.ascontiguousarray(w[:, a : a + step])
             bq = quantize_weight(
                 wc, algo, bits, self.group_size, self.symmetric, stats, float_zero, factor
             )
             if not float_zero and not bq.integer_zero:
                 bq = integer_zero_points(bq, wc)
-            dn, dd = _error_terms(wc, A.dequantize(bq), h)
-            num, den = num + dn, den + dd
-            parts.append(bq)
+            return (bq, *_error_terms(wc, A.dequantize(bq), h))
+
+        starts = range(0, n, step)
+        if workers > 1 and len(starts) > 1:
+            with ThreadPoolExecutor(workers) as pool:
+                results = list(pool.map(chunk, starts))
+        else:
+            results = [chunk(a) for a in starts]
+        parts = [r[0] for r in results]
         bq = parts[0] if len(parts) == 1 else concat_rows(parts)
-        err = num / max(den, 1e-30)
+        err = sum(r[1] for r in results) / max(sum(r[2] for r in results), 1e-30)
         row = {
             "bits": bits,
             "algo": algo,
