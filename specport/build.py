@@ -28,7 +28,11 @@ def export(
     checked = {k: kwargs[k] for k in (*names, "tree_mask") if k in kwargs}
     preflight.check_export(model, out, quant=quant, **checked)
     from specport.exporter.export import export_model
+    from specport.passes.quant.inline import INLINE_SCHEMES
 
+    if quant in INLINE_SCHEMES:  # quantized while the weights stream: no float model held
+        return export_model(model, out, quant=quant, **kwargs)
+    kwargs.pop("quant_algo", None)
     manifest = export_model(model, out, **kwargs)
     if quant is not None:
         from specport.passes.quant.apply import quantize_artifact

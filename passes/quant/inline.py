@@ -52,14 +52,14 @@ def quantize_inline(
     """Quantize `model` in place; returns (pass reports, the manifest's `quant` section).
 
     Defaults as `specport quantize`: an 8-bit head where activations are int8 (w4a8), float
-    otherwise; an 8-bit embedding table (`embedding_bits` 0 keeps it float).
+    otherwise; an 8-bit embedding table for 4-bit schemes (`embedding_bits` 0 keeps it float).
     """
     check_inline(scheme, algo)
     bits = 8 if scheme == "w8a16" else 4
     if lm_head_bits is None:
         lm_head_bits = 8 if scheme == "w4a8" else 0
     if embedding_bits is None:
-        embedding_bits = 8  # as `specport quantize` for 4-bit schemes (apply.py)
+        embedding_bits = 8 if bits == 4 else 0  # as `specport quantize` (apply.py)
     weights = QuantizeWeightsNBitsPass(
         bits,
         group_size,

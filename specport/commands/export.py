@@ -60,6 +60,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="quantize after export (default recipe; `specport quantize` has every option)",
     )
     p.add_argument(
+        "--quant-algo",
+        choices=["hqq", "rtn"],
+        default="hqq",
+        help="algorithm of --quant w4a8/w4a16/w8a16, applied while the weights stream from the "
+        "checkpoint (default hqq; rtn is faster on very large models)",
+    )
+    p.add_argument(
         "--keep-gguf-quant",
         action="store_true",
         help="(GGUF source) MatMul weights keep the file's own quantized blocks as MatMulNBits "
@@ -103,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         tree_mask=args.tree_mask,
         quant=args.quant,
+        quant_algo=args.quant_algo,
     )
     if args.keep_gguf_quant:
         from specport.passes.quant.keep_gguf import keep_gguf_quant_artifact
