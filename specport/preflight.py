@@ -207,7 +207,7 @@ def check_quantize(
     mixed_precision: str = "off",
     calib_docs: int = 300,
     lm_head_bits: int | None = None,
-    embedding_bits: int = 0,
+    embedding_bits: int | None = None,
     form: str = "matmulnbits",
     kv_cache: str = "float",
     kv_clip: str = "absmax",
@@ -222,7 +222,7 @@ def check_quantize(
         raise UsageError(
             f"{option('lm_head_bits')} must be 0 (float), 4 or 8, got {lm_head_bits!r}."
         )
-    if embedding_bits not in (0, 4, 8):
+    if embedding_bits not in (None, 0, 4, 8):
         raise UsageError(f"{option('embedding_bits')} must be 0, 4 or 8, got {embedding_bits!r}.")
     resolved_group = group_size if group_size is not None else (128 if scheme == "w8a8" else 32)
     resolved_algo = algo
