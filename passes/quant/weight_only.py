@@ -196,7 +196,7 @@ class QuantizeWeightsNBitsPass(Pass):
         modified = False
         packed = 0
         chunks = layer_chunks(find_weight_matmuls(model))
-        desc = f"quantizing weights ({self.algo}), layer"
+        desc = f"quantizing weights ({self.algo})"  # one step per decoder layer
         for chunk in track(chunks, desc, every_step=True):
             # One decoder layer at a time: its weights are read, quantized and emitted, and
             # their memory-mapped fp32 pages released, before the next layer is touched.

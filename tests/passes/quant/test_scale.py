@@ -62,7 +62,7 @@ def test_cli_quantize_prints_a_line_per_layer(quant_src, calib_text, tmp_path, c
     assert rc == 0
     err = capsys.readouterr().err
     pattern = (
-        r"^quantizing weights \(default\), layer: (\d+)/(\d+) \(\d+%\), [\d.hms]+ elapsed, "
+        r"^quantizing weights \(default\): (\d+)/(\d+) \(\d+%\), [\d.hms]+ elapsed, "
         r"(ETA [\d.hms]+|done)$"
     )
     lines = re.findall(pattern, err, re.M)
