@@ -149,9 +149,17 @@ def probe_kv_shapes_meta(model: Any) -> list[tuple[int, int, int]]:
                 table[name] = (
                     torch.nn.Parameter(meta, requires_grad=False) if kind == "_parameters" else meta
                 )
+    # with a pad token and no mask, some families (GPT-2) look for padding in the ids: a value
+    # read, which meta tensors cannot give; the probe's ids hold no padding anyway
+    config = getattr(model, "config", None)
+    pad = getattr(config, "pad_token_id", None)
+    if pad is not None:
+        config.pad_token_id = None
     try:
         return probe_kv_shapes(model, device="meta")
     finally:
+        if pad is not None:
+            config.pad_token_id = pad
         for module, kind, name, t in saved:
             getattr(module, kind)[name] = t
 

@@ -245,7 +245,8 @@ def check_quantize(
         raise UsageError(
             f"{src} uses the {layout!r} KV layout, which cannot be quantized"
             + (" with an int8 KV cache" if kv_cache == "int8" else "")
-            + "; quantize the concat artifact (the default export)."
+            + "; re-export with --kv-layout concat and quantize that"
+            + ("." if kv_cache == "int8" else ", or export with --kv-layout shared.")
         )
     check_artifact_out(out, [src, *calib_files])
 

@@ -211,8 +211,8 @@ def quantize_artifact(
     manifest = read_manifest(src_p)
     if manifest.kv.layout != "concat" and (manifest.kv.layout != "shared" or kv_cache == "int8"):
         raise QuantizationError(
-            f"{src_p} uses the {manifest.kv.layout!r} KV layout; quantize the concat artifact "
-            "(the default export)"
+            f"{src_p} uses the {manifest.kv.layout!r} KV layout; re-export with --kv-layout concat "
+            "and quantize that"
             + (" (the shared layout cannot take an int8 KV cache)" if kv_cache == "int8" else "")
         )
     model_path = src_p / manifest.model_file

@@ -36,6 +36,7 @@ def test_optimize_text_shared_and_errors(tiny_export, tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "shared_kv" in text and "fuse_attention" in text
-    assert main(["optimize", str(tmp_path / "missing.onnx"), "--out", str(out)]) == 1
+    # a missing input and an unknown pass are usage errors: exit 2, before any work
+    assert main(["optimize", str(tmp_path / "missing.onnx"), "--out", str(out)]) == 2
     rc = main(["optimize", str(path), "--out", str(out), "--passes", "fuse_all"])
-    assert rc == 1 and "unknown pass" in capsys.readouterr().err
+    assert rc == 2 and "unknown pass" in capsys.readouterr().err
