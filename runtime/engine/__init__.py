@@ -24,13 +24,13 @@ def make_engine(
     max_length: int | None = None,
     prefix_cache: bool = True,
     speculative: str | None = None,
-    num_draft: int = 4,
+    num_draft: int | None = None,
     draft: Any = None,
 ) -> Engine:
     """The engine for `model`: "batching" (shared KV layout), "serial" (any), or "auto".
 
     "auto" batches when the artifact has the shared layout and `max_batch` > 1; `speculative`
-    ("ngram" | "draft" | "mtp", concat-layout artifacts) gives the serial engine. `max_length`
+    ("ngram" | "draft" | "mtp", either KV layout) gives the serial engine. `max_length`
     caps the batching engine's KV rows (default: the artifact's limit; memory is
     max_batch x layers x 2 x Hkv x max_length x D floats).
     """
@@ -38,18 +38,13 @@ def make_engine(
         raise InputError(f"unknown engine kind {kind!r}; use one of {', '.join(ENGINE_KINDS)}.")
     shared = model.manifest.kv.layout == "shared"
     if speculative is not None:
-        # Speculation verifies drafts by cutting a concat-layout cache back; the batching
-        # engine's shared rows do not speculate.
+        # The serial engine speculates on either KV layout (rollback by length on shared);
+        # the batching engine's rows do not speculate yet. num_draft None: the artifact's MTP
+        # heads for mtp, else the generator's default.
         if kind == "batching":
             raise InputError(
                 "the batching engine does not decode speculatively; use --engine serial (or "
                 "auto) with --speculative, or drop --speculative to batch requests."
-            )
-        if shared:
-            raise ArtifactError(
-                f"speculative decoding needs a concat-layout artifact but {model.path} has the "
-                "shared KV layout: serve an export without --kv-layout shared, or drop "
-                "--speculative."
             )
         from specport.runtime.engine.serial import SerialEngine
 

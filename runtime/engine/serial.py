@@ -37,7 +37,7 @@ class SerialEngine(QueueIntake):
         self,
         model: Any,  # specport.api.Model
         speculative: str | None = None,
-        num_draft: int = 4,
+        num_draft: int | None = None,  # None: the artifact's MTP heads for mtp, else the default
         draft: Any = None,  # a draft Model or artifact path, for speculative="draft"
     ) -> None:
         self.model = model

@@ -49,8 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_speculative_options(
         p,
-        "decode every request speculatively (serial engine, concat-layout artifacts; greedy "
-        "output equals plain greedy)",
+        "decode every request speculatively (serial engine, either KV layout; greedy output "
+        "equals plain greedy)",
+        num_draft_default=None,
     )
     p.add_argument(
         "--model-name",
@@ -115,7 +116,7 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--max-batch must be at least 1, got {args.max_batch}")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise InputError(f"--max-model-len must be at least 2, got {args.max_model_len}")
-    if args.num_draft < 1:
+    if args.num_draft is not None and args.num_draft < 1:
         raise InputError(f"--num-draft must be at least 1, got {args.num_draft}")
     if args.max_body_bytes < 1024:
         raise InputError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")

@@ -7,6 +7,7 @@ import pytest
 import specport
 from specport.errors import ArtifactError, InputError
 from specport.runtime.engine import make_engine
+from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine
 from specport.runtime.engine.serial import SerialEngine
 
@@ -32,7 +33,7 @@ def test_auto_picks_by_layout(shared_model, tiny_llama_artifact):
         make_engine(shared_model, kind="vllm")
 
 
-def test_speculative_gives_the_serial_engine_on_concat_only(shared_model, tiny_llama_artifact):
+def test_speculative_gives_the_serial_engine_on_either_layout(shared_model, tiny_llama_artifact):
     concat = specport.load(tiny_llama_artifact, provider="cpu", threads=1)
     eng = make_engine(concat, kind="auto", speculative="ngram", num_draft=3)
     try:
@@ -41,5 +42,12 @@ def test_speculative_gives_the_serial_engine_on_concat_only(shared_model, tiny_l
         eng.close()
     with pytest.raises(InputError, match="does not decode speculatively"):
         make_engine(concat, kind="batching", speculative="ngram")
-    with pytest.raises(ArtifactError, match="concat-layout"):
-        make_engine(shared_model, speculative="ngram")
+    prompt = [1, 5, 9, 5, 9, 5, 9, 2, 7]
+    want = shared_model.generate(prompt_ids=prompt, max_new_tokens=12, ignore_eos=True).tokens
+    eng = make_engine(shared_model, speculative="ngram")  # rollback by length, greedy-exact
+    try:
+        assert isinstance(eng, SerialEngine)
+        got = eng.submit(Request(prompt, 12, ignore_eos=True)).result(timeout=120)
+        assert got.token_ids == want
+    finally:
+        eng.close()
