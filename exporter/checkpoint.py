@@ -68,9 +68,26 @@ class Checkpoint:
 
 
 def _read_header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header: dict[str, Any] = json.loads(f.read(n))
+    """The safetensors header of `path`, checked against the file's size before any work (a
+    truncated download would otherwise fail deep inside tracing)."""
+    from specport.errors import InvalidModelError
+
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header: dict[str, Any] = json.loads(f.read(n)) if 8 + n <= size else {}
+        end = max(
+            (m["data_offsets"][1] for k, m in header.items() if k != "__metadata__"), default=0
+        )
+        complete = bool(header) and 8 + n + end <= size
+    except (ValueError, KeyError, TypeError, IndexError):
+        complete = False
+    if not complete:
+        raise InvalidModelError(
+            f"could not load weights from {path}: the file is shorter than its header says. "
+            "The weight files are truncated or corrupt; re-download the model."
+        )
     return header
 
 
