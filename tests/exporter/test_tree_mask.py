@@ -217,6 +217,9 @@ def test_other_feed_builders_on_tree_artifact(tiny_zoo):
     want = generate_speculative_batch(specport.load(plain_path), rows, 10, "ngram", 3)[0]
     assert generate_speculative_batch(specport.load(tree_path), rows, 10, "ngram", 3)[0] == want
     ids = np.random.default_rng(0).integers(3, 256, size=40)
-    ref = _logits(SimpleNamespace(sess=_session(plain_path)), ids)  # type: ignore[arg-type]
-    got = _logits(SimpleNamespace(sess=_session(tree_path)), ids, chunk=16)  # type: ignore[arg-type]
+    # manifest None: the concat feeds (a shared artifact is scored through its own cache)
+    plain = SimpleNamespace(sess=_session(plain_path), manifest=None)
+    tree = SimpleNamespace(sess=_session(tree_path), manifest=None)
+    ref = _logits(plain, ids)  # type: ignore[arg-type]
+    got = _logits(tree, ids, chunk=16)  # type: ignore[arg-type]
     np.testing.assert_allclose(got, ref, atol=1e-5)

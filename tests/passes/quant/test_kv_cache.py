@@ -290,7 +290,8 @@ def test_int8_kv_with_w4a16(quant_src, calib_text, eval_text, tmp_path):
     m = quantize_artifact(quant_src, out, "w4a16", 32, "rtn", [calib_text], kv_cache="int8")
     assert m.quant["scheme"] == "w4a16" and m.kv.dtype == "int8"
     assert m.quant["ort_cpu"]["kernels"]["com.microsoft.MatMulNBits"] >= 1
-    assert [p["name"] for p in m.passes][-2:] == ["quantize_weights_nbits", "quantize_kv_cache"]
+    names = [p["name"] for p in m.passes]
+    assert names[-1] == "quantize_kv_cache" and "quantize_weights_nbits" in names
     sess, _ = _bare(out)
     assert {i.type for i in sess.get_inputs() if i.name.startswith("past_")} == {"tensor(int8)"}
     w4 = perplexity(out, eval_text, chunk=1)["ppl"]
