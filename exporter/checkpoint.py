@@ -193,6 +193,12 @@ def streaming_model(
     if checkpoint is None:
         return None
     config = source.config
+    scaling = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None)
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "longrope":
+        # long-rope picks its frequencies from the sequence length at run time, which tracing
+        # the hollow model cannot do (torch.export recursion): load it the ordinary way
+        logger.info("long-rope scaling: loading the model instead of streaming its weights")
+        return None
     if layers is not None:
         total = int(getattr(config, source.arch.layers_attr))
         if not 1 <= layers <= total:
