@@ -168,7 +168,7 @@ def probe_kv_shapes_meta(model: Any) -> list[tuple[int, int, int]]:
                 )
     # with a pad token and no mask, some families (GPT-2) look for padding in the ids: a value
     # read, which meta tensors cannot give; the probe's ids hold no padding anyway
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     pad = getattr(config, "pad_token_id", None)
     if pad is not None:
         config.pad_token_id = None
