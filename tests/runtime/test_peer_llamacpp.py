@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,9 +10,8 @@ import pytest
 from specport.errors import InputError
 from specport.runtime import peers
 
-SHARED = Path(os.environ.get("SPECPORT_SHARED", Path(__file__).parents[2] / ".." / "shared"))
-GGUF = SHARED / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-# ../shared/README.md: greedy from "Once upon a time" (no BOS) with the fp32 weights
+GGUF = Path("models") / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# the shared folder's README: greedy from "Once upon a time" (no BOS) with the fp32 weights
 ONCE = [6403, 1980, 253, 655]
 
 
@@ -48,13 +46,14 @@ def test_a_non_gguf_source_asks_for_peer_gguf(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.shared
-def test_llamacpp_peer_decodes_the_reference_tokens() -> None:
+def test_llamacpp_peer_decodes_the_reference_tokens(shared_dir: Path) -> None:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (bench extra)")
-    if not GGUF.exists():
-        pytest.skip(f"{GGUF} is absent (SPECPORT_SHARED)")
+    gguf = shared_dir / GGUF
+    if not gguf.exists():
+        pytest.skip(f"{gguf} is absent")
     from specport.runtime.peer_llamacpp import LlamaCppPeer
 
-    peer = LlamaCppPeer(_manifest(str(GGUF)), SimpleNamespace(threads=2), "F32", None)  # type: ignore[arg-type]
+    peer = LlamaCppPeer(_manifest(str(gguf)), SimpleNamespace(threads=2), "F32", None)  # type: ignore[arg-type]
     try:
         metrics = peer.run([ONCE], new_tokens=8)
         assert metrics["decode_steps"] == 7
