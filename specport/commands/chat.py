@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from specport.commands._args import add_runtime_options, add_sampling_options, check_sampling
+from specport.commands._prompt import LineReader, line_reader
 from specport.commands.generate import generation_options
 from specport.errors import ContextLengthError, InputError
 
@@ -50,9 +51,22 @@ def run(args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
     options = generation_options(args, sampling)
+    with line_reader() as reader:
+        return _converse(model, template, system, history, options, reader if interactive else None)
+
+
+def _converse(
+    model: Any,
+    template: Any,
+    system: list[dict[str, str]],
+    history: list[dict[str, str]],
+    options: dict[str, Any],
+    reader: LineReader | None,
+) -> int:
+    interactive = sys.stdin.isatty()
     while True:
         try:
-            line = input("> " if interactive else "")
+            line = reader.read("> ") if reader else input("> " if interactive else "")
         except EOFError:
             if interactive:
                 print(file=sys.stderr)
