@@ -71,6 +71,29 @@ def raw_socket(server: Server, timeout: float = 10) -> socket.socket:
     return socket.create_connection(server.address, timeout=timeout)
 
 
+def read_reply(s: socket.socket) -> str:
+    """One whole HTTP reply from a raw socket: the headers, then as much body as its
+    Content-Length says (the server may write them in separate segments), or up to EOF."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            return data.decode()
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+         if line.lower().startswith(b"content-length:")),
+        None,
+    )  # fmt: skip
+    while length is None or len(body) < length:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode()
+
+
 def assert_error(status: int, body: dict[str, Any], want: int, *words: str) -> None:
     assert status == want, body
     err = body["error"]

@@ -26,6 +26,7 @@ from tests.runtime.serve.helpers import (
     call,
     openai_client,
     raw_socket,
+    read_reply,
     serve,
     state,
     stream,
@@ -183,7 +184,7 @@ def test_oversized_body_is_refused_unread(tiny_server):
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 999999999\r\n\r\n{"
         )
-        reply = s.recv(4096).decode()
+        reply = read_reply(s)
     assert reply.startswith("HTTP/1.1 413"), reply
 
 
@@ -310,7 +311,7 @@ def test_truncated_body_times_out_without_holding_anything(tiny_model):
                 b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro'
             )
             t0 = time.monotonic()
-            reply = s.recv(4096).decode()
+            reply = read_reply(s)
         assert reply.startswith("HTTP/1.1 408"), reply
         assert time.monotonic() - t0 < 10 and "did not arrive" in reply
         with raw_socket(server) as s:  # half a body, then gone
