@@ -9,7 +9,7 @@ This pass adds
 
 and gathers the final hidden states [B, S, D] -> [B, K, D] *before* the LM head MatMul, so the
 head runs on K positions only; `logits` becomes [B, K, V]. The names match what the runtime binds
-(`runtime/iobinding.py`, manifest `extra.runtime`, see `RUNTIME_IO`).
+(`runtime/kv/iobinding.py`, manifest `extra.runtime`, see `RUNTIME_IO`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from specport.runtime.generator import (
     greedy_select,
     step_metrics,
 )
-from specport.runtime.iobinding import BoundSession
+from specport.runtime.kv.iobinding import BoundSession
 
 
 def bound_session(gen: Generator, batch: int, max_length: int) -> BoundSession:

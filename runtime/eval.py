@@ -122,7 +122,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 def _logits(model: _Model, ids: np.ndarray, chunk: int | None = None) -> np.ndarray:
     """ids [T] -> logits [T, V]; with `chunk`, N tokens per run on top of the carried KV."""
     if model.manifest is not None:  # shared layout: logits_index selects every position
-        from specport.runtime.seq_cache import open_cache
+        from specport.runtime.kv.seq_cache import open_cache
 
         cache = open_cache(model.sess, model.manifest, len(ids))
         size = chunk or len(ids)

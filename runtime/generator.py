@@ -25,7 +25,7 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK, causal_tree_mask
 from specport.errors import ContextLengthError, InputError
-from specport.runtime.kv import make_kv_state
+from specport.runtime.kv.layouts import make_kv_state
 
 logger = logging.getLogger(__name__)
 

@@ -183,7 +183,7 @@ def _mtp_rows(
                 num_sequences=384,
                 progress=progress,
             )
-    from specport.runtime.bench_speculative import plain_reference
+    from specport.runtime.bench.speculative import plain_reference
 
     mtp_model = api.load(mtp_dir)
     n = max(max_new_tokens, 96)

@@ -24,8 +24,8 @@ import numpy as np
 
 from specport.artifact import Manifest
 from specport.errors import ContextLengthError
-from specport.runtime.iobinding import BoundSession
-from specport.runtime.kv import SharedKV
+from specport.runtime.kv.iobinding import BoundSession
+from specport.runtime.kv.layouts import SharedKV
 
 logger = logging.getLogger(__name__)
 

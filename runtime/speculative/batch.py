@@ -38,7 +38,7 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import with_causal_tree_mask
 from specport.errors import InputError
-from specport.runtime.kv import ConcatKV
+from specport.runtime.kv.layouts import ConcatKV
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import PAD, Drafts, Proposer, check_prompts
 from specport.runtime.speculative.loop import check_num_draft, default_adaptive, make_proposer

@@ -133,7 +133,7 @@ class DraftModelProposer:
             self.rng = np.random.default_rng(seed)
 
     def reset(self) -> None:
-        from specport.runtime.seq_cache import SharedCache, open_cache
+        from specport.runtime.kv.seq_cache import SharedCache, open_cache
 
         self.cache = open_cache(self.session, self.manifest, bound=self._bound)
         if isinstance(self.cache, SharedCache):
@@ -143,7 +143,7 @@ class DraftModelProposer:
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         if len(context) != 1:
             raise InputError(f"the draft-model proposer runs batch 1, got {len(context)} rows")
-        from specport.runtime.seq_cache import context_limit
+        from specport.runtime.kv.seq_cache import context_limit
 
         row = [int(t) for t in context[0]]
         limit = context_limit(self.manifest)

@@ -26,8 +26,8 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK
 from specport.errors import InputError
+from specport.runtime.kv.seq_cache import SharedCache, context_limit, open_cache
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.seq_cache import SharedCache, context_limit, open_cache
 from specport.runtime.speculative.base import (
     Drafts,
     Proposer,

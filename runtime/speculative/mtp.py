@@ -22,7 +22,7 @@ import numpy as np
 
 from specport.artifact import Manifest
 from specport.errors import InputError
-from specport.runtime.seq_cache import SequenceCache
+from specport.runtime.kv.seq_cache import SequenceCache
 from specport.runtime.speculative.base import Drafts, stop_reason
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
 from specport.runtime.speculative.verify import VerifyResult

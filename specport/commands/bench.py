@@ -127,14 +127,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specport.commands.generate import parse_ids
-    from specport.runtime.bench import BenchConfig, format_table, run_bench
+    from specport.runtime.bench.artifact import BenchConfig, format_table, run_bench
 
     if args.speculative or args.tree_width:
         return _run_speculative(args)
     if args.requests is not None:
         return _run_engines(args)
 
-    from specport.runtime.peers import check_peer_name
+    from specport.runtime.bench.peers import check_peer_name
 
     for name in args.peer:
         try:
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_speculative(args: argparse.Namespace) -> int:
     from specport.commands.generate import parse_ids
-    from specport.runtime.bench_speculative import (
+    from specport.runtime.bench.speculative import (
         SpecBenchConfig,
         format_speculative_table,
         run_speculative_bench,
@@ -208,7 +208,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
 
 
 def _run_engines(args: argparse.Namespace) -> int:
-    from specport.runtime.engine.bench import (
+    from specport.runtime.bench.engine import (
         EngineBenchConfig,
         format_engine_table,
         run_engine_bench,

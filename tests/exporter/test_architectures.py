@@ -253,7 +253,7 @@ def test_deepseek_v3_logits_parity_and_mtp_weights(tiny_zoo) -> None:
     ref = tiny_zoo.reference("deepseek_v3")
     model = specport.load(artifact)
     ids = np.array([LONG_PROMPT], np.int64)
-    from specport.runtime.kv import make_kv_state
+    from specport.runtime.kv.layouts import make_kv_state
 
     feeds = {
         "input_ids": ids,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import specport
-from specport.runtime.bench_model import TINY, make_llama
+from specport.runtime.bench.model import TINY, make_llama
 from specport.runtime.generator import Generator
 
 PROMPTS = [[1, 74, 75, 76, 90], [1, 100], [1, 5, 6, 7, 8, 9, 10, 11, 12]]
@@ -155,7 +155,7 @@ def test_eos_stops_rows_independently(fused):
 
 
 def test_shared_kv_rollback_replays_the_same_logits(fused):
-    from specport.runtime.iobinding import BoundSession
+    from specport.runtime.kv.iobinding import BoundSession
 
     p = np.array([PROMPTS[2]], dtype=np.int64)
     bound = BoundSession(fused.session, fused.manifest, 1, 40)
@@ -179,7 +179,7 @@ def test_context_window_is_respected(fused):
 
 
 def test_extend_scores_several_positions_like_sequential_decode(fused):
-    from specport.runtime.iobinding import BoundSession
+    from specport.runtime.kv.iobinding import BoundSession
 
     p = np.array([PROMPTS[0]], dtype=np.int64)
     seq = _greedy(fused, [PROMPTS[0]], 5)[0]

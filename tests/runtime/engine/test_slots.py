@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from specport.runtime.engine.slots import KVSlots
-from specport.runtime.iobinding import BoundSession
+from specport.runtime.kv.iobinding import BoundSession
 
 PROMPT = np.array([1, 5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43, 44, 45, 46, 47], dtype=np.int64)
 

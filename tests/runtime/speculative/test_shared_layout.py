@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specport.runtime.kv.seq_cache import ConcatCache, SharedCache, open_cache
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.seq_cache import ConcatCache, SharedCache, open_cache
 from specport.runtime.speculative.base import Drafts
 from specport.runtime.speculative.loop import SpeculativeGenerator, generate_speculative
 

@@ -171,7 +171,7 @@ class LlamaCppPeer:
         }
 
     def run(self, prompts: Sequence[Sequence[int]], new_tokens: int) -> dict[str, Any]:
-        from specport.runtime.peers import _metrics
+        from specport.runtime.bench.peers import _metrics
 
         if len(prompts) != 1:
             raise InputError("--peer llama.cpp runs batch 1 only (llama-cpp-python has no batch).")

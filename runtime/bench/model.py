@@ -1,7 +1,7 @@
 """Random-weight Llama models built from a config, for benchmarks and tests (no downloads).
 
-    python -m specport.runtime.bench_model /tmp/llama32m          # the ~32M benchmark model
-    python -m specport.runtime.bench_model /tmp/tiny --tiny       # 2 layers, hidden 64
+    python -m specport.runtime.bench.model /tmp/llama32m          # the ~32M benchmark model
+    python -m specport.runtime.bench.model /tmp/tiny --tiny       # 2 layers, hidden 64
 
 A byte-level tokenizer (256 byte tokens + <unk>/<s>/</s>) is written next to the weights, since
 onnxruntime-genai's builder and the artifact both want one; ids past it are valid model ids that

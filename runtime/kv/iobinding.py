@@ -16,7 +16,7 @@ import numpy as np
 
 from specport.artifact import Manifest
 from specport.errors import ArtifactError
-from specport.runtime.kv import SharedKV
+from specport.runtime.kv.layouts import SharedKV
 
 logger = logging.getLogger(__name__)
 

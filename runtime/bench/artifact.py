@@ -338,7 +338,7 @@ def run_bench(
     round) with a bandwidth sample per round, so a shared machine's changing load and cache
     state hit all of them alike; speedups are medians of per-round ratios.
     """
-    from specport.runtime import peers as peer_mod
+    from specport.runtime.bench import peers as peer_mod
     from specport.runtime.session import SessionConfig
 
     path = Path(artifact)
@@ -416,12 +416,12 @@ ONNXRUNTIME_PEERS = ("onnxruntime-genai",)  # peers whose steps run onnxruntime'
 
 
 def _kernel_floor(model_path: Path, manifest: art.Manifest, config: BenchConfig) -> Any:
-    """The artifact's weight kernels alone (runtime/kernel_floor.py), CPU only; None elsewhere.
+    """The artifact's weight kernels alone (runtime/bench/kernel_floor.py), CPU only; None elsewhere.
 
     Decode runs them once per step at batch `config.batch`; nothing built on onnxruntime can
     step faster than they run, which bounds every speedup over a peer on the same kernels."""
     from specport.api import artifact_session_entries
-    from specport.runtime.kernel_floor import KernelFloor
+    from specport.runtime.bench.kernel_floor import KernelFloor
 
     if config.provider not in ("auto", "cpu"):
         return None

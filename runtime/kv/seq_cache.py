@@ -131,7 +131,7 @@ class SharedCache:
         self, session: Any, manifest: Manifest, max_length: int, bound: Any = None
     ) -> None:
         """``bound``: an existing batch-1 ``BoundSession`` to reuse (its cache is reset)."""
-        from specport.runtime.iobinding import BoundSession
+        from specport.runtime.kv.iobinding import BoundSession
 
         if bound is None or bound.batch != 1 or bound.kv.max_length < max_length:
             bound = BoundSession(session, manifest, 1, max_length)

@@ -62,7 +62,7 @@ def make_peer(name: str, manifest: art.Manifest, config: Any, progress: bool | N
         return TransformersPeer(manifest, config)
     base, _, variant = check_peer_name(name).partition(":")
     if base == "llama.cpp":
-        from specport.runtime.peer_llamacpp import LlamaCppPeer
+        from specport.runtime.bench.peer_llamacpp import LlamaCppPeer
 
         return LlamaCppPeer(manifest, config, variant or None, getattr(config, "peer_gguf", None))
     raise InputError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}.")

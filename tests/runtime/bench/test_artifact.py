@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specport import artifact as art
-from specport.runtime.bench_model import TINY, make_llama
+from specport.runtime.bench.model import TINY, make_llama
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_bench_several_batches_and_prompt_ids(tiny_fused, capsys):
 
 
 def test_bytes_per_token_counts_the_embedding_as_one_row(tiny_fused):
-    from specport.runtime.bench import bytes_per_token
+    from specport.runtime.bench.artifact import bytes_per_token
 
     manifest = art.read_manifest(tiny_fused)
     b = bytes_per_token(tiny_fused / manifest.model_file)
@@ -100,7 +100,7 @@ def test_bytes_per_token_counts_the_embedding_as_one_row(tiny_fused):
 
 
 def test_table_has_a_ratio_column_per_peer(tiny_fused):
-    from specport.runtime.bench import BenchConfig, format_table, run_bench
+    from specport.runtime.bench.artifact import BenchConfig, format_table, run_bench
 
     report = run_bench(tiny_fused, BenchConfig(prompt_len=4, new_tokens=3, runs=1, threads=1))
     text = format_table(report)
@@ -133,8 +133,8 @@ def test_kernel_floor_rebuilds_every_weight_kernel(tiny_fused):
     embedding is gathered, not streamed), and runs; the bench reports it next to each engine."""
     import onnx
 
-    from specport.runtime.bench import bytes_per_token
-    from specport.runtime.kernel_floor import KernelFloor, floor_graph
+    from specport.runtime.bench.artifact import bytes_per_token
+    from specport.runtime.bench.kernel_floor import KernelFloor, floor_graph
 
     model = tiny_fused / "model.onnx"
     blob, feeds, covered = floor_graph(model, rows=2)

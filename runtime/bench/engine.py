@@ -1,7 +1,7 @@
 """Measure the request engines: throughput under concurrent load, and one request alone.
 
     specport bench ARTIFACT --requests 8 --new-tokens 64
-    python -m specport.runtime.engine.bench ARTIFACT --requests 8 --new-tokens 64
+    python -m specport.runtime.bench.engine ARTIFACT --requests 8 --new-tokens 64
 
 Rounds alternate (batching, serial, batching, ...) on fresh random prompts (the same prompts
 for both engines within a round, so no engine profits from the prefix cache of an earlier
