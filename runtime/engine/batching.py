@@ -265,7 +265,7 @@ class BatchingEngine(QueueIntake):
                 job.done += n
                 self.counters["prefill_tokens"] += n
                 if job.decoding:
-                    self._record(job, self._choose(job, logits[None, :], greedy))
+                    self._next(job, logits[None, :], greedy)
 
     def _compact(self) -> None:
         """Move the highest decoding row into the lowest free row below it (one per round).
@@ -316,7 +316,18 @@ class BatchingEngine(QueueIntake):
             job = self.rows[r]
             assert job is not None
             pick = None if greedy is None else int(greedy[r])
-            self._record(job, self._choose(job, logits[r : r + 1], pick))
+            self._next(job, logits[r : r + 1], pick)
+
+    def _next(self, job: _Job, logits: np.ndarray, greedy: int | None) -> None:
+        """Choose and record `job`'s next token; a failure there (its sampler, its grammar)
+        ends that request alone with an error: the other rows of the batch go on."""
+        try:
+            choice = self._choose(job, logits, greedy)
+        except Exception as exc:
+            logger.exception("request %s failed", job.handle.request.request_id)
+            self._end(job, "error", f"{type(exc).__name__}: {exc}")
+            return
+        self._record(job, choice)
 
     def _choose(
         self, job: _Job, logits: np.ndarray, greedy: int | None

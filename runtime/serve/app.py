@@ -19,6 +19,7 @@ import hmac
 import json
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,20 @@ class AppState:
     counters: dict[str, int] = field(
         default_factory=lambda: {"requests": 0, "errors": 0, "cancelled": 0, "active": 0}
     )
+    # engine requests not yet finished, so a shutdown past its drain timeout can end them
+    handles: weakref.WeakSet[RequestHandle] = field(default_factory=weakref.WeakSet)
+
+    def cancel_in_flight(self) -> int:
+        """Cancel every engine request still running or queued (any thread); how many.
+
+        Their clients then get a clean 503 error body (or an SSE error event) instead of a
+        dropped connection: the drain timeout on shutdown calls this."""
+        n = 0
+        for handle in list(self.handles):
+            if not handle.done and not handle.cancelled:
+                handle.cancel()
+                n += 1
+        return n
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)
@@ -249,6 +264,7 @@ def _submit(state: AppState, requests: list[EngineRequest]) -> list[RequestHandl
     try:
         for request in requests:
             handles.append(state.engine.submit(request))
+            state.handles.add(handles[-1])
     except Exception as e:  # noqa: BLE001 - e.g. the engine is closed or refuses the request
         for handle in handles:
             handle.cancel()
@@ -327,6 +343,10 @@ async def _whole(
     gone = asyncio.ensure_future(_until_disconnect(request))
     try:
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this task was cancelled (e.g. a forced shutdown)
+        work.cancel()
+        _abandon(state, handles, record)
+        raise
     finally:
         gone.cancel()
     if not work.done():

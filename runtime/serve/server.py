@@ -20,6 +20,8 @@ import uvicorn
 
 logger = logging.getLogger(__name__)
 
+DRAIN_GRACE_S = 5.0  # after the drain timeout: time to deliver the cancelled requests' errors
+
 try:  # the C parser when it is installed (uvicorn[standard]), else h11
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
 except ImportError:  # pragma: no cover
@@ -57,10 +59,40 @@ class _Protocol(_Base):  # type: ignore[misc,valid-type]
 
 
 class _Uvicorn(uvicorn.Server):
+    """uvicorn's server with a drain deadline: `drain_s` after the first signal, requests still
+    in flight are cancelled through the app (`AppState.cancel_in_flight`), so their clients get
+    a 503 error body or an SSE error event; uvicorn's own graceful timeout, `DRAIN_GRACE_S`
+    later, only backs that up (it cuts connections)."""
+
+    def __init__(self, config: uvicorn.Config, drain_s: float, app: Any) -> None:
+        super().__init__(config)
+        self.drain_s = drain_s
+        self.app = app
+        self._deadline: threading.Timer | None = None
+
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self.should_exit:
-            logger.warning("shutting down: finishing requests in flight (signal %d)", sig)
+            logger.warning(
+                "shutting down: finishing requests in flight for up to %g s (signal %d)",
+                self.drain_s,
+                sig,
+            )
+            self.start_drain()
         super().handle_exit(sig, frame)
+
+    def start_drain(self) -> None:
+        if self._deadline is None:
+            self._deadline = threading.Timer(self.drain_s, self._expire)
+            self._deadline.daemon = True
+            self._deadline.start()
+
+    def _expire(self) -> None:
+        state = getattr(getattr(self.app, "state", None), "specport", None)
+        n = state.cancel_in_flight() if state is not None else 0
+        if n:
+            logger.warning(
+                "drain timeout (%g s): cancelled %d request(s) in flight", self.drain_s, n
+            )
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -101,10 +133,10 @@ class Server:
             log_config=None,  # uvicorn's loggers go to whatever the host configured
             log_level=log_level,
             timeout_keep_alive=keep_alive_s,
-            timeout_graceful_shutdown=int(drain_s),
+            timeout_graceful_shutdown=drain_s + DRAIN_GRACE_S,  # type: ignore[arg-type]
             server_header=False,
         )
-        self.server = _Uvicorn(config)
+        self.server = _Uvicorn(config, drain_s, app)
         self._thread: threading.Thread | None = None
 
     @property
@@ -118,7 +150,11 @@ class Server:
         return str(host), int(port)
 
     def serve_forever(self) -> None:
-        self.server.run(sockets=[self.sock])
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            if self.server._deadline is not None:
+                self.server._deadline.cancel()
 
     def start(self, timeout: float = 30.0) -> Server:
         """Serve on a daemon thread; returns once it accepts connections."""
@@ -135,6 +171,7 @@ class Server:
 
     def stop(self) -> None:
         """Stop serving (in-flight requests get `drain_s`) and release the port."""
+        self.server.start_drain()
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=60)

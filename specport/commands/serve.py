@@ -89,7 +89,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--drain-timeout",
         type=float,
         default=30.0,
-        help="on Ctrl-C / SIGTERM, seconds requests in flight get to finish",
+        help="on Ctrl-C / SIGTERM, seconds requests in flight get to finish; those still running "
+        "then get a 503 error (SSE: an error event) and the server exits 0",
     )
     p.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
     p.add_argument(

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import httpx
 import openai
@@ -138,3 +139,78 @@ def test_port_in_use_exits_1(capsys, tiny_llama_artifact):
         assert main(["serve", str(tiny_llama_artifact), "--port", str(port)]) == 1
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+
+
+N = 16  # choices per request: 16 engine requests of 120 tokens each
+
+
+def _load(url: str, i: int) -> tuple[str, Any]:
+    """One long request of a load (even i: streamed): ("ok", tokens) when it finished,
+    ("error", message) when the server failed it with an OpenAI error, ("dropped", why) else."""
+    body = {"prompt": [1, 2, 3], "max_tokens": 120, "temperature": 0, "ignore_eos": True, "n": N}
+    try:
+        with httpx.Client(timeout=60) as c:
+            if i % 2:
+                r = c.post(url + "/v1/completions", json=body)
+                data = r.json()  # the whole reply, whatever its status
+                if r.status_code == 200:
+                    return "ok", [c["token_ids"] for c in data["choices"]]
+                assert r.status_code == 503, data
+                return "error", data["error"]["message"]
+            tokens: list[list[int]] = [[] for _ in range(N)]
+            with c.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+                assert r.status_code == 200
+                events = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+            assert events[-1] == "[DONE]", events[-3:]
+            for event in map(json.loads, events[:-1]):
+                if "error" in event:
+                    return "error", event["error"]["message"]
+                for choice in event["choices"]:
+                    tokens[choice["index"]] += choice.get("token_ids") or []
+            return "ok", tokens
+    except httpx.TransportError as e:
+        return "dropped", repr(e)
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_drains_then_exits_0(tiny_llama_artifact):
+    """SIGTERM while requests are running and queued (serial engine): each one either finishes
+    whole (every choice the same tokens as alone) or is failed with an OpenAI error once --drain-timeout passes; none is cut
+    off, the process exits 0 soon after, and the log has no traceback."""
+    import threading
+    import time
+
+    proc, info = _start(tiny_llama_artifact, "--drain-timeout", "0.5")
+    url = info["url"]
+    results: dict[int, tuple[str, Any]] = {}
+    try:
+        _, alone = _load(url, 1)
+        threads = [
+            threading.Thread(target=lambda i=i: results.__setitem__(i, _load(url, i)))
+            for i in range(12)
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # wait until the engine is busy with the load
+            health = httpx.get(url + "/health", timeout=30).json()
+            if health["active"] >= 2:
+                break
+            time.sleep(0.02)
+        t0 = time.monotonic()
+    finally:
+        err = _stop(proc, signal.SIGTERM)
+    took = time.monotonic() - t0
+    for t in threads:
+        t.join(timeout=60)
+    assert took < 0.5 + 5 + 10, took  # drain timeout + grace, with room for a loaded machine
+    assert "Traceback" not in err and "shutting down" in err, err
+    assert len(results) == 12, results
+    kinds = sorted(kind for kind, _ in results.values())
+    assert "error" in kinds, kinds  # 192 x 120 tokens one at a time outlast the drain
+    for kind, value in results.values():
+        assert kind in ("ok", "error"), (kind, value)
+        if kind == "ok":
+            assert value == alone
+        else:
+            assert "shutting down" in value
