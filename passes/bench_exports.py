@@ -5,14 +5,16 @@
 Inputs: the export fixtures under tests/passes/fixtures (Optimum's Llama / Qwen2 / Phi-3 /
 GPT-2, TorchScript GPT-2 in onnxruntime's gpt2_helper layout with and without past; 2 layers,
 hidden 32), plus a bench-size TorchScript GPT-2 with stacked past exported here (8 layers,
-hidden 512) and the dynamo Llama of bench_fusion. Each input goes through
+hidden 512, biases and LayerNorms random) and the dynamo Llama of bench_fusion. Each input goes through
   specport   optimize_model(target="cpu")
   onnxscript onnxscript.rewriter.ort_fusions.optimize_for_ort
-  ort        onnxruntime.transformers.optimizer.optimize_model(model_type="gpt2")
+  ort        onnxruntime.transformers.optimizer.optimize_model(model_type="gpt2", num_heads,
+             hidden_size given)
 and each result is timed in one interleaved loop (decode: B=1, S=1, past 64; prefill: B=1,
 S=64; CPU, 1 thread; an input without a cache decodes one token with no past). Reported per input and tool: fused attention layers (Attention /
 GroupQueryAttention / MultiHeadAttention nodes, an If wrapping one counted once), Softmax
-nodes left, main-graph nodes, median ms; a tool that fails on an input is reported with its
+nodes left, skip-norms (those with the bias folded in), FastGelu/BiasGelu (bare Gelu left),
+main-graph nodes, median ms; a tool that fails on an input is reported with its
 error.
 """
 
@@ -49,6 +51,23 @@ def fused_attention(proto: Any) -> int:
     return n
 
 
+def fused_other(proto: Any) -> dict[str, int]:
+    """Main-graph counts of the other fused kernels: skip-norms (and how many carry a bias),
+    bias + GELU kernels, and GELU nodes with the bias Add still outside."""
+    nodes = list(proto.graph.node)
+    skip = [n for n in nodes if n.op_type.startswith("Skip") and "Normalization" in n.op_type]
+    slot = {"SkipLayerNormalization": 4, "SkipSimplifiedLayerNormalization": 3}
+    biased = [
+        n for n in skip if len(n.input) > slot.get(n.op_type, 99) and n.input[slot[n.op_type]]
+    ]
+    return {
+        "skip_norm": len(skip),
+        "skip_norm_bias": len(biased),
+        "bias_gelu": sum(n.op_type in ("FastGelu", "BiasGelu") for n in nodes),
+        "gelu": sum(n.op_type == "Gelu" for n in nodes),
+    }
+
+
 def generic_feeds(sess: Any, b: int, s: int, p: int, vocab: int, seed: int = 1):
     """Feeds for any decoder I/O layout: per-tensor [B, H, P, D] or stacked [2, B, H, P, D]."""
     rng = np.random.default_rng(seed)
@@ -68,10 +87,10 @@ def generic_feeds(sess: Any, b: int, s: int, p: int, vocab: int, seed: int = 1):
     return feeds
 
 
-def export_gpt2_stacked(path: Path, **config: Any) -> Path:
-    """HF GPT-2 (eager attention) exported by TorchScript with gpt2_helper's stacked past."""
+def stacked_past(model: Any) -> Any:
+    """`model` wrapped with onnxruntime gpt2_helper's I/O (its MyGPT2Model): input_ids,
+    position_ids, attention_mask, past_{i} stacked [2, B, H, P, Dh] -> logits, present_{i}."""
     import torch
-    import transformers as tf
     from transformers import DynamicCache
 
     class StackedPast(torch.nn.Module):
@@ -93,9 +112,38 @@ def export_gpt2_stacked(path: Path, **config: Any) -> Path:
             layers = out.past_key_values.layers
             return (out.logits, *(torch.stack([x.keys, x.values]) for x in layers))
 
-    torch.manual_seed(0)
+    return StackedPast(model)
+
+
+def random_gpt2(attn: str = "eager", seed: int = 0, **config: Any) -> Any:
+    """HF GPT-2 with random weights whose biases and LayerNorm parameters are non-trivial too.
+
+    Why: GPT-2 initialises every bias to 0 and LayerNorm to (1, 0); an export of such a model
+    constant-folds the bias Adds away, so bias fusions (BiasGelu, SkipLayerNorm's bias) and
+    per-layer norm weights would never be exercised, unlike in a trained checkpoint.
+    """
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
     cfg = tf.GPT2Config(**config)
-    model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "bias" in name or "ln_" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def export_gpt2_stacked(
+    path: Path, model: Any = None, batch: int = 2, seq: int = 3, past: int = 4, **config: Any
+) -> Path:
+    """GPT-2 (`model`, else `random_gpt2(**config)`, eager attention) exported by TorchScript
+    (opset 14) with gpt2_helper's stacked past: dims batch/seq/total/past are dynamic."""
+    import torch
+
+    model = model if model is not None else random_gpt2(**config)
+    cfg = model.config
     n, h, d = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head
     names = [f"past_{i}" for i in range(n)]
     outs = ["logits", *(f"present_{i}" for i in range(n))]
@@ -107,15 +155,19 @@ def export_gpt2_stacked(path: Path, **config: Any) -> Path:
         **{k: {1: "batch", 3: "past"} for k in names},
         **{k: {1: "batch", 3: "total"} for k in outs[1:]},
     }
-    ids = torch.randint(0, cfg.vocab_size, (2, 3))
-    args = (ids, torch.arange(4, 7).expand(2, 3), torch.ones(2, 7, dtype=torch.int64))
-    past = [torch.randn(2, 2, h, 4, d) for _ in range(n)]
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    args = (
+        ids,
+        torch.arange(past, past + seq).expand(batch, seq),
+        torch.ones(batch, past + seq, dtype=torch.int64),
+    )
+    kv = [torch.randn(2, batch, h, past, d) for _ in range(n)]
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            StackedPast(model),
-            (*args, *past),
+            stacked_past(model),
+            (*args, *kv),
             str(path),
             dynamo=False,
             opset_version=14,
@@ -126,7 +178,7 @@ def export_gpt2_stacked(path: Path, **config: Any) -> Path:
     return path
 
 
-def _optimize(tool: str, src: Path, out: Path) -> Path:
+def _optimize(tool: str, src: Path, out: Path, heads: int = 0, hidden: int = 0) -> Path:
     import onnx_ir as ir
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -146,7 +198,9 @@ def _optimize(tool: str, src: Path, out: Path) -> Path:
         return out
     from onnxruntime.transformers.optimizer import optimize_model as ort_optimize
 
-    opt = ort_optimize(str(src), model_type="gpt2", num_heads=0, hidden_size=0, opt_level=1)
+    opt = ort_optimize(
+        str(src), model_type="gpt2", num_heads=heads, hidden_size=hidden, opt_level=1
+    )
     opt.save_model_to_file(str(out), use_external_data_format=True)
     return out
 
@@ -160,27 +214,35 @@ def run_exports_bench(
     from specport.passes.bench_fusion import BENCH_CONFIG, _bound_run, _export, _interleaved
     from specport.passes.testing import cpu_session
 
-    inputs: dict[str, tuple[Path, int]] = {
-        p.stem: (p, 128) for p in sorted(fixtures_dir().glob("*.onnx"))
+    # name -> (path, vocab, heads, hidden); heads/hidden are given to onnxruntime's optimizer
+    inputs: dict[str, tuple[Path, int, int, int]] = {
+        p.stem: (p, 128, 4, 32) for p in sorted(fixtures_dir().glob("*.onnx"))
     }
     if big:
-        gpt2 = root / "bench_gpt2_ts_stacked" / "model.onnx"
+        gpt2 = root / "bench_gpt2_ts_stacked_bias" / "model.onnx"
         if not gpt2.exists():
             export_gpt2_stacked(
                 gpt2, n_embd=512, n_layer=8, n_head=8, vocab_size=8192, n_positions=1024
             )
-        inputs["ts_gpt2_past_eager_8x512"] = (gpt2, 8192)
-        inputs["dynamo_llama_8x512"] = (_export(root), int(BENCH_CONFIG["vocab_size"]))
+        inputs["ts_gpt2_past_eager_8x512"] = (gpt2, 8192, 8, 512)
+        heads, hidden = int(BENCH_CONFIG["num_attention_heads"]), int(BENCH_CONFIG["hidden_size"])
+        inputs["dynamo_llama_8x512"] = (
+            _export(root),
+            int(BENCH_CONFIG["vocab_size"]),
+            heads,
+            hidden,
+        )
     rows: dict[str, dict[str, Any]] = {}
     decode: dict[str, Any] = {}
     prefill: dict[str, Any] = {}
-    for name, (src, vocab) in inputs.items():
+    for name, (src, vocab, heads, hidden) in inputs.items():
         for tool in TOOLS:
             key = f"{name}|{tool}"
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    path = _optimize(tool, src, root / "exports" / name / tool / "model.onnx")
+                    out = root / "exports" / name / tool / "model.onnx"
+                    path = _optimize(tool, src, out, heads, hidden)
                 proto = onnx.load(str(path), load_external_data=False)
                 sess = cpu_session(path, threads=threads)
             except Exception as e:  # noqa: BLE001 - a tool failing on an input is a finding
@@ -191,6 +253,7 @@ def run_exports_bench(
             rows[key] = {
                 "fused_attention": fused_attention(proto),
                 "softmax_left": sum(n.op_type == "Softmax" for n in proto.graph.node),
+                **fused_other(proto),
                 "nodes": len(proto.graph.node),
             }
             past = 64 if has_past else 0  # without a cache, one token attends to itself only
@@ -204,15 +267,20 @@ def run_exports_bench(
 
 
 def print_table(res: dict[str, Any]) -> None:
-    print("| input | tool | fused attention | Softmax left | nodes | decode ms | prefill ms |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| input | tool | fused attention | Softmax left | SkipNorm (with bias) | bias+Gelu "
+        "(bare Gelu) | nodes | decode ms | prefill ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for key, r in res["rows"].items():
         name, tool = key.split("|")
         if "error" in r:
-            print(f"| {name} | {tool} | failed: {r['error']} | | | | |")
+            print(f"| {name} | {tool} | failed: {r['error']} | | | | | | |")
             continue
         print(
-            f"| {name} | {tool} | {r['fused_attention']} | {r['softmax_left']} | {r['nodes']} "
+            f"| {name} | {tool} | {r['fused_attention']} | {r['softmax_left']} "
+            f"| {r['skip_norm']} ({r['skip_norm_bias']}) | {r['bias_gelu']} ({r['gelu']}) "
+            f"| {r['nodes']} "
             f"| {r.get('decode_ms', float('nan')):.3f} | {r.get('prefill_ms', float('nan')):.3f} |"
         )
 

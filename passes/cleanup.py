@@ -127,6 +127,20 @@ class Rotary3DFusion(orp.RewriteRuleClassBase):
         return op.RotaryEmbedding(x, cos, sin, **attrs)
 
 
+def _same_leading_symbols(out: ir.Value, x: ir.Value) -> bool:
+    """`out` and `x` have the same known leading dims (named symbols or ints), as the dynamo
+    exporter annotates them: its Conv1D target shape is built from input_ids' shape, not x's."""
+    if out.shape is None or x.shape is None or out.shape.rank() != x.shape.rank():
+        return False
+    for a, b in zip(out.shape.dims[:-1], x.shape.dims[:-1]):
+        if isinstance(a, int) or isinstance(b, int):
+            if a != b:
+                return False
+        elif a.value is None or a.value != b.value:
+            return False
+    return True
+
+
 def _leading_dims_of(shape: ir.Value, x: ir.Value) -> bool:
     """`shape` = Concat(Unsqueeze(Gather(Shape(x), 0)), ..., Unsqueeze(Gather(Shape(x), r-2)), N):
     x's leading dims and one constant."""
@@ -152,8 +166,10 @@ def _leading_dims_of(shape: ir.Value, x: ir.Value) -> bool:
 
 class Conv1DMatMulFusion(orp.RewriteRuleClassBase):
     """GPT-2's Conv1D as TorchScript writes it: Reshape(Gemm(Reshape(x, [-1, D]), W, b),
-    Concat(x.shape[:-1], N)) -> Add(MatMul(x, W), b). Drops the per-projection shape
-    arithmetic (a Shape/Gather/Unsqueeze/Concat chain each), which dominates small decode steps.
+    Concat(x.shape[:-1], N)) -> Add(MatMul(x, W), b). Drops the per-projection shape arithmetic
+    (a Shape/Gather/Unsqueeze/Concat chain each), which dominates small decode steps. Dynamo's
+    spelling builds the target shape from input_ids' dims instead: accepted when the annotated
+    leading dims equal x's.
     """
 
     def pattern(self, op, x, flat, w, shape):
@@ -164,9 +180,9 @@ class Conv1DMatMulFusion(orp.RewriteRuleClassBase):
             _allow_other_attributes=True,
             _outputs=["g"],
         )
-        return op.Reshape(y, shape)
+        return op.Reshape(y, shape, _outputs=["out"])
 
-    def check(self, context, x, flat, w, shape, g, **_):
+    def check(self, context, x, flat, w, shape, g, out, **_):
         r = orp.MatchResult()
         attrs = g.producer().attributes
         if attrs.get_int("transA", 0) or attrs.get_int("transB", 0):
@@ -181,7 +197,7 @@ class Conv1DMatMulFusion(orp.RewriteRuleClassBase):
             return r.fail("bias not 1-D", b)
         if w.shape is None or w.shape.rank() != 2:
             return r.fail("weight not 2-D", w)
-        if not _leading_dims_of(shape, x):
+        if not (_leading_dims_of(shape, x) or _same_leading_symbols(out, x)):
             return r.fail("output shape is not x's leading dims + N", shape)
         return r
 

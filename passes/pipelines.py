@@ -2,7 +2,8 @@
 
     neutral  normalize -> fuse_rms_norm -> fuse_skip_norm -> fuse_rotary -> fuse_attention
              -> fuse_gelu -> lower(neutral: specport ops + function bodies)
-    cpu/cuda same fusions -> lower(com.microsoft contrib ops) -> cleanup
+    cpu/cuda same fusions -> lower(com.microsoft contrib ops) -> cleanup -> fuse_bias (bias
+             Adds into FastGelu/BiasGelu and SkipLayerNormalization's bias input)
     cann     same fusions but fuse_gelu -> lower(inline function bodies: standard ops) -> cleanup
     kv_layout="shared" (cpu/cuda) appends shared_kv: one preallocated KV buffer per layer,
              pack_projections (sibling MatMuls of one input, e.g. gate/up, as one MatMul + Split)
@@ -26,6 +27,7 @@ from specport.errors import PassError
 from specport.passes.base import Pass, Pipeline
 from specport.passes.cleanup import CleanupPass, NormalizePass
 from specport.passes.fuse_attention import FuseAttentionPass
+from specport.passes.fuse_bias import FuseBiasPass
 from specport.passes.fuse_gelu import FuseGeluPass
 from specport.passes.fuse_rms_norm import FuseRMSNormPass
 from specport.passes.fuse_rotary import FuseRotaryPass
@@ -61,6 +63,8 @@ def _make(name: str, target: str, options: dict[str, Any]) -> Pass:
         return LowerPass(target, **lower_opts)
     if name == "cleanup":
         return CleanupPass()
+    if name == "fuse_bias":
+        return FuseBiasPass()
     if name == "shared_kv":
         return SharedKVPass(
             options.get("max_length"),
@@ -80,6 +84,7 @@ def all_pass_names() -> list[str]:
         *FUSIONS,
         "lower",
         "cleanup",
+        "fuse_bias",
         "shared_kv",
         "pack_projections",
         "select_logits",
@@ -109,6 +114,8 @@ def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -
     opt_in: list[str] = []
     if target == "neutral":
         names.remove("cleanup")
+    if target not in ("cpu", "cuda"):
+        names.remove("fuse_bias")  # its ops are onnxruntime contrib ops
     if target == "cann":
         names.remove("fuse_gelu")  # no Gelu kernel on the CANN EP
     if options.get("kv_layout", "concat") == "shared":
