@@ -4,7 +4,8 @@ The fallback engine: no batching, no prefix cache, but exactly the CLI's generat
 sampler, stop strings), and the one engine that decodes speculatively (`speculative=` "ngram",
 "draft" or "mtp", as `specport generate --speculative`: greedy output equals plain greedy,
 sampling stays lossless). Text is pushed as `Model.generate` streams it;
-the token ids arrive with the final event (the streaming callback sees text only).
+the token ids arrive with the final event (the streaming callback sees text only), and so do
+the logprobs a request asks for (`logprobs.score`: one run over prompt + answer).
 Cancellation is checked before a request starts and whenever it produces text.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from specport.errors import SpecportError
 from specport.runtime.engine.base import Event, QueueIntake, RequestHandle
+from specport.runtime.engine.logprobs import score
 
 logger = logging.getLogger(__name__)
 
@@ -136,10 +138,23 @@ class SerialEngine(QueueIntake):
         self.counters["prompt_tokens"] += len(request.prompt_ids)
         self.counters["generated_tokens"] += len(result.tokens)
         if "spec_steps" in self.counters:
-            m = result.metrics
+            m = result.metrics.get("speculative") or {}  # Model.generate nests them here
             self.counters["spec_steps"] += int(m.get("steps", 0))
             self.counters["spec_draft_tokens"] += int(m.get("drafted", 0))
             self.counters["spec_accepted_tokens"] += int(m.get("accepted", 0))
+        logprobs = None
+        if request.logprobs is not None:
+            try:
+                logprobs = score(self.model, request.prompt_ids, result.tokens, request.logprobs)
+            except Exception as exc:  # the worker must survive any one request
+                logger.exception("scoring the logprobs failed")
+                self.counters["errors"] += 1
+                handle.push(Event(finish_reason="error", error=f"logprobs failed: {exc}"))
+                return
         handle.push(
-            Event(token_ids=list(result.tokens), finish_reason=REASONS[result.finish_reason])
+            Event(
+                token_ids=list(result.tokens),
+                finish_reason=REASONS[result.finish_reason],
+                logprobs=logprobs,
+            )
         )

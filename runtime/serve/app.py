@@ -121,7 +121,7 @@ def make_app(model: Any, engine: Engine, settings: ServeSettings | None = None) 
         settings.model_name or model.path.name,
         model,
         engine_max_length=getattr(engine, "max_length", None),
-        logprobs=type(engine).__name__ == "BatchingEngine",
+        logprobs=bool(getattr(engine, "logprobs", True)),
         speculative=bool(getattr(engine, "speculative", None)),
     )
     if settings.chat_template is not None and model.tokenizer is None:

@@ -77,7 +77,7 @@ class ServedModel:
     model: Any  # specport.api.Model: encode, decode, tokenizer, manifest, path
     created: int = field(default_factory=lambda: int(time.time()))
     engine_max_length: int | None = None  # KV positions per request the engine reserves
-    logprobs: bool = True  # the engine reports logprobs (the batching engine does)
+    logprobs: bool = True  # the engine reports logprobs (both of ours do)
     speculative: bool = False  # the engine decodes speculatively (no grammars there yet)
     _grammars: Any = None
 
@@ -302,8 +302,8 @@ def _logprobs(kind: str, req: Any, served: ServedModel) -> int | None:
     if not served.logprobs:
         raise APIError(
             400,
-            "this server's engine does not report logprobs: serve a shared-KV artifact with "
-            "the batching engine (`specport export ... --kv-layout shared`)",
+            "this server's engine does not report logprobs; serve with `specport serve` "
+            "(either engine reports them)",
             param=param,
             code="unsupported",
         )

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import openai
 import pytest
 
 from specport.runtime.sampler import SamplingConfig
@@ -229,11 +228,51 @@ def _close_serial():
         engine.close()
 
 
-def test_serial_engine_refuses_logprobs_clearly(tiny_server):
-    with pytest.raises(openai.BadRequestError, match="batching engine"):
-        openai_client(tiny_server).completions.create(
-            model="tiny", prompt=[1, 2], max_tokens=2, logprobs=2
-        )
+def _check_logprobs(model: Any, choice: Any, k: int) -> None:
+    """`choice.logprobs` are the model's log-softmax before each of its tokens (and the top k)."""
+    tokens = choice.token_ids
+    ref = _log_softmax(_logits(model, PROMPT + tokens[:-1]))[len(PROMPT) - 1 :]
+    lp = choice.logprobs
+    assert lp.tokens == [f"token_id:{t}" for t in tokens]
+    np.testing.assert_allclose(lp.token_logprobs, ref[np.arange(len(tokens)), tokens], atol=2e-4)
+    for i, top in enumerate(lp.top_logprobs):
+        best = np.argsort(-ref[i])[:k]
+        assert list(top) == [f"token_id:{t}" for t in best]
+        np.testing.assert_allclose(list(top.values()), ref[i, best], atol=2e-4)
+
+
+@pytest.mark.parametrize("speculative", [None, "ngram"])
+def test_serial_engine_logprobs(tiny_model, speculative):
+    """The serial engine reports the same logprobs as the batching engine: the model's
+    log-softmax at each generated token, under speculative decoding too (the target model's,
+    for every accepted token, greedy and sampled), whole and streamed."""
+    from specport.runtime.engine import make_engine
+    from tests.runtime.serve.helpers import serve
+
+    engine = make_engine(tiny_model, kind="serial", speculative=speculative, num_draft=3)
+    server = serve(tiny_model, engine, model_name="tiny")
+    try:
+        client = openai_client(server)
+        args: dict[str, Any] = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24}
+        args["extra_body"] = {"ignore_eos": True}
+        out = client.completions.create(**args, temperature=0, logprobs=3)
+        want = tiny_model.generate(prompt_ids=PROMPT, max_new_tokens=24, ignore_eos=True).tokens
+        assert out.choices[0].token_ids == want
+        _check_logprobs(tiny_model, out.choices[0], 3)
+        hot = client.completions.create(**args, temperature=1.5, seed=7, logprobs=1)
+        _check_logprobs(tiny_model, hot.choices[0], 1)
+        streamed = [
+            x
+            for c in client.completions.create(**args, temperature=0, logprobs=3, stream=True)
+            if c.choices and c.choices[0].logprobs
+            for x in c.choices[0].logprobs.token_logprobs
+        ]
+        np.testing.assert_allclose(streamed, out.choices[0].logprobs.token_logprobs, atol=1e-6)
+        if speculative:
+            assert engine.stats()["spec_accepted_tokens"] > 0  # drafts were accepted
+    finally:
+        server.stop()
+        engine.close()
 
 
 @pytest.mark.slow
