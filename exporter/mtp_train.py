@@ -26,8 +26,15 @@ import torch.nn.functional as F
 
 from specport import artifact as art
 from specport.errors import InputError
+from specport.exporter.mtp_data import (
+    base_hidden,
+    chat_prompts,
+    read_prompts,
+    self_generate,
+    self_generate_chat,
+)
 from specport.exporter.mtp_heads import MTPHeads, export_branch, load_deepseek_mtp, save_heads
-from specport.progress import Loop, Stages, track
+from specport.progress import Loop, Stages
 
 logger = logging.getLogger(__name__)
 
@@ -46,66 +53,6 @@ def load_base(manifest: art.Manifest) -> Any:
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval()
-
-
-def read_prompts(data: Path, tokenizer: Any, prompt_len: int, limit: int) -> torch.Tensor:
-    """[N, prompt_len] openings of the blank-line-separated documents in ``data``."""
-    from specport.runtime.tokenizer import encode_prompt
-
-    if not Path(data).is_file():
-        raise InputError(
-            f"--data {data} is not a file; pass a text file with one document per paragraph."
-        )
-    rows = []
-    for doc in Path(data).read_text(encoding="utf-8").split("\n\n"):
-        doc = doc.strip()
-        if doc:
-            ids = encode_prompt(tokenizer, doc)
-            if len(ids) >= prompt_len:
-                rows.append(ids[:prompt_len])
-        if len(rows) >= limit:
-            break
-    if len(rows) < 8:
-        raise InputError(
-            f"--data {data} has only {len(rows)} documents of >= {prompt_len} tokens; need at least 8."
-        )
-    return torch.tensor(rows, dtype=torch.long)
-
-
-@torch.no_grad()
-def self_generate(
-    base: Any, prompts: torch.Tensor, new_tokens: int, batch: int = 64
-) -> torch.Tensor:
-    """Greedy continuations [N, P + new_tokens] of the prompts by the base model (EOS ignored)."""
-    saved = base.generation_config.eos_token_id
-    base.generation_config.eos_token_id = None
-    out = []
-    try:
-        for i in track(range(0, len(prompts), batch), "self-generating training text"):
-            ids = prompts[i : i + batch]
-            out.append(
-                base.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    do_sample=False,
-                    max_new_tokens=new_tokens,
-                    pad_token_id=0,
-                )
-            )
-    finally:
-        base.generation_config.eos_token_id = saved
-    return torch.cat(out)
-
-
-@torch.no_grad()
-def base_hidden(base: Any, seqs: torch.Tensor, batch: int = 64) -> torch.Tensor:
-    """[N, T, H] LM-head inputs (final hidden state after the final norm)."""
-    return torch.cat(
-        [
-            base.model(input_ids=seqs[i : i + batch]).last_hidden_state
-            for i in range(0, len(seqs), batch)
-        ]
-    )
 
 
 def chain_loss(
@@ -161,9 +108,11 @@ def train_heads(
     batch: int = 32,
     lr: float = 3e-3,
     progress: bool | None = None,
+    hidden: torch.Tensor | None = None,  # [N, T, H] when computed with the sequences (chat)
 ) -> tuple[MTPHeads, dict[str, Any]]:
     torch.manual_seed(0)
-    hidden = base_hidden(base, seqs)
+    if hidden is None:
+        hidden = base_hidden(base, seqs)
     n_eval = max(8, len(seqs) // 10)
     train_h, train_s, eval_h, eval_s = (
         hidden[n_eval:],
@@ -261,6 +210,7 @@ def train_mtp(
     progress: bool | None = None,
     threads: int = 1,
     batch: int = 32,
+    chat: bool = False,
 ) -> art.Manifest:
     """Heads for ``artifact`` (trained, or the checkpoint's own for DeepSeek-V3) -> artifact ``out``."""
 
@@ -281,6 +231,7 @@ def train_mtp(
             new_tokens,
             progress,
             batch,
+            chat,
         )
     finally:
         torch.set_num_threads(saved_threads)
@@ -298,6 +249,7 @@ def _train_mtp(
     new_tokens: int,
     progress: bool | None,
     batch: int = 32,
+    chat: bool = False,
 ) -> art.Manifest:
     from specport.runtime.tokenizer import load_tokenizer
 
@@ -321,14 +273,21 @@ def _train_mtp(
             raise InputError(f"{artifact} has no tokenizer; train-mtp needs one to read --data.")
         stages.start("self-generating text and training the heads")
         t0 = time.perf_counter()
-        prompts = read_prompts(Path(data), tokenizer, prompt_len, num_sequences)
-        seqs = self_generate(base, prompts, new_tokens)
+        hidden = None
+        if chat:
+            turns = chat_prompts(Path(data), artifact, tokenizer, num_sequences)
+            seqs, hidden = self_generate_chat(base, turns, new_tokens)
+        else:
+            prompts = read_prompts(Path(data), tokenizer, prompt_len, num_sequences)
+            seqs = self_generate(base, prompts, new_tokens)
         logger.info(
             "self-generated %s tokens in %.1fs", tuple(seqs.shape), time.perf_counter() - t0
         )
-        heads, report = train_heads(base, seqs, num_heads, steps, batch=batch, progress=progress)
+        heads, report = train_heads(
+            base, seqs, num_heads, steps, batch=batch, progress=progress, hidden=hidden
+        )
         report = {
-            "source": "self-distillation",
+            "source": "self-distillation" + (" (chat answers)" if chat else ""),
             "data": str(data),
             "sequences": list(seqs.shape),
             **report,

@@ -1,5 +1,9 @@
 """Distillation text for MTP heads on a chat model: the model's own greedy answers.
 
+`python -m specport.samples.chat_distill --messages OUT.txt` writes only the messages (one per
+paragraph) for `specport train-mtp ARTIFACT --chat --data OUT.txt`, which lets the artifact's
+own base model answer them under its chat template (no Hugging Face directory needed).
+
 `python -m specport.samples.chat_distill HF_DIR OUT.txt` asks the model (through transformers,
 with its chat template) a few hundred templated questions and instructions - different from the
 benchmark set in `chat_prompts.py` - and writes each greedy answer as one document of OUT.txt
@@ -70,12 +74,21 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", help="Hugging Face model directory with a chat template")
-    ap.add_argument("out", help="text file to write (one answer per paragraph)")
+    ap.add_argument("model", nargs="?", help="Hugging Face model directory with a chat template")
+    ap.add_argument("out", nargs="?", help="text file to write (one answer per paragraph)")
+    ap.add_argument("--messages", metavar="OUT", help="write only the messages to OUT and stop")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
     args = ap.parse_args(argv)
+    if args.messages:
+        target = Path(args.messages)
+        if target.exists():
+            raise SystemExit(f"{target} exists; choose another path.")
+        target.write_text("\n\n".join(prompts()[: args.limit or None]) + "\n", encoding="utf-8")
+        return 0
+    if not (args.model and args.out):
+        ap.error("give MODEL and OUT, or --messages OUT")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     tok = AutoTokenizer.from_pretrained(args.model)
     tok.padding_side = "left"

@@ -299,11 +299,6 @@ def check_train_mtp(
     at_least("num_sequences", num_sequences, 16)
     manifest = read_manifest(artifact)
     check_artifact_out(out, [artifact, data])
-    if manifest.kv.layout != "concat":
-        raise UsageError(
-            f"{artifact} has the {manifest.kv.layout!r} KV layout; MTP heads need a concat-layout "
-            "artifact (export without kv_layout shared)."
-        )
     if not manifest.extra.get("mtp_source_weights"):
         if data is None:
             raise UsageError(

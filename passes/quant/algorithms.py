@@ -279,15 +279,27 @@ def gptq_factor(h: np.ndarray, damp: float = 0.01, act_order: bool = False) -> G
     if act_order:
         perm = np.argsort(-np.diag(H), kind="stable")
         H = H[np.ix_(perm, perm)]
-    try:
-        L = np.linalg.cholesky(H)
-        Linv = np.linalg.inv(L)
-        U = np.linalg.cholesky(Linv.T @ Linv).T  # upper Cholesky factor of H^-1
-    except np.linalg.LinAlgError as e:
+    return GptqFactor(perm, _upper_cholesky_of_inverse(H), dead)
+
+
+def _upper_cholesky_of_inverse(h: np.ndarray) -> np.ndarray:
+    """Upper-triangular U with U^T U = h^-1, from one Cholesky and one triangular solve.
+
+    With J the reversal permutation and J h J = L L^T, h = R R^T for the upper-triangular
+    R = J L J, so h^-1 = R^-T R^-1 and U = R^-1 = J L^-1 J. That is about a seventh of the
+    work of inverting h's factor in general and factoring the inverse again (the inverse was a
+    third of GPTQ's time on a 0.5B model)."""
+    import torch
+
+    rev = torch.from_numpy(np.ascontiguousarray(h[::-1, ::-1]))
+    lower, info = torch.linalg.cholesky_ex(rev)
+    if int(info) != 0:
         raise QuantizationError(
             "GPTQ Hessian is not positive definite even after dampening; use more calibration text"
-        ) from e
-    return GptqFactor(perm, U, dead)
+        )
+    eye = torch.eye(h.shape[0], dtype=rev.dtype)
+    inv = torch.linalg.solve_triangular(lower, eye, upper=False)
+    return np.ascontiguousarray(inv.numpy()[::-1, ::-1])
 
 
 def quantize_gptq(

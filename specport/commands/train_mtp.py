@@ -25,6 +25,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--data", help="training text, documents separated by blank lines")
     p.add_argument(
+        "--chat",
+        action="store_true",
+        help="each --data document is a user message: the heads learn the model's own answers "
+        "under its chat template (for chat models)",
+    )
+    p.add_argument(
         "--out",
         required=True,
         help="artifact directory to write: new, empty, or an artifact (never the input)",
@@ -58,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         num_sequences=args.sequences,
         batch=args.batch,
+        chat=args.chat,
     )
     mtp = manifest.mtp or {}
     training = mtp.get("training", {})

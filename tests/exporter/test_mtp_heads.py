@@ -28,7 +28,7 @@ def llama(tmp_path_factory):
 
 
 def _greedy_sequences(base, n: int = 24, prompt: int = 4, new: int = 28) -> torch.Tensor:
-    from specport.exporter.mtp_train import self_generate
+    from specport.exporter.mtp_data import self_generate
 
     g = torch.Generator().manual_seed(0)
     return self_generate(base, torch.randint(3, 256, (n, prompt), generator=g), new)
@@ -73,7 +73,7 @@ def test_folded_heads_compute_the_same_function(llama):
 @pytest.mark.slow
 def test_self_distillation_improves_acceptance(llama, tmp_path):
     seqs = _greedy_sequences(llama)
-    from specport.exporter.mtp_train import base_hidden
+    from specport.exporter.mtp_data import base_hidden
 
     hidden = base_hidden(llama, seqs)
     untrained = MTPHeads(llama, 2).eval()

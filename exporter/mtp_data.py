@@ -1,0 +1,145 @@
+"""Training data for MTP heads: the frozen base model's own greedy text.
+
+Greedy speculative decoding accepts a draft only when it equals the base model's argmax, so
+the heads are trained on what the base model itself writes. Two sources of prompts:
+- plain text (`--data`): the first tokens of each document, continued greedily;
+- chat (`--data` with `--chat`): each document is a user message rendered with the artifact's
+  chat template, so the heads learn the model's answers exactly as `chat`/`serve` prompt it
+  (a chat model's answers are not what it writes after a bare sentence opening).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from specport.errors import InputError
+from specport.progress import track
+
+logger = logging.getLogger(__name__)
+
+
+def read_prompts(data: Path, tokenizer: Any, prompt_len: int, limit: int) -> torch.Tensor:
+    """[N, prompt_len] openings of the blank-line-separated documents in ``data``."""
+    from specport.runtime.tokenizer import encode_prompt
+
+    if not Path(data).is_file():
+        raise InputError(
+            f"--data {data} is not a file; pass a text file with one document per paragraph."
+        )
+    rows = []
+    for doc in Path(data).read_text(encoding="utf-8").split("\n\n"):
+        doc = doc.strip()
+        if doc:
+            ids = encode_prompt(tokenizer, doc)
+            if len(ids) >= prompt_len:
+                rows.append(ids[:prompt_len])
+        if len(rows) >= limit:
+            break
+    if len(rows) < 8:
+        raise InputError(
+            f"--data {data} has only {len(rows)} documents of >= {prompt_len} tokens; need at least 8."
+        )
+    return torch.tensor(rows, dtype=torch.long)
+
+
+@torch.no_grad()
+def self_generate(
+    base: Any, prompts: torch.Tensor, new_tokens: int, batch: int = 64
+) -> torch.Tensor:
+    """Greedy continuations [N, P + new_tokens] of the prompts by the base model (EOS ignored)."""
+    saved = base.generation_config.eos_token_id
+    base.generation_config.eos_token_id = None
+    out = []
+    try:
+        for i in track(range(0, len(prompts), batch), "self-generating training text"):
+            ids = prompts[i : i + batch]
+            out.append(
+                base.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=new_tokens,
+                    pad_token_id=0,
+                )
+            )
+    finally:
+        base.generation_config.eos_token_id = saved
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def base_hidden(base: Any, seqs: torch.Tensor, batch: int = 64) -> torch.Tensor:
+    """[N, T, H] LM-head inputs (final hidden state after the final norm)."""
+    return torch.cat(
+        [
+            base.model(input_ids=seqs[i : i + batch]).last_hidden_state
+            for i in range(0, len(seqs), batch)
+        ]
+    )
+
+
+def chat_prompts(data: Path, artifact: Path, tokenizer: Any, limit: int) -> list[list[int]]:
+    """Token ids of each document of ``data`` as one user turn in the artifact's chat template."""
+    from specport.runtime.chat_template import load_chat_template
+
+    if not Path(data).is_file():
+        raise InputError(
+            f"--data {data} is not a file; pass a text file with one message per paragraph."
+        )
+    template = load_chat_template(SimpleNamespace(tokenizer=tokenizer, path=artifact))
+    if template is None:
+        raise InputError(
+            f"{artifact} has no chat template; --chat needs a chat model (drop --chat to train "
+            "on plain text)."
+        )
+    rows = []
+    for doc in Path(data).read_text(encoding="utf-8").split("\n\n"):
+        if doc.strip():
+            rows.append(template.render_ids([{"role": "user", "content": doc.strip()}]))
+        if len(rows) >= limit:
+            break
+    if len(rows) < 8:
+        raise InputError(f"--data {data} has only {len(rows)} messages; need at least 8.")
+    return rows
+
+
+@torch.no_grad()
+def self_generate_chat(
+    base: Any, prompts: list[list[int]], new_tokens: int, batch: int = 32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The base model's greedy answers to chat prompts of different lengths.
+
+    Returns ``(seqs [N, 1 + new_tokens], hidden [N, 1 + new_tokens, H])``: the last prompt
+    token and the answer, with the LM-head inputs computed in the full prompt's context
+    (left padding masked, positions counted from each prompt's first real token), which is
+    all the heads are trained on."""
+    saved = base.generation_config.eos_token_id
+    base.generation_config.eos_token_id = None
+    seqs, hidden = [], []
+    try:
+        for i in track(range(0, len(prompts), batch), "self-generating chat answers"):
+            chunk = prompts[i : i + batch]
+            width = max(len(p) for p in chunk)
+            ids = torch.zeros((len(chunk), width), dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for r, p in enumerate(chunk):
+                ids[r, width - len(p) :] = torch.tensor(p)
+                mask[r, width - len(p) :] = 1
+            full = base.generate(
+                ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens, pad_token_id=0
+            )
+            full_mask = torch.cat([mask, torch.ones_like(full[:, width:])], dim=1)
+            positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+            h = base.model(
+                input_ids=full, attention_mask=full_mask, position_ids=positions
+            ).last_hidden_state
+            seqs.append(full[:, width - 1 :])
+            hidden.append(h[:, width - 1 :])
+    finally:
+        base.generation_config.eos_token_id = saved
+    return torch.cat(seqs), torch.cat(hidden)
