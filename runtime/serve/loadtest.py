@@ -2,6 +2,8 @@
 
     python -m specport.runtime.serve.loadtest http://127.0.0.1:8000 --model NAME \
         --concurrency 1,4,16,64 --requests 64 --max-tokens 64 [--faults]
+    python -m specport.runtime.serve.loadtest --peer llama.cpp --artifact ART --gguf FILE.gguf \
+        --concurrency 1,4,16,64 --requests 64 --max-tokens 64 [--out table.md]
 
 Built on the official `openai` async client (streaming, as users call it). First the greedy
 answer of every prompt is taken one request at a time (the reference); then, per concurrency
@@ -72,6 +74,7 @@ async def one(client: Any, model: str, prompt: str, max_tokens: int) -> Result:
     out = Result()
     t0 = time.perf_counter()
     last = t0
+    chunks = 0
     try:
         stream = await client.completions.create(
             model=model,
@@ -87,12 +90,15 @@ async def one(client: Any, model: str, prompt: str, max_tokens: int) -> Result:
                 out.tokens = chunk.usage.completion_tokens
             if not chunk.choices or not chunk.choices[0].text:
                 continue
+            chunks += 1
             if out.ttft is None:
                 out.ttft = now - t0
             else:
                 out.gaps.append(now - last)
             last = now
             out.text += chunk.choices[0].text
+        if not out.tokens:  # no usage chunk (llama-cpp-python's server): one token per chunk
+            out.tokens = chunks
     except Exception as e:  # noqa: BLE001 - counted and reported, the run goes on
         out.error = f"{type(e).__name__}: {e}"
     return out
@@ -134,21 +140,32 @@ async def level(
     }
 
 
-async def run_load(
-    url: str, model: str, concurrency: list[int], requests: int, max_tokens: int, api_key: str
-) -> list[dict[str, Any]]:
+def client_for(url: str, api_key: str) -> Any:
+    """The official async client on any OpenAI-compatible base URL (`http://host:port`)."""
     import openai
 
-    client = openai.AsyncOpenAI(  # its pool allows 1000 connections
+    return openai.AsyncOpenAI(  # its pool allows 1000 connections
         base_url=url.rstrip("/") + "/v1", api_key=api_key, max_retries=0, timeout=600
     )
-    texts = prompts(requests)
+
+
+async def references(client: Any, model: str, texts: list[str], max_tokens: int) -> dict[str, str]:
+    """Each prompt's greedy answer, one request at a time: what every loaded answer must equal."""
     refs = {}
-    for p in dict.fromkeys(texts):  # the reference: one request at a time
+    for p in dict.fromkeys(texts):
         r = await one(client, model, p, max_tokens)
         if r.error:
             raise RuntimeError(f"reference request failed: {r.error}")
         refs[p] = r.text
+    return refs
+
+
+async def run_load(
+    url: str, model: str, concurrency: list[int], requests: int, max_tokens: int, api_key: str
+) -> list[dict[str, Any]]:
+    client = client_for(url, api_key)
+    texts = prompts(requests)
+    refs = await references(client, model, texts, max_tokens)
     rows = []
     for c in concurrency:
         row = await level(client, model, texts, refs, c, max_tokens)
@@ -196,31 +213,70 @@ def faults(url: str, model: str, api_key: str, check: Any) -> dict[str, str]:
     return out
 
 
+COLUMNS = (
+    "| concurrency | req/s | output tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms "
+    "| errors | mismatches |"
+)
+
+
+def table(rows: list[dict[str, Any]], server: bool = False) -> str:
+    """Markdown rows (with a leading `server` column when the rows carry one)."""
+    head = ("| server " if server else "") + COLUMNS
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(
+            (f"| {r['server']} " if server else "")
+            + f"| {r['concurrency']} | {r['requests_per_s']} | {r['output_tokens_per_s']} | "
+            f"{' / '.join(map(str, r['ttft_ms']))} | {' / '.join(map(str, r['itl_ms']))} | "
+            f"{r['errors']} | {r['mismatches']} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("url")
-    p.add_argument("--model", required=True, help="the model name the server expects")
+    p.add_argument("url", nargs="?", help="the server's base URL (http://host:port)")
+    p.add_argument("--model", help="the model name the server expects")
     p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--api-key", default="unused")
     p.add_argument("--faults", action="store_true")
+    p.add_argument(
+        "--peer",
+        choices=["llama.cpp"],
+        help="start `specport serve --artifact` and llama-cpp-python's server on --gguf, and run "
+        "the same load on both, alternating (runtime/serve/loadpeer.py)",
+    )
+    p.add_argument("--artifact", help="--peer: the specport artifact to serve")
+    p.add_argument("--gguf", help="--peer: the GGUF file llama.cpp serves")
+    p.add_argument("--threads", type=int, default=2, help="--peer: threads for each server")
+    p.add_argument("--serve-arg", action="append", default=[], help="--peer: extra serve flag")
+    p.add_argument("--out", help="--peer: also write the table (markdown) to this new file")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.INFO if args.peer else logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     levels = [int(c) for c in args.concurrency.split(",")]
+    if args.peer:
+        from specport.runtime.serve.loadpeer import side_by_side
+
+        if not (args.artifact and args.gguf) or args.url:
+            p.error("--peer needs --artifact and --gguf, and no URL")
+        report = side_by_side(
+            args.artifact, args.gguf, levels, args.requests, args.max_tokens, args.threads,
+            args.serve_arg,
+        )  # fmt: skip
+        print(report)
+        if args.out:
+            with open(args.out, "x", encoding="utf-8") as f:  # never overwrite a user's file
+                f.write(report + "\n")
+        return
+    if not (args.url and args.model):
+        p.error("give the server's URL and --model (or --peer llama.cpp)")
     rows = asyncio.run(
         run_load(args.url, args.model, levels, args.requests, args.max_tokens, args.api_key)
     )
-    print(
-        "| concurrency | req/s | output tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | errors | mismatches |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['concurrency']} | {r['requests_per_s']} | {r['output_tokens_per_s']} | "
-            f"{' / '.join(map(str, r['ttft_ms']))} | {' / '.join(map(str, r['itl_ms']))} | "
-            f"{r['errors']} | {r['mismatches']} |"
-        )
+    print(table(rows))
     if args.faults:
         ref = asyncio.run(run_load(args.url, args.model, [1], 2, 8, args.api_key))
 

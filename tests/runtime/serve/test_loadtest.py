@@ -10,9 +10,8 @@ import pytest
 
 from specport.runtime.serve.loadtest import faults, run_load
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_load_levels_and_faults(bytes_batching):
     model, server = bytes_batching
     name = server.app.state.specport.served.name
@@ -36,3 +35,16 @@ def test_load_levels_and_faults(bytes_batching):
     assert all(o.endswith("serving correctly") for o in outcomes.values()), outcomes
     assert outcomes["oversized body"].startswith("HTTP/1.1 413"), outcomes
     assert outcomes["garbage bytes"].startswith("HTTP/1.1 400"), outcomes
+
+
+def test_table_and_peer_arguments(capsys):
+    from specport.runtime.serve.loadtest import main, table
+
+    row = {"concurrency": 4, "requests_per_s": 1.5, "output_tokens_per_s": 20.0}
+    row |= {"ttft_ms": [1, 2, 3], "itl_ms": [4, 5, 6], "errors": 0, "mismatches": 0}
+    text = table([{"server": "llama.cpp", **row}], server=True)
+    assert text.splitlines()[0].startswith("| server | concurrency |")
+    assert text.splitlines()[2] == "| llama.cpp | 4 | 1.5 | 20.0 | 1 / 2 / 3 | 4 / 5 / 6 | 0 | 0 |"
+    with pytest.raises(SystemExit) as e:
+        main(["--peer", "llama.cpp", "--artifact", "x"])  # no --gguf
+    assert e.value.code == 2 and "--gguf" in capsys.readouterr().err
