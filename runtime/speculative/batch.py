@@ -37,17 +37,19 @@ import numpy as np
 
 from specport.artifact import Manifest
 from specport.contract import with_causal_tree_mask
-from specport.errors import InputError
-from specport.runtime.kv.layouts import ConcatKV
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import PAD, Drafts, Proposer, check_prompts
 from specport.runtime.speculative.loop import check_num_draft, default_adaptive, make_proposer
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
 from specport.runtime.speculative.mtp import MTPProposer
 from specport.runtime.speculative.ngram import NgramProposer
+from specport.runtime.speculative.padded_kv import PaddedKV, greedy_rows
 from specport.runtime.speculative.verify import VerifyResult, greedy_verify, rejection_verify
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["FILLER", "BatchSpeculativeGenerator", "PaddedKV", "generate_speculative_batch"]
+_greedy_rows = greedy_rows  # the former private name
 
 FILLER = 0  # token fed after a row's drafts when it drafted fewer than the longest row
 
@@ -61,64 +63,6 @@ class BatchSpeculativeOutput:
     finish_reasons: list[str]  # per row: "eos" | "length" | "stop" | "context"
     metrics: dict[str, Any] = field(default_factory=dict)
     stats: list[SpecDecodingStats] = field(default_factory=list)  # per row
-
-
-class PaddedKV(ConcatKV):
-    """Left-padded concat KV for the live rows: per tensor [n, Hkv, W, D], ``lengths`` [n]."""
-
-    def __init__(self, manifest: Manifest, batch: int) -> None:
-        if manifest.kv.layout != "concat":
-            raise InputError(
-                f"batched speculative decoding needs the 'concat' KV layout, this artifact has "
-                f"{manifest.kv.layout!r}; re-export it without the shared-KV pass."
-            )
-        super().__init__(manifest, batch)
-        self.lengths = np.zeros(batch, dtype=np.int64)
-
-    @property
-    def width(self) -> int:
-        return self.length
-
-    def mask(self, extra: int) -> np.ndarray:  # [n, W + extra] int64
-        w = self.width
-        pad = np.arange(w)[None, :] >= (w - self.lengths)[:, None]
-        return np.concatenate([pad, np.ones((len(self.lengths), extra), bool)], axis=1).astype(
-            np.int64
-        )
-
-    def compact(
-        self,
-        presents: list[np.ndarray],
-        start: np.ndarray,
-        keep: np.ndarray,
-        rows: np.ndarray,
-        pad_is_zero: bool = True,
-    ) -> None:
-        """Rebuild the cache from presents [n, Hkv, T, D]: batch slot r in ``rows`` keeps the
-        ``keep[r]`` positions from ``start[r]`` on, left-padded (with zeros) to the longest.
-
-        ``pad_is_zero``: the slots before each ``start[r]`` are zeros (true for every presents
-        built on a cache this class made; false for a prefill's computed padding)."""
-        start, keep = start[rows], keep[rows]
-        new_w = int(keep.max()) if rows.size else 0
-        pad = (new_w - keep).tolist()
-        off = (start - (new_w - keep)).tolist()
-        # Slots before a row's start are its old padding, already zero: when every row shifts
-        # by the same offset (e.g. all accepted as many drafts) one slice does it.
-        same = rows.size == len(self.lengths) > 0 and min(off) == max(off) >= 0
-        if pad_is_zero and same:
-            o = off[0]
-            self.past = [np.ascontiguousarray(p[:, :, o : o + new_w]) for p in presents]
-        else:
-            segments = list(zip(rows.tolist(), start.tolist(), keep.tolist(), pad))
-            out = []
-            for p in presents:
-                q = np.zeros((rows.size, p.shape[1], new_w, p.shape[3]), p.dtype)
-                for i, (r, a, k, z) in enumerate(segments):
-                    q[i, :, z:] = p[r, :, a : a + k]
-                out.append(q)
-            self.past = out
-        self.lengths = keep.astype(np.int64)
 
 
 class BatchSpeculativeGenerator:
@@ -407,7 +351,7 @@ class BatchSpeculativeGenerator:
         """logits: [n, S, V]. Greedy: exact argmax match; sampling: rejection sampling per row."""
         cfg = sampler.config
         if cfg.greedy and cfg.repetition_penalty == 1.0:
-            return _greedy_rows(drafts, logits)
+            return greedy_rows(drafts, logits)
         history = None
         s = logits.shape[1]
         if cfg.repetition_penalty != 1.0:  # position j of row i has seen context + drafts[:j]
@@ -420,21 +364,6 @@ class BatchSpeculativeGenerator:
         if cfg.greedy:
             return greedy_verify(drafts, probs)
         return rejection_verify(drafts, probs, sampler.rng)
-
-
-def _greedy_rows(drafts: Drafts, logits: np.ndarray) -> VerifyResult:
-    """``greedy_verify`` for small batches: one argmax, then plain lists (logits [n, S, V])."""
-    best = np.argmax(logits[:, : drafts.width + 1], axis=-1).tolist()  # [n, S]
-    accepted, tokens = [], []
-    for i, row in enumerate(drafts.tokens.tolist()):
-        n = int(drafts.lengths[i])
-        a = 0
-        while a < n and row[a] == best[i][a]:
-            a += 1
-        accepted.append(a)
-        tokens.append([*row[:a], best[i][a]])
-    acc = np.array(accepted, dtype=np.int64)
-    return VerifyResult(acc, tokens, acc == drafts.lengths)
 
 
 def generate_speculative_batch(
