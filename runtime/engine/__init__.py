@@ -26,26 +26,22 @@ def make_engine(
     speculative: str | None = None,
     num_draft: int | None = None,
     draft: Any = None,
+    spec_max_rows: int | None = None,
 ) -> Engine:
     """The engine for `model`: "batching" (shared KV layout), "serial" (any), or "auto".
 
-    "auto" batches when the artifact has the shared layout and `max_batch` > 1; `speculative`
-    ("ngram" | "draft" | "mtp", either KV layout) gives the serial engine. `max_length`
-    caps the batching engine's KV rows (default: the artifact's limit; memory is
-    max_batch x layers x 2 x Hkv x max_length x D floats).
+    "auto" batches when the artifact has the shared layout and `max_batch` > 1 (with
+    `speculative`: whenever it has the shared layout); `speculative` ("ngram" | "draft" |
+    "mtp") makes every request draft and verify: in the batching engine's rows on a shared
+    artifact (rows speculate while at most `spec_max_rows` decode), in the serial engine on a
+    concat one. `max_length` caps the batching engine's KV rows (default: the artifact's
+    limit; memory is max_batch x layers x 2 x Hkv x max_length x D floats).
     """
     if kind not in ENGINE_KINDS:
         raise InputError(f"unknown engine kind {kind!r}; use one of {', '.join(ENGINE_KINDS)}.")
     shared = model.manifest.kv.layout == "shared"
-    if speculative is not None:
-        # The serial engine speculates on either KV layout (rollback by length on shared);
-        # the batching engine's rows do not speculate yet. num_draft None: the artifact's MTP
-        # heads for mtp, else the generator's default.
-        if kind == "batching":
-            raise InputError(
-                "the batching engine does not decode speculatively; use --engine serial (or "
-                "auto) with --speculative, or drop --speculative to batch requests."
-            )
+    if speculative is not None and (kind == "serial" or (kind == "auto" and not shared)):
+        # num_draft None: the artifact's MTP heads for mtp, else the generator's default.
         from specport.runtime.engine.serial import SerialEngine
 
         return SerialEngine(model, speculative=speculative, num_draft=num_draft, draft=draft)
@@ -55,11 +51,19 @@ def make_engine(
             f"{model.manifest.kv.layout!r} KV layout: re-export it with "
             "`specport export MODEL --out OUT --kv-layout shared`, or use the serial engine."
         )
-    if kind == "batching" or (kind == "auto" and shared and max_batch > 1):
+    if kind == "batching" or (kind == "auto" and shared and (max_batch > 1 or speculative)):
         from specport.runtime.engine.batching import BatchingEngine
+        from specport.runtime.engine.speculation import SPEC_MAX_ROWS
 
         return BatchingEngine(
-            model, max_batch=max_batch, max_length=max_length, prefix_cache=prefix_cache
+            model,
+            max_batch=max_batch,
+            max_length=max_length,
+            prefix_cache=prefix_cache,
+            speculative=speculative,
+            num_draft=num_draft,
+            draft=draft,
+            spec_max_rows=SPEC_MAX_ROWS if spec_max_rows is None else spec_max_rows,
         )
     from specport.runtime.engine.serial import SerialEngine
 

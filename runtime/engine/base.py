@@ -17,8 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from specport.errors import InputError
-from specport.runtime.sampler import SamplingConfig
+from specport.runtime.sampler import Sampler, SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -187,3 +189,26 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
     def stats(self) -> dict[str, Any]: ...
+
+
+def check_request(
+    request: Request, vocab: int, max_length: int
+) -> tuple[np.ndarray, int, Sampler | None]:
+    """A request's prompt [P] int64, its new-token budget within `max_length` KV positions, and
+    its sampler (None: plain greedy, the graph's argmax); InputError with what to fix."""
+    prompt = np.asarray([int(t) for t in request.prompt_ids], dtype=np.int64)
+    if prompt.size == 0:
+        raise InputError("the prompt has no tokens; give at least one.")
+    if prompt.min() < 0 or prompt.max() >= vocab:
+        raise InputError(f"prompt token ids must be in 0..{vocab - 1}.")
+    if len(prompt) >= max_length:
+        raise InputError(
+            f"the prompt has {len(prompt)} tokens but the engine's context is "
+            f"{max_length}; shorten it to at most {max_length - 1} tokens."
+        )
+    if request.max_new_tokens < 1:
+        raise InputError("max_new_tokens must be at least 1.")
+    config = request.sampling.validate()
+    plain_greedy = config.greedy and config.plain
+    sampler = None if plain_greedy else Sampler(config, vocab)
+    return prompt, min(request.max_new_tokens, max_length - len(prompt)), sampler

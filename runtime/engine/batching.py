@@ -7,6 +7,11 @@ of at most `prefill_chunk` tokens per round while other rows are decoding (batch
 row's own buffer view, see `KVSlots`), and (4) runs one decode step over rows [0, highest busy
 row]. Tokens go to the `TextOut` thread, which pushes the events. Per request: its own sampler
 (seeded), EOS, max_new_tokens, stop strings and the KV budget ("context"), as `Model.generate`.
+
+With `speculative=` ("ngram" | "draft" | "mtp") each request also drafts with its own proposer
+and verifies [last token, drafts] in a batch-1 run on its row before the batched step, which
+then carries only the rows that drafted nothing; speculation pauses while more than
+`spec_max_rows` rows decode (the compute-bound rule, `runtime/engine/speculation.py`).
 """
 
 from __future__ import annotations
@@ -22,10 +27,22 @@ from typing import Any
 import numpy as np
 
 from specport.errors import ArtifactError, InputError, SpecportError
-from specport.runtime.engine.base import QueueIntake, Request, RequestHandle, TokenLogprobs
+from specport.runtime.engine.base import (
+    QueueIntake,
+    Request,
+    RequestHandle,
+    TokenLogprobs,
+    check_request,
+)
 from specport.runtime.engine.logprobs import token_logprobs
 from specport.runtime.engine.prefix_cache import PrefixCache
 from specport.runtime.engine.slots import KVSlots
+from specport.runtime.engine.speculation import (
+    SPEC_MAX_ROWS,
+    EngineSpeculation,
+    RowSpec,
+    SpeculativeRows,
+)
 from specport.runtime.engine.textout import Stream, TextOut
 from specport.runtime.generator import spare_core
 from specport.runtime.sampler import Sampler
@@ -49,13 +66,14 @@ class _Job:
     eos: frozenset[int]
     done: int = 0  # prompt tokens with KV in the row
     tokens: list[int] = field(default_factory=list)  # generated, in order (last not fed yet)
+    spec: RowSpec | None = None  # its speculation state (an engine with `speculative=`)
 
     @property
     def decoding(self) -> bool:
         return self.done == len(self.prompt)
 
 
-class BatchingEngine(QueueIntake):
+class BatchingEngine(QueueIntake, SpeculativeRows):
     """`max_batch` concurrent requests over one shared-layout model (see the module docstring)."""
 
     def __init__(
@@ -66,9 +84,15 @@ class BatchingEngine(QueueIntake):
         prefill_chunk: int = 256,
         prefix_cache: bool = True,
         text_thread: bool | None = None,
+        speculative: str | None = None,
+        num_draft: int | None = None,
+        draft: Any = None,
+        spec_max_rows: int = SPEC_MAX_ROWS,
     ) -> None:
         """`text_thread`: detokenize on a thread of its own (None: only with a core to spare
-        beside onnxruntime's threads; on 2 cores / 2 threads it cost single-request decode 5%)."""
+        beside onnxruntime's threads; on 2 cores / 2 threads it cost single-request decode 5%).
+        `speculative`, `num_draft`, `draft` (a Model or path), `spec_max_rows`: see
+        `EngineSpeculation`."""
         manifest = model.manifest
         if manifest.kv.layout != "shared":
             raise ArtifactError(
@@ -91,6 +115,9 @@ class BatchingEngine(QueueIntake):
             max_batch, self.max_length, self.kv_bytes / 2**20,
         )  # fmt: skip
         self.cache = PrefixCache(max_batch, enabled=prefix_cache)
+        self.spec = None
+        if speculative is not None:
+            self.spec = EngineSpeculation(model, speculative, num_draft, draft, spec_max_rows)
         self.rows: list[_Job | None] = [None] * max_batch
         self.waiting: deque[RequestHandle] = deque()
         if text_thread is None:
@@ -138,6 +165,7 @@ class BatchingEngine(QueueIntake):
             "mean_decode_batch": round(c["decode_batch_rows"] / steps, 3),
             "decode_seconds": round(self.decode_seconds, 6),
             "ort_seconds": round(self.slots.ort_seconds, 6),
+            **(self.spec.stats() if self.spec is not None else {}),
         }
 
     # ---- the worker -----------------------------------------------------------------
@@ -195,7 +223,7 @@ class BatchingEngine(QueueIntake):
                 return
             handle = self.waiting.popleft()
             try:
-                prompt, budget, sampler = self._check(handle.request)
+                prompt, budget, sampler = check_request(handle.request, self.vocab, self.max_length)
             except SpecportError as exc:
                 self._reject(handle, "error", str(exc))
                 continue
@@ -212,6 +240,8 @@ class BatchingEngine(QueueIntake):
             stream = self.text.open(handle)
             job = _Job(handle, stream, prompt, row, budget, sampler, self._eos(handle.request))
             job.done = hit
+            if self.spec is not None:
+                job.spec = self.spec.attach(handle.request.sampling)
             self.rows[row] = job
             self.counters["prompt_tokens"] += len(prompt)
 
@@ -224,24 +254,6 @@ class BatchingEngine(QueueIntake):
             for job in self.rows
             if job is not None and job.done > 0
         }
-
-    def _check(self, request: Request) -> tuple[np.ndarray, int, Sampler | None]:
-        prompt = np.asarray([int(t) for t in request.prompt_ids], dtype=np.int64)
-        if prompt.size == 0:
-            raise InputError("the prompt has no tokens; give at least one.")
-        if prompt.min() < 0 or prompt.max() >= self.vocab:
-            raise InputError(f"prompt token ids must be in 0..{self.vocab - 1}.")
-        if len(prompt) >= self.max_length:
-            raise InputError(
-                f"the prompt has {len(prompt)} tokens but the engine's context is "
-                f"{self.max_length}; shorten it to at most {self.max_length - 1} tokens."
-            )
-        if request.max_new_tokens < 1:
-            raise InputError("max_new_tokens must be at least 1.")
-        config = request.sampling.validate()
-        plain_greedy = config.greedy and config.plain
-        sampler = None if plain_greedy else Sampler(config, self.vocab)
-        return prompt, min(request.max_new_tokens, self.max_length - len(prompt)), sampler
 
     def _eos(self, request: Request) -> frozenset[int]:
         return frozenset() if request.ignore_eos else self.eos
@@ -292,6 +304,8 @@ class BatchingEngine(QueueIntake):
     def _decode(self) -> None:
         self._compact()
         live_rows = [r for r, job in enumerate(self.rows) if job is not None and job.decoding]
+        if self.spec is not None and self.spec.active(len(live_rows)):
+            live_rows = [r for r in live_rows if not self._speculate(self.rows[r])]  # type: ignore[arg-type]
         if not live_rows:
             return
         batch = live_rows[-1] + 1
@@ -312,11 +326,13 @@ class BatchingEngine(QueueIntake):
         self.counters["decode_steps"] += 1
         self.counters["decode_rows"] += len(live_rows)
         self.counters["decode_batch_rows"] += batch
+        extra = self.slots.decode_session(batch).extra_outputs() if self.spec else {}
         for r in live_rows:
             job = self.rows[r]
             assert job is not None
             pick = None if greedy is None else int(greedy[r])
             self._next(job, logits[r : r + 1], pick)
+            self._observe_plain(job, r, extra)
 
     def _next(self, job: _Job, logits: np.ndarray, greedy: int | None) -> None:
         """Choose and record `job`'s next token; a failure there (its sampler, its grammar)
@@ -372,6 +388,8 @@ class BatchingEngine(QueueIntake):
         """Free the row; its KV (prompt + fed tokens) stays there for the prefix cache."""
         if self.rows[job.row] is job:
             self.rows[job.row] = None
+            if job.spec is not None and self.spec is not None:
+                self.spec.detach(job.spec)
             self.cache.set(
                 job.row,
                 np.concatenate([job.prompt[: job.done], np.asarray(job.tokens, dtype=np.int64)]),

@@ -86,6 +86,27 @@ class KVSlots:
         self.lengths[row] += len(ids)
         return logits[0, -1], (int(next_ids[0, -1]) if next_ids is not None else None)
 
+    def verify(self, row: int, ids: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Feed ids [S] (last token + drafts) to row `row` at batch 1 and score every position.
+
+        Returns logits [S, V] (a fresh array) and the run's other outputs (the MTP branch, [1,
+        ...] views overwritten by the row's next run). The row's length moves past all S
+        positions; `keep` moves it back to the accepted prefix (no KV is copied). Batch 1
+        because onnxruntime's CPU GroupQueryAttention refuses S > 1 on a non-empty cache at
+        batch > 1 (see `runtime/engine/speculation.py`).
+        """
+        bound = self.prefill_session(row)
+        bound.kv.lengths = self.lengths[row : row + 1].copy()
+        before = bound.ort_seconds
+        logits, _ = bound.extend(np.asarray(ids, dtype=np.int64)[None, :])
+        self.ort_seconds += bound.ort_seconds - before
+        self.lengths[row] += len(ids)
+        return logits[0], bound.extra_outputs()
+
+    def keep(self, row: int, positions: int) -> None:
+        """Roll row `row` back to its first `positions` KV positions (rejected drafts)."""
+        self.lengths[row] = min(int(self.lengths[row]), positions)
+
     def decode(self, ids: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """One step over rows [0, b), b = len(ids); only `live` rows [b] bool advance.
 

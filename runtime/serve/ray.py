@@ -146,6 +146,7 @@ def serve_with_ray(args: Any, settings: ServeSettings) -> int:
         "speculative": args.speculative,
         "num_draft": args.num_draft,
         "draft": args.draft,
+        "spec_max_rows": getattr(args, "spec_max_rows", None),
     }
     threads = args.threads or 1
     app = deployment(

@@ -49,9 +49,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_speculative_options(
         p,
-        "decode every request speculatively (serial engine, either KV layout; greedy output "
-        "equals plain greedy)",
+        "decode every request speculatively (a shared-KV artifact: in the batching engine's "
+        "rows, see --spec-max-rows; concat: the serial engine; greedy output equals plain "
+        "greedy)",
         num_draft_default=None,
+    )
+    p.add_argument(
+        "--spec-max-rows",
+        type=int,
+        default=None,
+        help="with --speculative on the batching engine: rows speculate only while at most this "
+        "many requests decode (default 1: above that a batched step is cheaper per token)",
     )
     p.add_argument(
         "--model-name",
@@ -119,6 +127,8 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--max-model-len must be at least 2, got {args.max_model_len}")
     if args.num_draft is not None and args.num_draft < 1:
         raise InputError(f"--num-draft must be at least 1, got {args.num_draft}")
+    if args.spec_max_rows is not None and args.spec_max_rows < 0:
+        raise InputError(f"--spec-max-rows must be 0 or more, got {args.spec_max_rows}")
     if args.max_body_bytes < 1024:
         raise InputError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
     if args.client_timeout <= 0 or args.drain_timeout < 0:
@@ -177,6 +187,7 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
         speculative=args.speculative,
         num_draft=args.num_draft,
         draft=args.draft,
+        spec_max_rows=args.spec_max_rows,
     )
     try:
         app = make_app(model, engine, settings)

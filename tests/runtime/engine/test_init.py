@@ -33,21 +33,23 @@ def test_auto_picks_by_layout(shared_model, tiny_llama_artifact):
         make_engine(shared_model, kind="vllm")
 
 
-def test_speculative_gives_the_serial_engine_on_either_layout(shared_model, tiny_llama_artifact):
+def test_speculative_engine_follows_the_layout(shared_model, tiny_llama_artifact):
+    """Concat: the serial engine speculates; shared: the batching engine's rows do."""
     concat = specport.load(tiny_llama_artifact, provider="cpu", threads=1)
     eng = make_engine(concat, kind="auto", speculative="ngram", num_draft=3)
     try:
         assert isinstance(eng, SerialEngine) and eng.stats()["speculative"] == "ngram"
     finally:
         eng.close()
-    with pytest.raises(InputError, match="does not decode speculatively"):
+    with pytest.raises(ArtifactError, match="shared-KV"):
         make_engine(concat, kind="batching", speculative="ngram")
     prompt = [1, 5, 9, 5, 9, 5, 9, 2, 7]
     want = shared_model.generate(prompt_ids=prompt, max_new_tokens=12, ignore_eos=True).tokens
-    eng = make_engine(shared_model, speculative="ngram")  # rollback by length, greedy-exact
-    try:
-        assert isinstance(eng, SerialEngine)
-        got = eng.submit(Request(prompt, 12, ignore_eos=True)).result(timeout=120)
-        assert got.token_ids == want
-    finally:
-        eng.close()
+    for kind, engine_type in (("auto", BatchingEngine), ("serial", SerialEngine)):
+        eng = make_engine(shared_model, kind=kind, speculative="ngram")  # greedy-exact
+        try:
+            assert isinstance(eng, engine_type)
+            got = eng.submit(Request(prompt, 12, ignore_eos=True)).result(timeout=120)
+            assert got.token_ids == want
+        finally:
+            eng.close()

@@ -675,3 +675,40 @@ def test_oversized_headers_are_431(tiny_server):
     status, body = call(tiny_server, "GET", "/v1/models", headers={"X-Big": "a" * 70_000})
     assert_error(status, body, 431, "headers")
     assert call(tiny_server, "GET", "/health")[0] == 200
+
+
+def test_speculative_batching_serving_feeds_spec_metrics(batching):
+    """A shared-KV artifact with --speculative: the batching engine speculates per row, answers
+    are plain greedy's, and /metrics counts drafted and accepted tokens under vLLM's names."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specport.runtime.engine import make_engine
+    from specport.runtime.engine.batching import BatchingEngine
+
+    model, _ = batching
+    engine = make_engine(model, speculative="ngram", num_draft=3, spec_max_rows=8)
+    assert isinstance(engine, BatchingEngine)
+    server = serve(model, engine)
+    try:
+        prompt = [1, 7, 8, 9, 7, 8, 9, 7, 8]
+        want = model.generate(prompt_ids=prompt, max_new_tokens=16, ignore_eos=True).tokens
+        status, body = call(
+            server,
+            "POST",
+            "/v1/completions",
+            {"prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True},
+        )
+        assert status == 200 and body["choices"][0]["token_ids"] == want
+        samples = {
+            s.name: s.value
+            for fam in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+            for s in fam.samples
+        }
+        drafted = samples["vllm:spec_decode_num_draft_tokens_total"]
+        accepted = samples["vllm:spec_decode_num_accepted_tokens_total"]
+        assert samples["vllm:spec_decode_num_drafts_total"] > 0
+        assert drafted > 0 and 0 <= accepted <= drafted
+        assert drafted == engine.stats()["spec_draft_tokens"]
+    finally:
+        server.stop()
+        engine.close()

@@ -1,0 +1,259 @@
+"""Speculative decoding inside the continuous-batching engine, on the shared (in-place) KV layout.
+
+Each request that speculates holds its own proposer (n-gram, draft model, MTP heads; taken
+from a pool, so a draft model's KV buffers are allocated once per pool slot, not per request),
+its own draft length controller (`AdaptiveDraftLength`, when the method adapts by default) and
+its own acceptance counters. A speculative step of row r feeds [last token, k drafts] at the
+row's length and verifies the k+1 scores; rejected drafts are rolled back by moving the row's
+length back (`KVSlots.keep`), never by copying KV.
+
+Why one verify run per row: onnxruntime 1.32's CPU GroupQueryAttention refuses several new
+tokens on a non-empty cache at batch > 1 ("batch_size must be 1 when sequence_length > 1 and
+past context is given", checked with equal and unequal row lengths), so a row verifies at
+batch 1 on its own contiguous view of the shared buffer (`KVSlots.verify`: the kernel writes
+in place). Rows that draft nothing this step (k = 0, no n-gram match, a sampler with presence /
+frequency penalties, logit bias or a grammar) decode in the ordinary batched step.
+
+The compute-bound rule (`SPEC_MAX_ROWS`): rows speculate only while at most `max_rows` rows
+are decoding; above that the engine decodes everyone in one batched step. Measured on
+SmolLM2-135M (1 thread, 2-core machine, load ~2.5): a batched step over b rows costs 1.12x
+(b=2), 1.23x (b=4), 2.38x (b=8) a batch-1 step, and a batch-1 verify of 1 + k tokens
+1.08-1.21x (k = 1..5). b rows all speculating cost ~1.15 b batch-1 steps for b*E tokens
+(E = tokens per verify) against c(b) for b tokens, so speculation pays while
+E > 1.15 b / c(b): E > 1.15 at b=1, E > 2.05 at b=2, E > 3.7 at b=4. n-gram and small MTP
+heads rarely keep E above 2, so by default only a request decoding alone speculates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specport.runtime.engine.base import TokenLogprobs
+from specport.runtime.engine.logprobs import token_logprobs
+from specport.runtime.engine.slots import KVSlots
+from specport.runtime.sampler import Sampler, SamplingConfig
+from specport.runtime.speculative.base import Drafts, Proposer
+from specport.runtime.speculative.loop import (
+    METHODS,
+    SpeculativeGenerator,
+    default_adaptive,
+    make_proposer,
+)
+from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
+from specport.runtime.speculative.verify import VerifyResult
+
+logger = logging.getLogger(__name__)
+
+SPEC_MAX_ROWS = 1  # speculate only while this many rows (or fewer) decode; see the docstring
+
+__all__ = ["METHODS", "SPEC_MAX_ROWS", "EngineSpeculation", "RowSpec", "SpeculativeRows"]
+
+
+@dataclass
+class RowSpec:
+    """One request's speculation state (lives as long as the request's row)."""
+
+    proposer: Proposer
+    controller: AdaptiveDraftLength | None
+    stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+
+
+class EngineSpeculation:
+    """Proposers, verification and counters for the engine's speculating rows."""
+
+    def __init__(
+        self,
+        model: Any,  # specport.api.Model (the target)
+        method: str,
+        num_draft: int | None = None,
+        draft: Any = None,  # a draft Model or artifact path, for method="draft"
+        max_rows: int = SPEC_MAX_ROWS,
+        adaptive: bool | None = None,
+    ) -> None:
+        from specport import generation_args
+        from specport.speculative_calls import _draft_model
+
+        self.model, self.method = model, method
+        self.num_draft = generation_args.resolve_num_draft(model, method, num_draft)
+        self.draft = _draft_model(model, draft) if method == "draft" else None
+        first = make_proposer(method, model, self.num_draft, self.draft)  # clear errors early
+        self.adaptive = default_adaptive(first) if adaptive is None else bool(adaptive)
+        self.max_rows = int(max_rows)
+        self._pool: list[Proposer] = [first]
+        self.needs_outputs = method == "mtp"  # MTP drafts come out of every run of the row
+        self.counters = {"spec_steps": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
+        self.totals = SpecDecodingStats()
+
+    # ---- per request -----------------------------------------------------------------
+    def attach(self, sampling: SamplingConfig) -> RowSpec | None:
+        """The state of a new request, or None when its sampling cannot be verified losslessly
+        here (presence / frequency penalties, logit bias, a grammar: it decodes plainly)."""
+        if (
+            sampling.presence_penalty
+            or sampling.frequency_penalty
+            or sampling.logit_bias
+            or sampling.constraint is not None
+        ):
+            return None
+        proposer = (
+            self._pool.pop()
+            if self._pool
+            else make_proposer(self.method, self.model, self.num_draft, self.draft)
+        )
+        configure = getattr(proposer, "configure", None)
+        if configure is not None:
+            configure(sampling)
+        reset = getattr(proposer, "reset", None)
+        if reset is not None:
+            reset()
+        controller = AdaptiveDraftLength(self.num_draft) if self.adaptive else None
+        return RowSpec(proposer, controller)
+
+    def detach(self, spec: RowSpec) -> None:
+        """The request left its row: its proposer goes back to the pool."""
+        self.totals.merge(spec.stats)
+        self._pool.append(spec.proposer)
+
+    # ---- per step --------------------------------------------------------------------
+    def active(self, decoding_rows: int) -> bool:
+        """The compute-bound rule: speculate only while few rows decode (`SPEC_MAX_ROWS`)."""
+        return decoding_rows <= self.max_rows
+
+    def step(
+        self,
+        spec: RowSpec,
+        slots: KVSlots,
+        row: int,
+        context: list[int],  # prompt + generated; the last token has no KV yet
+        room: int,
+        sampler: Sampler | None,
+    ) -> tuple[np.ndarray, list[int]] | None:
+        """Draft, verify [last, drafts] on `row` at batch 1, keep the accepted prefix.
+
+        Returns the step's logits [S, V] and the tokens to emit (accepted drafts + one), or
+        None when the proposer had nothing (the row then decodes in the batched step)."""
+        drafts = self.propose(spec, context, room)
+        if int(drafts.lengths[0]) == 0:
+            return None
+        pos = int(slots.lengths[row])
+        logits, outputs = slots.verify(row, np.asarray([context[-1], *drafts.row(0)]))
+        result = self.verify(drafts, logits, sampler, context)
+        slots.keep(row, pos + int(result.accepted[0]) + 1)  # rollback by length, no KV copy
+        self.observe(spec, drafts, result, outputs)
+        return logits, result.tokens[0]
+
+    def propose(self, spec: RowSpec, context: list[int], room: int) -> Drafts:
+        """Up to `room` drafts (the request's budget and the row's KV space allow that many)."""
+        k = min(self.num_draft if spec.controller is None else spec.controller.choose(), room)
+        if k <= 0:
+            return Drafts.empty(1)
+        drafts = spec.proposer.propose([context], k)
+        if drafts.width > k:
+            drafts = Drafts(
+                drafts.tokens[:, :k],
+                np.minimum(drafts.lengths, k),
+                None if drafts.probs is None else drafts.probs[:, :k],
+            )
+        return drafts
+
+    def verify(
+        self,
+        drafts: Drafts,
+        logits: np.ndarray,  # [S = k+1, V] the row's scores of [last, drafts]
+        sampler: Sampler | None,  # None: plain greedy
+        context: list[int],
+    ) -> VerifyResult:
+        """Greedy: exact argmax match; sampling: lossless rejection sampling (the row's RNG)."""
+        row = drafts.row(0)
+        if sampler is None:
+            best = np.argmax(logits[: len(row) + 1], axis=-1).tolist()
+            a = 0
+            while a < len(row) and row[a] == best[a]:
+                a += 1
+            accepted = np.array([a], dtype=np.int64)
+            return VerifyResult(accepted, [[*row[:a], int(best[a])]], accepted == drafts.lengths)
+        return SpeculativeGenerator._verify(drafts, logits[None], sampler, context)
+
+    def observe(
+        self,
+        spec: RowSpec,
+        drafts: Drafts,
+        result: VerifyResult,
+        outputs: dict[str, np.ndarray],  # the run's other outputs, batch 1 (the MTP branch)
+    ) -> None:
+        drafted, accepted = int(drafts.lengths[0]), int(result.accepted[0])
+        spec.stats.observe_draft(drafted, accepted)
+        self.counters["spec_steps"] += 1
+        self.counters["spec_draft_tokens"] += drafted
+        self.counters["spec_accepted_tokens"] += accepted
+        if spec.controller is not None:
+            spec.controller.observe(drafted, accepted)
+        if hasattr(spec.proposer, "observe"):
+            spec.proposer.observe(outputs, result)
+
+    def observe_plain(self, spec: RowSpec, outputs: dict[str, np.ndarray], token: int) -> None:
+        """The row decoded one token in a batched step: an MTP proposer reads its new drafts
+        from that run (`outputs` sliced to the row); others need nothing."""
+        if self.needs_outputs and hasattr(spec.proposer, "observe"):
+            one = np.zeros(1, dtype=np.int64)
+            spec.proposer.observe(outputs, VerifyResult(one, [[token]], np.ones(1, dtype=bool)))
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self.counters,
+            "speculative": self.method,
+            "spec_num_draft": self.num_draft,
+            "spec_max_rows": self.max_rows,
+        }
+
+
+class SpeculativeRows:
+    """The batching engine's speculative step (a mixin of `BatchingEngine`, kept here so the
+    engine module stays about scheduling): rows draft and verify before the batched step."""
+
+    spec: EngineSpeculation | None
+    slots: KVSlots
+    rows: list[Any]
+    max_length: int
+    decode_seconds: float
+
+    def _end(self, job: Any, reason: str, error: str | None = None) -> None: ...
+
+    def _record(self, job: Any, choice: tuple[int, TokenLogprobs | None]) -> None: ...
+
+    def _speculate(self, job: Any) -> bool:
+        """One speculative step of `job` on its row; False when it drafted nothing (it then
+        decodes in the batched step). Emits accepted + 1 tokens; the rest is rolled back."""
+        if job.spec is None or self.spec is None:
+            return False
+        pos = int(self.slots.lengths[job.row])  # == len(prompt) + len(tokens) - 1
+        room = min(job.budget - len(job.tokens) - 1, self.max_length - 1 - pos)
+        context = [*job.prompt.tolist(), *job.tokens]
+        t0 = time.perf_counter()
+        try:
+            step = self.spec.step(job.spec, self.slots, job.row, context, room, job.sampler)
+        except Exception as exc:
+            logger.exception("speculative step failed")
+            self._end(job, "error", f"decode failed: {type(exc).__name__}: {exc}")
+            return True
+        if step is None:
+            return False
+        self.decode_seconds += time.perf_counter() - t0
+        logits, tokens = step
+        k = job.handle.request.logprobs
+        for i, token in enumerate(tokens):
+            self._record(job, (token, None if k is None else token_logprobs(logits[i], token, k)))
+            if self.rows[job.row] is not job:  # finished (EOS, length, stop string)
+                break
+        return True
+
+    def _observe_plain(self, job: Any, row: int, extra: dict[str, np.ndarray]) -> None:
+        """`job` decoded one token in the batched step (row `row` of its outputs `extra`)."""
+        if job.spec is not None and self.spec is not None and self.rows[row] is job:
+            outputs = {name: value[row : row + 1] for name, value in extra.items()}
+            self.spec.observe_plain(job.spec, outputs, job.tokens[-1])

@@ -1,0 +1,133 @@
+"""Speculative decoding inside the batching engine (shared KV layout) against plain greedy.
+
+Greedy output must be `Model.generate`'s plain greedy output token for token, whatever the
+traffic: requests arriving while others decode, a cancellation mid-generation, prefix-cache
+hits, rows speculating beside rows that decode batched. Sampling goes through lossless
+rejection sampling: seeded runs are reproducible and the acceptance counters stay sane.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specport.errors import InputError
+from specport.runtime.engine import Request, make_engine
+from specport.runtime.engine.batching import BatchingEngine
+from specport.runtime.sampler import SamplingConfig
+
+# repeated patterns: the n-gram proposer finds matches, so drafts are accepted and rejected
+PROMPTS = [
+    [1, 3, 4] * 9,
+    [1, 74, 75, 76, 90, 74, 75, 76, 90, 74],
+    [1, 100],
+    [1, 5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7],
+    [1, 200, 201, 30, 31, 32, 33],
+]
+NEW = [30, 24, 20, 16, 28]
+
+
+@pytest.fixture(scope="module")
+def reference(shared_model):
+    return [
+        shared_model.generate(prompt_ids=p, max_new_tokens=n, ignore_eos=True).tokens
+        for p, n in zip(PROMPTS, NEW)
+    ]
+
+
+def _submit(eng, i, **kw):
+    return eng.submit(Request(PROMPTS[i], NEW[i], ignore_eos=True, **kw))
+
+
+@pytest.mark.parametrize("max_rows", [8, 1], ids=["every-row-speculates", "compute-bound-rule"])
+def test_ngram_staggered_arrivals_and_cancel_equal_plain_greedy(shared_model, reference, max_rows):
+    eng = BatchingEngine(
+        shared_model, max_batch=3, prefill_chunk=4, speculative="ngram", spec_max_rows=max_rows
+    )
+    try:
+        first = _submit(eng, 0)
+        events = first.events(timeout=60)
+        head = next(events)  # the first request is decoding now
+        doomed = eng.submit(Request(PROMPTS[2], 100, ignore_eos=True))
+        rest = [_submit(eng, i) for i in (1, 3, 4)]  # more than max_batch: some wait for a row
+        next(doomed.events(timeout=60))
+        doomed.cancel()  # mid-generation: its row is freed for a waiting request
+        tail = list(events)
+        assert head.token_ids + [t for ev in tail for t in ev.token_ids] == reference[0]
+        assert tail[-1].finish_reason == "length"
+        for i, handle in zip((1, 3, 4), rest):
+            result = handle.result(timeout=60)
+            assert result.token_ids == reference[i], i
+            assert result.finish_reason == "length"
+        assert doomed.result(timeout=60).finish_reason == "cancelled"
+        stats = eng.stats()
+        assert stats["errors"] == 0 and stats["cancelled"] == 1
+        assert stats["spec_steps"] > 0 and stats["spec_accepted_tokens"] > 0
+        assert stats["spec_accepted_tokens"] <= stats["spec_draft_tokens"]
+    finally:
+        eng.close()
+
+
+def test_first_request_tokens_equal_plain_greedy(shared_model, reference):
+    eng = BatchingEngine(shared_model, max_batch=2, speculative="ngram", spec_max_rows=8)
+    try:
+        handles = [_submit(eng, i) for i in range(len(PROMPTS))]
+        for i, handle in enumerate(handles):
+            assert handle.result(timeout=60).token_ids == reference[i], i
+        # a chat's next turn starts with the previous exchange: prefix-cache hit, same tokens
+        follow = PROMPTS[0] + reference[0] + [40, 41, 42]
+        want = shared_model.generate(prompt_ids=follow, max_new_tokens=12, ignore_eos=True)
+        got = eng.submit(Request(follow, 12, ignore_eos=True)).result(timeout=60)
+        assert got.token_ids == want.tokens
+        stats = eng.stats()
+        assert stats["prefix_cache_hits"] >= 1
+        assert stats["spec_accepted_tokens"] > 0
+    finally:
+        eng.close()
+
+
+def test_stop_string_logprobs_and_context_limit(shared_model, reference):
+    eng = BatchingEngine(
+        shared_model, max_batch=2, max_length=40, speculative="ngram", spec_max_rows=8
+    )
+    try:
+        got = eng.submit(Request(PROMPTS[0], 30, ignore_eos=True, logprobs=2))
+        events = list(got.events(timeout=60))
+        tokens = [t for ev in events for t in ev.token_ids]
+        assert tokens == reference[0][: len(tokens)]
+        assert events[-1].finish_reason == "context"  # 27 prompt + 13 new = 40 positions
+        assert len(tokens) == 40 - len(PROMPTS[0])
+        logprobs = [lp for ev in events for lp in ev.logprobs or []]
+        assert [lp.token for lp in logprobs] == tokens
+        assert all(lp.logprob <= 0 and len(lp.top) == 2 for lp in logprobs)
+    finally:
+        eng.close()
+
+
+def test_seeded_sampling_reproducible_and_acceptance_sane(shared_model):
+    eng = BatchingEngine(shared_model, max_batch=2, speculative="ngram", spec_max_rows=8)
+    config = SamplingConfig(greedy=False, temperature=0.7, top_k=5, seed=11)
+    try:
+        a = eng.submit(Request(PROMPTS[0], 24, sampling=config, ignore_eos=True))
+        a_tokens = a.result(timeout=60).token_ids
+        b = eng.submit(Request(PROMPTS[0], 24, sampling=config, ignore_eos=True))
+        assert b.result(timeout=60).token_ids == a_tokens  # alone, same seed: same tokens
+        stats = eng.stats()
+        assert stats["spec_steps"] > 0
+        assert 0 <= stats["spec_accepted_tokens"] <= stats["spec_draft_tokens"]
+        assert stats["generated_tokens"] == 48
+    finally:
+        eng.close()
+
+
+def test_make_engine_picks_batching_for_shared_speculation(shared_model, reference):
+    eng = make_engine(shared_model, max_batch=4, speculative="ngram", num_draft=3)
+    try:
+        assert isinstance(eng, BatchingEngine)
+        assert eng.stats()["speculative"] == "ngram" and eng.stats()["spec_num_draft"] == 3
+        assert _submit(eng, 1).result(timeout=60).token_ids == reference[1]
+    finally:
+        eng.close()
+    with pytest.raises(InputError, match="draft"):
+        make_engine(shared_model, speculative="draft")
+    with pytest.raises(InputError, match="MTP"):
+        make_engine(shared_model, speculative="mtp")
