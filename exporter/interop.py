@@ -205,3 +205,25 @@ def write_interop_files(directory: Path, manifest: Any) -> dict[str, str]:
     (d / card_name).write_text(card)
     hashes[card_name] = sha256_file(d / card_name)
     return dict(sorted(hashes.items()))
+
+
+def refresh_card(directory: Path, manifest: Any) -> tuple[str, str] | None:
+    """The model card regenerated from `manifest` alone (name, text), without touching any other
+    file; None when specport did not generate one here (a user's README is never replaced).
+
+    Used when only the manifest changes (e.g. `eval --record`): the file table lists the sizes
+    and hashes already in `manifest.files`, and the runtimes recorded at the last full write.
+    """
+    d = Path(directory)
+    interop = manifest.extra.get(INTEROP_KEY) or {}
+    generated = set(interop.get("generated") or [])
+    name = next((n for n in (CARD_NAME, FALLBACK_CARD_NAME) if n in generated), None)
+    if name is None or not (d / name).exists():
+        return None
+    runtimes = interop.get("runtimes") or runtimes_of(manifest, d)
+    sizes = {
+        n: ((d / n).stat().st_size, digest)
+        for n, digest in manifest.files.items()
+        if n != name and (d / n).exists()
+    }
+    return name, model_card(manifest, runtimes, sizes)

@@ -69,7 +69,8 @@ def model_card(
         lines.append(f"| {RUNTIME_TITLES.get(name, name)} | {info['status']} | {notes} |")
     lines += ["", "## What the passes did", ""]
     lines += [f"- {_pass_line(p)}" for p in manifest.passes] or ["- none (graph as traced)"]
-    lines += ["", *_quant_section(manifest, quant), "", *_verify_section(manifest)]
+    lines += ["", *_quant_section(manifest, quant), "", *_eval_section(manifest, quant)]
+    lines += ["", *_verify_section(manifest)]
     lines += ["", "## Files", "", "| file | bytes | sha256 |", "|---|---:|---|"]
     lines += [f"| `{n}` | {size:,} | `{digest}` |" for n, (size, digest) in sorted(files.items())]
     lines += ["", "## Use it", "", *_usage(manifest, runtimes)]
@@ -123,20 +124,42 @@ def _quant_section(manifest: Any, quant: dict[str, Any]) -> list[str]:
             lines.append(f"Calibration: {calib.get('files')} (sha256 `{calib.get('sha256')}`).")
     if manifest.kv.dtype != "float32":
         lines.append(f"KV cache: {manifest.kv.dtype}.")
+    return lines
+
+
+def _eval_section(manifest: Any, quant: dict[str, Any]) -> list[str]:
+    """The recorded perplexity (`specport eval ... --record`, specport/eval_record.py)."""
+    lines = ["## Evaluation", ""]
     ev = manifest.extra.get("eval") if isinstance(manifest.extra, dict) else None
-    if isinstance(ev, dict) and ev.get("ppl") is not None:
-        delta = ev.get("ppl_delta")
+    quantized = bool(quant) and quant.get("scheme") not in (None, "none")
+    if isinstance(ev, dict) and isinstance(ev.get("ppl"), (int, float)):
+        text = f"`{ev.get('text')}`" if ev.get("text") else "a text"
+        line = f"Perplexity {ev['ppl']:.4f} on {text}"
+        ref = ev.get("reference")
+        if isinstance(ref, dict) and isinstance(ref.get("ppl"), (int, float)):
+            delta = ev["ppl"] - ref["ppl"]
+            line += (
+                f" ({ref.get('label') or 'float32'} source {ref['ppl']:.4f}, delta {delta:+.4f}"
+                f" / {delta / ref['ppl']:+.2%})"
+            )
+        elif quantized:
+            line += " (no float32 reference on the same text recorded)"
+        opts = {k: v for k, v in (ev.get("options") or {}).items() if v not in (None, False)}
+        detail = f"{ev.get('tokens')} tokens, {ev.get('docs')} documents"
+        detail += "".join(f", {k} {v}" for k, v in opts.items())
+        lines.append(f"{line}; {detail}; text sha256 `{ev.get('text_sha256')}`.")
+        if quantized and not isinstance(ref, dict):
+            lines.append(
+                "Record the delta with `specport eval compare FP32_ARTIFACT THIS_ARTIFACT "
+                "--text TEXT --record`."
+            )
+    elif quantized:
         lines.append(
-            f"Perplexity {ev['ppl']:.4f}"
-            + (f" ({delta:+.2%} vs float32)" if isinstance(delta, float) else "")
-            + (f" on {ev.get('text')}" if ev.get("text") else "")
-            + "."
+            "Perplexity delta: not measured for this artifact; measure and record it with "
+            "`specport eval compare FP32_ARTIFACT THIS_ARTIFACT --text TEXT --record`."
         )
-    elif quant and quant.get("scheme") not in (None, "none"):
-        lines.append(
-            "Perplexity delta: not measured for this artifact; measure it with "
-            "`specport eval compare FP32_ARTIFACT THIS_ARTIFACT --text TEXT`."
-        )
+    else:
+        lines.append("Not recorded (`specport eval ppl THIS_ARTIFACT --text TEXT --record`).")
     return lines
 
 

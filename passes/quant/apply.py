@@ -36,6 +36,7 @@ from specport.artifact import (
     write_manifest,
 )
 from specport.errors import QuantizationError
+from specport.eval_record import EVAL_KEY, SOURCE_EVAL_KEY, source_eval_for_quantized
 from specport.options import option
 from specport.passes.base import PassResult
 from specport.passes.quant import calibration as C
@@ -209,6 +210,13 @@ def quantize_artifact(
     _check_kv(scheme, algo, kv_cache, kv_clip, calib_files)
     _check(scheme, algo, group_size, calib_files, mixed_precision, form)
     manifest = read_manifest(src_p)
+    # The source's recorded perplexity describes the source, not this artifact: carried as the
+    # reference a later `eval ppl --record` on the same text compares against.
+    source_eval = source_eval_for_quantized(manifest) or manifest.extra.get(SOURCE_EVAL_KEY)
+    manifest.extra.pop(EVAL_KEY, None)
+    manifest.extra.pop(SOURCE_EVAL_KEY, None)
+    if source_eval:
+        manifest.extra[SOURCE_EVAL_KEY] = source_eval
     if manifest.kv.layout != "concat" and (manifest.kv.layout != "shared" or kv_cache == "int8"):
         raise QuantizationError(
             f"{src_p} uses the {manifest.kv.layout!r} KV layout; re-export with --kv-layout concat "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE, int_at_least
@@ -37,6 +38,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             help="feed N tokens per run, carrying the KV cache (scores what the model reads "
             "back from its cache, e.g. --kv-cache int8); default: one pass per document",
         )
+        q.add_argument(
+            "--record",
+            action="store_true",
+            help="write the result into the artifact's specport.json and model card "
+            + (
+                "(perplexity, text name and sha256; a quantized artifact's float32 reference "
+                "when quantize carried one)"
+                if name == "ppl"
+                else "(on B: its perplexity, with A's as the reference and the delta)"
+            )
+            + "; off by default: evaluation leaves the artifact unchanged",
+        )
         q.add_argument("--json", action="store_true", help="print one JSON object on stdout")
         q.set_defaults(run=run)
 
@@ -50,6 +63,16 @@ def run(args: argparse.Namespace) -> int:
     def progress(i: int, n: int) -> None:
         report("scoring documents", i, n)
 
+    from specport.eval_record import (
+        artifact_label,
+        options_key,
+        record_eval,
+        require_artifact_dir,
+    )
+
+    options = options_key(args.max_docs, args.last, args.context, args.chunk)
+    if args.record:  # fail before the (long) scoring, not after
+        require_artifact_dir(args.other if args.eval_command == "compare" else args.artifact)
     if args.eval_command == "ppl":
         r = perplexity(
             args.artifact,
@@ -60,12 +83,16 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             chunk=args.chunk,
         )
+        if args.record:
+            r["recorded"] = record_eval(args.artifact, r, args.text, options)
         if args.json:
             emit_json(r)
         else:
             print(
                 f"perplexity {r['ppl']:.4f} (nll {r['nll']:.4f}) on {r['tokens']} tokens, {r['docs']} docs"
             )
+            if args.record:
+                _print_recorded(args.artifact, r["recorded"])
         return 0
     r = compare(
         args.artifact,
@@ -76,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
         last=args.last,
         chunk=args.chunk,
     )
+    if args.record:
+        ref = {"ppl": r["ppl_a"], "label": artifact_label(args.artifact), "via": "eval compare"}
+        scored = {"ppl": r["ppl_b"], "tokens": r["positions"] - r["docs"], "docs": r["docs"]}
+        r["recorded"] = record_eval(args.other, scored, args.text, options, reference=ref)
     if args.json:
         emit_json(r)
     else:
@@ -83,4 +114,12 @@ def run(args: argparse.Namespace) -> int:
             f"top-1 agreement {100 * r['top1_agreement']:.2f}%  KL {r['kl']:.5f} nats/token  "
             f"ppl {r['ppl_a']:.4f} -> {r['ppl_b']:.4f} ({r['positions']} positions, {r['docs']} docs)"
         )
+    if args.record and not args.json:
+        _print_recorded(args.other, r["recorded"])
     return 0
+
+
+def _print_recorded(artifact: str, rec: dict[str, Any]) -> None:
+    ref = rec.get("reference")
+    extra = f" (reference {ref['ppl']:.4f}, delta {rec['ppl_delta']:+.4f})" if ref else ""
+    print(f"recorded perplexity {rec['ppl']:.4f}{extra} in {artifact}/specport.json and its card")
