@@ -1,10 +1,15 @@
 """`specport serve`: an OpenAI-compatible ASGI server (FastAPI + uvicorn) over one engine.
 
-- `app.py`: `make_app(model, engine, settings)`, the FastAPI app (routes, errors, streaming);
-- `protocol.py` / `schemas.py` / `responses.py`: the OpenAI wire format, in and out;
+- `app.py`: `make_app(model, engine, settings)`, the FastAPI app (routes, errors);
+  `generate.py`: one request through the engine (whole answer or SSE stream); `state.py`: the
+  settings, the shared state and the access log;
+- `protocol.py` / `fields.py` / `schemas.py` / `responses.py` / `api_error.py`: the OpenAI wire
+  format, in and out;
 - `bridge.py`: engine thread -> event loop; `guard.py`: limits and client timeouts;
 - `metrics.py`: Prometheus `/metrics` under vLLM's names; `server.py`: uvicorn;
-- `ray.py`: the same app as a Ray Serve deployment (`specport serve --replicas N`).
+- `ray.py`: the same app as a Ray Serve deployment (`specport serve --replicas N`);
+- `loadtest.py` / `loadpeer.py`: load and fault tests against any OpenAI-compatible server,
+  and side by side with llama-cpp-python's server.
 """
 
 from __future__ import annotations

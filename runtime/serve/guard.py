@@ -19,7 +19,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from specport.runtime.serve.protocol import APIError, error_body
+from specport.runtime.serve.api_error import APIError, error_body
 
 logger = logging.getLogger(__name__)
 

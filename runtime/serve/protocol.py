@@ -22,10 +22,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from specport.errors import InputError, SpecportError
+from specport.errors import InputError
 from specport.runtime.chat_template import ChatTemplate
 from specport.runtime.engine.base import Request
-from specport.runtime.sampler import SamplingConfig
+from specport.runtime.serve.api_error import APIError
+from specport.runtime.serve.fields import (
+    grammar,
+    logprobs_k,
+    refuse_unsupported,
+    sampling_config,
+    stop_strings,
+)
 from specport.runtime.serve.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -37,36 +44,6 @@ logger = logging.getLogger(__name__)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_N = 16  # choices per request (each holds a KV row)
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit
-
-
-class APIError(Exception):
-    """A request the server answers with an OpenAI error body instead of a result."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        type: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-def error_body(
-    message: str, type: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 @dataclass
@@ -150,89 +127,6 @@ def _validate(model: type[_Sampling], body: dict[str, Any]) -> Any:
         raise APIError(400, message, param=param) from None
 
 
-_REFUSED = {
-    "suffix": "suffix (insertion) is not supported by specport serve",
-    "tools": "tools / function calling are not supported by specport serve",
-    "functions": "function calling is not supported by specport serve",
-}
-
-
-def _refuse_unsupported(req: _Sampling) -> None:
-    for name, why in _REFUSED.items():
-        value = getattr(req, name, None)
-        if value not in (None, [], {}, ""):
-            raise APIError(400, why, param=name, code="unsupported")
-    if req.tool_choice not in (None, "none"):
-        raise APIError(400, _REFUSED["tools"], param="tool_choice", code="unsupported")
-    if req.best_of not in (None, 1) and req.best_of != req.n:
-        raise APIError(
-            400,
-            "best_of other than n is not supported; use n for several choices",
-            param="best_of",
-            code="unsupported",
-        )
-
-
-def _sampling(req: _Sampling, vocab: int) -> SamplingConfig:
-    temperature = 1.0 if req.temperature is None else req.temperature
-    if temperature < 0:
-        raise APIError(
-            400, f"temperature must be >= 0 (0 = greedy), got {temperature}", param="temperature"
-        )
-    bias: dict[int, float] = {}
-    for key, value in (req.logit_bias or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise APIError(
-                400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
-            ) from None
-        if not 0 <= token < vocab:
-            raise APIError(
-                400,
-                f"logit_bias token id {token} is outside the vocabulary (0..{vocab - 1})",
-                param="logit_bias",
-            )
-        if not -100 <= value <= 100:
-            raise APIError(
-                400, f"logit_bias values must be in [-100, 100], got {value}", param="logit_bias"
-            )
-        bias[token] = float(value)
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(req, name)
-        if value is not None and not -2.0 <= value <= 2.0:
-            raise APIError(400, f"{name} must be in [-2, 2], got {value}", param=name)
-    config = SamplingConfig(
-        greedy=temperature == 0.0,
-        temperature=temperature if temperature > 0 else 1.0,
-        top_k=0 if req.top_k in (None, -1) else req.top_k,  # -1: vLLM's spelling of "off"
-        top_p=1.0 if req.top_p is None else req.top_p,
-        min_p=req.min_p or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        logit_bias=tuple(sorted(bias.items())),
-        seed=req.seed,
-    )
-    try:
-        return config.validate()
-    except SpecportError as e:
-        raise APIError(400, str(e)) from None
-
-
-def _stop(req: _Sampling) -> tuple[str, ...]:
-    if req.stop is None:
-        return ()
-    stops = [req.stop] if isinstance(req.stop, str) else req.stop
-    if not all(stops):
-        raise APIError(
-            400,
-            f"stop must be a non-empty string or a list of them, got {req.stop!r}",
-            param="stop",
-        )
-    return tuple(stops)
-
-
 def _check_ids(ids: list[int], served: ServedModel, param: str) -> list[int]:
     if not ids:
         raise APIError(400, f"{param} is empty; send some text or token ids", param=param)
@@ -287,29 +181,6 @@ def _check_model(req: _Sampling, served: ServedModel) -> None:
         )
 
 
-def _logprobs(kind: str, req: Any, served: ServedModel) -> int | None:
-    if kind == "chat":
-        if req.top_logprobs is not None and not req.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        k = (req.top_logprobs or 0) if req.logprobs else None
-        param = "top_logprobs"
-    else:
-        k, param = req.logprobs, "logprobs"
-    if k is None:
-        return None
-    if not 0 <= k <= MAX_TOP_LOGPROBS:
-        raise APIError(400, f"{param} must be in 0..{MAX_TOP_LOGPROBS}, got {k}", param=param)
-    if not served.logprobs:
-        raise APIError(
-            400,
-            "this server's engine does not report logprobs; serve with `specport serve` "
-            "(either engine reports them)",
-            param=param,
-            code="unsupported",
-        )
-    return k
-
-
 def _finish(
     kind: str,
     req: Any,
@@ -352,18 +223,18 @@ def _finish(
     stream = bool(req.stream)
     options = req.stream_options
     request_id = new_id("chatcmpl" if kind == "chat" else "cmpl")
-    config = _sampling(req, served.vocab_size)
+    config = sampling_config(req, served.vocab_size)
     if n > 1 and config.greedy:
         logger.debug("n=%d with greedy decoding: the choices will be equal", n)
-    logprobs = _logprobs(kind, req, served)
-    compiled = _grammar(req, served)
+    logprobs = logprobs_k(kind, req, served)
+    compiled = grammar(req, served)
     if compiled is not None:
         config = replace(config, constraint=served.grammars().constraint(compiled))
     base = Request(
         prompt_ids=ids,
         max_new_tokens=max_tokens,
         sampling=config,
-        stop=_stop(req),
+        stop=stop_strings(req),
         ignore_eos=bool(req.ignore_eos),
         request_id=request_id,
         logprobs=logprobs,
@@ -387,85 +258,11 @@ def _finish(
     )
 
 
-def _structured(req: _Sampling) -> tuple[str, Any, str] | None:
-    """(kind, spec, field) of the one structured-output field set, if any."""
-    found: list[tuple[str, Any, str]] = []
-    fmt = req.response_format
-    if fmt is not None and fmt.type != "text":
-        if fmt.type == "json_schema":
-            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-                raise APIError(
-                    400,
-                    'response_format {"type": "json_schema"} needs json_schema.schema',
-                    param="response_format",
-                )
-            found.append(("json_schema", fmt.json_schema.schema_, "response_format"))
-        elif fmt.type == "json_object":
-            found.append(("json_object", None, "response_format"))
-        else:
-            raise APIError(
-                400,
-                f"response_format type {fmt.type!r} is not supported; use json_schema or "
-                "json_object, or the guided_regex / guided_grammar fields",
-                param="response_format",
-            )
-    for kind, name in (
-        ("json_schema", "guided_json"),
-        ("regex", "guided_regex"),
-        ("choice", "guided_choice"),
-        ("grammar", "guided_grammar"),
-    ):
-        value = getattr(req, name)
-        if value is not None:
-            found.append((kind, value, name))
-    so = req.structured_outputs
-    if so is not None:
-        for kind, value in (
-            ("json_schema", so.json_),
-            ("regex", so.regex),
-            ("choice", so.choice),
-            ("grammar", so.grammar),
-            ("json_object", True if so.json_object else None),
-        ):
-            if value is not None:
-                found.append((kind, None if kind == "json_object" else value, "structured_outputs"))
-    if len(found) > 1:
-        names = ", ".join(sorted({f for _, _, f in found}))
-        raise APIError(400, f"give one structured-output constraint, got several ({names})")
-    return found[0] if found else None
-
-
-def _grammar(req: _Sampling, served: ServedModel) -> Any:
-    """The compiled grammar the request asks for (None: unconstrained)."""
-    wanted = _structured(req)
-    if wanted is None:
-        return None
-    kind, spec, name = wanted
-    if served.model.tokenizer is None:
-        raise APIError(
-            400,
-            "structured outputs need the model's tokenizer, and this artifact has none",
-            param=name,
-        )
-    if served.speculative:
-        raise APIError(
-            400,
-            "structured outputs are not supported with speculative decoding yet; serve "
-            "without --speculative for constrained requests",
-            param=name,
-            code="unsupported",
-        )
-    try:
-        return served.grammars().compile(kind, spec)
-    except InputError as e:
-        raise APIError(400, str(e), param=name) from None
-
-
 def parse_completion(body: dict[str, Any], served: ServedModel) -> ParsedRequest:
     """POST /v1/completions body -> engine requests (raises APIError on bad input)."""
     req = _validate(CompletionRequest, body)
     _check_model(req, served)
-    _refuse_unsupported(req)
+    refuse_unsupported(req)
     ids = _prompt_ids(req, served)
     return _finish("completion", req, served, ids, COMPLETION_DEFAULT_MAX_TOKENS)
 
@@ -476,7 +273,7 @@ def parse_chat(
     """POST /v1/chat/completions body -> engine requests, the prompt from the chat template."""
     req = _validate(ChatCompletionRequest, body)
     _check_model(req, served)
-    _refuse_unsupported(req)
+    refuse_unsupported(req)
     messages = _messages(req)
     if template is None:
         raise APIError(
