@@ -121,6 +121,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=384,
         help="shared system prompt length (default 384)",
     )
+    load.add_argument(
+        "--spec-max-rows",
+        type=NON_NEGATIVE,
+        default=None,
+        help="with --requests and --speculative: rows speculate while at most this many decode "
+        "(default: the engine's, 1)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(run=run)
 
@@ -129,10 +136,10 @@ def run(args: argparse.Namespace) -> int:
     from specport.commands.generate import parse_ids
     from specport.runtime.bench.artifact import BenchConfig, format_table, run_bench
 
-    if args.speculative or args.tree_width:
-        return _run_speculative(args)
     if args.requests is not None:
         return _run_engines(args)
+    if args.speculative or args.tree_width:
+        return _run_speculative(args)
 
     from specport.runtime.bench.peers import check_peer_name
 
@@ -214,11 +221,14 @@ def _run_engines(args: argparse.Namespace) -> int:
         run_engine_bench,
     )
 
-    if args.peer or args.prompt_ids or args.batch != [1]:
+    if args.peer or args.prompt_ids or args.batch != [1] or args.tree_width:
         raise UsageError(
-            "--requests takes --prompt-len, --new-tokens, --runs, --threads only; drop "
-            "--peer, --prompt-ids and --batch."
+            "--requests takes --prompt-len, --new-tokens, --runs, --threads (and --speculative "
+            "METHOD, --num-draft, --draft, --spec-max-rows) only; drop --peer, --prompt-ids, "
+            "--batch and --tree-width."
         )
+    if args.speculative:
+        return _run_engine_speculative(args)
     config = EngineBenchConfig(
         requests=args.requests,
         new_tokens=args.new_tokens,
@@ -232,6 +242,34 @@ def _run_engines(args: argparse.Namespace) -> int:
         emit_json(report)
     else:
         print(format_engine_table(report))
+    return 0
+
+
+def _run_engine_speculative(args: argparse.Namespace) -> int:
+    from specport.runtime.bench.engine_spec import (
+        SpecEngineBenchConfig,
+        format_spec_engine_table,
+        run_spec_engine_bench,
+    )
+
+    if len(args.speculative) != 1:
+        raise UsageError("--requests takes one --speculative METHOD; run once per method.")
+    config = SpecEngineBenchConfig(
+        requests=args.requests,
+        new_tokens=args.new_tokens,
+        prompt_tokens=args.prompt_len,
+        rounds=args.runs,
+        threads=args.threads,
+        method=args.speculative[0],
+        num_draft=args.num_draft,
+        draft=args.draft,
+        spec_max_rows=args.spec_max_rows,
+    )
+    report = run_spec_engine_bench(args.artifact, config)
+    if args.json:
+        emit_json(report)
+    else:
+        print(format_spec_engine_table(report))
     return 0
 
 

@@ -173,3 +173,31 @@ def test_bench_requests_measures_the_engines(tiny_fused, capsys):
     assert report["batching_tok_per_s"] > 0 and report["serial_tok_per_s"] > 0
     assert report["alone_same_tokens"] is True
     assert report["shared_prefix_ttft_ms_cached"] > 0
+
+
+def test_bench_requests_speculative_compares_the_batching_engine(tiny_fused, capsys):
+    """`specport bench --requests N --speculative ngram`: the batching engine with and without
+    speculation on the same copy prompts; greedy, so both give the same tokens."""
+    report = _bench_json(
+        capsys,
+        str(tiny_fused),
+        "--requests",
+        "2",
+        "--speculative",
+        "ngram",
+        "--spec-max-rows",
+        "2",
+        "--new-tokens",
+        "8",
+        "--prompt-len",
+        "12",
+        "--runs",
+        "2",
+        "--threads",
+        "1",
+    )
+    assert report["plain_tok_per_s"] > 0 and report["speculative_tok_per_s"] > 0
+    assert report["same_tokens"] is True
+    assert report["config"]["spec_max_rows"] == 2 and report["spec_steps"] > 0
+    assert report["speculative_ttft_ms_p99"] >= report["speculative_ttft_ms_p50"] > 0
+    assert 0 <= report["accepted"] <= report["drafted"]

@@ -1,0 +1,176 @@
+"""Measure speculative decoding inside the batching engine: the same engine with and without it.
+
+    specport bench ARTIFACT --requests 4 --speculative ngram [--spec-max-rows 4]
+
+N requests are submitted at once to two batching engines over one loaded model, one plain and
+one speculating (`BatchingEngine(speculative=...)`), alternating which goes first each round,
+on the same fresh prompts. The prompts are a "copy" workload: a random segment said twice, so
+n-gram drafts find matches (its favourable case; MTP and draft models do not need it). Reported
+per engine: generated tokens/s (all tokens / wall time until the last request ends) and TTFT
+p50 / p99 over every request of every round; the speed-up is the median of per-round ratios.
+Greedy, so both engines must give the same tokens (`same_tokens`). Run N = 1, 4, 16 to see
+where the compute-bound rule (`--spec-max-rows`) should sit on a machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from specport.errors import ArtifactError, InputError
+from specport.runtime.engine.base import Request
+
+
+@dataclass
+class SpecEngineBenchConfig:
+    requests: int = 4
+    new_tokens: int = 64
+    prompt_tokens: int = 32
+    rounds: int = 3
+    threads: int | None = 1  # None: onnxruntime's default
+    method: str = "ngram"
+    num_draft: int | None = None
+    draft: str | None = None
+    spec_max_rows: int | None = None  # None: the engine's default (SPEC_MAX_ROWS)
+    max_length: int = 512  # KV positions per batching row
+
+
+def copy_prompts(seed: int, n: int, length: int, vocab: int) -> list[list[int]]:
+    """`n` prompts of `length` ids: BOS, then a random segment twice (truncated to fit)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        half = rng.integers(3, vocab, max(1, length // 2)).tolist()
+        out.append([1, *(half + half)[: length - 1]])
+    return out
+
+
+def _load(engine: Any, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    handles = [engine.submit(Request(p, new_tokens, ignore_eos=True)) for p in prompts]
+    results = [h.result(timeout=600) for h in handles]
+    wall = time.perf_counter() - t0
+    failed = [r.error for r in results if r.finish_reason == "error"]
+    if failed:
+        raise RuntimeError(failed[0])
+    return {
+        "tok_per_s": sum(len(r.token_ids) for r in results) / wall,
+        "ttft_ms": [1e3 * (h.first_token_at - h.created) for h in handles if h.first_token_at],
+        "tokens": [r.token_ids for r in results],
+    }
+
+
+def run_spec_engine_bench(
+    artifact: str,
+    config: SpecEngineBenchConfig,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Every figure `specport bench --requests N --speculative METHOD` prints, as a dict."""
+    import specport
+    from specport.runtime.engine.batching import BatchingEngine
+    from specport.runtime.engine.speculation import SPEC_MAX_ROWS
+
+    if config.requests < 1 or config.rounds < 1 or config.new_tokens < 2:
+        raise InputError("--requests and --runs must be at least 1, --new-tokens at least 2.")
+    if config.prompt_tokens < 2:
+        raise InputError("--prompt-len must be at least 2.")
+    model = specport.load(artifact, threads=config.threads)
+    if model.manifest.kv.layout != "shared":
+        raise ArtifactError(
+            f"{artifact} has the {model.manifest.kv.layout!r} KV layout; the batching engine "
+            "needs a shared-KV artifact (`specport export MODEL --kv-layout shared`)."
+        )
+    max_length = max(config.max_length, config.prompt_tokens + config.new_tokens + 1)
+    max_rows = SPEC_MAX_ROWS if config.spec_max_rows is None else config.spec_max_rows
+    plain = BatchingEngine(model, max_batch=config.requests, max_length=max_length)
+    spec = BatchingEngine(
+        model,
+        max_batch=config.requests,
+        max_length=max_length,
+        speculative=config.method,
+        num_draft=config.num_draft,
+        draft=config.draft,
+        spec_max_rows=max_rows,
+    )
+    vocab = model.manifest.vocab_size
+    rows: list[dict[str, Any]] = []
+    ttft: dict[str, list[float]] = {"plain": [], "speculative": []}
+    same = True
+    try:
+        warm = copy_prompts(2**32 - 1, config.requests, config.prompt_tokens, vocab)
+        _load(plain, warm, 8)
+        _load(spec, warm, 8)
+        before = spec.stats()
+        for r in range(config.rounds):
+            prompts = copy_prompts(r, config.requests, config.prompt_tokens, vocab)
+            order = [("plain", plain), ("speculative", spec)]
+            if r % 2:  # alternate which engine runs first
+                order.reverse()
+            got = {name: _load(eng, prompts, config.new_tokens) for name, eng in order}
+            same = same and got["plain"]["tokens"] == got["speculative"]["tokens"]
+            for name in ttft:
+                ttft[name] += got[name]["ttft_ms"]
+            rows.append({name: {"tok_per_s": got[name]["tok_per_s"]} for name in got})
+            if on_round is not None:
+                on_round({"round": r, **rows[-1]})
+        after = spec.stats()
+    finally:
+        plain.close()
+        spec.close()
+    drafted = after["spec_draft_tokens"] - before["spec_draft_tokens"]
+    accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    steps = after["spec_steps"] - before["spec_steps"]
+
+    def med(name: str) -> float:
+        return round(statistics.median(x[name]["tok_per_s"] for x in rows), 2)
+
+    def pct(name: str, q: float) -> float:
+        return round(float(np.percentile(ttft[name], q)), 2) if ttft[name] else float("nan")
+
+    return {
+        "artifact": str(artifact),
+        "config": {**vars(config), "spec_max_rows": max_rows},
+        "plain_tok_per_s": med("plain"),
+        "speculative_tok_per_s": med("speculative"),
+        "speculative_over_plain": round(
+            statistics.median(
+                x["speculative"]["tok_per_s"] / x["plain"]["tok_per_s"] for x in rows
+            ),
+            3,
+        ),
+        "plain_ttft_ms_p50": pct("plain", 50),
+        "plain_ttft_ms_p99": pct("plain", 99),
+        "speculative_ttft_ms_p50": pct("speculative", 50),
+        "speculative_ttft_ms_p99": pct("speculative", 99),
+        "same_tokens": same,
+        "spec_steps": steps,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
+        "rounds": rows,
+    }
+
+
+def format_spec_engine_table(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    lines = [
+        f"{cfg['requests']} concurrent requests x {cfg['new_tokens']} new tokens (copy prompts "
+        f"of {cfg['prompt_tokens']}), batching engine, {cfg['threads']} threads, "
+        f"{cfg['rounds']} rounds; speculative {cfg['method']} while <= {cfg['spec_max_rows']} "
+        "rows decode",
+        f"  plain        {report['plain_tok_per_s']:8.1f} tok/s   TTFT p50 "
+        f"{report['plain_ttft_ms_p50']:.1f} ms  p99 {report['plain_ttft_ms_p99']:.1f} ms",
+        f"  speculative  {report['speculative_tok_per_s']:8.1f} tok/s   TTFT p50 "
+        f"{report['speculative_ttft_ms_p50']:.1f} ms  p99 "
+        f"{report['speculative_ttft_ms_p99']:.1f} ms",
+        f"  speculative / plain {report['speculative_over_plain']:.2f}x (median of rounds); "
+        f"same tokens: {report['same_tokens']}",
+        f"  {report['spec_steps']} verify steps, {report['accepted']}/{report['drafted']} drafts "
+        f"accepted ({100 * report['acceptance_rate']:.1f}%)",
+    ]
+    return "\n".join(lines)
