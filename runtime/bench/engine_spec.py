@@ -32,7 +32,7 @@ class SpecEngineBenchConfig:
     new_tokens: int = 64
     prompt_tokens: int = 32
     rounds: int = 3
-    threads: int | None = 1  # None: onnxruntime's default
+    threads: int = 1  # 0: onnxruntime's default
     method: str = "ngram"
     num_draft: int | None = None
     draft: str | None = None
