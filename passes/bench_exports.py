@@ -206,9 +206,10 @@ def _optimize(tool: str, src: Path, out: Path, heads: int = 0, hidden: int = 0) 
 
 
 def run_exports_bench(
-    root: Path, repeat: int = 20, threads: int = 1, big: bool = True
+    root: Path, repeat: int = 20, threads: int = 1, big: bool = True, only: str | None = None
 ) -> dict[str, Any]:
-    """One row per (input, tool): fused attention, Softmax left, nodes, decode/prefill ms."""
+    """One row per (input, tool): fused attention, Softmax left, nodes, decode/prefill ms.
+    `only`: keep the inputs whose name contains this string."""
     import onnx
 
     from specport.passes.bench_fusion import BENCH_CONFIG, _bound_run, _export, _interleaved
@@ -232,6 +233,8 @@ def run_exports_bench(
             heads,
             hidden,
         )
+    if only:
+        inputs = {k: v for k, v in inputs.items() if only in k}
     rows: dict[str, dict[str, Any]] = {}
     decode: dict[str, Any] = {}
     prefill: dict[str, Any] = {}

@@ -1,7 +1,8 @@
 """CPU timing of fused vs unfused graphs on a ~30M-parameter Llama (not a test).
 
     python -m specport.passes.bench_fusion [--threads 2] [--repeat 30] [--json]
-    python -m specport.passes.bench_fusion --inputs exports   # vs peers on other exporters' graphs
+    python -m specport.passes.bench_fusion --inputs exports [--only 8x512]   # vs peers on other
+                                                 # exporters' graphs
 
 Exports LlamaForCausalLM(8 layers, hidden 512, 8 heads / 4 KV heads, vocab 8192, intermediate
 1408) with random weights once (cached under specport.settings.cache_dir()), builds each
@@ -245,12 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         help="llama30m: fusion variants on one dynamo export; exports: specport vs onnxscript "
         "vs onnxruntime on Optimum / TorchScript exports (passes/bench_exports.py)",
     )
+    ap.add_argument("--only", help="with --inputs exports: inputs whose name contains this")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     if args.inputs == "exports":
         from specport.passes.bench_exports import print_table, run_exports_bench
 
-        out = run_exports_bench(_cache_root(), args.repeat, args.threads)
+        out = run_exports_bench(_cache_root(), args.repeat, args.threads, only=args.only)
         print(json.dumps(out)) if args.json else print_table(out)
         return 0
     res = run_bench(args.threads, args.repeat)
