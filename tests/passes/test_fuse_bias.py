@@ -151,7 +151,12 @@ def test_skip_norm_bias_negative(kw, reason):
 
 @pytest.mark.parametrize(
     "name, skip_biases",
-    [("ts_gpt2_past_eager.onnx", 4), ("ts_gpt2_past_sdpa.onnx", 4), ("dynamo_gpt2_past.onnx", 2)],
+    [
+        ("ts_gpt2_past_eager.onnx", 4),
+        ("ts_gpt2_past_sdpa.onnx", 4),
+        ("optimum_gpt2.onnx", 4),
+        ("dynamo_gpt2_past.onnx", 2),
+    ],
 )
 def test_gpt2_exports_fold_biases(name, skip_biases):
     """Each layer: FastGelu for c_fc; the SkipLayerNorms take the MLP's c_proj bias (and, in
