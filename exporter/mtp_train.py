@@ -109,7 +109,12 @@ def train_heads(
     lr: float = 3e-3,
     progress: bool | None = None,
     hidden: torch.Tensor | None = None,  # [N, T, H] when computed with the sequences (chat)
+    window: int = 0,
 ) -> tuple[MTPHeads, dict[str, Any]]:
+    """Heads trained on ``seqs``; ``window`` > 0 trains each step on one random ``window``-token
+    slice of the sampled sequences instead of all positions. The loss is dominated by the LM
+    head (positions x hidden x vocab, per head, forward and backward), so on a large vocabulary
+    a window buys many more optimizer steps for the same time."""
     torch.manual_seed(0)
     if hidden is None:
         hidden = base_hidden(base, seqs)
@@ -139,7 +144,11 @@ def train_heads(
     loop = Loop(steps, "training MTP heads", show=progress)
     for _step in range(steps):
         idx = torch.randint(0, len(train_s), (batch,), generator=gen)
-        loss = chain_loss(heads, base, train_h[idx], train_s[idx])
+        step_h, step_s = train_h[idx], train_s[idx]
+        if 0 < window < step_s.shape[1]:
+            start = int(torch.randint(0, step_s.shape[1] - window + 1, (1,), generator=gen))
+            step_h, step_s = step_h[:, start : start + window], step_s[:, start : start + window]
+        loss = chain_loss(heads, base, step_h, step_s)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -150,6 +159,8 @@ def train_heads(
     heads.eval()
     report: dict[str, Any] = {
         "steps": steps,
+        "window": window or None,
+        "batch": batch,
         "seconds": round(time.perf_counter() - t0, 1),
         "final_loss": round(float(loss), 4),
     }
@@ -211,6 +222,7 @@ def train_mtp(
     threads: int = 1,
     batch: int = 32,
     chat: bool = False,
+    window: int = 0,
 ) -> art.Manifest:
     """Heads for ``artifact`` (trained, or the checkpoint's own for DeepSeek-V3) -> artifact ``out``."""
 
@@ -232,6 +244,7 @@ def train_mtp(
             progress,
             batch,
             chat,
+            window,
         )
     finally:
         torch.set_num_threads(saved_threads)
@@ -250,6 +263,7 @@ def _train_mtp(
     progress: bool | None,
     batch: int = 32,
     chat: bool = False,
+    window: int = 0,
 ) -> art.Manifest:
     from specport.runtime.tokenizer import load_tokenizer
 
@@ -284,7 +298,14 @@ def _train_mtp(
             "self-generated %s tokens in %.1fs", tuple(seqs.shape), time.perf_counter() - t0
         )
         heads, report = train_heads(
-            base, seqs, num_heads, steps, batch=batch, progress=progress, hidden=hidden
+            base,
+            seqs,
+            num_heads,
+            steps,
+            batch=batch,
+            progress=progress,
+            hidden=hidden,
+            window=window,
         )
         report = {
             "source": "self-distillation" + (" (chat answers)" if chat else ""),

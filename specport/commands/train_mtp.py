@@ -49,6 +49,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="sequences per optimizer step (default 32; lower it for large vocabularies: each "
         "step holds batch x length x vocab logits per head)",
     )
+    p.add_argument(
+        "--window",
+        type=int_at_least(4),
+        default=None,
+        help="train each step on a random slice of this many tokens of every sequence "
+        "(default: all positions; 32 makes large-vocabulary models several times cheaper)",
+    )
+    p.add_argument(
+        "--threads", type=POSITIVE, default=1, help="PyTorch threads for training (default 1)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=run)
 
@@ -65,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         num_sequences=args.sequences,
         batch=args.batch,
         chat=args.chat,
+        window=args.window or 0,
+        threads=args.threads,
     )
     mtp = manifest.mtp or {}
     training = mtp.get("training", {})

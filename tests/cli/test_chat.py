@@ -143,3 +143,26 @@ def _drain(fd: int) -> bytes:
 def test_chat_refuses_an_artifact_without_a_template(cli, tiny_llama_artifact: Path):
     code, _, err = cli("chat", tiny_llama_artifact)
     assert code == 1 and "generate --prompt" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_train_mtp_on_chat_answers(cli, tiny_chat_artifact, tmp_path):
+    """`train-mtp --chat`: each document is a user turn; the base model answers under the chat
+    template, the heads train on those answers, and MTP speculation on the result still gives
+    plain greedy's tokens."""
+    data = tmp_path / "messages.txt"
+    data.write_text("\n\n".join(f"Tell me about topic {i}." for i in range(20)) + "\n")
+    out = tmp_path / "mtp"
+    code, stdout, err = cli(
+        "train-mtp", tiny_chat_artifact, "--chat", "--data", data, "--out", out, "--heads", "2",
+        "--steps", "3", "--sequences", "16", "--batch", "4", "--window", "8", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    training = json.loads(stdout)["training"]
+    assert training["source"] == "self-distillation (chat answers)" and training["window"] == 8
+    assert training["sequences"][0] == 16
+    model, spec = specport.load(tiny_chat_artifact), specport.load(out)
+    ids = load_chat_template(model).render_ids([{"role": "user", "content": "Hello"}])
+    plain = model.generate(prompt_ids=ids, max_new_tokens=N)
+    fast = spec.generate(prompt_ids=ids, max_new_tokens=N, speculative="mtp")
+    assert fast.tokens == plain.tokens

@@ -143,3 +143,25 @@ def test_deepseek_artifact_runs_checkpoint_mtp_branch(tmp_path):
         plain = base.generate(prompt_ids=ids, max_new_tokens=12, ignore_eos=True).tokens
         toks, _, _ = generate_speculative(mtp, ids, 12, "mtp", 1, None, SamplingConfig(), (), None)
         assert toks == plain
+
+
+def test_chat_answers_are_computed_in_their_own_prompts_context(llama):
+    """Prompts of different lengths share a left-padded batch; every row's answer and LM-head
+    inputs equal those of the same prompt run alone (padding masked, positions from its start)."""
+    from specport.exporter.mtp_data import base_hidden, self_generate, self_generate_chat
+
+    prompts = [[5, 17, 42, 9, 11, 3], [7, 8], [100, 101, 102, 4]]
+    seqs, hidden = self_generate_chat(llama, prompts, new_tokens=6, batch=3)
+    assert seqs.shape == (3, 7) and hidden.shape[:2] == (3, 7)
+    for row, p in enumerate(prompts):
+        alone = self_generate(llama, torch.tensor([p]), 6)
+        assert seqs[row].tolist() == alone[0, len(p) - 1 :].tolist()
+        want = base_hidden(llama, alone)[0, len(p) - 1 :]
+        assert torch.allclose(hidden[row], want, atol=1e-4), (hidden[row] - want).abs().max()
+
+
+def test_windowed_training_runs_and_reports(llama):
+    seqs = _greedy_sequences(llama, n=16, new=20)
+    heads, report = train_heads(llama, seqs, num_heads=2, steps=3, batch=4, window=8)
+    assert report["window"] == 8 and report["steps"] == 3
+    assert 1.0 <= report["heldout"]["mean_accepted_length"] <= 3.0
