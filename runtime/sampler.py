@@ -163,6 +163,14 @@ class Sampler:
         out[np.arange(n_rows)[:, None], cand] = probs
         return out
 
+    def scores(
+        self, logits: np.ndarray, history: list[np.ndarray] | None = None
+    ) -> np.ndarray:  # [B, V] float32
+        """The logits after the penalties and the logit bias, before a grammar's mask and the
+        temperature: what greedy decoding takes the argmax of (speculative verification under
+        a grammar masks these itself, position by position)."""
+        return self._penalized(np.asarray(logits), history)
+
     # ------------------------------------------------------------------ steps
 
     def _check(self, logits: np.ndarray, history: list[np.ndarray] | None) -> None:

@@ -201,10 +201,11 @@ class Model:
                     "presence / frequency penalties and logit_bias are not supported with "
                     "speculative decoding; use repetition_penalty, or decode without it."
                 )
-            if config.constraint is not None:
+            if config.constraint is not None and (not config.greedy or tree_width != 1):
                 raise UsageError(
-                    "structured outputs (a grammar) are not supported with speculative "
-                    "decoding yet; serve without --speculative for constrained requests."
+                    "structured outputs (a grammar) with speculative decoding need greedy "
+                    "decoding (temperature 0) and chain drafts (tree width 1); decode without "
+                    "--speculative for sampled constrained requests."
                 )
             return speculative_one(
                 self,

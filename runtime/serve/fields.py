@@ -175,7 +175,7 @@ def _structured(req: _Sampling) -> tuple[str, Any, str] | None:
     return found[0] if found else None
 
 
-def grammar(req: _Sampling, served: ServedModel) -> Any:
+def grammar(req: _Sampling, served: ServedModel, greedy: bool) -> Any:
     """The compiled grammar the request asks for (None: unconstrained)."""
     wanted = _structured(req)
     if wanted is None:
@@ -187,11 +187,12 @@ def grammar(req: _Sampling, served: ServedModel) -> Any:
             "structured outputs need the model's tokenizer, and this artifact has none",
             param=name,
         )
-    if served.speculative:
+    if served.speculative and not greedy:
         raise APIError(
             400,
-            "structured outputs are not supported with speculative decoding yet; serve "
-            "without --speculative for constrained requests",
+            "structured outputs with speculative decoding need temperature 0 (greedy); "
+            "send temperature 0, or serve without --speculative for sampled constrained "
+            "requests",
             param=name,
             code="unsupported",
         )

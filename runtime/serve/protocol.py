@@ -55,7 +55,7 @@ class ServedModel:
     created: int = field(default_factory=lambda: int(time.time()))
     engine_max_length: int | None = None  # KV positions per request the engine reserves
     logprobs: bool = True  # the engine reports logprobs (both of ours do)
-    speculative: bool = False  # the engine decodes speculatively (no grammars there yet)
+    speculative: bool = False  # the serial engine decodes speculatively (grammars: greedy only)
     _grammars: Any = None
 
     def grammars(self) -> Any:
@@ -227,7 +227,7 @@ def _finish(
     if n > 1 and config.greedy:
         logger.debug("n=%d with greedy decoding: the choices will be equal", n)
     logprobs = logprobs_k(kind, req, served)
-    compiled = grammar(req, served)
+    compiled = grammar(req, served, config.greedy)
     if compiled is not None:
         config = replace(config, constraint=served.grammars().constraint(compiled))
     base = Request(

@@ -35,6 +35,7 @@ from specport.runtime.speculative.base import (
     check_prompts,
     stop_reason,
 )
+from specport.runtime.speculative.constrained import constrained_greedy_verify
 from specport.runtime.speculative.draft import DraftModelProposer
 from specport.runtime.speculative.metrics import (
     AdaptiveDraftLength,
@@ -233,6 +234,7 @@ class SpeculativeGenerator:
             isinstance(self.proposer, MTPProposer)
             and cfg.greedy
             and cfg.repetition_penalty == 1.0
+            and cfg.constraint is None
             and plain_inputs
         )
 
@@ -242,6 +244,8 @@ class SpeculativeGenerator:
     ) -> VerifyResult:
         """logits: [1, S=K+1, V]. Greedy: exact argmax match; sampling: rejection sampling."""
         cfg = sampler.config
+        if cfg.constraint is not None:  # a grammar (greedy only: Model.generate checks)
+            return constrained_greedy_verify(drafts, logits, sampler, context)
         if cfg.greedy and cfg.repetition_penalty == 1.0:
             if drafts.batch_size == 1:  # the common case, without the batch machinery
                 row = drafts.row(0)

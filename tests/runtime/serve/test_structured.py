@@ -142,3 +142,62 @@ def test_mask_allows_exactly_the_grammar(bytes_batching):
     texts = {model.tokenizer.decode([int(t)]) for t in allowed}
     assert texts == {"t", "f"}, texts
     assert not c.accept(model.tokenizer.encode("1", add_special_tokens=False).ids[-1])
+
+
+def test_speculative_greedy_json_equals_plain(stories):
+    """`serve --speculative ngram` with a json_schema, greedy: the same answer as the plain
+    engine's, token for token, and it validates; drafts were made and some rejected by it."""
+    from specport.runtime.engine import make_engine
+    from tests.runtime.serve.helpers import serve
+
+    model, plain = stories
+    engine = make_engine(model, kind="serial", speculative="ngram", num_draft=3)
+    spec = serve(model, engine, model_name="s260")
+    body = {
+        "model": "s260",
+        "prompt": "Once upon a time",
+        "max_tokens": 60,
+        "temperature": 0,
+        "extra_body": {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": SCHEMA},
+            }
+        },
+    }
+    try:
+        want = openai_client(plain).completions.create(**body).choices[0]
+        got = openai_client(spec).completions.create(**body).choices[0]
+        assert got.text == want.text and got.finish_reason == want.finish_reason == "stop"
+        jsonschema.validate(json.loads(got.text), SCHEMA)
+        stats = engine.stats()
+        assert stats["spec_draft_tokens"] > stats["spec_accepted_tokens"], stats
+        with pytest.raises(openai.BadRequestError, match="temperature 0"):
+            openai_client(spec).completions.create(**{**body, "temperature": 0.7})
+    finally:
+        spec.stop()
+        engine.close()
+
+
+def test_a_draft_the_grammar_forbids_is_rejected(bytes_batching):
+    """Even when the model's own argmax: the accepted tokens are the masked argmax's."""
+    from specport.runtime.grammar import GrammarCompiler
+    from specport.runtime.sampler import Sampler, SamplingConfig
+    from specport.runtime.speculative.base import Drafts
+    from specport.runtime.speculative.constrained import constrained_greedy_verify
+
+    model, _ = bytes_batching
+    m = model.manifest
+    g = GrammarCompiler(model.tokenizer, m.vocab_size, m.eos_token_ids)
+    digit, letter = (model.tokenizer.token_to_id(ch) for ch in ("7", "a"))
+    logits = np.zeros((1, 3, m.vocab_size), np.float32)
+    logits[0, :, letter] = 10.0  # the model wants "a" everywhere; the grammar wants digits
+    logits[0, :, digit] = 5.0
+    constraint = g.constraint(g.compile("regex", "[0-9]{4}"))
+    sampler = Sampler(SamplingConfig(greedy=True, constraint=constraint), m.vocab_size)
+    drafts = Drafts(np.array([[letter, digit]]), np.array([2]))
+    out = constrained_greedy_verify(drafts, logits, sampler, [1])
+    assert int(out.accepted[0]) == 0 and out.tokens == [[digit]]  # "a" rejected
+    drafts = Drafts(np.array([[digit, digit]]), np.array([2]))
+    out = constrained_greedy_verify(drafts, logits, sampler, [1])
+    assert int(out.accepted[0]) == 2 and out.tokens == [[digit] * 3]  # all taken, plus a bonus
