@@ -131,3 +131,26 @@ def test_make_engine_picks_batching_for_shared_speculation(shared_model, referen
         make_engine(shared_model, speculative="draft")
     with pytest.raises(InputError, match="MTP"):
         make_engine(shared_model, speculative="mtp")
+
+
+def test_penalties_match_generate(shared_model):
+    """Greedy with a repetition penalty verifies on penalized scores: generate's tokens."""
+    want = shared_model.generate(
+        prompt_ids=PROMPTS[0], max_new_tokens=20, repetition_penalty=1.3, ignore_eos=True
+    ).tokens
+    eng = BatchingEngine(shared_model, max_batch=2, speculative="ngram", spec_max_rows=8)
+    try:
+        config = SamplingConfig(greedy=True, repetition_penalty=1.3)
+        got = eng.submit(Request(PROMPTS[0], 20, sampling=config, ignore_eos=True))
+        assert got.result(timeout=60).token_ids == want
+        # presence / frequency penalties are not verified speculatively: the row decodes plainly
+        config = SamplingConfig(greedy=True, frequency_penalty=0.5)
+        want = shared_model.generate(
+            prompt_ids=PROMPTS[1], max_new_tokens=12, sampling=config, ignore_eos=True
+        ).tokens
+        before = eng.stats()["spec_steps"]
+        got = eng.submit(Request(PROMPTS[1], 12, sampling=config, ignore_eos=True))
+        assert got.result(timeout=60).token_ids == want
+        assert eng.stats()["spec_steps"] == before
+    finally:
+        eng.close()
