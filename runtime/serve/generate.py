@@ -37,6 +37,21 @@ from specport.runtime.serve.state import AppState, log_access
 logger = logging.getLogger(__name__)
 
 
+class _ClosingStream(StreamingResponse):
+    """A StreamingResponse that always closes its body generator. Starlette leaves it suspended
+    at a `yield` when a send fails (a client that stopped reading past the send timeout) or is
+    cancelled there (a disconnect): its `finally` (cancel the engine requests, count the request
+    done, write the access line) would wait for the garbage collector."""
+
+    async def stream_response(self, send: Any) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
 def _submit(state: AppState, requests: list[EngineRequest]) -> list[RequestHandle]:
     handles: list[RequestHandle] = []
     try:
@@ -66,7 +81,7 @@ async def generate(
     state.counters["requests"] += 1
     state.metrics.started(record)
     if parsed.stream:
-        return StreamingResponse(
+        return _ClosingStream(
             _stream(request, state, parsed, handles, record),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Request-Id": parsed.request_id},

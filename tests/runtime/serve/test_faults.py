@@ -131,3 +131,48 @@ def test_engine_error_mid_batch_fails_only_that_request(faulty):
     _, health = call(server, "GET", "/health")
     assert health["status"] == "ok" and health["active"] == 0, health
     assert json.dumps(health)  # a plain JSON body
+
+
+def test_client_that_stops_reading_is_dropped_and_freed(tiny_model, caplog):
+    """A client that sends requests and then reads nothing holds nothing for long: once a send
+    waits longer than the send timeout (the kernel's and uvicorn's buffers full) the server
+    drops it with a log line, nothing stays counted as active, and others are served."""
+    import logging
+    import socket
+    import time
+
+    from specport.runtime.engine import make_engine
+    from tests.runtime.serve.helpers import state
+
+    engine = make_engine(tiny_model, kind="serial")
+    server = serve(tiny_model, engine, send_timeout_s=1.0)
+    body = {"prompt": [1, 2, 3], "max_tokens": 120, "temperature": 0, "ignore_eos": True}
+    big = json.dumps({**body, "n": 16, "logprobs": 20, "stream": True}).encode()  # 1.4 MB of SSE
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(big), big)
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="specport.runtime.serve.guard"):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, never read
+            s.connect(server.address)
+            s.sendall(request * 5)  # pipelined: more than a socket's 4 MB send buffer can hold
+            try:
+                t0 = time.monotonic()
+                deadline = t0 + 60
+                while time.monotonic() < deadline and "took no data" not in caplog.text:
+                    time.sleep(0.1)
+                assert "took no data for 1 s; dropped it" in caplog.text
+                assert call(server, "POST", "/v1/completions", body)[0] == 200  # others go on
+                while time.monotonic() < deadline and state(server).counters["active"] > 0:
+                    time.sleep(0.1)
+                assert state(server).counters["active"] == 0, state(server).counters
+            finally:
+                s.close()
+        assert engine.stats()["waiting"] == 0
+        _, health = call(server, "GET", "/health")
+        assert health["status"] == "ok" and health["active"] == 0
+    finally:
+        server.stop()
+        engine.close()
