@@ -211,6 +211,8 @@ def check_quantize(
     form: str = "matmulnbits",
     kv_cache: str = "float",
     kv_clip: str = "absmax",
+    symmetric: bool = False,
+    float_zero: bool = False,
     **_: Any,
 ) -> None:
     """The quantizer's own option checks, plus inputs and output, before calibration starts."""
@@ -228,6 +230,12 @@ def check_quantize(
     resolved_algo = algo
     if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
         resolved_algo = "hqq"
+    if symmetric and (resolved_algo in ("hqq", "ort-default", "ort-hqq") or float_zero):
+        raise UsageError(
+            f"{option('symmetric')} needs --algo rtn, clip, gptq or default and no "
+            f"{option('float_zero')} ({resolved_algo if not float_zero else 'float zero points'} "
+            "fits its own zero points)."
+        )
     try:
         apply._check_kv(scheme, resolved_algo, kv_cache, kv_clip, calib_files)
         apply._check(scheme, resolved_algo, resolved_group, calib_files, mixed_precision, form)

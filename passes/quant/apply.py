@@ -182,6 +182,7 @@ def quantize_artifact(
     float_zero: bool = False,
     kv_cache: str = "float",
     kv_clip: str = "absmax",
+    symmetric: bool = False,
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
@@ -270,6 +271,7 @@ def quantize_artifact(
                         lm_head_bits=lm_head_bits,
                         plan=plan,
                         float_zero=float_zero,
+                        symmetric=symmetric,
                     )
                 )
             if embedding_bits:
@@ -299,6 +301,7 @@ def quantize_artifact(
             "accuracy_level": 4 if scheme in ("w4a8", "w8a8") and form != "qdq" else 0,
             "lm_head_bits": lm_head_bits,
             "float_zero_points": float_zero,
+            "symmetric": symmetric,
             "embedding_bits": embedding_bits,
             "mixed_precision": mixed_precision,
             "layers": {

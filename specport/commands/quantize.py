@@ -65,6 +65,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="keep float zero points (slightly better ppl; onnxruntime CPU runs them much slower)",
     )
     p.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="symmetric 4-bit weights (no zero points): onnxruntime's int8-activation CPU kernel "
+        "runs them faster, at some perplexity cost (rtn, clip, gptq, default)",
+    )
+    p.add_argument(
         "--embedding-bits",
         type=int,
         default=None,
@@ -113,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         calib_docs=args.calib_docs,
         lm_head_bits=args.lm_head_bits,
         float_zero=args.float_zero,
+        symmetric=args.symmetric,
         embedding_bits=args.embedding_bits,
         form=args.form,
         kv_cache=args.kv_cache,

@@ -136,3 +136,26 @@ def test_unknown_layout_refused(quant_src, tmp_path):
 def test_form_checked_per_scheme(quant_src, tmp_path):
     with pytest.raises(QuantizationError, match="form"):
         quantize_artifact(quant_src, tmp_path / "o", "w4a16", 32, "rtn", [], form="dynamic")
+
+
+def test_symmetric_weights_have_no_zero_points(quant_src, eval_text, tmp_path, capsys):
+    """`--symmetric`: MatMulNBits without zero points (onnxruntime's faster int8-activation
+    path), recorded in the recipe; perplexity stays near the float model's. hqq, which fits
+    its own zero points, is refused with a usage error before any work."""
+    import onnx
+
+    out = tmp_path / "sym"
+    rc = main(["quantize", str(quant_src), "--out", str(out), "--scheme", "w4a8", "--algo", "rtn",
+               "--symmetric", "-q"])  # fmt: skip
+    assert rc == 0
+    m = read_manifest(out)
+    assert m.quant["symmetric"] is True
+    graph = onnx.load(str(out / m.model_file), load_external_data=False).graph
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    assert nbits and all(len(n.input) == 3 for n in nbits)
+    ppl, base = perplexity(out, eval_text)["ppl"], perplexity(quant_src, eval_text)["ppl"]
+    assert abs(ppl / base - 1) < 0.25
+    rc = main(["quantize", str(quant_src), "--out", str(tmp_path / "h"), "--scheme", "w4a8",
+              "--algo", "hqq", "--symmetric"])  # fmt: skip
+    assert rc == 2 and "--symmetric needs" in capsys.readouterr().err
+    assert not (tmp_path / "h").exists()
