@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from specport.cli import emit_json
 from specport.commands._args import (
@@ -207,11 +209,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
         tree_widths=args.tree_width,
     )
     report = run_speculative_bench(args.artifact, config)
-    if args.json:
-        emit_json(report)
-    else:
-        print(format_speculative_table(report))
-    return 0
+    return _emit(args, report, format_speculative_table)
 
 
 def _run_engines(args: argparse.Namespace) -> int:
@@ -238,11 +236,7 @@ def _run_engines(args: argparse.Namespace) -> int:
         prefix_tokens=args.prefix_tokens,
     )
     report = run_engine_bench(args.artifact, config)
-    if args.json:
-        emit_json(report)
-    else:
-        print(format_engine_table(report))
-    return 0
+    return _emit(args, report, format_engine_table)
 
 
 def _run_engine_speculative(args: argparse.Namespace) -> int:
@@ -266,10 +260,15 @@ def _run_engine_speculative(args: argparse.Namespace) -> int:
         spec_max_rows=args.spec_max_rows,
     )
     report = run_spec_engine_bench(args.artifact, config)
+    return _emit(args, report, format_spec_engine_table)
+
+
+def _emit(args: argparse.Namespace, report: Any, table: Callable[[Any], str]) -> int:
+    """The report as one JSON object (--json) or as its table."""
     if args.json:
         emit_json(report)
     else:
-        print(format_spec_engine_table(report))
+        print(table(report))
     return 0
 
 
