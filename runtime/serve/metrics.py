@@ -15,7 +15,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -82,6 +88,9 @@ class Metrics:
 
     def __init__(self, model_name: str, engine: Any) -> None:
         self.registry = CollectorRegistry()
+        # process_resident_memory_bytes, CPU seconds, open fds: what dashboards (and the soak
+        # test's memory bound) read, as from any Python service on the default registry.
+        ProcessCollector(registry=self.registry)
         labels = ["model_name"]
         self.model = model_name
         r = self.registry

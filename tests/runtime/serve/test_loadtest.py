@@ -48,3 +48,18 @@ def test_table_and_peer_arguments(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--peer", "llama.cpp", "--artifact", "x"])  # no --gguf
     assert e.value.code == 2 and "--gguf" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_soak_short(bytes_batching):
+    """The soak script, bounded to a few seconds: every answer equals its reference, the
+    server's finished-request counter moved by exactly the client's count, and its resident
+    memory is read from /metrics (process collector)."""
+    from specport.runtime.serve.soak import soak
+
+    model, server = bytes_batching
+    name = server.app.state.specport.served.name
+    report = asyncio.run(soak(server.url, name, 4, 3.0, 8, "", sample_s=1.0, distinct=6))
+    assert report["requests"] > 4 and report["errors"] == 0 and report["mismatches"] == 0
+    assert report["metrics_agree"], report
+    assert report["rss_mb"]["start"] and report["rss_mb"]["end"] and len(report["rss_samples"]) >= 2
