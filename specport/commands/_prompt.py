@@ -58,6 +58,14 @@ def line_reader() -> Iterator[LineReader | None]:
     if os.name != "posix":
         yield None
         return
+    try:
+        # Ctrl-C must reach us even when we were started with SIGINT ignored (a parent that
+        # ignores it, `nohup`, some job runners): exec keeps an ignored disposition, and then
+        # no handler would run and nothing would be written to the pipe.
+        previous_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread
+        yield None
+        return
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     os.set_blocking(write_end, False)
@@ -66,11 +74,13 @@ def line_reader() -> Iterator[LineReader | None]:
     except ValueError:  # not the main thread
         os.close(read_end)
         os.close(write_end)
+        signal.signal(signal.SIGINT, previous_handler)
         yield None
         return
     try:
         yield LineReader(read_end)
     finally:
         signal.set_wakeup_fd(previous)
+        signal.signal(signal.SIGINT, previous_handler)
         os.close(read_end)
         os.close(write_end)

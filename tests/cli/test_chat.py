@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -91,6 +92,8 @@ def test_chat_on_a_terminal(tiny_chat_artifact, ending):
     def own_terminal() -> None:  # a new session whose controlling terminal is the pty
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        if ending == "ctrl-c":  # started with SIGINT ignored (nohup, some job runners and
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # test workers): Ctrl-C still ends it
 
     cmd = [sys.executable, "-m", "specport", "chat", str(tiny_chat_artifact)]
     proc = subprocess.Popen(
