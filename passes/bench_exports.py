@@ -31,7 +31,9 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 ATTENTION_OPS = {"Attention", "GroupQueryAttention", "MultiHeadAttention", "PackedAttention"}
-TOOLS = ("input", "specport", "onnxscript", "ort")
+# specport-nofb: `specport optimize --no-gqa-fallback` (GroupQueryAttention without the If that
+# keeps batched multi-token steps on a cache correct; onnxruntime's kernel refuses those).
+TOOLS = ("input", "specport", "specport-nofb", "onnxscript", "ort")
 
 
 def fixtures_dir() -> Path:
@@ -184,10 +186,11 @@ def _optimize(tool: str, src: Path, out: Path, heads: int = 0, hidden: int = 0) 
     out.parent.mkdir(parents=True, exist_ok=True)
     if tool == "input":
         return src
-    if tool == "specport":
+    if tool in ("specport", "specport-nofb"):
         from specport.passes.pipelines import optimize_model, save_model
 
-        model, _ = optimize_model(src, "cpu")
+        options = {"gqa_fallback": "none"} if tool == "specport-nofb" else {}
+        model, _ = optimize_model(src, "cpu", **options)
         return save_model(model, out)
     if tool == "onnxscript":
         from onnxscript.rewriter.ort_fusions import optimize_for_ort

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--api-key", default="")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for name in ("httpx", "httpx2"):  # the openai client logs a line per request
+        logging.getLogger(name).setLevel(logging.WARNING)
     report = asyncio.run(
         soak(args.url, args.model, args.concurrency, args.minutes * 60, args.max_tokens,
              args.api_key, args.sample)
