@@ -11,6 +11,8 @@ the heads are trained on what the base model itself writes. Two sources of promp
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -52,10 +54,8 @@ def self_generate(
     base: Any, prompts: torch.Tensor, new_tokens: int, batch: int = 64
 ) -> torch.Tensor:
     """Greedy continuations [N, P + new_tokens] of the prompts by the base model (EOS ignored)."""
-    saved = base.generation_config.eos_token_id
-    base.generation_config.eos_token_id = None
     out = []
-    try:
+    with _eos_ignored(base):
         for i in track(range(0, len(prompts), batch), "self-generating training text"):
             ids = prompts[i : i + batch]
             out.append(
@@ -67,9 +67,19 @@ def self_generate(
                     pad_token_id=0,
                 )
             )
+    return torch.cat(out)
+
+
+@contextmanager
+def _eos_ignored(base: Any) -> Iterator[None]:
+    """Generation runs the full length: `eos_token_id=None` passed to generate() means "the
+    model's own", so the config's value is cleared for the duration instead."""
+    saved = base.generation_config.eos_token_id
+    base.generation_config.eos_token_id = None
+    try:
+        yield
     finally:
         base.generation_config.eos_token_id = saved
-    return torch.cat(out)
 
 
 @torch.no_grad()
@@ -118,10 +128,8 @@ def self_generate_chat(
     token and the answer, with the LM-head inputs computed in the full prompt's context
     (left padding masked, positions counted from each prompt's first real token), which is
     all the heads are trained on."""
-    saved = base.generation_config.eos_token_id
-    base.generation_config.eos_token_id = None
     seqs, hidden = [], []
-    try:
+    with _eos_ignored(base):
         for i in track(range(0, len(prompts), batch), "self-generating chat answers"):
             chunk = prompts[i : i + batch]
             width = max(len(p) for p in chunk)
@@ -140,6 +148,4 @@ def self_generate_chat(
             ).last_hidden_state
             seqs.append(full[:, width - 1 :])
             hidden.append(h[:, width - 1 :])
-    finally:
-        base.generation_config.eos_token_id = saved
     return torch.cat(seqs), torch.cat(hidden)

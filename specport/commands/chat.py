@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     history: list[dict[str, str]] = []
     options = generation_options(args, sampling)
     with line_reader() as reader:
-        return _converse(model, template, system, history, options, reader if interactive else None)
+        return _converse(
+            model, template, system, history, options, reader if interactive else None, interactive
+        )
 
 
 def _converse(
@@ -62,8 +64,8 @@ def _converse(
     history: list[dict[str, str]],
     options: dict[str, Any],
     reader: LineReader | None,
+    interactive: bool,
 ) -> int:
-    interactive = sys.stdin.isatty()
     while True:
         try:
             line = reader.read("> ") if reader else input("> " if interactive else "")
