@@ -64,8 +64,8 @@ def test_model_proposers_staggered_and_cancelled_equal_plain_greedy(arts, method
         rest = [eng.submit(Request(PROMPTS[i], NEW[i], ignore_eos=True)) for i in (1, 3, 4)]
         next(doomed.events(timeout=60))
         doomed.cancel()
-        tail = list(events)
-        assert head.token_ids + [t for ev in tail for t in ev.token_ids] == want[0]
+        seen = [head, *events]  # under load the first event may already hold every token
+        assert [t for ev in seen for t in ev.token_ids] == want[0]
         for i, handle in zip((1, 3, 4), rest):
             assert handle.result(timeout=60).token_ids == want[i], (method, i)
         assert doomed.result(timeout=60).finish_reason == "cancelled"
