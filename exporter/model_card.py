@@ -7,6 +7,7 @@ specport wrote (safe to regenerate) from a README a user put in the directory (k
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 CARD_NAME = "README.md"
@@ -34,6 +35,9 @@ def model_card(
     if kv.layout == "shared":
         kv_text += f", up to {kv.max_length} positions"
     source = manifest.source or {}
+    shown = str(source.get("path", "?"))
+    if source.get("kind") != "hub":  # a published card names the file, not the machine's folders
+        shown = Path(shown).name
     title = f"{c.get('model_type')} — ONNX ({scheme or manifest.dtype}, {kv.layout} KV)"
     lines = [
         "---",
@@ -47,7 +51,7 @@ def model_card(
         "",
         "| | |",
         "|---|---|",
-        f"| source | `{source.get('path', '?')}` ({source.get('kind', '?')}"
+        f"| source | `{shown}` ({source.get('kind', '?')}"
         + (f", first {source['layers_kept']} layers" if source.get("layers_kept") else "")
         + ")"
         + " |",

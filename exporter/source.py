@@ -36,7 +36,9 @@ class Source:
     def describe(self) -> dict[str, Any]:
         described = {
             "kind": self.kind,
-            "path": self.original,
+            # absolute for local files: tools that find the source again (bench peers, MTP
+            # training) must not depend on the directory the export ran from
+            "path": self.original if self.kind == "hub" else str(Path(self.original).resolve()),
             "config_sha256": _config_hash(self.path),
         }
         return described | self.details

@@ -163,7 +163,10 @@ def test_unsupported_architecture_names_the_supported_ones(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_cli_export_of_a_quantized_gguf_generates_like_transformers(
-    gpt2_tok: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    gpt2_tok: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`specport export tiny.gguf`: ONNX logits and greedy tokens vs transformers on the file."""
     import specport
@@ -174,14 +177,18 @@ def test_cli_export_of_a_quantized_gguf_generates_like_transformers(
     model = random_model(tiny_config("llama", len(gpt2_tok["tokens"])))
     path = write_gguf(model, gpt2_tok, tmp_path / "tiny-q4k.gguf", qtype="Q4_K")
     out = tmp_path / "art"
-    # concat: the logits check below runs the graph in a plain session
-    assert main(["export", str(path), "--out", str(out), "--kv-layout", "concat", "--json"]) == 0
+    # concat: the logits check below runs the graph in a plain session; the source is given
+    # relative to the working directory, as users type it
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", path.name, "--out", str(out), "--kv-layout", "concat", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["architecture"] == "llama"
 
     manifest = json.loads((out / "specport.json").read_text())
     src = manifest["source"]
     assert src["kind"] == "gguf"
+    assert src["path"] == str(path.resolve())  # found again from any directory
+    assert f"| source | `{path.name}` (gguf" in (out / "README.md").read_text()
     assert src["gguf"]["sha256"] == file_sha256(path)
     assert src["gguf"]["tensor_types"] == {"F32": 5, "Q4_K": 16}
     assert src["gguf"]["kept_exactly"] == ["F32"]
