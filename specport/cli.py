@@ -15,7 +15,9 @@ import importlib
 import importlib.util
 import json
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,9 +105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger().setLevel(level)
     _quiet_third_party()
+    previous = _unwind_on_sigterm()
     try:
         with progress.shown(not args.quiet), cli_names():
             return int(args.run(args) or 0)
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except SpecportError as e:
         _report(args, str(e), type(e).__name__)
         if e.exit_code == 2:
@@ -136,6 +142,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             type(e).__name__,
         )
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so every `finally` and context manager runs: a killed
+    export or quantize removes its half-written temp folder instead of leaving it beside --out.
+    A BaseException, like KeyboardInterrupt, so no `except Exception` swallows it."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _unwind_on_sigterm() -> Any:
+    """Install the SIGTERM handler (main thread only); the previous handler, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        return None  # whoever started us chose to ignore it
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def _report(args: argparse.Namespace, message: str, kind: str) -> None:
