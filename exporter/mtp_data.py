@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from specport.errors import InputError
-from specport.progress import track
+from specport.progress import Loop
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,12 @@ def self_generate(
 ) -> torch.Tensor:
     """Greedy continuations [N, P + new_tokens] of the prompts by the base model (EOS ignored)."""
     out = []
-    with _eos_ignored(base):
-        for i in track(range(0, len(prompts), batch), "self-generating training text"):
+    batches = range(0, len(prompts), batch)
+    with (
+        _eos_ignored(base),
+        Loop(len(batches) * new_tokens, "self-generating training text") as loop,
+    ):
+        for i in batches:
             ids = prompts[i : i + batch]
             out.append(
                 base.generate(
@@ -65,9 +69,23 @@ def self_generate(
                     do_sample=False,
                     max_new_tokens=new_tokens,
                     pad_token_id=0,
+                    stopping_criteria=_ticks(loop),
                 )
             )
     return torch.cat(out)
+
+
+def _ticks(loop: Loop) -> Any:
+    """A stopping criterion that never stops and moves `loop` one step per generated token:
+    a batch of answers takes minutes on a small CPU, and a line per batch read as a hang."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Tick(StoppingCriteria):  # type: ignore[misc]
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+            loop.update()
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([Tick()])
 
 
 @contextmanager
@@ -129,8 +147,12 @@ def self_generate_chat(
     (left padding masked, positions counted from each prompt's first real token), which is
     all the heads are trained on."""
     seqs, hidden = [], []
-    with _eos_ignored(base):
-        for i in track(range(0, len(prompts), batch), "self-generating chat answers"):
+    batches = range(0, len(prompts), batch)
+    with (
+        _eos_ignored(base),
+        Loop(len(batches) * new_tokens, "self-generating chat answers") as loop,
+    ):
+        for i in batches:
             chunk = prompts[i : i + batch]
             width = max(len(p) for p in chunk)
             ids = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -139,7 +161,12 @@ def self_generate_chat(
                 ids[r, width - len(p) :] = torch.tensor(p)
                 mask[r, width - len(p) :] = 1
             full = base.generate(
-                ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens, pad_token_id=0
+                ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                pad_token_id=0,
+                stopping_criteria=_ticks(loop),
             )
             full_mask = torch.cat([mask, torch.ones_like(full[:, width:])], dim=1)
             positions = (full_mask.cumsum(-1) - 1).clamp(min=0)

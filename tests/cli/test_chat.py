@@ -164,6 +164,8 @@ def test_train_mtp_on_chat_answers(cli, tiny_chat_artifact, tmp_path):
     training = json.loads(stdout)["training"]
     assert training["source"] == "self-distillation (chat answers)" and training["window"] == 8
     assert training["sequences"][0] == 16
+    # progress by generated token, not by batch of 32 answers (minutes apart on a real model)
+    assert sum("self-generating chat answers: " in line for line in err.splitlines()) >= 5, err
     model, spec = specport.load(tiny_chat_artifact), specport.load(out)
     ids = load_chat_template(model).render_ids([{"role": "user", "content": "Hello"}])
     plain = model.generate(prompt_ids=ids, max_new_tokens=N)
