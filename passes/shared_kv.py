@@ -64,9 +64,8 @@ class SharedKVPass(Pass):
         ]
         if int8_kv:
             return (
-                "the KV cache is int8 (quantize --kv-cache int8); the shared layout's "
-                "GroupQueryAttention reads a float cache: apply the shared layout to the float "
-                "artifact instead"
+                "the KV cache is already int8 (concat QuantizeLinear/DequantizeLinear): apply "
+                "the shared layout to the float artifact, then quantize --kv-cache int8 that"
             )
         if not _gqa_nodes(model):
             if any(n.op_type == "If" for n in model.graph):

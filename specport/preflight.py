@@ -213,6 +213,7 @@ def check_quantize(
     kv_clip: str = "absmax",
     symmetric: bool = False,
     float_zero: bool = False,
+    kv_granularity: str | None = None,
     **_: Any,
 ) -> None:
     """The quantizer's own option checks, plus inputs and output, before calibration starts."""
@@ -237,7 +238,7 @@ def check_quantize(
             "fits its own zero points)."
         )
     try:
-        apply._check_kv(scheme, resolved_algo, kv_cache, kv_clip, calib_files)
+        apply._check_kv(scheme, resolved_algo, kv_cache, kv_clip, calib_files, kv_granularity)
         apply._check(scheme, resolved_algo, resolved_group, calib_files, mixed_precision, form)
     except SpecportError as e:  # argument-only checks: a usage error
         raise UsageError(str(e)) from None
@@ -248,14 +249,10 @@ def check_quantize(
                 "files (documents separated by blank lines)."
             )
     manifest = read_manifest(src, check_hashes=False)  # the quantizer checks hashes itself
-    layout = manifest.kv.layout
-    if layout != "concat" and (layout != "shared" or kv_cache == "int8"):
-        raise UsageError(
-            f"{src} uses the {layout!r} KV layout, which cannot be quantized"
-            + (" with an int8 KV cache" if kv_cache == "int8" else "")
-            + "; re-export with --kv-layout concat and quantize that"
-            + ("." if kv_cache == "int8" else ", or export with --kv-layout shared.")
-        )
+    try:
+        apply.check_kv_layout(Path(src), manifest, kv_cache, kv_granularity)
+    except SpecportError as e:  # the input cannot take these options
+        raise UsageError(str(e)) from None
     check_artifact_out(out, [src, *calib_files])
 
 

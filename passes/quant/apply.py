@@ -8,12 +8,14 @@ Schemes:
          8-bit accuracy_level 4, dynamic per-block activations), dynamic
          (DynamicQuantizeMatMul) or qdq (static per-tensor activations)
 Both KV layouts: a `shared` artifact is quantized as it is (calibration runs the shared graph),
-so the quantized model keeps the IO-bound decode loop.
+so the quantized model keeps the IO-bound decode loop; its int8 KV cache lives in
+GroupQueryAttention's in-place buffers (passes/quant/kv_cache_shared.py).
 Algorithms (weight-only schemes): rtn, hqq (no calibration); gptq, clip, default (GPTQ with
 MSE-clipped group ranges; calibrated); ort-default / ort-hqq run onnxruntime's own
 MatMulNBitsQuantizer on the same graph, as baselines.
 Scheme `none` leaves the weights in float; with kv_cache="int8" (passes/quant/kv_cache.py) the
-KV cache is int8 with calibrated per-head scales, alone or on top of any weight scheme.
+KV cache is int8 with calibrated scales (per KV head on concat, per channel by default on shared),
+alone or on top of any weight scheme.
 """
 
 from __future__ import annotations
@@ -42,8 +44,14 @@ from specport.passes.base import PassResult
 from specport.passes.quant import calibration as C
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
 from specport.passes.quant.graph import find_weight_matmuls
-from specport.passes.quant.kv_cache import KV_CLIPS, apply_int8_kv, int8_kv_manifest
-from specport.passes.quant.layout import shared_prefill_feeds
+from specport.passes.quant.kv_cache import (
+    KV_CLIPS,
+    apply_int8_kv,
+    default_kv_granularity,
+    int8_kv_manifest,
+)
+from specport.passes.quant.kv_calibration import KV_GRANULARITIES
+from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 from specport.passes.quant.mixed import plan_mixed_precision
 from specport.passes.quant.ort_check import integer_kernel_summary
 from specport.passes.quant.w8a8 import FORMS as W8A8_FORMS
@@ -58,7 +66,24 @@ ALGOS = ("rtn", "hqq", "gptq", "clip", "default", "ort-default", "ort-hqq")
 Progress = Callable[[str, int, int], None]
 
 
-def _check_kv(scheme: str, algo: str, kv_cache: str, kv_clip: str, calib: Sequence[Any]) -> None:
+def _check_kv(
+    scheme: str,
+    algo: str,
+    kv_cache: str,
+    kv_clip: str,
+    calib: Sequence[Any],
+    kv_granularity: str | None = None,
+) -> None:
+    if kv_granularity is not None and kv_granularity not in KV_GRANULARITIES:
+        raise QuantizationError(
+            f"{option('kv_granularity')} must be one of {', '.join(KV_GRANULARITIES)}, "
+            f"not {kv_granularity!r}"
+        )
+    if kv_granularity is not None and kv_cache != "int8":
+        raise QuantizationError(
+            f"{option('kv_granularity')} applies to {option('kv_cache', 'int8')}; add it or "
+            "drop the granularity"
+        )
     if kv_cache not in ("float", "int8"):
         raise QuantizationError(f"{option('kv_cache')} must be float or int8, not {kv_cache!r}")
     if kv_clip not in KV_CLIPS:
@@ -75,7 +100,7 @@ def _check_kv(scheme: str, algo: str, kv_cache: str, kv_clip: str, calib: Sequen
         )
     if kv_cache == "int8" and not calib:
         raise QuantizationError(
-            f"{option('kv_cache', 'int8')} needs calibration text for its per-head scales; "
+            f"{option('kv_cache', 'int8')} needs calibration text for its scales; "
             f"pass {option('calib_files')} (documents separated by blank lines)"
         )
 
@@ -119,6 +144,28 @@ def _check(
         raise QuantizationError(f"{algo} is a baseline for w4a16/w4a8 without mixed precision")
 
 
+def check_kv_layout(
+    src: Path, manifest: Manifest, kv_cache: str, kv_granularity: str | None
+) -> None:
+    """The layouts quantize takes (concat, shared) and what each takes of the int8 KV options."""
+    layout = manifest.kv.layout
+    if layout not in ("concat", "shared"):
+        raise QuantizationError(
+            f"{src} uses the {layout!r} KV layout; re-export with --kv-layout concat and quantize that"
+        )
+    if kv_cache != "int8":
+        return
+    if manifest.kv.dtype != "float32":
+        raise QuantizationError(
+            f"{src} already has a {manifest.kv.dtype} KV cache; quantize its float source instead"
+        )
+    if layout == "concat" and kv_granularity not in (None, default_kv_granularity("concat")):
+        raise QuantizationError(
+            f"the concat layout's int8 KV cache has one scale per KV head; drop "
+            f"{option('kv_granularity', kv_granularity)} or quantize a shared-layout export"
+        )
+
+
 def _calibrate(
     model_path: Path,
     manifest: Manifest,
@@ -129,7 +176,7 @@ def _calibrate(
 ) -> dict[str, C.ActStats]:
     docs = C.read_documents(calib_files)[:max_docs]
     bos = manifest.config.get("bos_token_id")
-    context = int(manifest.config.get("context_length") or 512)
+    context = calibration_context(manifest)
     tok = src / "tokenizer.json"
     if not tok.is_file():
         raise QuantizationError(
@@ -183,12 +230,14 @@ def quantize_artifact(
     kv_cache: str = "float",
     kv_clip: str = "absmax",
     symmetric: bool = False,
+    kv_granularity: str | None = None,
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
     The manifest's `quant` records the recipe, per-layer precision and the calibration hash,
     and each pass report is appended to `passes`. `scheme="none"` keeps float weights (for a
-    KV-only recipe); `kv_cache="int8"` adds the calibrated int8 KV cache (`quant.kv_cache`).
+    KV-only recipe); `kv_cache="int8"` adds the calibrated int8 KV cache (`quant.kv_cache`),
+    with `kv_granularity` scales (None: the layout's default, see `default_kv_granularity`).
     `group_size` None: 32 for weight-only schemes, 128 for w8a8 (its MatMulNBits blocks).
     """
     src_p, out_p = Path(src), Path(out)
@@ -208,7 +257,7 @@ def quantize_artifact(
     if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
         algo = "hqq"  # the best calibration-free algorithm
         logger.info("no calibration text: using hqq")
-    _check_kv(scheme, algo, kv_cache, kv_clip, calib_files)
+    _check_kv(scheme, algo, kv_cache, kv_clip, calib_files, kv_granularity)
     _check(scheme, algo, group_size, calib_files, mixed_precision, form)
     manifest = read_manifest(src_p)
     # The source's recorded perplexity describes the source, not this artifact: carried as the
@@ -218,15 +267,8 @@ def quantize_artifact(
     manifest.extra.pop(SOURCE_EVAL_KEY, None)
     if source_eval:
         manifest.extra[SOURCE_EVAL_KEY] = source_eval
-    if manifest.kv.layout != "concat" and (manifest.kv.layout != "shared" or kv_cache == "int8"):
-        raise QuantizationError(
-            f"{src_p} uses the {manifest.kv.layout!r} KV layout; re-export with --kv-layout concat "
-            "and quantize that"
-            + (" (the shared layout cannot take an int8 KV cache)" if kv_cache == "int8" else "")
-        )
+    check_kv_layout(src_p, manifest, kv_cache, kv_granularity)
     model_path = src_p / manifest.model_file
-    if kv_cache == "int8" and manifest.kv.dtype != "float32":
-        raise QuantizationError(f"{src_p} already has a {manifest.kv.dtype} KV cache")
     prior_quant, kv_report = manifest.quant, {}  # scheme none keeps the source's weight recipe
     stats = None
     if calib_files and not algo.startswith("ort-") and scheme != "none":
@@ -284,7 +326,9 @@ def quantize_artifact(
                 per_layer.update(result.report.get("layers", {}))
             if kv_cache == "int8":  # calibrated on the graph as it runs, after the weight passes
                 kv_args = (manifest, src_p, calib_files, calib_docs, kv_clip, progress)
-                kv_report = apply_int8_kv(model, None if passes else model_path, *kv_args)
+                kv_report = apply_int8_kv(
+                    model, None if passes else model_path, *kv_args, granularity=kv_granularity
+                )
                 reports.append(kv_report)
             if progress:
                 progress("writing the quantized graph", 0, 1)
@@ -325,8 +369,13 @@ def quantize_artifact(
         if kv_cache == "int8":
             recipe = {
                 "dtype": "int8",
-                "granularity": "per_kv_head",
-                "axis": 1,
+                "layout": manifest.kv.layout,
+                "granularity": kv_report.get("granularity", "per_kv_head"),
+                **(
+                    {"quant_type": kv_report.get("quant_type")}
+                    if manifest.kv.layout == "shared"
+                    else {"axis": 1}
+                ),
                 "symmetric": True,
                 "clip": kv_clip,
                 "calibration": {

@@ -45,14 +45,22 @@ from specport.artifact import Manifest
 from specport.errors import QuantizationError
 from specport.passes.base import Pass
 from specport.passes.quant.graph import add_initializer, named, remove_unused
+from specport.passes.quant.kv_cache_shared import QuantizeSharedKVCachePass, is_shared_graph
 from specport.passes.quant.kv_calibration import KV_CLIPS as KV_CLIPS  # the recipe's options
 from specport.passes.quant.kv_calibration import calibrate_kv_scales
 
 logger = logging.getLogger(__name__)
 
 KV_DTYPES = ("float", "int8")
+SHARED_DEFAULT_GRANULARITY = "per_channel"  # measured on SmolLM2-135M: see the README
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
+
+
+def default_kv_granularity(layout: str) -> str:
+    """The scale granularity `quantize --kv-cache int8` uses on a layout (concat: per KV head,
+    the QuantizeLinear axis; shared: see passes/quant/kv_cache_shared.py)."""
+    return SHARED_DEFAULT_GRANULARITY if layout == "shared" else "per_kv_head"
 
 
 def quantize_int8(x: np.ndarray, scale: np.ndarray, axis: int = 1) -> np.ndarray:
@@ -298,20 +306,30 @@ def apply_int8_kv(
     max_docs: int = 300,
     clip: str = "absmax",
     progress: Callable[[str, int, int], None] | None = None,
+    granularity: str | None = None,
 ) -> dict[str, Any]:
     """Calibrate KV scales on `model` as it is now and make its KV cache int8; the pass report.
 
     `model_path` is a saved copy of `model` when there is one (the untouched fp32 artifact);
     otherwise the model is saved to a temporary file first. Calibrating after the weight passes
     measures the keys/values the quantized graph really produces (see the module docstring).
+    A shared-layout graph gets its int8 cache inside GroupQueryAttention
+    (passes/quant/kv_cache_shared.py); `granularity` None picks the layout's default.
     """
+    shared = is_shared_graph(model)
+    granularity = granularity or default_kv_granularity("shared" if shared else "concat")
     cb = (lambda i, n: progress("calibrate kv", i, n)) if progress else None
     with tempfile.TemporaryDirectory(prefix="specport-kv-") as tmp:
         if model_path is None:
             model_path = Path(tmp) / "model.onnx"
             ir.save(model, model_path, external_data="model.onnx.data")
-        scales = calibrate_kv_scales(model_path, manifest, src, calib_files, max_docs, clip, cb)
-    result = QuantizeKVCachePass(scales)(model)
+        scales = calibrate_kv_scales(
+            model_path, manifest, src, calib_files, max_docs, clip, cb, granularity
+        )
+    kv_pass: Pass = (
+        QuantizeSharedKVCachePass(scales, granularity) if shared else QuantizeKVCachePass(scales)
+    )
+    result = kv_pass(model)
     if not result.modified:
         raise QuantizationError(f"int8 KV cache not applied: {result.report.get('skipped')}")
     return result.report

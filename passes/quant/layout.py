@@ -16,6 +16,15 @@ import numpy as np
 from specport.errors import InputError
 
 
+def calibration_context(manifest: Any) -> int:
+    """Longest calibration sequence: the model's context, capped by a shared artifact's KV
+    buffer length (its rotary caches and `--max-length` stop there)."""
+    context = int(manifest.config.get("context_length") or 512)
+    if manifest.kv.layout == "shared" and manifest.kv.max_length:
+        context = min(context, int(manifest.kv.max_length))
+    return context
+
+
 def shared_prefill_feeds(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]:
     """Feeds for one sequence ids [S], batch 1, empty cache, shared KV layout."""
     s = ids.shape[0]

@@ -88,7 +88,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--kv-cache",
         default="float",
         choices=["float", "int8"],
-        help="int8: int8 KV cache with per-head scales calibrated on --calib (concat layout)",
+        help="int8: int8 KV cache with scales calibrated on --calib (either KV layout)",
+    )
+    p.add_argument(
+        "--kv-granularity",
+        default=None,
+        choices=["per_channel", "per_kv_head", "per_tensor"],
+        help="int8 KV scales: per_channel (default on the shared layout), per_kv_head (the "
+        "concat layout's only one), per_tensor",
     )
     p.add_argument(
         "--kv-clip",
@@ -124,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         form=args.form,
         kv_cache=args.kv_cache,
         kv_clip=args.kv_clip,
+        kv_granularity=args.kv_granularity,
     )
     q: dict[str, Any] = dict(m.quant or {})
     bits = list((q.get("layers") or {}).values())
@@ -150,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     if summary["scheme"] != "none":
         print(f"  layers: {summary['layers']} {summary['layers_by_bits']}")
     if summary["kv_cache"]:
-        print(f"  KV cache: {summary['kv_cache']['dtype']} ({summary['kv_cache']['clip']} scales)")
+        kv = summary["kv_cache"]
+        print(f"  KV cache: {kv['dtype']} ({kv.get('granularity')}, {kv['clip']} scales)")
     if summary["ort_cpu"]:
         print(f"  onnxruntime CPU kernels: {summary['ort_cpu'].get('kernels')}")
     return 0

@@ -292,6 +292,7 @@ def test_generate_options_that_cannot_work(cli, tmp_path, args, fix):
         (["--scheme", "w4a16", "--form", "dynamic"], "choose matmulnbits, qdq"),
         (["--scheme", "w4a16", "--algo", "gptq"], "--calib"),
         (["--kv-cache", "int8"], "--calib"),
+        (["--scheme", "w4a16", "--kv-granularity", "per_tensor"], "--kv-cache int8"),
     ],
 )
 def test_quantize_options_that_cannot_work(cli, files, tiny_llama_artifact, tmp_path, args, fix):

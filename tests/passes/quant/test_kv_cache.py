@@ -11,7 +11,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from specport.artifact import read_manifest, write_manifest
+from specport.artifact import read_manifest
 from specport.cli import main
 from specport.contract import prefill_feeds
 from specport.errors import QuantizationError
@@ -310,15 +310,15 @@ def test_errors(quant_src, calib_text, kv8, tmp_path):
         )
     with pytest.raises(QuantizationError, match="already has a int8 KV cache"):
         quantize_artifact(kv8, tmp_path / "d", "none", calib_files=[calib_text], kv_cache="int8")
-    shared = tmp_path / "shared"
-    import shutil
-
-    shutil.copytree(quant_src, shared)
-    m = read_manifest(shared)
-    m.kv.layout = "shared"
-    write_manifest(shared, m)
-    with pytest.raises(QuantizationError, match="shared layout cannot take an int8 KV cache"):
-        quantize_artifact(shared, tmp_path / "e", "none", calib_files=[calib_text], kv_cache="int8")
+    with pytest.raises(QuantizationError, match="one scale per KV head"):
+        quantize_artifact(
+            quant_src,
+            tmp_path / "e",
+            "none",
+            calib_files=[calib_text],
+            kv_cache="int8",
+            kv_granularity="per_channel",
+        )
     assert not any((tmp_path / n).exists() for n in "abcde")
 
 

@@ -1,0 +1,127 @@
+"""The runtime on a shared-layout artifact with an int8 KV cache (quantize --kv-cache int8).
+
+The in-place buffers are allocated as int8 from the manifest (a quarter of the fp32 bytes);
+plain generation, speculative decoding with every proposer (n-gram, draft model, MTP heads) and
+the batching engine run on them, and greedy speculative output equals plain greedy of the same
+int8 artifact token for token (GroupQueryAttention reads every position through the int8
+cache, so logits do not depend on how many tokens a run appends).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specport.runtime.engine import Request
+from specport.runtime.engine.batching import BatchingEngine
+from specport.runtime.kv.layouts import make_kv_state
+from specport.runtime.sampler import SamplingConfig
+from specport.runtime.speculative.loop import generate_speculative
+
+pytestmark = pytest.mark.slow  # exports and quantizes three tiny artifacts (~30 s)
+
+MAX_LENGTH = 96
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        base = rng.integers(3, 256, size=int(rng.integers(1, 9))).tolist()
+        out.append(base * (1 + i % 3))  # some prompts repeat themselves: n-gram hits
+    return out
+
+
+@pytest.fixture(scope="module")
+def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    import torch
+
+    import specport
+    from specport.exporter.export import export_model
+    from specport.exporter.mtp_heads import MTPHeads
+    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from specport.passes.quant.apply import quantize_artifact
+    from specport.runtime.bench.model import TINY, make_llama
+    from tests.passes.quant._tiny import write_corpus
+
+    tmp: Path = tmp_path_factory.mktemp("kv8_runtime")
+    hf = make_llama(tmp / "hf", context_length=128, initializer_range=0.2, **TINY)  # type: ignore[arg-type]
+    kw = dict(skip_verify=True, progress=False, kv_layout="shared", max_length=MAX_LENGTH)
+    export_model(hf, tmp / "fp32", **kw)
+    export_model(hf, tmp / "draft", layers=1, **kw)
+    torch.manual_seed(0)
+    fp32 = specport.load(tmp / "fp32", threads=1)
+    heads = MTPHeads(load_base(fp32.manifest), 2).eval()
+    write_mtp_artifact(tmp / "fp32", heads, tmp / "mtp", {"source": "test"})
+    calib = [write_corpus(tmp / "calib.txt", docs=16)]
+    for name in ("fp32", "mtp"):
+        quantize_artifact(
+            tmp / name, tmp / f"{name}_kv8", "none", kv_cache="int8", calib_files=calib
+        )
+    return {
+        "fp32": fp32,
+        "kv8": specport.load(tmp / "fp32_kv8", threads=1),
+        "mtp_kv8": specport.load(tmp / "mtp_kv8", threads=1),
+        "draft": specport.load(tmp / "draft", threads=1),
+    }
+
+
+def test_buffers_are_int8_and_a_quarter_of_fp32(arts):
+    kv8, fp32 = arts["kv8"].manifest, arts["fp32"].manifest
+    assert kv8.kv.layout == "shared" and kv8.kv.dtype == "int8"
+    q, f = make_kv_state(kv8, 2, 64), make_kv_state(fp32, 2, 64)
+    assert {b.dtype for b in q.buffers} == {np.dtype(np.int8)}
+    assert sum(b.nbytes for b in f.buffers) == 4 * sum(b.nbytes for b in q.buffers)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft", "mtp"])
+def test_speculative_greedy_equals_plain_greedy_of_the_int8_artifact(arts, method):
+    model = arts["mtp_kv8"] if method == "mtp" else arts["kv8"]
+    drafted = 0
+    for ids in _prompts(5, seed=1):
+        plain = model.generate(prompt_ids=ids, max_new_tokens=24, ignore_eos=True).tokens
+        assert len(plain) == 24
+        for k in (1, 2) if method == "mtp" else (1, 4):
+            for adaptive in (False, True):
+                toks, reason, metrics = generate_speculative(
+                    model, ids, 24, method, k, arts["draft"], SamplingConfig(), (), None, adaptive
+                )
+                assert toks == plain, (method, k, adaptive, ids)
+                assert reason == "length" and metrics["kv_layout"] == "shared"
+                drafted += metrics["speculative"]["drafted"]
+    assert drafted > 0
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_batching_engine_speculating_on_int8_equals_plain_greedy(arts, method):
+    model = arts["kv8"]
+    prompts, new = _prompts(5, seed=3), [20, 16, 24, 12, 18]
+    want = [
+        model.generate(prompt_ids=p, max_new_tokens=n, ignore_eos=True).tokens
+        for p, n in zip(prompts, new)
+    ]
+    eng = BatchingEngine(
+        model,
+        max_batch=3,
+        prefill_chunk=4,
+        speculative=method,
+        draft=arts["draft"],
+        spec_max_rows=8,
+    )
+    try:
+        first = eng.submit(Request(prompts[0], new[0], ignore_eos=True))
+        events = first.events(timeout=60)
+        head = next(events)
+        doomed = eng.submit(Request(prompts[2], 60, ignore_eos=True))
+        rest = [eng.submit(Request(prompts[i], new[i], ignore_eos=True)) for i in (1, 3, 4)]
+        next(doomed.events(timeout=60))
+        doomed.cancel()
+        assert [t for ev in [head, *events] for t in ev.token_ids] == want[0]
+        for i, handle in zip((1, 3, 4), rest):
+            assert handle.result(timeout=60).token_ids == want[i], i
+        stats = eng.stats()
+        assert stats["errors"] == 0 and stats["spec_steps"] > 0
+    finally:
+        eng.close()
