@@ -69,8 +69,9 @@ def export_model(
     and greedy `next_token` out (passes/shared_kv.py, passes/select_logits.py).
     `tree_mask=True` adds the `tree_mask` int64 [B, S, S] input (speculative tree
     verification: new token i attends new token j iff 1; feed a lower-triangular mask for
-    plain causal runs). Attention is then left unfused (the fused op builds its own causal
-    mask); the other fusions still apply. Concat layout only.
+    plain causal runs; feed position ids P + depth). On the concat layout attention is then
+    left unfused (the traced mask carries the tree); on the shared layout the fused attention
+    takes the tree as its attention bias (passes/tree_bias.py).
     `quant` (w4a8, w4a16, w8a16; `quant_algo` rtn or hqq) quantizes the weights as they are
     read, one layer at a time (passes/quant/inline.py): with a safetensors checkpoint the float
     model is never held, in memory or on disk. Such an artifact cannot equal PyTorch, so its
@@ -104,15 +105,17 @@ def export_model(
     num_layers = len(kv_shapes)
     norm["num_layers"] = num_layers
     if tree_mask:
-        _check_tree_model(config)
+        _check_tree_model(config, kv_layout)
 
     stages.start("exporting to ONNX (torch.onnx.export, dynamo)")
+    # The shared layout traces the plain graph (its attention must fuse) and adds the tree
+    # afterwards as the fused attention's bias; concat traces the tree mask into attention.
     with tracing(torch_model, source.arch.trace_onnx_attention):
         ir_model = trace_to_onnx(
             torch_model,
             kv_shapes,
             norm["vocab_size"],
-            tree_mask=tree_mask,
+            tree_mask=tree_mask and kv_layout == "concat",
             checkpoint=checkpoint,
             bindings=bindings,
         )
@@ -127,11 +130,11 @@ def export_model(
             ),
         )
     buffer_length = _shared_buffer_length(kv_layout, kv_shapes, norm, max_length)
-    if tree_mask and fuse and passes is None:
+    if tree_mask and fuse and passes is None and kv_layout == "concat":
         passes = _tree_passes(target)
     try:
         pass_reports, kv, target_used, runtime_io = _apply_passes(
-            ir_model, target, fuse, passes, norm, kv_shapes, kv_layout, buffer_length
+            ir_model, target, fuse, passes, norm, kv_shapes, kv_layout, buffer_length, tree_mask
         )
     except ExportError as e:
         if requested != "auto" or kv_layout != "shared":
@@ -140,6 +143,8 @@ def export_model(
         logger.info("KV layout auto -> concat: %s", e)
         kv_layout, why = "concat", f"not every attention fused to GroupQueryAttention ({e})"
         ir_model = trace_to_onnx(torch_model, kv_shapes, norm["vocab_size"], tree_mask=tree_mask)
+        if tree_mask and fuse and passes is None:
+            passes = _tree_passes(target)
         pass_reports, kv, target_used, runtime_io = _apply_passes(
             ir_model, target, fuse, passes, norm, kv_shapes, kv_layout, None
         )
@@ -345,13 +350,8 @@ TREE_UNFUSABLE = ("fuse_attention",)
 
 def _check_tree_mask(tree_mask: bool, kv_layout: str, passes: list[str] | None) -> None:
     """Refuse tree-mask options no graph can honour (before loading anything)."""
-    if not tree_mask:
+    if not tree_mask or kv_layout != "concat":  # shared: the fused attention takes the tree
         return
-    if kv_layout != "concat":
-        raise ExportError(
-            "--tree-mask needs --kv-layout concat: the shared layout's GroupQueryAttention "
-            "builds its own causal mask and cannot take a tree."
-        )
     bad = [p for p in passes or [] if p in TREE_UNFUSABLE]
     if bad:
         raise ExportError(
@@ -360,17 +360,27 @@ def _check_tree_mask(tree_mask: bool, kv_layout: str, passes: list[str] | None) 
         )
 
 
-def _check_tree_model(config: Any) -> None:
-    """The tree mask replaces HF's masks: refuse layer kinds it cannot reproduce."""
+def _check_tree_model(config: Any, kv_layout: str = "concat") -> None:
+    """The tree mask replaces HF's masks: refuse layer kinds it cannot reproduce.
+
+    On the shared layout the fused attention's sliding window counts cache slots, and a tree
+    node's slot (P + node index) lies past its position (P + depth): it would see less of the
+    past than a chain run of its path, so sliding-window models keep the concat layout.
+    """
     from specport.exporter.wrapper import sliding_layout
 
     try:
-        sliding_layout(config)
+        window, _ = sliding_layout(config)
     except ValueError as e:
         raise ExportError(
             f"--tree-mask supports full and sliding-window attention layers; this model has {e}. "
             "Export without --tree-mask and use chain speculative decoding."
         ) from e
+    if window is not None and kv_layout == "shared":
+        raise ExportError(
+            f"--tree-mask on --kv-layout shared needs full attention; this model has a sliding "
+            f"window of {window}. Use --kv-layout concat with --tree-mask for this model."
+        )
 
 
 def _tree_passes(target: str) -> list[str]:
@@ -458,6 +468,7 @@ def _apply_passes(
     kv_shapes: list[tuple[int, int, int]],
     kv_layout: str = "concat",
     max_length: int | None = None,
+    tree_mask: bool = False,
 ) -> tuple[list[dict[str, Any]], art.KVLayout, str, dict[str, Any]]:
     """Run the target's pipeline. Returns (pass reports, manifest KVLayout, target, extra).
 
@@ -475,7 +486,7 @@ def _apply_passes(
         value_dim=[v for _, _, v in kv_shapes],
     )
     if kv_layout == "shared":
-        return _apply_shared(model, target, passes, kv_shapes, max_length)
+        return _apply_shared(model, target, passes, kv_shapes, max_length, tree_mask)
     if not fuse and not passes:
         return [], layout, "neutral", {}
     try:
@@ -494,6 +505,7 @@ def _apply_shared(
     passes: list[str] | None,
     kv_shapes: list[tuple[int, int, int]],
     max_length: int | None,
+    tree_mask: bool = False,
 ) -> tuple[list[dict[str, Any]], art.KVLayout, str, dict[str, Any]]:
     """Fuse, lower, switch to the shared layout and select logits; refuse a partial fusion.
 
@@ -511,6 +523,7 @@ def _apply_shared(
         select_logits=True,
         rotary_length=max_length,
         pack_qkv=True,
+        tree_mask=tree_mask,
     )
     result = pipeline(model)
     contract = fused_io_contract(model)

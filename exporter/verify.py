@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from specport.contract import TREE_MASK
 from specport.exporter.wrapper import kv_input_names
 
 # The shared layout's extra inputs (passes/shared_kv.py, passes/select_logits.py).
@@ -60,7 +61,7 @@ def reference_cases(
     """
     import torch
 
-    from specport.contract import TREE_MASK, causal_tree_mask
+    from specport.contract import causal_tree_mask
     from specport.exporter.wrapper import FlatKVWrapper
 
     rng = np.random.default_rng(seed)
@@ -128,8 +129,6 @@ def _tree_case(
     The reference for node n is a plain chain run of its root path: logits at its last token,
     and that token's key/value at slot P + n of the present.
     """
-    from specport.contract import TREE_MASK
-
     parents, depths = [-1, 0, 0, 1, 1], np.array([0, 1, 1, 2, 2])
     batch, n, p = ids.shape[0], len(parents), mask.shape[1]
     anc = np.zeros((n, n), np.int64)
@@ -263,8 +262,17 @@ def _shared_step(
         SEQLENS: (p + n - 1).astype(np.int32),
         TOTAL: np.array(total, np.int32),
     }
-    if "position_ids" in inputs:
-        feeds["position_ids"] = (p[:, None] + np.arange(width)[None]).astype(np.int64)
+    if "position_ids" in inputs:  # the case's own positions (a tree node's is P + depth)
+        pos = (p[:, None] + np.arange(width)[None]).astype(np.int64)
+        for r, b in enumerate(rows):
+            pos[r, : n[r]] = case.feeds["position_ids"][b, new_cols[r]]
+        feeds["position_ids"] = pos
+    if TREE_MASK in inputs:  # real tokens keep the case's mask, padding stays causal
+        tree = np.repeat(np.tri(width, dtype=np.int64)[None], len(rows), 0)
+        for r, b in enumerate(rows):
+            cols = new_cols[r]
+            tree[r, : n[r], : n[r]] = case.feeds[TREE_MASK][b][np.ix_(cols, cols)]
+        feeds[TREE_MASK] = tree
     if LOGITS_INDEX in inputs:
         feeds[LOGITS_INDEX] = index
     for name in names:

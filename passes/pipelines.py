@@ -7,7 +7,9 @@
     cann     same fusions but fuse_gelu -> lower(inline function bodies: standard ops) -> cleanup
     kv_layout="shared" (cpu/cuda) appends shared_kv: one preallocated KV buffer per layer,
              pack_projections (sibling MatMuls of one input, e.g. gate/up, as one MatMul + Split)
-             and with select_logits=True select_logits (logits_index in, next_token out).
+             and with select_logits=True select_logits (logits_index in, next_token out);
+             with tree_mask=True tree_bias (a `tree_mask` input fed to the fused attention as
+             its attention_bias, for token-tree verification).
 
 `passes=[...]` picks a subset by name, in pipeline order ("lower" and "normalize" are always
 kept: a fused-but-unlowered graph would carry ops the target cannot run).
@@ -36,6 +38,7 @@ from specport.passes.lower import LowerPass
 from specport.passes.pack_projections import PackProjectionsPass
 from specport.passes.select_logits import SelectLogitsPass
 from specport.passes.shared_kv import SharedKVPass
+from specport.passes.tree_bias import TreeBiasPass
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +74,8 @@ def _make(name: str, target: str, options: dict[str, Any]) -> Pass:
             options.get("rotary_length"),
             pack_qkv=bool(options.get("pack_qkv")),
         )
+    if name == "tree_bias":
+        return TreeBiasPass()
     if name == "pack_projections":
         return PackProjectionsPass()
     if name == "select_logits":
@@ -86,6 +91,7 @@ def all_pass_names() -> list[str]:
         "cleanup",
         "fuse_bias",
         "shared_kv",
+        "tree_bias",
         "pack_projections",
         "select_logits",
     ]
@@ -103,12 +109,14 @@ def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -
     for that many positions; position_ids leaves the graph), `pack_qkv` (shared layout: q/k/v
     projections as one MatMul into GQA's packed input), `pack_projections` (shared layout,
     default = pack_qkv: the other sibling float MatMuls of one input, e.g. gate/up, packed
-    into one MatMul + Split).
+    into one MatMul + Split), `tree_mask` (shared layout: a `tree_mask` [B, S, S] input for
+    token-tree verification, passes/tree_bias.py).
     """
     if target not in TARGETS:
         raise PassError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
     names = all_pass_names()
     names.remove("shared_kv")
+    names.remove("tree_bias")
     names.remove("pack_projections")
     names.remove("select_logits")
     opt_in: list[str] = []
@@ -125,6 +133,8 @@ def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -
                 f"cpu or cuda, not {target!r}"
             )
         opt_in.append("shared_kv")
+        if options.get("tree_mask"):
+            opt_in.append("tree_bias")  # the tree_mask input, as attention_bias
         if options.get("pack_projections", options.get("pack_qkv", False)):
             opt_in.append("pack_projections")  # gate/up (q/k/v: shared_kv's pack_qkv)
         if options.get("select_logits"):

@@ -98,17 +98,12 @@ def check_export(
             f"{option('max_length')} sizes the shared KV buffer; add "
             f"{option('kv_layout', 'shared')} or drop {option('max_length')}."
         )
-    if tree_mask:
-        if kv_layout == "shared":  # auto keeps concat for a tree mask
-            raise UsageError(
-                f"{option('tree_mask')} needs {option('kv_layout', 'concat')}: the shared "
-                "layout's attention builds its own causal mask."
-            )
-        if passes is not None and "fuse_attention" in passes:
-            raise UsageError(
-                f"{option('tree_mask')} cannot run fuse_attention (the fused op would ignore the "
-                f"tree); drop it from {option('passes')}."
-            )
+    # (on the shared layout the fused attention takes the tree as its bias)
+    if tree_mask and kv_layout != "shared" and passes is not None and "fuse_attention" in passes:
+        raise UsageError(
+            f"{option('tree_mask')} cannot run fuse_attention (the fused op would ignore the "
+            f"tree); drop it from {option('passes')}."
+        )
     if quant is not None:
         _one_of("quant", quant, QUANT_SCHEMES)
     src = Path(model).expanduser()

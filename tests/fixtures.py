@@ -398,6 +398,7 @@ class TinyZoo:
         self._artifacts: dict[tuple[str, bool], Path] = {}
         self.export_seconds: dict[tuple[str, bool], float] = {}
         self.verify: dict[tuple[str, bool], dict[str, Any]] = {}
+        self._shared: dict[tuple[str, str], Path] = {}
 
     def source(self, model_type: str) -> Path:
         """A saved tiny checkpoint directory (config.json + model.safetensors)."""
@@ -430,6 +431,23 @@ class TinyZoo:
             self.verify[key] = manifest.verify
             self._artifacts[key] = out
         return self._artifacts[key]
+
+    def shared(self, model_type: str, tree_mask: bool = False) -> Path:
+        """A `--kv-layout shared` export of the tiny model (with `--tree-mask` if asked)."""
+        from specport.exporter.export import export_model
+
+        key = ("shared-tree" if tree_mask else "shared", model_type)
+        if key not in self._shared:
+            out = self.root / "art" / f"{model_type.replace(':', '-')}-{key[0]}"
+            export_model(
+                self.source(model_type),
+                out,
+                kv_layout="shared",
+                tree_mask=tree_mask,
+                progress=False,
+            )
+            self._shared[key] = out
+        return self._shared[key]
 
     def summary(self) -> list[str]:
         """One line per export done this session: seconds and verify max |logits diff|."""

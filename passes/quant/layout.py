@@ -38,6 +38,8 @@ def shared_prefill_feeds(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]
             feeds[inp.name] = np.array([s - 1], dtype=np.int32)
         elif inp.name == "total_sequence_length":
             feeds[inp.name] = np.array(s, dtype=np.int32)
+        elif inp.name == "tree_mask":  # a --tree-mask artifact: plain causal attention
+            feeds[inp.name] = np.tri(s, dtype=np.int64)[None]
         elif inp.name == "logits_index":
             feeds[inp.name] = np.arange(s, dtype=np.int64)[None, :]
         elif inp.name.startswith("past_key_values."):

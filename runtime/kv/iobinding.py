@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
-from specport.errors import ArtifactError
+from specport.contract import TREE_MASK, causal_tree_mask
+from specport.errors import ArtifactError, InputError
 from specport.runtime.kv.layouts import SharedKV
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,11 @@ class BoundSession:
         self.decode_pos = np.zeros((batch, 1), dtype=np.int64)
         if self.has_positions:
             self._bind_in("position_ids", self.decode_pos)
+        # --tree-mask artifacts (passes/tree_bias.py): causal unless a step scores a tree
+        self.has_tree = TREE_MASK in self.input_names
+        self.decode_tree = np.ones((batch, 1, 1), dtype=np.int64)
+        if self.has_tree:
+            self._bind_in(TREE_MASK, self.decode_tree)
         vocab = manifest.vocab_size
         self.has_next = self.io["next_token_output"] in self.output_names
         self.logits = np.zeros((batch, 1, vocab), dtype=np.float32)
@@ -152,6 +158,8 @@ class BoundSession:
             self._bind_in(
                 "position_ids", np.ascontiguousarray(np.broadcast_to(np.arange(total), ids.shape))
             )
+        if self.has_tree:
+            self._bind_in(TREE_MASK, causal_tree_mask(*ids.shape))
         if self.has_index:
             out = self._run()
         else:  # the graph returns logits for all S positions: pick each row's last real one
@@ -162,16 +170,26 @@ class BoundSession:
             self.logits[:, 0] = full[np.arange(self.batch), lengths - 1]
             out = (self.logits[:, 0, :], None)
         self.kv.advance(lengths)
-        self._bind_in("input_ids", self.decode_ids)
-        if self.has_positions:
-            self._bind_in("position_ids", self.decode_pos)
+        self._bind_decode_inputs()
         self.logits_index[:, 0] = 0
         return out
 
+    def _bind_decode_inputs(self) -> None:
+        """Back to the one-token decode binding after a step of several tokens."""
+        self._bind_in("input_ids", self.decode_ids)
+        if self.has_positions:
+            self._bind_in("position_ids", self.decode_pos)
+        if self.has_tree:
+            self._bind_in(TREE_MASK, self.decode_tree)
+
     def extend(
-        self, ids: np.ndarray, last_only: bool = False
+        self, ids: np.ndarray, last_only: bool = False, tree: Any = None
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """ids [B, S] appended after each row's cache (e.g. draft tokens to verify).
+
+        ``tree`` = (depths [S], ancestor mask [S, S]) scores a token tree instead of a chain
+        (batch 1, a --tree-mask artifact): token i at position length + depths[i], attending
+        the cache and the tokens its mask row allows.
 
         Returns logits [B, S, V] and greedy ids [B, S] for every position (fresh arrays, bound
         for this call only); with `last_only` (a chunk of a prompt) only the last position's
@@ -191,8 +209,21 @@ class BoundSession:
         logits = np.zeros((batch, kept, self.logits.shape[-1]), dtype=np.float32)
         next_token = np.zeros((batch, kept), dtype=np.int64)
         self._bind_in("input_ids", ids)
+        if tree is not None:
+            if not self.has_tree or batch != 1:
+                raise InputError(
+                    "token-tree verification needs batch 1 and an artifact exported with "
+                    "--tree-mask; re-export with `specport export MODEL --out DIR --tree-mask`."
+                )
+            depths, mask = tree
+            offsets = np.asarray(depths, dtype=np.int64)
+            self._bind_in(TREE_MASK, np.ascontiguousarray(np.asarray(mask, dtype=np.int64)[None]))
+        else:
+            offsets = np.arange(s, dtype=np.int64)
+            if self.has_tree:
+                self._bind_in(TREE_MASK, causal_tree_mask(batch, s))
         if self.has_positions:
-            self._bind_in("position_ids", self.kv.lengths[:, None] + np.arange(s, dtype=np.int64))
+            self._bind_in("position_ids", self.kv.lengths[:, None] + offsets[None, :])
         if self.has_index:
             self._bind_in(self.io["logits_index_input"], index)
         self._bind_out("logits", logits)
@@ -201,9 +232,7 @@ class BoundSession:
         try:
             self._run()
         finally:  # back to the one-token decode binding
-            self._bind_in("input_ids", self.decode_ids)
-            if self.has_positions:
-                self._bind_in("position_ids", self.decode_pos)
+            self._bind_decode_inputs()
             if self.has_index:
                 self._bind_in(self.io["logits_index_input"], self.logits_index)
             self._bind_out("logits", self.logits)

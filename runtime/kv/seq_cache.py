@@ -12,7 +12,10 @@ two layouts do that differently, and nothing above this module needs to know how
   step overwrites them: no KV is copied, ever.
 
 Both give ``step(tokens) -> StepResult`` (per-position logits [S, V] for every fed token, or
-only the last one, and any extra graph outputs such as the MTP branch's) and ``keep(n)``.
+only the last one, and any extra graph outputs such as the MTP branch's), ``keep(n)`` and, for
+a token tree scored by ``step(tokens, tree=...)`` on a ``--tree-mask`` artifact,
+``keep_positions(index)``: the accepted path's positions made contiguous (a gather of the
+presents on concat; on shared an in-place move of those few positions within the buffer).
 """
 
 from __future__ import annotations
@@ -41,12 +44,15 @@ class SequenceCache(Protocol):
 
     length: int  # positions cached (the context minus tokens not fed yet)
     ort_seconds: float  # time inside onnxruntime so far
+    capacity: int | None  # positions the cache can hold (a shared buffer), None: unbounded
 
     def step(
         self, tokens: list[int], last_only: bool = False, tree: Any = None, logits: bool = True
     ) -> StepResult: ...
 
     def keep(self, n: int) -> None: ...
+
+    def keep_positions(self, index: np.ndarray) -> None: ...
 
 
 class ConcatCache:
@@ -65,6 +71,7 @@ class ConcatCache:
             self._past.append(np.zeros((1, heads, 0, kd), dtype))
             self._past.append(np.zeros((1, heads, 0, vd), dtype))
         self.ort_seconds = 0.0
+        self.capacity: int | None = None
         self._keep: int | None = None  # positions to keep of _past, applied at the next read
 
     @property
@@ -146,23 +153,47 @@ class SharedCache:
     def ort_seconds(self) -> float:
         return float(self.bound.ort_seconds)
 
+    @property
+    def capacity(self) -> int:
+        return int(self.bound.kv.max_length)
+
     def step(
         self, tokens: list[int], last_only: bool = False, tree: Any = None, logits: bool = True
     ) -> StepResult:
-        """``logits=False`` is accepted for symmetry; the bound logits are cheap to keep."""
-        if tree is not None:
+        """``logits=False`` is accepted for symmetry; the bound logits are cheap to keep.
+
+        ``tree`` = (depths [S], mask [S, S]): a token tree through the fused attention's bias
+        (an artifact exported with ``--kv-layout shared --tree-mask``).
+        """
+        if tree is not None and not self.bound.has_tree:
             raise InputError(
-                "token-tree verification runs on the concat layout (--tree-mask): onnxruntime's "
-                "GroupQueryAttention takes no per-token mask. Use chain speculation here."
+                "token-tree verification needs an artifact exported with --tree-mask; re-export "
+                "with `specport export MODEL --out DIR --tree-mask` (either KV layout)."
             )
         ids = np.asarray([tokens], dtype=np.int64)  # [1, S]
-        scores, _ = self.bound.extend(ids, last_only=last_only)
+        scores, _ = self.bound.extend(ids, last_only=last_only, tree=tree)
         return StepResult(scores[0], self.bound.extra_outputs())
 
     def keep(self, n: int) -> None:
         """Forget positions past ``n``: the lengths move, the buffers are not touched."""
         lengths = self.bound.kv.lengths
         lengths[0] = min(int(lengths[0]), n)
+
+    def keep_positions(self, index: np.ndarray) -> None:
+        """Keep exactly these cached positions, in this order (a tree's accepted path).
+
+        The kept positions are the past (unchanged, in place) plus a few accepted nodes: only
+        those move, within the row's buffer, and the length follows. Nothing is reallocated.
+        """
+        index = np.asarray(index, dtype=np.int64)
+        moved = np.flatnonzero(index != np.arange(index.shape[0]))
+        if moved.size:
+            first = int(moved[0])
+            src = index[first:]
+            for buf in self.bound.kv.buffers:  # [1, Hkv, T, D], bound in place
+                row = buf[0]  # a view; row[:, src] copies before the write
+                row[:, first : index.shape[0]] = row[:, src]
+        self.bound.kv.lengths[0] = index.shape[0]
 
 
 def open_cache(

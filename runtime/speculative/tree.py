@@ -8,7 +8,9 @@ with ``--tree-mask``: node i sits at position ``P + depth(i)`` and attends the p
 ancestors (``tree_mask[i, j] = 1`` iff j is i or an ancestor of i), so its logits equal those of
 a chain run of its root path. Verification walks down from the root while the target agrees
 with some child; the accepted path and one more token (the target's) are emitted, and the KV
-cache keeps the past plus the accepted path's positions, gathered in order.
+cache keeps the past plus the accepted path's positions, in order. The loop runs on the
+sequence cache of either layout (``runtime.kv.seq_cache``): concat gathers the presents, shared
+moves the few accepted positions within its in-place buffer.
 
 Candidates come from n-gram matches (``ngram_candidates``): every distinct continuation of the
 longest suffix n-grams that recur in prompt + output, most recent first (the chain n-gram
@@ -34,9 +36,9 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK
 from specport.errors import InputError
+from specport.runtime.kv.seq_cache import SequenceCache, SharedCache, context_limit, open_cache
 from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
 from specport.runtime.speculative.base import check_int_range, check_prompts, stop_reason
-from specport.runtime.speculative.draft import TrimmableKV, run_step
 from specport.runtime.speculative.loop import OnToken, SpeculativeOutput, check_num_draft
 from specport.runtime.speculative.metrics import SpecDecodingStats, timing_metrics
 
@@ -182,7 +184,8 @@ def check_tree_width(tree_width: int, limit: int = MAX_TREE_WIDTH) -> int:
 
 
 class TreeSpeculativeGenerator:
-    """Batch-1 tree speculative generation over a session exported with ``--tree-mask``."""
+    """Batch-1 tree speculative generation over a session exported with ``--tree-mask``
+    (either KV layout)."""
 
     def __init__(
         self,
@@ -208,8 +211,7 @@ class TreeSpeculativeGenerator:
         self.candidates: CandidateSource = candidates or (
             lambda ctx, depth, width: ngram_candidates(ctx, depth, width, min_n, max_n)
         )
-        self.output_names = [o.name for o in session.get_outputs()]
-        self.n_kv = 2 * len(manifest.kv.inputs)
+        self._bound: Any = None  # the shared layout's bound buffers, kept across generations
 
     def generate(
         self,
@@ -219,24 +221,25 @@ class TreeSpeculativeGenerator:
         eos_ids: Sequence[int] = (),
         on_token: OnToken | None = None,
     ) -> SpeculativeOutput:
-        ctx_len, vocab = self.manifest.context_length, self.manifest.vocab_size
+        ctx_len, vocab = context_limit(self.manifest), self.manifest.vocab_size
         prompt = check_prompts([prompt], max_new_tokens, ctx_len, vocab)[0]
         sampler = Sampler(sampling or SamplingConfig(), vocab)
         budget = min(max_new_tokens, ctx_len - len(prompt))
         eos = {int(e) for e in eos_ids}
         stats = SpecDecodingStats()
-        kv = TrimmableKV(self.manifest)
-        ort_s = propose_s = 0.0
+        # a tree's nodes take cache slots past the emitted tokens: room for one more tree
+        slots = len(prompt) + budget + self.num_draft * self.tree_width
+        cache = open_cache(self.session, self.manifest, slots, self._bound)
+        if isinstance(cache, SharedCache):
+            self._bound = cache.bound  # reused by the next generate (buffers allocated once)
+        propose_s = 0.0
         nodes_scored = 0
 
         t_start = time.perf_counter()
         if len(prompt) > 1:  # prefill all but the last token: it is the first tree's root
-            t0 = time.perf_counter()
-            outputs = run_step(self.session, self.output_names, kv, prompt[:-1], 0)
-            ort_s += time.perf_counter() - t0
-            kv.update(outputs[1 : 1 + self.n_kv])
+            cache.step(prompt[:-1], last_only=True)
         t_prefill = time.perf_counter()
-        prefill_ort = ort_s
+        prefill_ort = cache.ort_seconds
 
         context = list(prompt)
         out: list[int] = []
@@ -244,21 +247,22 @@ class TreeSpeculativeGenerator:
         t_first: float | None = None
         done = False
         while not done:
-            pos = kv.length  # == len(context) - 1: the root is not in the cache yet
+            pos = cache.length  # == len(context) - 1: the root is not in the cache yet
             room = min(budget - len(out) - 1, ctx_len - 1 - pos)
             depth = min(self.num_draft, room)
+            nodes = 1 + max(depth, 0) * self.tree_width
+            if cache.capacity is not None:  # a shared buffer: the nodes must fit in its slots
+                nodes = max(1, min(nodes, cache.capacity - pos))
             t0 = time.perf_counter()
-            tree = TokenTree(context[-1], 1 + max(depth, 0) * self.tree_width)
+            tree = TokenTree(context[-1], nodes)
             if depth > 0:
                 for cand in self.candidates(context, depth, self.tree_width):
                     tree.add(cand[:depth])
             tokens, depths, anc = tree.flatten()
             propose_s += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            outputs = self._run(kv, tokens, depths, anc, pos)
-            ort_s += time.perf_counter() - t0
-            path, extra = _verify(tree, outputs[0][0], sampler, context)
-            _keep_path(kv, outputs[1 : 1 + self.n_kv], pos, path)
+            step = cache.step(tokens.tolist(), tree=(depths, anc))
+            path, extra = _verify(tree, step.logits, sampler, context)
+            _keep_path(cache, pos, path)
             nodes_scored += len(tree) - 1
             stats.observe_draft(tree.max_depth, len(path) - 1)
             if t_first is None:
@@ -271,13 +275,15 @@ class TreeSpeculativeGenerator:
                     reason, done = why, True
                     break
         t_end = time.perf_counter()
-        self.last_kv = kv  # the cache after the final step (tests compare it to plain decoding)
+        self.last_kv = cache  # the cache after the final step (tests compare it to plain decoding)
         stats.log("tree spec decode")
         clock = {"start": t_start, "prefill": t_prefill, "first": t_first, "end": t_end}
+        ort_s = cache.ort_seconds
         metrics: dict[str, Any] = {
             **timing_metrics(
                 len(prompt), len(out), stats.num_steps, clock, ort_s, prefill_ort, propose_s
             ),
+            "kv_layout": self.manifest.kv.layout,
             "speculative": {
                 "method": METHOD,
                 "num_draft": self.num_draft,
@@ -290,24 +296,6 @@ class TreeSpeculativeGenerator:
             },
         }
         return SpeculativeOutput(out, reason, metrics, stats)
-
-    def _run(
-        self,
-        kv: TrimmableKV,
-        tokens: np.ndarray,  # [N]
-        depths: np.ndarray,  # [N]
-        anc: np.ndarray,  # [N, N]
-        pos: int,
-    ) -> list[np.ndarray]:
-        n = tokens.shape[0]
-        feeds = {
-            "input_ids": tokens[None, :],  # [1, N]
-            "attention_mask": np.ones((1, pos + n), dtype=np.int64),  # [1, P+N]
-            "position_ids": (pos + depths)[None, :],  # [1, N]
-            TREE_MASK: anc[None],  # [1, N, N]
-            **kv.feeds(),
-        }
-        return self.session.run(self.output_names, feeds)
 
 
 def _verify(
@@ -357,17 +345,16 @@ def _verify(
         path.append(nxt)
 
 
-def _keep_path(kv: TrimmableKV, presents: list[np.ndarray], pos: int, path: list[int]) -> None:
+def _keep_path(cache: SequenceCache, pos: int, path: list[int]) -> None:
     """Keep the past ``pos`` positions plus the accepted path's nodes, in path order.
 
-    presents: [1, Hkv, P+N, D] per tensor. A path that is a prefix of the node order (a chain)
-    is a slice; otherwise the kept positions are gathered.
+    A path that is a prefix of the node order (a chain) is a cut; otherwise the kept
+    positions are gathered (concat) or moved into place (shared).
     """
     if path == list(range(len(path))):
-        kv.update(presents, keep=pos + len(path))
+        cache.keep(pos + len(path))
         return
-    index = np.concatenate([np.arange(pos), pos + np.asarray(path)])
-    kv.past = [np.take(p, index, axis=2) for p in presents]
+    cache.keep_positions(np.concatenate([np.arange(pos), pos + np.asarray(path)]))
 
 
 def generate_tree(

@@ -69,8 +69,10 @@ def _empty(sess: Any) -> list[np.ndarray]:
 def test_refuses_what_cannot_carry_a_tree(tmp_path):
     from specport.exporter.export import export_model
 
-    with pytest.raises(ExportError, match="--kv-layout concat"):
-        export_model(tmp_path / "none", tmp_path / "o", tree_mask=True, kv_layout="shared")
+    with pytest.raises(ExportError, match="drop --no-fuse"):  # shared takes the tree fused
+        export_model(
+            tmp_path / "none", tmp_path / "o", tree_mask=True, kv_layout="shared", fuse=False
+        )
     with pytest.raises(ExportError, match="fuse_attention"):
         export_model(tmp_path / "none", tmp_path / "o", tree_mask=True, passes=["fuse_attention"])
 

@@ -124,20 +124,20 @@ def test_tree_rejection_sampling_is_lossless():
     np.testing.assert_allclose(counts / n, p, atol=0.012)
 
 
-def test_keep_path_gathers_past_and_path():
-    presents = [np.arange(10, dtype=np.float32).reshape(1, 1, 10, 1)]  # P = 4, N = 6
+def test_keep_path_cuts_a_chain_and_gathers_a_branch():
+    class Cache:
+        calls: list[tuple[str, list[int]]] = []
 
-    class KV:
-        past: list[np.ndarray] = []
+        def keep(self, n):
+            self.calls.append(("keep", [n]))
 
-        def update(self, pres, keep):
-            self.past = [p[:, :, :keep] for p in pres]
+        def keep_positions(self, index):
+            self.calls.append(("positions", np.asarray(index).tolist()))
 
-    kv = KV()
-    _keep_path(kv, presents, 4, [0, 3, 4])  # type: ignore[arg-type]
-    assert kv.past[0].ravel().tolist() == [0, 1, 2, 3, 4, 7, 8]
-    _keep_path(kv, presents, 4, [0, 1])  # type: ignore[arg-type]
-    assert kv.past[0].ravel().tolist() == [0, 1, 2, 3, 4, 5]
+    cache = Cache()
+    _keep_path(cache, 4, [0, 3, 4])  # type: ignore[arg-type]
+    _keep_path(cache, 4, [0, 1])  # type: ignore[arg-type]
+    assert cache.calls == [("positions", [0, 1, 2, 3, 4, 7, 8]), ("keep", [6])]
 
 
 # ---------------------------------------------------------------------- slow: real artifacts
