@@ -71,7 +71,8 @@ def export_model(
     verification: new token i attends new token j iff 1; feed a lower-triangular mask for
     plain causal runs; feed position ids P + depth). On the concat layout attention is then
     left unfused (the traced mask carries the tree); on the shared layout the fused attention
-    takes the tree as its attention bias (passes/tree_bias.py).
+    takes the tree as its attention bias (passes/tree_bias.py); `auto` picks shared unless the
+    model has a sliding window (the fused kernel's window counts slots, not tree depths).
     `quant` (w4a8, w4a16, w8a16; `quant_algo` rtn or hqq) quantizes the weights as they are
     read, one layer at a time (passes/quant/inline.py): with a safetensors checkpoint the float
     model is never held, in memory or on disk. Such an artifact cannot equal PyTorch, so its
@@ -79,7 +80,7 @@ def export_model(
     Raises ExportError when verification against PyTorch is over tolerance (unless skipped).
     """
     requested = kv_layout
-    kv_layout, why = _auto_layout(kv_layout, target, fuse, tree_mask, passes)
+    kv_layout, why = _auto_layout(kv_layout, target, fuse, passes)
     _check_kv_layout(kv_layout, target, fuse)  # before any slow step
     _check_tree_mask(tree_mask, kv_layout, passes)
     if quant is not None:
@@ -104,6 +105,9 @@ def export_model(
     norm = source.arch.normalize(config)
     num_layers = len(kv_shapes)
     norm["num_layers"] = num_layers
+    if requested == "auto" and kv_layout == "shared":  # known before tracing: no second trace
+        kv_layout, why = _auto_fallback(kv_shapes, config, tree_mask, kv_layout, why)
+        _check_tree_mask(tree_mask, kv_layout, passes)
     if tree_mask:
         _check_tree_model(config, kv_layout)
 
@@ -121,14 +125,6 @@ def export_model(
         )
 
     stages.start("rewriting the graph")
-    if requested == "auto" and kv_layout == "shared" and _bad_head_dims(kv_shapes):
-        kv_layout, why = (
-            "concat",
-            (
-                f"head dims {_bad_head_dims(kv_shapes)} (key, value): onnxruntime's "
-                "GroupQueryAttention needs equal dims that are a multiple of 16"
-            ),
-        )
     buffer_length = _shared_buffer_length(kv_layout, kv_shapes, norm, max_length)
     if tree_mask and fuse and passes is None and kv_layout == "concat":
         passes = _tree_passes(target)
@@ -360,6 +356,33 @@ def _check_tree_mask(tree_mask: bool, kv_layout: str, passes: list[str] | None) 
         )
 
 
+def _auto_fallback(
+    kv_shapes: list[tuple[int, int, int]], config: Any, tree_mask: bool, layout: str, why: str
+) -> tuple[str, str]:
+    """auto: (layout, why) once the model is known: concat where the fused path cannot go."""
+    if _bad_head_dims(kv_shapes):
+        return "concat", (
+            f"head dims {_bad_head_dims(kv_shapes)} (key, value): onnxruntime's "
+            "GroupQueryAttention needs equal dims that are a multiple of 16"
+        )
+    if tree_mask and _tree_window(config) is not None:
+        return "concat", (
+            "--tree-mask on a sliding-window model: the fused attention's window counts buffer "
+            "slots, not tree depths"
+        )
+    return layout, why
+
+
+def _tree_window(config: Any) -> int | None:
+    """The sliding window a tree mask must reproduce (None: full attention, or unsupported)."""
+    from specport.exporter.wrapper import sliding_layout
+
+    try:
+        return sliding_layout(config)[0]
+    except ValueError:
+        return None  # _check_tree_model refuses it with its message
+
+
 def _check_tree_model(config: Any, kv_layout: str = "concat") -> None:
     """The tree mask replaces HF's masks: refuse layer kinds it cannot reproduce.
 
@@ -392,7 +415,7 @@ def _tree_passes(target: str) -> list[str]:
 
 
 def _auto_layout(
-    kv_layout: str, target: str, fuse: bool, tree_mask: bool, passes: list[str] | None
+    kv_layout: str, target: str, fuse: bool, passes: list[str] | None
 ) -> tuple[str, str]:
     """(layout, why) for `kv_layout` ("auto" resolves here; head dims are checked later)."""
     if kv_layout != "auto":
@@ -404,8 +427,6 @@ def _auto_layout(
         )
     if not fuse:
         return "concat", "--no-fuse: the in-place layout needs the fused attention"
-    if tree_mask:
-        return "concat", "--tree-mask: the fused attention takes no per-token tree mask"
     if passes is not None and "fuse_attention" not in passes:
         return "concat", "--passes without fuse_attention: the in-place layout needs it"
     return "shared", "onnxruntime's fused attention runs this model in place (the fast path)"

@@ -253,6 +253,7 @@ def _bare_session(manifest: Any) -> list[str]:
     ]
     heads, dim = kv.num_heads[0] if kv.num_heads else 1, kv.key_dim[0] if kv.key_dim else 1
     np_dtype = "np.int8" if kv.dtype == "int8" else f"np.{kv.dtype}"
+    names = {str(v["name"]) for v in manifest.io.get("inputs", [])}
     if kv.layout == "shared":
         return [
             *head,
@@ -263,6 +264,12 @@ def _bare_session(manifest: Any) -> list[str]:
             '    "seqlens_k": np.array([n - 1], np.int32),',
             '    "total_sequence_length": np.array(n, np.int32),',
             '    "logits_index": np.array([[n - 1]], np.int64),',
+            *(['    "position_ids": np.arange(n)[None],'] if "position_ids" in names else []),
+            *(
+                ['    "tree_mask": np.tril(np.ones((1, n, n), np.int64)),  # causal']
+                if "tree_mask" in names
+                else []
+            ),
             "}",
             f"for i in range({len(kv.inputs)}):",
             '    for part in ("key", "value"):',
@@ -270,7 +277,6 @@ def _bare_session(manifest: Any) -> list[str]:
             f"{np_dtype})",
             "logits, *rest = sess.run(None, feeds)  # next step: presents as pasts, seqlens_k += 1",
         ]
-    names = {str(v["name"]) for v in manifest.io.get("inputs", [])}
     lines = [
         *head,
         "feeds = {",

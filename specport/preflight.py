@@ -99,7 +99,7 @@ def check_export(
             f"{option('kv_layout', 'shared')} or drop {option('max_length')}."
         )
     # (on the shared layout the fused attention takes the tree as its bias)
-    if tree_mask and kv_layout != "shared" and passes is not None and "fuse_attention" in passes:
+    if tree_mask and kv_layout == "concat" and passes is not None and "fuse_attention" in passes:
         raise UsageError(
             f"{option('tree_mask')} cannot run fuse_attention (the fused op would ignore the "
             f"tree); drop it from {option('passes')}."

@@ -52,8 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--tree-mask",
         action="store_true",
         help="add a tree_mask [B,S,S] input so speculative decoding can verify a token tree "
-        "in one run (--kv-layout shared: as the fused attention's bias; concat: attention "
-        "stays unfused; auto picks concat)",
+        "in one run (shared layout: as the fused attention's bias; concat: attention "
+        "stays unfused)",
     )
     p.add_argument(
         "--quant",

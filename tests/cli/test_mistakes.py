@@ -232,7 +232,7 @@ def test_number_out_of_range_is_a_usage_error(cli, args, flag):
         (["--no-fuse", "--passes", "fuse_rotary"], "drop one of them"),
         (["--passes", "fuse_everything"], "choose from"),
         (["--kv-layout", "concat", "--max-length", "64"], "--kv-layout shared"),
-        (["--tree-mask", "--passes", "fuse_attention"], "drop it from --passes"),
+        (["--tree-mask", "--kv-layout", "concat", "--passes", "fuse_attention"], "--passes"),
         (["--tokenizer", "{tok}"], "Drop it"),
         # against the model's config, still without weights
         (["--kv-layout", "shared", "--max-length", "100000"], "use 1..128"),

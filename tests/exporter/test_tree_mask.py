@@ -20,7 +20,9 @@ def tree_artifact(zoo: Any, fuse: bool) -> Path:
     cache = zoo.__dict__.setdefault("tree_artifacts", {})
     if fuse not in cache:
         out = zoo.root / "art" / f"llama-tree-{'fused' if fuse else 'plain'}"
-        export_model(zoo.source("llama"), out, fuse=fuse, tree_mask=True, progress=False)
+        export_model(  # the traced tree (shared: tests/exporter/test_tree_mask_shared.py)
+            zoo.source("llama"), out, fuse=fuse, tree_mask=True, kv_layout="concat", progress=False
+        )
         cache[fuse] = out
     return cache[fuse]
 
@@ -74,7 +76,13 @@ def test_refuses_what_cannot_carry_a_tree(tmp_path):
             tmp_path / "none", tmp_path / "o", tree_mask=True, kv_layout="shared", fuse=False
         )
     with pytest.raises(ExportError, match="fuse_attention"):
-        export_model(tmp_path / "none", tmp_path / "o", tree_mask=True, passes=["fuse_attention"])
+        export_model(
+            tmp_path / "none",
+            tmp_path / "o",
+            tree_mask=True,
+            kv_layout="concat",
+            passes=["fuse_attention"],
+        )
 
 
 def test_tree_attention_mask_values():

@@ -84,13 +84,29 @@ def test_tree_nodes_equal_their_root_to_leaf_chains(models):
     assert np.abs(causal.step(tokens.tolist()).logits - step.logits).max() > 1e-2
 
 
-def test_sliding_window_models_keep_the_concat_tree(tiny_zoo, tmp_path):
+def test_auto_picks_shared_and_sliding_windows_keep_the_concat_tree(tiny_zoo, tmp_path):
+    from specport.exporter.export import export_model
+
+    m = export_model(
+        tiny_zoo.source("llama"), tmp_path / "a", tree_mask=True, skip_verify=True, progress=False
+    )
+    assert m.kv.layout == "shared" and m.extra["kv_layout_choice"]["requested"] == "auto"
+    mistral = tiny_zoo.source("mistral")
     with pytest.raises(ExportError, match="sliding window"):
-        specport.export(
-            tiny_zoo.source("mistral"),
-            tmp_path / "o",
-            kv_layout="shared",
-            tree_mask=True,
-            progress=False,
-        )
+        specport.export(mistral, tmp_path / "o", kv_layout="shared", tree_mask=True, progress=False)
     assert not (tmp_path / "o").exists()
+    m = export_model(mistral, tmp_path / "m", tree_mask=True, skip_verify=True, progress=False)
+    assert m.kv.layout == "concat" and "sliding" in m.extra["kv_layout_choice"]["reason"]
+    assert TREE_MASK in {i["name"] for i in m.io["inputs"]}
+
+
+def test_model_card_snippet_runs_in_a_bare_session(models, monkeypatch):
+    from specport.exporter.model_card import _bare_session
+
+    _, tree = models
+    code = "\n".join(_bare_session(tree.manifest))
+    assert '"tree_mask"' in code and '"position_ids"' in code
+    monkeypatch.chdir(tree.path)
+    scope: dict[str, Any] = {}
+    exec(code, scope)  # the README's plain-onnxruntime recipe, as a user would paste it
+    assert scope["logits"].shape == (1, 1, tree.manifest.vocab_size)
