@@ -350,6 +350,10 @@ def run_bench(
     config.prompt_len = len(prompts[0])
     engines = [warm_engine("specport", specport_loader(path, prompts, config))]
     for name in peers:
+        if name.startswith(peer_mod.SPECPORT_PEER):  # another artifact, same loop and prompts
+            other = Path(name[len(peer_mod.SPECPORT_PEER) :])
+            engines.append(warm_engine(name, specport_loader(other, prompts, config)))
+            continue
         peer = peer_mod.make_peer(name, manifest, config, progress=progress)
 
         def load(p: Any = peer) -> tuple[Callable[[], dict[str, Any]], dict[str, Any]]:

@@ -29,13 +29,21 @@ logger = logging.getLogger(__name__)
 PEERS = ("onnxruntime-genai", "llama.cpp", "transformers")
 
 
+SPECPORT_PEER = "specport:"  # another artifact of the same model (e.g. its int8-KV quantization)
+
+
 def check_peer_name(name: str) -> str:
-    """`name` if it names a peer (`llama.cpp` may carry a GGUF type: `llama.cpp:Q4_K_M`)."""
+    """`name` if it names a peer (`llama.cpp` may carry a GGUF type: `llama.cpp:Q4_K_M`;
+    `specport:DIR` is another artifact run by specport itself, on the same prompts)."""
+    if name.startswith(SPECPORT_PEER):
+        if not (Path(name[len(SPECPORT_PEER) :]) / art.MANIFEST_NAME).is_file():
+            raise InputError(f"peer {name!r}: {name[len(SPECPORT_PEER) :]} is not an artifact.")
+        return name
     base, _, variant = name.partition(":")
     if base not in PEERS or (variant and base != "llama.cpp"):
         raise InputError(
             f"unknown peer {name!r}; choose from {', '.join(PEERS)} "
-            "(llama.cpp takes a GGUF type too, e.g. llama.cpp:Q4_K_M)."
+            "(llama.cpp takes a GGUF type too, e.g. llama.cpp:Q4_K_M), or specport:ARTIFACT."
         )
     return name
 

@@ -53,7 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="PEER",
         help="also run this engine on the same prompts (repeatable): onnxruntime-genai, "
         "transformers, llama.cpp (the GGUF type matching the artifact's bit width) or "
-        "llama.cpp:TYPE (e.g. llama.cpp:Q4_K_M)",
+        "llama.cpp:TYPE (e.g. llama.cpp:Q4_K_M), or specport:ARTIFACT (another artifact of "
+        "the same model, e.g. its int8-KV quantization)",
     )
     p.add_argument(
         "--peer-gguf",

@@ -89,6 +89,29 @@ def test_bench_several_batches_and_prompt_ids(tiny_fused, capsys):
     assert report["batches"][1]["config"]["prompt_len"] == 4
 
 
+@pytest.mark.slow
+def test_bench_another_artifact_as_peer(tiny_fused, capsys, tmp_path):
+    """`--peer specport:DIR` runs a second artifact (here the int8-KV quantization) on the same
+    prompts, interleaved, with a ratio column; its KV buffers are int8."""
+    from specport.cli import main
+    from specport.passes.quant.apply import quantize_artifact
+    from tests.passes.quant._tiny import write_corpus
+
+    kv8 = tmp_path / "kv8"
+    calib = write_corpus(tmp_path / "calib.txt", docs=8)
+    quantize_artifact(tiny_fused, kv8, "none", kv_cache="int8", calib_files=[calib])
+    peer = f"specport:{kv8}"
+    report = _bench_json(
+        capsys, str(tiny_fused), "--prompt-len", "6", "--new-tokens", "4", "--runs", "2",
+        "--threads", "1", "--peer", peer,
+    )  # fmt: skip
+    other = report["engines"][peer]
+    assert other["kv_layout"] == "shared" and other["runs"] == 2
+    assert other["decode_tok_per_s"] > 0 and other["specport_speedup"]["tpot_ms"] > 0
+    code = main(["bench", str(tiny_fused), "--peer", f"specport:{tmp_path / 'nope'}"])
+    assert code == 2 and "is not an artifact" in capsys.readouterr().err
+
+
 def test_bytes_per_token_counts_the_embedding_as_one_row(tiny_fused):
     from specport.runtime.bench.artifact import bytes_per_token
 
