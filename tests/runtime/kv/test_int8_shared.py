@@ -51,12 +51,13 @@ def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     kw = dict(skip_verify=True, progress=False, kv_layout="shared", max_length=MAX_LENGTH)
     export_model(hf, tmp / "fp32", **kw)
     export_model(hf, tmp / "draft", layers=1, **kw)
+    export_model(hf, tmp / "tree", tree_mask=True, **kw)
     torch.manual_seed(0)
     fp32 = specport.load(tmp / "fp32", threads=1)
     heads = MTPHeads(load_base(fp32.manifest), 2).eval()
     write_mtp_artifact(tmp / "fp32", heads, tmp / "mtp", {"source": "test"})
     calib = [write_corpus(tmp / "calib.txt", docs=16)]
-    for name in ("fp32", "mtp"):
+    for name in ("fp32", "mtp", "tree"):
         quantize_artifact(
             tmp / name, tmp / f"{name}_kv8", "none", kv_cache="int8", calib_files=calib
         )
@@ -65,6 +66,7 @@ def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         "kv8": specport.load(tmp / "fp32_kv8", threads=1),
         "mtp_kv8": specport.load(tmp / "mtp_kv8", threads=1),
         "draft": specport.load(tmp / "draft", threads=1),
+        "tree_kv8": specport.load(tmp / "tree_kv8", threads=1),
     }
 
 
@@ -91,6 +93,26 @@ def test_speculative_greedy_equals_plain_greedy_of_the_int8_artifact(arts, metho
                 assert toks == plain, (method, k, adaptive, ids)
                 assert reason == "length" and metrics["kv_layout"] == "shared"
                 drafted += metrics["speculative"]["drafted"]
+    assert drafted > 0
+
+
+def test_token_tree_on_int8_equals_plain_greedy(arts):
+    """A --tree-mask shared artifact: the tree goes to GroupQueryAttention as attention_bias,
+    which the int8 cache path honours too."""
+    model = arts["tree_kv8"]
+    assert model.manifest.kv.layout == "shared" and model.manifest.kv.dtype == "int8"
+    drafted = 0
+    for ids in _prompts(4, seed=4):
+        plain = model.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True).tokens
+        for width in (2, 3):
+            tree = model.generate(
+                prompt_ids=ids, max_new_tokens=20, ignore_eos=True, speculative="ngram",
+                tree_width=width,
+            )  # fmt: skip
+            assert tree.tokens == plain, (width, ids)
+            spec = tree.metrics["speculative"]
+            assert spec["method"] == "ngram-tree" and spec["tree_width"] == width
+            drafted += spec["drafted"]
     assert drafted > 0
 
 
