@@ -136,3 +136,32 @@ def test_bad_input(models):
         cache.step([1, 2], tree=(np.array([0, 1]), np.tri(2, dtype=np.int64)))
     with pytest.raises(InputError, match="--tree-width"):
         generate_tree(tree, [1, 2, 3], 5, 4, 0)
+
+
+@pytest.mark.parametrize("speculative", [None, "ngram"])
+def test_batching_engine_on_a_tree_artifact(models, speculative):
+    """Chunked prefill, prefix-cache hits and engine speculation feed the causal mask."""
+    import time
+
+    from specport.runtime.engine import Request
+    from specport.runtime.engine.batching import BatchingEngine
+
+    plain, tree = models
+    rng = np.random.default_rng(4)
+    system = [1, *rng.integers(3, 250, 12).tolist()]
+    prompts = [(system if i % 2 else [1]) + _prompts(10, seed=i)[i % 10] for i in range(10)]
+    news = rng.integers(4, 30, len(prompts)).tolist()
+    want = [
+        plain.generate(prompt_ids=p, max_new_tokens=n, ignore_eos=True).tokens
+        for p, n in zip(prompts, news)
+    ]
+    eng = BatchingEngine(tree, max_batch=3, prefill_chunk=5, speculative=speculative)
+    try:
+        handles = []
+        for p, n in zip(prompts, news):
+            handles.append(eng.submit(Request(p, n, ignore_eos=True)))
+            time.sleep(float(rng.uniform(0, 0.004)))
+        assert [h.result(timeout=60).token_ids for h in handles] == want
+        assert eng.stats()["prefix_cache_hits"] > 0
+    finally:
+        eng.close()
