@@ -91,51 +91,18 @@ def _rotary(tape, node, opts):
 def _gqa(tape, node, opts):
     """specport.GroupQueryAttention (BNSH) -> com.microsoft.GroupQueryAttention (BSD).
 
-    ORT's kernel refuses batch > 1 with several new tokens on top of a past ("batch_size must
-    be 1 when sequence_length > 1 and past context is given"): batched speculative verification
-    does exactly that. Unless `gqa_fallback="none"`, the lowering wraps the node in an `If` whose
-    other branch is the portable function body, so every shape stays correct.
+    The native node gets `query_seqlens` (S for every row, onnxruntime >= 1.32): without it,
+    the CPU kernel refuses batch > 1 with several new tokens on top of a past ("batch_size must
+    be 1 when sequence_length > 1 and past context is given"), which batched speculative
+    verification does; with it, every shape runs on the fused kernel.
     """
     h = _attr(node, "num_heads", 0)
     hkv = _attr(node, "kv_num_heads", 0)
     if not h or not hkv:
         return None
-    # Outside the If, so cleanup can cancel transposes against the exporter's and CSE can
-    # share the mask-derived lengths across layers.
     lengths = _gqa_lengths(tape, node)
     packed = [_to_bsd(tape, x) for x in node.inputs[:3]]
-    if opts.get("gqa_fallback", "if") == "none":
-        out3, pk, pv = _gqa_native(tape, node, lengths, packed)
-        return [_to_bnsh(tape, out3, h), pk, pv]
-    inner = ir.tape.Tape()
-    fast = ir.Graph(
-        [], _gqa_native(inner, node, lengths, packed), nodes=inner.nodes, name=f"{node.name}_native"
-    )
-    slow_tape = ir.tape.Tape()
-    bnsh = [_to_bnsh(slow_tape, x, n) for x, n in zip(packed, (h, hkv, hkv))]
-    slow_outs = slow_tape.op_multi_out(
-        node.op_type,
-        [*bnsh, *node.inputs[3:]],
-        {k: a.value for k, a in node.attributes.items()},
-        num_outputs=3,
-        domain=DOMAIN,
-    )
-    slow_outs = [_to_bsd(slow_tape, slow_outs[0]), slow_outs[1], slow_outs[2]]
-    slow = ir.Graph([], slow_outs, nodes=slow_tape.nodes, name=f"{node.name}_portable")
-    # Shapes from the mask and the past only (not Q), so RoPE can stay packed [B, S, H*Dh].
-    past_k, mask = node.inputs[3], node.inputs[5]
-    one = _const(tape, [1])
-    zero = _const(tape, [0])
-    past_len = tape.op("Shape", [past_k], {"start": 2, "end": 3})
-    total = tape.op("Shape", [mask], {"start": 1, "end": 2})
-    batched = tape.op("Greater", [tape.op("Shape", [mask], {"start": 0, "end": 1}), one])
-    multi = tape.op("Greater", [tape.op("Sub", [total, past_len]), one])
-    has_past = tape.op("Greater", [past_len, zero])
-    cond = tape.op("And", [batched, tape.op("And", [multi, has_past])])
-    cond = tape.op("Squeeze", [cond])
-    out3, pk, pv = tape.op_multi_out(
-        "If", [cond], {"then_branch": slow, "else_branch": fast}, num_outputs=3
-    )
+    out3, pk, pv = _gqa_native(tape, node, lengths, packed)
     return [_to_bnsh(tape, out3, h), pk, pv]
 
 
@@ -153,8 +120,10 @@ def _to_bnsh(tape, x, heads: int):
 
 
 def _gqa_lengths(tape, node):
-    """seqlens_k = T-1 for every row and total_sequence_length = T (T = mask width): the cache
-    is contiguous [0, T) per row; left padding is masked through attention_bias [B, 1, S, T].
+    """seqlens_k = T-1 for every row, total_sequence_length = T (T = mask width) and
+    query_seqlens = S = T - P for every row: the cache is contiguous [0, T) per row; left
+    padding is masked through attention_bias [B, 1, S, T]. Shapes come from the mask and the
+    past only (not Q), so RoPE can stay packed [B, S, H*Dh] and CSE shares them across layers.
     """
     past_k, mask = node.inputs[3], node.inputs[5]
     total64 = tape.op("Shape", [mask], {"start": 1, "end": 2})  # [1]
@@ -171,13 +140,15 @@ def _gqa_lengths(tape, node):
     qlen = tape.op("Sub", [total64, tape.op("Shape", [past_k], {"start": 2, "end": 3})])
     bias_shape = tape.op("Concat", [batch, _const(tape, [1]), qlen, total64], {"axis": 0})
     bias = tape.op("Expand", [bias, bias_shape])  # [B, 1, S, T]
-    return seqlens, total_scalar, bias
+    qlen32 = tape.op("Cast", [qlen], {"to": ir.DataType.INT32})
+    query_seqlens = tape.op("Expand", [qlen32, batch])  # [B]
+    return seqlens, total_scalar, bias, query_seqlens
 
 
 def _gqa_native(tape, node, lengths, packed):
     """com.microsoft.GroupQueryAttention on packed [B, S, N*D] tensors; output [B, S, H*Dv]."""
     past_k, past_v = node.inputs[3], node.inputs[4]
-    seqlens, total_scalar, bias = lengths
+    seqlens, total_scalar, bias, query_seqlens = lengths
     q3, k3, v3 = packed
     scale = _attr(node, "scale", 0.0)
     window = _attr(node, "sliding_window", 0)
@@ -194,7 +165,9 @@ def _gqa_native(tape, node, lengths, packed):
         attrs["softcap"] = float(softcap)  # cap * tanh(scores / cap) before the mask (tested)
     outs = tape.op_multi_out(
         "GroupQueryAttention",
-        [q3, k3, v3, past_k, past_v, seqlens, total_scalar, None, None, None, bias],
+        [q3, k3, v3, past_k, past_v, seqlens, total_scalar, None, None, None, bias]
+        + [None] * 5
+        + [query_seqlens],
         attrs,
         num_outputs=3,
         domain=MS,
@@ -236,8 +209,8 @@ def _lower_native(model: ir.Model, opts: dict[str, Any]) -> dict[str, Any]:
 def unique_names(model: ir.Model) -> int:
     """Give every value in the main graph and its subgraphs a distinct name (ONNX SSA rule).
 
-    onnx_ir's name fixer works per graph; If branches built by the GQA lowering reuse
-    counters like `val_3`, so walk all graphs and rename the later duplicates.
+    onnx_ir's name fixer works per graph; subgraphs (If/Loop branches of an input model) can
+    reuse counters like `val_3`, so walk all graphs and rename the later duplicates.
     """
     seen: set[str] = {v.name for v in model.graph.inputs if v.name}
     seen |= {name for name in model.graph.initializers}

@@ -219,16 +219,24 @@ def run_shared(session: Any, case: ReferenceCase) -> tuple[np.ndarray, float]:
     Returns logits [B, S, V] laid out like `case.logits` (real positions filled) and the max
     |present - reference| over real cache slots. Rows are compacted: row b's past real tokens
     fill slots 0..p_b-1 of its buffer and its new real tokens follow, right-padded to the
-    longest row (positions p_b + j, as the left-padded reference numbers them). onnxruntime's
-    GroupQueryAttention takes several new tokens on a past only at batch 1, so such a case
-    runs row by row.
+    longest row (positions p_b + j, as the left-padded reference numbers them). The graph
+    tells the kernel min(S, seqlens_k + 1) new tokens per row, so rows of a multi-token case on
+    a past run batched when they add the same count (the chunk cases); a branching tree's bias
+    (passes/tree_bias.py) also needs the same past length.
     """
     ids = case.feeds["input_ids"]
     batch, seq = ids.shape
     mask = case.kv_mask if case.kv_mask is not None else np.ones((batch, seq), np.int64)
     past_len = mask.shape[1] - seq
-    on_past = past_len > 0 and seq > 1
-    groups = [[b] for b in range(batch)] if on_past and batch > 1 else [list(range(batch))]
+    groups = [list(range(batch))]
+    if past_len > 0 and seq > 1:
+        tree = case.feeds.get(TREE_MASK)
+        branching = tree is not None and bool((np.tril(tree) != np.tri(seq, dtype=bool)).any())
+        keys: dict[tuple[int, int], list[int]] = {}
+        for b in range(batch):
+            past = int(mask[b, :past_len].sum()) if branching else 0
+            keys.setdefault((int(mask[b, past_len:].sum()), past), []).append(b)
+        groups = list(keys.values())
     logits = np.zeros_like(case.logits)
     kv_err = 0.0
     for rows in groups:

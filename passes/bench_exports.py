@@ -31,9 +31,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 ATTENTION_OPS = {"Attention", "GroupQueryAttention", "MultiHeadAttention", "PackedAttention"}
-# specport-nofb: `specport optimize --no-gqa-fallback` (GroupQueryAttention without the If that
-# keeps batched multi-token steps on a cache correct; onnxruntime's kernel refuses those).
-TOOLS = ("input", "specport", "specport-nofb", "onnxscript", "ort")
+TOOLS = ("input", "specport", "onnxscript", "ort")
 
 
 def fixtures_dir() -> Path:
@@ -186,11 +184,10 @@ def _optimize(tool: str, src: Path, out: Path, heads: int = 0, hidden: int = 0) 
     out.parent.mkdir(parents=True, exist_ok=True)
     if tool == "input":
         return src
-    if tool in ("specport", "specport-nofb"):
+    if tool == "specport":
         from specport.passes.pipelines import optimize_model, save_model
 
-        options = {"gqa_fallback": "none"} if tool == "specport-nofb" else {}
-        model, _ = optimize_model(src, "cpu", **options)
+        model, _ = optimize_model(src, "cpu")
         return save_model(model, out)
     if tool == "onnxscript":
         from onnxscript.rewriter.ort_fusions import optimize_for_ort

@@ -43,10 +43,9 @@ BENCH_CONFIG = dict(
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "unfused": None,
     "cpu": {},
-    "cpu_no_fallback": {"gqa_fallback": "none"},
     "cpu_contrib_rmsnorm": {"rms_norm": "contrib"},
     "neutral": {"target": "neutral"},
-    "cpu_shared_kv": {"gqa_fallback": "none", "kv_layout": "shared", "max_length": 1152},
+    "cpu_shared_kv": {"kv_layout": "shared", "max_length": 1152},
 }
 
 

@@ -75,7 +75,7 @@ def fused_io_contract(model: ir.Model) -> dict[str, Any]:
         }
         contract["padding"] = "ragged rows, right-padded prompts; no attention_mask"
         contract["bind_past_as_present"] = True
-        contract["multi_token_on_past"] = "batch 1 only (onnxruntime GroupQueryAttention limit)"
+        contract["multi_token_on_past"] = "any batch (every row of the step adds S tokens)"
     else:
         contract["feeds"] = {"attention_mask": "int64 [B, P+S], 1 = real token, 0 = left pad"}
         contract["padding"] = "left padding through attention_mask"

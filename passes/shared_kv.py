@@ -9,8 +9,10 @@ graph takes two new inputs and drops `attention_mask`:
     seqlens_k              int32 [B]  valid cache length of each row after this step, minus 1
     total_sequence_length  int32 []   max over rows of (valid length after this step)
 Rows are ragged and right-aligned at 0 (no left padding in the cache); a batched prompt is
-right-padded and row b's last logit is at position len_b - 1. ORT's kernel does not take
-several new tokens on a past with batch > 1, so multi-token steps on a past need batch 1.
+right-padded and row b's last logit is at position len_b - 1. The graph feeds the kernel
+query_seqlens = min(S, seqlens_k + 1) per row (S = the step's token count): that is what the
+kernel assumes without it, but with it the kernel also takes several new tokens on a past at
+batch > 1 (every row of such a step adds S tokens).
 
 With `rotary_length=N` the pass also folds the rotary embedding into the attention op: when
 q and k reach GroupQueryAttention through RotaryEmbedding ops whose cos/sin depend only on
@@ -26,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
@@ -68,8 +71,6 @@ class SharedKVPass(Pass):
                 "the shared layout to the float artifact, then quantize --kv-cache int8 that"
             )
         if not _gqa_nodes(model):
-            if any(n.op_type == "If" for n in model.graph):
-                return "GroupQueryAttention sits in an If fallback: lower with gqa_fallback='none'"
             return (
                 "no com.microsoft GroupQueryAttention in the main graph (lower for cpu/cuda first)"
             )
@@ -106,6 +107,7 @@ class SharedKVPass(Pass):
         if self.pack_qkv:
             RemoveUnusedNodesPass()(model)  # the unfolded rotary still reads q and k
             packed = sum(_pack_qkv(node) for node in _gqa_nodes(model))
+        _feed_query_seqlens(model, seqlens)
         RemoveUnusedNodesPass()(model)
         dropped = []
         for v in list(graph.inputs):
@@ -121,6 +123,30 @@ class SharedKVPass(Pass):
             "round_trip_reshapes_removed": reshapes,
             "packed_qkv_layers": packed,
         }
+
+
+def _feed_query_seqlens(model: ir.Model, seqlens: ir.Value) -> None:
+    """query_seqlens = min(S, seqlens_k + 1) [B] into every GroupQueryAttention (input 16).
+
+    Computed once, before the first attention, from that node's final query (after rotary
+    folding and q/k/v packing, so the Shape keeps no replaced projection alive). A right-padded
+    prompt row (no past) gets its own length, a row with a past gets S.
+    """
+    nodes = _gqa_nodes(model)
+    query = nodes[0].inputs[0]
+    assert query is not None
+    tape = ir.tape.Tape()
+    s64 = tape.op("Shape", [query], {"start": 1, "end": 2})
+    s32 = tape.op("Cast", [s64], {"to": ir.DataType.INT32})
+    one = tape.op("Constant", [], {"value": ir.tensor(np.array(1, np.int32))})
+    qlens = tape.op("Min", [tape.op("Add", [seqlens, one]), s32])
+    qlens.name = "query_seqlens"
+    qlens.dtype = ir.DataType.INT32
+    model.graph.insert_before(nodes[0], tape.nodes)
+    for node in nodes:
+        if len(node.inputs) < 17:
+            node.resize_inputs(17)
+        node.replace_input_with(16, qlens)
 
 
 def _projection(value: ir.Value | None, node: ir.Node) -> tuple[ir.Value, ir.Value] | None:
@@ -153,8 +179,6 @@ def _pack_qkv(node: ir.Node) -> int:
     rows = {w.const_value.shape.numpy()[0] for w in weights if w.const_value is not None}
     if len(xs) != 1 or len(dtypes) != 1 or len(rows) != 1:
         return 0
-    import numpy as np
-
     tensors = [w.const_value for w in weights]
     cols = sum(t.shape.numpy()[1] for t in tensors if t is not None)
     name = f"{node.name or 'attention'}/qkv_proj.weight"
@@ -322,7 +346,6 @@ def _evaluate_cos_sin(
     model: ir.Model, cos_v: ir.Value, sin_v: ir.Value, length: int
 ) -> tuple[Any, Any] | None:
     """cos/sin [length, R/2] for positions 0..length-1, if they depend only on position_ids."""
-    import numpy as np
     import onnx
     import onnxruntime as ort
 

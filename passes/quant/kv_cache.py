@@ -16,7 +16,7 @@ speculative decoding stays token-exact with plain greedy):
   - unfused graphs read the concatenated present: that read goes through
     DequantizeLinear(present int8), and `Concat(dequant(past), new)` becomes
     `Concat(past, quant(new))` (no requantizing the whole cache every step);
-  - com.microsoft GroupQueryAttention (fused exports, also inside the If fallback) concatenates
+  - com.microsoft GroupQueryAttention (fused exports) concatenates
     internally: its new key/value inputs [B, S, Hkv*D] are round-tripped through int8 first.
 Any other attention reads its new positions in float (later runs read them as int8); the
 report's `current_step` says "int8" or "float". Measured on stories260K (calibration: first 300
@@ -193,8 +193,7 @@ class QuantizeKVCachePass(Pass):
         """Fused attention: round-trip the new keys/values of com.microsoft GroupQueryAttention
         (key/value [B, S, Hkv*D], read with the dequantized past) through int8 before they
         reach it, so it attends to the same values later steps read from the cache. The new
-        values are main-graph tensors, so the portable branch of an If fallback reading them
-        gets the same. Returns the present names whose new positions are now int8."""
+        values are main-graph tensors, so a subgraph reading them gets the same. Returns the present names whose new positions are now int8."""
         done: set[str] = set()
         by_past = {dq: name for name, (_, dq) in pasts.items()}
         seen: dict[ir.Value, ir.Value] = {}
@@ -217,7 +216,7 @@ class QuantizeKVCachePass(Pass):
 
     def _qdq_packed(self, g: ir.Graph, x: ir.Value, producer: ir.Node, present: str) -> ir.Value:
         """x [B, S, Hkv*D] -> Reshape [B, S, Hkv, D] -> Q -> DQ (axis 2) -> Reshape back;
-        every other reader of x is moved to the result too (the If fallback's branch)."""
+        every other reader of x is moved to the result too."""
         m = _PRESENT.match(present)
         assert m is not None
         scale = self._scale(present, x)

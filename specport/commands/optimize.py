@@ -38,12 +38,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="attention window (tokens) when the graph's mask does not reveal it",
     )
     p.add_argument(
-        "--no-gqa-fallback",
-        action="store_true",
-        help="cpu/cuda: no If fallback around GroupQueryAttention (faster to load; batch>1 "
-        "multi-token steps on a past then fail in onnxruntime)",
-    )
-    p.add_argument(
         "--kv-layout",
         default="concat",
         choices=["concat", "shared"],
@@ -99,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
     if args.kv_layout == "shared":
         options["kv_layout"] = "shared"
         options["max_length"] = args.max_length
-    if args.no_gqa_fallback:
-        options["gqa_fallback"] = "none"
     out, report = api.optimize(src, args.out, target=args.target, passes=passes, **options)
     info = summarize(report)
     info["out"] = str(out)

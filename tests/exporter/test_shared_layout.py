@@ -75,6 +75,54 @@ def test_shared_batch_equals_one_by_one(shared_art):
     assert [r.tokens for r in batch] == singles
 
 
+def _artifact_step(sess, ids, lens, cache):
+    """One run of a shared artifact's graph: ids [B, S] on top of lens[b] cached tokens."""
+    import numpy as np
+
+    b, s = ids.shape
+    feeds = {
+        "input_ids": ids,
+        "seqlens_k": (lens + s - 1).astype(np.int32),
+        "total_sequence_length": np.array(lens.max() + s, np.int32),
+        "logits_index": np.tile(np.arange(s, dtype=np.int64), (b, 1)),
+        **cache,
+    }
+    names = [o.name for o in sess.get_outputs()]
+    out = dict(zip(names, sess.run(None, feeds)))
+    present = {k.replace("present.", "past_key_values."): v for k, v in out.items()}
+    return out["logits"], {k: v for k, v in present.items() if k in cache}
+
+
+@pytest.mark.slow
+def test_shared_batched_chunk_on_a_past_equals_rows_alone(shared_art):
+    """Batch 2, three new tokens per row on pasts of different lengths in one run (what
+    batched speculative verification feeds): each row's logits equal that row run alone."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from specport import artifact as art
+
+    m = art.read_manifest(shared_art)
+    sess = ort.InferenceSession(str(shared_art / "model.onnx"), providers=["CPUExecutionProvider"])
+    empty = {
+        f"past_key_values.{i}.{kind}": np.zeros((1, h, MAX_LENGTH, d), np.float32)
+        for i, (h, d) in enumerate(zip(m.kv.num_heads, m.kv.key_dim))
+        for kind in ("key", "value")
+    }
+    prompts, chunk = PROMPTS[:2], np.array([[11, 12, 13], [21, 22, 23]], np.int64)
+    lens = np.array([len(p) for p in prompts])
+    caches, alone = [], []
+    for r, prompt in enumerate(prompts):
+        _, cache = _artifact_step(sess, np.array([prompt]), np.array([0]), dict(empty))
+        caches.append({k: v.copy() for k, v in cache.items()})
+        alone.append(_artifact_step(sess, chunk[r : r + 1], lens[r : r + 1], cache)[0][0])
+    batch_cache = {k: np.concatenate([c[k] for c in caches]) for k in caches[0]}
+    logits, _ = _artifact_step(sess, chunk, lens, batch_cache)
+    assert logits.shape[:2] == (2, 3)
+    for r in range(2):
+        np.testing.assert_allclose(logits[r], alone[r], atol=1e-5, rtol=0)
+
+
 @pytest.mark.slow
 def test_shared_stops_at_its_max_length(shared_art):
     from specport.errors import ContextLengthError

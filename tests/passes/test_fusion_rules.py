@@ -248,7 +248,7 @@ def test_attention_softcap_is_carried_into_the_fused_op():
     result = FuseAttentionPass()(model)
     assert result.modified, result.report
     assert result.report["fused"][0]["softcap"] == 2.0
-    lower_model(model, "cpu", gqa_fallback="none")
+    lower_model(model, "cpu")
     assert op_counts(model).get("com.microsoft.GroupQueryAttention") == 1
     np.testing.assert_allclose(run(model, feeds)[0], want, atol=1e-5)
 

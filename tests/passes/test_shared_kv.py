@@ -99,3 +99,57 @@ def test_concat_contract_and_shared_errors(tiny_export):
     assert "attention_mask" in contract["feeds"]
     with pytest.raises(PassError, match="shared"):
         pipeline_for("cann", kv_layout="shared")
+
+
+def _shared_step(sess, dims, ids, lens, cache):
+    """One shared-layout run: rows of `ids` [B, S] on top of `lens[b]` cached tokens."""
+    feeds = {
+        "input_ids": ids,
+        "seqlens_k": (lens + ids.shape[1] - 1).astype(np.int32),
+        "total_sequence_length": np.array(lens.max() + ids.shape[1], np.int32),
+        **cache,
+    }
+    names = {i.name for i in sess.get_inputs()}
+    if "position_ids" in names:
+        feeds["position_ids"] = lens[:, None] + np.arange(ids.shape[1])[None]
+    res = sess.run(None, {k: v for k, v in feeds.items() if k in names})
+    return res[0], {
+        f"past_key_values.{i}.{kv}": res[1 + 2 * i + j]
+        for i in range(dims[0])
+        for j, kv in enumerate(("key", "value"))
+    }
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"rotary_length": T, "pack_qkv": True}],
+    ids=["plain", "rotary-folded-packed"],
+)
+def test_shared_batched_multi_token_step_on_a_past(tiny_export, tmp_path, options):
+    """Batch 2, three new tokens per row on pasts of 6 and 3 tokens in one run: the fused
+    kernel takes it (query_seqlens) and each row's logits equal that row run alone."""
+    model, path = tiny_export("llama")
+    dims = kv_dims(model)
+    shared, _ = optimize_model(path, "cpu", kv_layout="shared", max_length=T, **options)
+    sess = cpu_session(shared, tmp_path)
+    n_layers, hkv, hd = dims
+    prompts = [[5, 17, 33, 2, 9, 41], [7, 8, 100]]
+    chunk = np.array([[11, 12, 13], [21, 22, 23]], np.int64)
+    caches, singles = [], []
+    for r, prompt in enumerate(prompts):
+        empty = {
+            f"past_key_values.{i}.{kv}": np.zeros((1, hkv, T, hd), np.float32)
+            for i in range(n_layers)
+            for kv in ("key", "value")
+        }
+        ids = np.asarray([prompt], np.int64)
+        _, cache = _shared_step(sess, dims, ids, np.array([0]), empty)
+        caches.append({k: v.copy() for k, v in cache.items()})
+        logits, _ = _shared_step(sess, dims, chunk[r : r + 1], np.array([len(prompt)]), cache)
+        singles.append(logits[0])
+    batch_cache = {k: np.concatenate([c[k] for c in caches]) for k in caches[0]}
+    lens = np.array([len(p) for p in prompts])
+    logits, _ = _shared_step(sess, dims, chunk, lens, batch_cache)
+    assert logits.shape[:2] == (2, 3)
+    for r in range(2):
+        np.testing.assert_allclose(logits[r], singles[r], atol=1e-5, rtol=0)

@@ -211,7 +211,7 @@ def test_runs_the_fusion_passes_shared_layout(plain, tmp_path):
     try:
         from specport.passes.pipelines import pipeline_for
 
-        pipeline = pipeline_for("cpu", gqa_fallback="none", kv_layout="shared")
+        pipeline = pipeline_for("cpu", kv_layout="shared")
     except Exception as e:  # noqa: BLE001 - the fusion pipeline is another helper's, may be absent
         pytest.skip(f"shared-layout pipeline unavailable: {e}")
     model = ir.load(str(plain.path / "model.onnx"))
