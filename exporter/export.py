@@ -556,6 +556,15 @@ def _apply_shared(
             f"{fused} of {len(kv_shapes)} layers fused (other attention ops: {other or 'none'}). "
             "Use --kv-layout concat for this model (or keep fuse_attention in --passes)."
         )
+    if tree_mask and TREE_MASK not in contract["graph_inputs"]:
+        why = next(
+            (p.get("skipped") for p in result.report.get("passes", []) if p["name"] == "tree_bias"),
+            None,
+        )
+        raise ExportError(
+            f"--tree-mask could not reach the fused attention ({why or 'tree_bias did not run'}); "
+            "use --kv-layout concat with --tree-mask for this model."
+        )
     fields = kv_layout_fields(contract)
     fields["max_length"] = max_length
     past = next(v for v in model.graph.inputs if v.name == contract["inputs"][0][0])

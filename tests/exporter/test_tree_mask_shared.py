@@ -110,3 +110,21 @@ def test_model_card_snippet_runs_in_a_bare_session(models, monkeypatch):
     scope: dict[str, Any] = {}
     exec(code, scope)  # the README's plain-onnxruntime recipe, as a user would paste it
     assert scope["logits"].shape == (1, 1, tree.manifest.vocab_size)
+
+
+def test_a_tree_that_cannot_reach_the_attention_is_an_error(tiny_zoo, tmp_path, monkeypatch):
+    """Should the bias slot ever be taken (tree_bias refuses), the export says so, in one line."""
+    from specport.exporter.export import export_model
+    from specport.passes.tree_bias import TreeBiasPass
+
+    monkeypatch.setattr(TreeBiasPass, "precondition", lambda self, model: "bias slot taken")
+    with pytest.raises(ExportError, match="bias slot taken.*--kv-layout concat"):
+        export_model(
+            tiny_zoo.source("llama"),
+            tmp_path / "o",
+            kv_layout="shared",
+            tree_mask=True,
+            skip_verify=True,
+            progress=False,
+        )
+    assert not (tmp_path / "o").exists()
