@@ -37,6 +37,7 @@ class SpecEngineBenchConfig:
     num_draft: int | None = None
     draft: str | None = None
     spec_max_rows: int | None = None  # None: the engine's default (SPEC_MAX_ROWS)
+    spec_max_tokens: int | None = None  # None: the engine's default (SPEC_MAX_TOKENS)
     max_length: int = 512  # KV positions per batching row
 
 
@@ -73,7 +74,7 @@ def run_spec_engine_bench(
     """Every figure `specport bench --requests N --speculative METHOD` prints, as a dict."""
     import specport
     from specport.runtime.engine.batching import BatchingEngine
-    from specport.runtime.engine.speculation import SPEC_MAX_ROWS
+    from specport.runtime.engine.speculation import SPEC_MAX_ROWS, SPEC_MAX_TOKENS
 
     if config.requests < 1 or config.rounds < 1 or config.new_tokens < 2:
         raise InputError("--requests and --runs must be at least 1, --new-tokens at least 2.")
@@ -87,6 +88,7 @@ def run_spec_engine_bench(
         )
     max_length = max(config.max_length, config.prompt_tokens + config.new_tokens + 1)
     max_rows = SPEC_MAX_ROWS if config.spec_max_rows is None else config.spec_max_rows
+    max_tokens = SPEC_MAX_TOKENS if config.spec_max_tokens is None else config.spec_max_tokens
     plain = BatchingEngine(model, max_batch=config.requests, max_length=max_length)
     spec = BatchingEngine(
         model,
@@ -96,6 +98,7 @@ def run_spec_engine_bench(
         num_draft=config.num_draft,
         draft=config.draft,
         spec_max_rows=max_rows,
+        spec_max_tokens=max_tokens,
     )
     vocab = model.manifest.vocab_size
     rows: list[dict[str, Any]] = []
@@ -134,7 +137,7 @@ def run_spec_engine_bench(
 
     return {
         "artifact": str(artifact),
-        "config": {**vars(config), "spec_max_rows": max_rows},
+        "config": {**vars(config), "spec_max_rows": max_rows, "spec_max_tokens": max_tokens},
         "plain_tok_per_s": med("plain"),
         "speculative_tok_per_s": med("speculative"),
         "speculative_over_plain": round(
@@ -161,8 +164,9 @@ def format_spec_engine_table(report: dict[str, Any]) -> str:
     lines = [
         f"{cfg['requests']} concurrent requests x {cfg['new_tokens']} new tokens (copy prompts "
         f"of {cfg['prompt_tokens']}), batching engine, {cfg['threads']} threads, "
-        f"{cfg['rounds']} rounds; speculative {cfg['method']} while <= {cfg['spec_max_rows']} "
-        "rows decode",
+        f"{cfg['rounds']} rounds; speculative {cfg['method']}: rows verify one by one while <= "
+        f"{cfg['spec_max_rows']} decode, together while rows x (1 + drafts) <= "
+        f"{cfg['spec_max_tokens']}",
         f"  plain        {report['plain_tok_per_s']:8.1f} tok/s   TTFT p50 "
         f"{report['plain_ttft_ms_p50']:.1f} ms  p99 {report['plain_ttft_ms_p99']:.1f} ms",
         f"  speculative  {report['speculative_tok_per_s']:8.1f} tok/s   TTFT p50 "

@@ -27,13 +27,15 @@ def make_engine(
     num_draft: int | None = None,
     draft: Any = None,
     spec_max_rows: int | None = None,
+    spec_max_tokens: int | None = None,
 ) -> Engine:
     """The engine for `model`: "batching" (shared KV layout), "serial" (any), or "auto".
 
     "auto" batches when the artifact has the shared layout and `max_batch` > 1 (with
     `speculative`: whenever it has the shared layout); `speculative` ("ngram" | "draft" |
     "mtp") makes every request draft and verify: in the batching engine's rows on a shared
-    artifact (rows speculate while at most `spec_max_rows` decode), in the serial engine on a
+    artifact (rows verify one by one while at most `spec_max_rows` decode, together in one run
+    while rows x (1 + drafts) <= `spec_max_tokens`), in the serial engine on a
     concat one. `max_length` caps the batching engine's KV rows (default: the artifact's
     limit; memory is max_batch x layers x 2 x Hkv x max_length x D floats).
     """
@@ -53,7 +55,7 @@ def make_engine(
         )
     if kind == "batching" or (kind == "auto" and shared and (max_batch > 1 or speculative)):
         from specport.runtime.engine.batching import BatchingEngine
-        from specport.runtime.engine.speculation import SPEC_MAX_ROWS
+        from specport.runtime.engine.speculation import SPEC_MAX_ROWS, SPEC_MAX_TOKENS
 
         return BatchingEngine(
             model,
@@ -64,6 +66,7 @@ def make_engine(
             num_draft=num_draft,
             draft=draft,
             spec_max_rows=SPEC_MAX_ROWS if spec_max_rows is None else spec_max_rows,
+            spec_max_tokens=SPEC_MAX_TOKENS if spec_max_tokens is None else spec_max_tokens,
         )
     from specport.runtime.engine.serial import SerialEngine
 

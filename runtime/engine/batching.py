@@ -9,9 +9,10 @@ row]. Tokens go to the `TextOut` thread, which pushes the events. Per request: i
 (seeded), EOS, max_new_tokens, stop strings and the KV budget ("context"), as `Model.generate`.
 
 With `speculative=` ("ngram" | "draft" | "mtp") each request also drafts with its own proposer
-and verifies [last token, drafts] in a batch-1 run on its row before the batched step, which
-then carries only the rows that drafted nothing; speculation pauses while more than
-`spec_max_rows` rows decode (the compute-bound rule, `runtime/engine/speculation.py`).
+and verifies [last token, drafts]: in a batch-1 run on its row while at most `spec_max_rows`
+rows decode, in one batched run with every decoding row while rows x (1 + drafts) stays within
+`spec_max_tokens`, and not at all above that (the compute-bound rule,
+`runtime/engine/speculation.py`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from specport.runtime.engine.prefix_cache import PrefixCache
 from specport.runtime.engine.slots import KVSlots
 from specport.runtime.engine.speculation import (
     SPEC_MAX_ROWS,
+    SPEC_MAX_TOKENS,
     EngineSpeculation,
     RowSpec,
     SpeculativeRows,
@@ -88,6 +90,7 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
         num_draft: int | None = None,
         draft: Any = None,
         spec_max_rows: int = SPEC_MAX_ROWS,
+        spec_max_tokens: int = SPEC_MAX_TOKENS,
     ) -> None:
         """`text_thread`: detokenize on a thread of its own (None: only with a core to spare
         beside onnxruntime's threads; on 2 cores / 2 threads it cost single-request decode 5%).
@@ -117,7 +120,10 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
         self.cache = PrefixCache(max_batch, enabled=prefix_cache)
         self.spec = None
         if speculative is not None:
-            self.spec = EngineSpeculation(model, speculative, num_draft, draft, spec_max_rows)
+            self.spec = EngineSpeculation(
+                model, speculative, num_draft, draft, spec_max_rows, max_tokens=spec_max_tokens
+            )
+            self.spec.batched = self.slots.probe_batched_steps()
         self.rows: list[_Job | None] = [None] * max_batch
         self.waiting: deque[RequestHandle] = deque()
         if text_thread is None:
@@ -306,6 +312,12 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
         live_rows = [r for r, job in enumerate(self.rows) if job is not None and job.decoding]
         if self.spec is not None and self.spec.active(len(live_rows)):
             live_rows = [r for r in live_rows if not self._speculate(self.rows[r])]  # type: ignore[arg-type]
+        elif (
+            self.spec is not None
+            and self.spec.together(len(live_rows))
+            and self._speculate_together(live_rows)
+        ):
+            return
         if not live_rows:
             return
         batch = live_rows[-1] + 1

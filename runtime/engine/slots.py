@@ -5,10 +5,10 @@ families of IO bindings wrap numpy views of the same memory:
 
 - decode at batch b (1 <= b <= R) binds rows [0, b): a step runs only up to the highest
   occupied row, so one request alone decodes at batch 1, like `Model.generate`;
-- prefill of row r binds row r alone at batch 1: onnxruntime's CPU GroupQueryAttention takes
-  several new tokens on a non-empty cache only at batch 1, and a batch-1 binding of the row's own
-  view writes the prompt's KV in place, on top of whatever prefix the row already holds (prefix
-  caching), so nothing is ever copied between buffers.
+- prefill of row r binds row r alone at batch 1: a batch-1 binding of the row's own view writes
+  the prompt's KV in place, on top of whatever prefix the row already holds (prefix caching), so
+  nothing is ever copied between buffers. (Speculative verification of several rows at once
+  uses the decode binding with several tokens per row: `verify_rows`.)
 
 Rows that take part in a decode step without a request in them (free rows, rows halfway
 through a chunked prefill) get a dummy token written at their current length: past their valid
@@ -91,9 +91,7 @@ class KVSlots:
 
         Returns logits [S, V] (a fresh array) and the run's other outputs (the MTP branch, [1,
         ...] views overwritten by the row's next run). The row's length moves past all S
-        positions; `keep` moves it back to the accepted prefix (no KV is copied). Batch 1
-        because onnxruntime's CPU GroupQueryAttention refuses S > 1 on a non-empty cache at
-        batch > 1 (see `runtime/engine/speculation.py`).
+        positions; `keep` moves it back to the accepted prefix (no KV is copied).
         """
         bound = self.prefill_session(row)
         bound.kv.lengths = self.lengths[row : row + 1].copy()
@@ -102,6 +100,45 @@ class KVSlots:
         self.ort_seconds += bound.ort_seconds - before
         self.lengths[row] += len(ids)
         return logits[0], bound.extra_outputs()
+
+    def verify_rows(self, ids: np.ndarray, live: np.ndarray) -> np.ndarray:
+        """Feed ids [b, S] after the valid positions of each of rows [0, b) in one run and
+        score every position: logits [b, S, V] (a fresh array).
+
+        Live rows' lengths move past all S positions (`keep` moves each back to what it
+        accepted); the other rows (free, halfway through a prefill) get their S tokens past
+        their valid KV, harmless, and keep their lengths. The graph feeds GroupQueryAttention
+        `query_seqlens`, which is what lets it take several new tokens on a past at batch > 1.
+        Call only when `fits(b, S)`.
+        """
+        batch, s = ids.shape
+        bound = self.decode_session(batch)
+        bound.kv.lengths = self.lengths[:batch].copy()
+        before = bound.ort_seconds
+        logits, _ = bound.extend(np.asarray(ids, dtype=np.int64))
+        self.ort_seconds += bound.ort_seconds - before
+        self.lengths[:batch] += np.where(live, s, 0)
+        return logits
+
+    def probe_batched_steps(self) -> bool:
+        """Does the graph take several new tokens on a past at batch > 1? Artifacts exported
+        before their attention was fed `query_seqlens` refuse it. Run once on empty rows (the
+        probe's KV lands past their zero valid length), before any request arrives."""
+        if self.rows < 2 or self.max_length < 3 or self.lengths[:2].any():
+            return False
+        self.lengths[:2] = 1
+        try:
+            self.verify_rows(np.zeros((2, 2), dtype=np.int64), np.zeros(2, dtype=bool))
+            return True
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's refusal: a capability answer
+            logger.info("batched multi-token steps unavailable (%s)", str(exc).splitlines()[0])
+            return False
+        finally:
+            self.lengths[:2] = 0
+
+    def fits(self, batch: int, s: int) -> bool:
+        """Every row of [0, batch) has room for `s` more positions."""
+        return bool((self.lengths[:batch] + s <= self.max_length).all())
 
     def keep(self, row: int, positions: int) -> None:
         """Roll row `row` back to its first `positions` KV positions (rejected drafts)."""

@@ -7,15 +7,21 @@ its own acceptance counters. A speculative step of row r feeds [last token, k dr
 row's length and verifies the k+1 scores; rejected drafts are rolled back by moving the row's
 length back (`KVSlots.keep`), never by copying KV.
 
-Why one verify run per row: onnxruntime 1.32's CPU GroupQueryAttention refuses several new
-tokens on a non-empty cache at batch > 1 ("batch_size must be 1 when sequence_length > 1 and
-past context is given", checked with equal and unequal row lengths), so a row verifies at
-batch 1 on its own contiguous view of the shared buffer (`KVSlots.verify`: the kernel writes
-in place). Rows that draft nothing this step (k = 0, no n-gram match, a sampler with presence /
-frequency penalties, logit bias or a grammar) decode in the ordinary batched step.
+Two ways to verify. Row by row (`step`): a row verifies at batch 1 on its own contiguous view
+of the shared buffer (`KVSlots.verify`: the kernel writes in place); rows that draft nothing
+this step (k = 0, no n-gram match, a sampler with presence / frequency penalties, logit bias or
+a grammar) decode in the ordinary batched step. Together (`SpeculativeRows._speculate_together`):
+every decoding row feeds [last, drafts] padded to the step's widest row in one batched run
+(`KVSlots.verify_rows`), rows without drafts score their one token in that run. onnxruntime's
+CPU GroupQueryAttention takes several new tokens on a past at batch > 1 only when it is given
+`query_seqlens` (without it: "batch_size must be 1 when sequence_length > 1 and past context is
+given"); shared-layout graphs feed it, and the engine probes once (`KVSlots.probe_batched_steps`)
+so that older artifacts keep verifying row by row. MTP stays row by row: its drafts come out of
+the row's own run.
 
-The compute-bound rule (`SPEC_MAX_ROWS`): rows speculate only while at most `max_rows` rows
-are decoding; above that the engine decodes everyone in one batched step. Measured on
+The compute-bound rule: rows verify one by one while at most `max_rows` (`SPEC_MAX_ROWS`) rows
+decode, together while rows x (1 + drafts) <= `max_tokens` (`SPEC_MAX_TOKENS`), and above that
+the engine decodes everyone in one plain batched step. Row-by-row costs, measured on
 SmolLM2-135M (1 thread, 2-core machine, load ~2.5): a batched step over b rows costs 1.12x
 (b=2), 1.23x (b=4), 2.38x (b=8) a batch-1 step, and a batch-1 verify of 1 + k tokens
 1.08-1.21x (k = 1..5). b rows all speculating cost ~1.15 b batch-1 steps for b*E tokens
@@ -49,9 +55,17 @@ from specport.runtime.speculative.verify import VerifyResult
 
 logger = logging.getLogger(__name__)
 
-SPEC_MAX_ROWS = 1  # speculate only while this many rows (or fewer) decode; see the docstring
+SPEC_MAX_ROWS = 1  # verify row by row only while this many rows (or fewer) decode
+SPEC_MAX_TOKENS = 16  # verify rows together while rows x (1 + drafts) stays within this
 
-__all__ = ["METHODS", "SPEC_MAX_ROWS", "EngineSpeculation", "RowSpec", "SpeculativeRows"]
+__all__ = [
+    "METHODS",
+    "SPEC_MAX_ROWS",
+    "SPEC_MAX_TOKENS",
+    "EngineSpeculation",
+    "RowSpec",
+    "SpeculativeRows",
+]
 
 
 @dataclass
@@ -74,6 +88,7 @@ class EngineSpeculation:
         draft: Any = None,  # a draft Model or artifact path, for method="draft"
         max_rows: int = SPEC_MAX_ROWS,
         adaptive: bool | None = None,
+        max_tokens: int = SPEC_MAX_TOKENS,
     ) -> None:
         from specport import generation_args
         from specport.speculative_calls import _draft_model
@@ -84,9 +99,16 @@ class EngineSpeculation:
         first = make_proposer(method, model, self.num_draft, self.draft)  # clear errors early
         self.adaptive = default_adaptive(first) if adaptive is None else bool(adaptive)
         self.max_rows = int(max_rows)
+        self.max_tokens = int(max_tokens)
+        self.batched = False  # set by the engine: its graph takes batched multi-token steps
         self._pool: list[Proposer] = [first]
         self.needs_outputs = method == "mtp"  # MTP drafts come out of every run of the row
-        self.counters = {"spec_steps": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
+        self.counters = {
+            "spec_steps": 0,  # row verifications
+            "spec_draft_tokens": 0,
+            "spec_accepted_tokens": 0,
+            "spec_batched_steps": 0,  # runs that verified several rows together
+        }
         self.totals = SpecDecodingStats()
 
     # ---- per request -----------------------------------------------------------------
@@ -124,6 +146,18 @@ class EngineSpeculation:
         """The compute-bound rule: speculate only while few rows decode (`SPEC_MAX_ROWS`)."""
         return decoding_rows <= self.max_rows
 
+    def together(self, decoding_rows: int) -> bool:
+        """Verify every decoding row in one batched run this step? Only where the graph takes
+        several new tokens per row at batch > 1 (`batched`), for proposers that need no
+        per-row outputs of the run (not MTP), and while every row can draft at least one token
+        within `max_tokens` tokens per run (`draft_cap`)."""
+        return self.batched and not self.needs_outputs and self.draft_cap(decoding_rows) >= 1
+
+    def draft_cap(self, decoding_rows: int) -> int:
+        """Drafts per row when `decoding_rows` rows verify together: rows x (1 + drafts) stays
+        within `max_tokens`, so a step's cost stays near a plain batched step's."""
+        return min(self.num_draft, self.max_tokens // max(1, decoding_rows) - 1)
+
     def step(
         self,
         spec: RowSpec,
@@ -148,7 +182,8 @@ class EngineSpeculation:
         return logits, result.tokens[0]
 
     def propose(self, spec: RowSpec, context: list[int], room: int) -> Drafts:
-        """Up to `room` drafts (the request's budget and the row's KV space allow that many)."""
+        """Up to `room` drafts (the request's budget, the row's KV space and the step's width
+        allow that many)."""
         k = min(self.num_draft if spec.controller is None else spec.controller.choose(), room)
         if k <= 0:
             return Drafts.empty(1)
@@ -209,6 +244,8 @@ class EngineSpeculation:
             "speculative": self.method,
             "spec_num_draft": self.num_draft,
             "spec_max_rows": self.max_rows,
+            "spec_max_tokens": self.max_tokens,
+            "spec_batched": self.batched,
         }
 
 
@@ -221,10 +258,13 @@ class SpeculativeRows:
     rows: list[Any]
     max_length: int
     decode_seconds: float
+    counters: dict[str, int]
 
     def _end(self, job: Any, reason: str, error: str | None = None) -> None: ...
 
     def _record(self, job: Any, choice: tuple[int, TokenLogprobs | None]) -> None: ...
+
+    def _next(self, job: Any, logits: np.ndarray, greedy: int | None) -> None: ...
 
     def _speculate(self, job: Any) -> bool:
         """One speculative step of `job` on its row; False when it drafted nothing (it then
@@ -245,12 +285,83 @@ class SpeculativeRows:
             return False
         self.decode_seconds += time.perf_counter() - t0
         logits, tokens = step
+        self._emit(job, logits, tokens)
+        return True
+
+    def _speculate_together(self, live_rows: list[int]) -> bool:
+        """One run for every decoding row: rows with drafts verify [last, drafts], the others
+        score their one new token in the same run (padded to the step's width; the padding's
+        KV lies past what the row keeps). False when no row drafted or a row lacks room: the
+        plain batched step then runs. Greedy rows emit exactly plain greedy's tokens."""
+        spec = self.spec
+        assert spec is not None
+        batch = live_rows[-1] + 1
+        cap = spec.draft_cap(len(live_rows))
+        if not self.slots.fits(batch, 1 + cap):
+            return False
+        plans: dict[int, tuple[Drafts, list[int]]] = {}
+        for r in live_rows:
+            job = self.rows[r]
+            if job.spec is None:
+                continue
+            pos = int(self.slots.lengths[r])
+            room = min(job.budget - len(job.tokens) - 1, self.max_length - 1 - pos, cap)
+            context = [*job.prompt.tolist(), *job.tokens]
+            drafts = spec.propose(job.spec, context, room)
+            if int(drafts.lengths[0]) > 0:
+                plans[r] = (drafts, context)
+        if not plans:
+            return False
+        width = 1 + max(int(d.lengths[0]) for d, _ in plans.values())
+        ids = np.zeros((batch, width), dtype=np.int64)
+        live = np.zeros(batch, dtype=bool)
+        for r in live_rows:
+            last = self.rows[r].tokens[-1]
+            row = [last, *plans[r][0].row(0)] if r in plans else [last]
+            ids[r] = row + [last] * (width - len(row))
+            live[r] = True
+        start = self.slots.lengths[:batch].copy()
+        t0 = time.perf_counter()
+        try:
+            logits = self.slots.verify_rows(ids, live)
+        except Exception as exc:
+            logger.exception("speculative step failed")
+            self.slots.lengths[:batch] = start
+            for r in live_rows:
+                self._end(self.rows[r], "error", f"decode failed: {type(exc).__name__}: {exc}")
+            return True
+        self.decode_seconds += time.perf_counter() - t0
+        spec.counters["spec_batched_steps"] += 1
+        self.counters["decode_steps"] += 1
+        self.counters["decode_rows"] += len(live_rows)
+        self.counters["decode_batch_rows"] += batch
+        for r in live_rows:
+            job = self.rows[r]
+            if r not in plans:
+                self.slots.keep(r, int(start[r]) + 1)
+                self._next(job, logits[r, :1], None)
+                continue
+            drafts, context = plans[r]
+            try:
+                result = spec.verify(
+                    drafts, logits[r, : int(drafts.lengths[0]) + 1], job.sampler, context
+                )
+            except Exception as exc:
+                logger.exception("request %s failed", job.handle.request.request_id)
+                self._end(job, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            self.slots.keep(r, int(start[r]) + int(result.accepted[0]) + 1)
+            spec.observe(job.spec, drafts, result, {})
+            self._emit(job, logits[r], result.tokens[0])
+        return True
+
+    def _emit(self, job: Any, logits: np.ndarray, tokens: list[int]) -> None:
+        """Record a verified row's tokens (logits [S, V] of its positions) until it finishes."""
         k = job.handle.request.logprobs
         for i, token in enumerate(tokens):
             self._record(job, (token, None if k is None else token_logprobs(logits[i], token, k)))
             if self.rows[job.row] is not job:  # finished (EOS, length, stop string)
                 break
-        return True
 
     def _observe_plain(self, job: Any, row: int, extra: dict[str, np.ndarray]) -> None:
         """`job` decoded one token in the batched step (row `row` of its outputs `extra`)."""

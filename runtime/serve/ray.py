@@ -147,6 +147,7 @@ def serve_with_ray(args: Any, settings: ServeSettings) -> int:
         "num_draft": args.num_draft,
         "draft": args.draft,
         "spec_max_rows": getattr(args, "spec_max_rows", None),
+        "spec_max_tokens": getattr(args, "spec_max_tokens", None),
     }
     threads = args.threads or 1
     app = deployment(

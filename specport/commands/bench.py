@@ -128,8 +128,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--spec-max-rows",
         type=NON_NEGATIVE,
         default=None,
-        help="with --requests and --speculative: rows speculate while at most this many decode "
-        "(default: the engine's, 1)",
+        help="with --requests and --speculative: rows verify one by one while at most this "
+        "many decode (default: the engine's, 1)",
+    )
+    load.add_argument(
+        "--spec-max-tokens",
+        type=NON_NEGATIVE,
+        default=None,
+        help="with --requests and --speculative: above --spec-max-rows, rows verify together "
+        "in one run while rows x (1 + drafts) is at most this (default: the engine's, 16)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(run=run)
@@ -259,6 +266,7 @@ def _run_engine_speculative(args: argparse.Namespace) -> int:
         num_draft=args.num_draft,
         draft=args.draft,
         spec_max_rows=args.spec_max_rows,
+        spec_max_tokens=args.spec_max_tokens,
     )
     report = run_spec_engine_bench(args.artifact, config)
     return _emit(args, report, format_spec_engine_table)

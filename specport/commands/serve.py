@@ -62,6 +62,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "many requests decode (default 1: above that a batched step is cheaper per token)",
     )
     p.add_argument(
+        "--spec-max-tokens",
+        type=int,
+        default=None,
+        help="with --speculative on the batching engine: above --spec-max-rows, the decoding "
+        "rows verify their drafts together in one run while rows x (1 + drafts) is at most "
+        "this (default 16; 0 turns it off)",
+    )
+    p.add_argument(
         "--model-name",
         help="the model id clients send and /v1/models lists (default: the directory name)",
     )
@@ -129,6 +137,8 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--num-draft must be at least 1, got {args.num_draft}")
     if args.spec_max_rows is not None and args.spec_max_rows < 0:
         raise InputError(f"--spec-max-rows must be 0 or more, got {args.spec_max_rows}")
+    if args.spec_max_tokens is not None and args.spec_max_tokens < 0:
+        raise InputError(f"--spec-max-tokens must be 0 or more, got {args.spec_max_tokens}")
     if args.max_body_bytes < 1024:
         raise InputError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
     if args.client_timeout <= 0 or args.drain_timeout < 0:
@@ -188,6 +198,7 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
         num_draft=args.num_draft,
         draft=args.draft,
         spec_max_rows=args.spec_max_rows,
+        spec_max_tokens=args.spec_max_tokens,
     )
     try:
         app = make_app(model, engine, settings)

@@ -156,3 +156,56 @@ def test_penalties_match_generate(shared_model):
         assert eng.stats()["spec_steps"] == before
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("num_draft", [2, 4])
+def test_rows_verified_together_equal_plain_greedy(shared_model, reference, num_draft):
+    """Several rows decoding at once verify their drafts in one batched run (the graph feeds
+    GroupQueryAttention query_seqlens): rows that drafted and rows that did not share the run,
+    rows join mid-generation and one is cancelled, and every request still gets exactly plain
+    greedy's tokens."""
+    eng = BatchingEngine(
+        shared_model, max_batch=4, prefill_chunk=4, speculative="ngram", num_draft=num_draft
+    )
+    try:
+        assert eng.spec is not None and eng.spec.batched
+        first = [_submit(eng, i) for i in (0, 1)]
+        doomed = eng.submit(Request(PROMPTS[2], 100, ignore_eos=True))
+        next(doomed.events(timeout=60))
+        later = [_submit(eng, i) for i in (3, 4)]  # join while the others decode
+        doomed.cancel()
+        for i, handle in zip((0, 1, 3, 4), [*first, *later]):
+            result = handle.result(timeout=60)
+            assert result.token_ids == reference[i], i
+            assert result.finish_reason == "length"
+        stats = eng.stats()
+        assert stats["errors"] == 0 and stats["spec_batched_steps"] > 0
+        assert 0 < stats["spec_accepted_tokens"] <= stats["spec_draft_tokens"]
+    finally:
+        eng.close()
+
+
+def test_rows_verified_together_sample_within_the_vocabulary(shared_model):
+    """Sampled rows verify together through lossless rejection sampling: they finish with
+    their full budget of in-vocabulary tokens and sane acceptance counters."""
+    eng = BatchingEngine(shared_model, max_batch=3, speculative="ngram", num_draft=3)
+    try:
+        handles = [
+            eng.submit(
+                Request(
+                    PROMPTS[i],
+                    24,
+                    ignore_eos=True,
+                    sampling=SamplingConfig(greedy=False, temperature=0.7, top_k=5, seed=i),
+                )
+            )
+            for i in range(3)
+        ]
+        results = [h.result(timeout=60) for h in handles]
+        vocab = shared_model.manifest.vocab_size
+        assert all(len(r.token_ids) == 24 and max(r.token_ids) < vocab for r in results)
+        stats = eng.stats()
+        assert stats["errors"] == 0 and stats["spec_batched_steps"] > 0
+        assert 0 <= stats["spec_accepted_tokens"] <= stats["spec_draft_tokens"]
+    finally:
+        eng.close()
