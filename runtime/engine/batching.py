@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from specport.runtime.engine.base import (
 )
 from specport.runtime.engine.logprobs import token_logprobs
 from specport.runtime.engine.prefix_cache import PrefixCache
-from specport.runtime.engine.slots import KVSlots
+from specport.runtime.engine.slots import KVSlots, takes_batched_steps
 from specport.runtime.engine.speculation import (
     SPEC_MAX_ROWS,
     SPEC_MAX_TOKENS,
@@ -123,7 +124,7 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
             self.spec = EngineSpeculation(
                 model, speculative, num_draft, draft, spec_max_rows, max_tokens=spec_max_tokens
             )
-            self.spec.batched = self.slots.probe_batched_steps()
+            self.spec.batched = takes_batched_steps(Path(model.path) / manifest.model_file)
         self.rows: list[_Job | None] = [None] * max_batch
         self.waiting: deque[RequestHandle] = deque()
         if text_thread is None:

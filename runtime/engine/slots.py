@@ -18,6 +18,7 @@ KV, so it is harmless, and their length is not advanced (`decode(..., live=...)`
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -120,22 +121,6 @@ class KVSlots:
         self.lengths[:batch] += np.where(live, s, 0)
         return logits
 
-    def probe_batched_steps(self) -> bool:
-        """Does the graph take several new tokens on a past at batch > 1? Artifacts exported
-        before their attention was fed `query_seqlens` refuse it. Run once on empty rows (the
-        probe's KV lands past their zero valid length), before any request arrives."""
-        if self.rows < 2 or self.max_length < 3 or self.lengths[:2].any():
-            return False
-        self.lengths[:2] = 1
-        try:
-            self.verify_rows(np.zeros((2, 2), dtype=np.int64), np.zeros(2, dtype=bool))
-            return True
-        except Exception as exc:  # noqa: BLE001 - onnxruntime's refusal: a capability answer
-            logger.info("batched multi-token steps unavailable (%s)", str(exc).splitlines()[0])
-            return False
-        finally:
-            self.lengths[:2] = 0
-
     def fits(self, batch: int, s: int) -> bool:
         """Every row of [0, batch) has room for `s` more positions."""
         return bool((self.lengths[:batch] + s <= self.max_length).all())
@@ -163,3 +148,15 @@ class KVSlots:
         self.ort_seconds += bound.ort_seconds - before
         self.lengths[:batch] += live
         return logits, next_ids
+
+
+def takes_batched_steps(model_file: Path) -> bool:
+    """Does the graph take several new tokens on a past at batch > 1? Only when every
+    GroupQueryAttention is fed `query_seqlens` (input 16); graphs exported before that refuse
+    it. Read from the graph's structure (weights stay on disk): a trial run would print
+    onnxruntime's refusal on the user's terminal."""
+    import onnx
+
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    return bool(attention) and all(len(n.input) > 16 and n.input[16] for n in attention)

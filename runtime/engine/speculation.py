@@ -15,8 +15,8 @@ every decoding row feeds [last, drafts] padded to the step's widest row in one b
 (`KVSlots.verify_rows`), rows without drafts score their one token in that run. onnxruntime's
 CPU GroupQueryAttention takes several new tokens on a past at batch > 1 only when it is given
 `query_seqlens` (without it: "batch_size must be 1 when sequence_length > 1 and past context is
-given"); shared-layout graphs feed it, and the engine probes once (`KVSlots.probe_batched_steps`)
-so that older artifacts keep verifying row by row. MTP stays row by row: its drafts come out of
+given"); shared-layout graphs feed it, and the engine checks the graph once
+(`takes_batched_steps`) so that older artifacts keep verifying row by row. MTP stays row by row: its drafts come out of
 the row's own run.
 
 The compute-bound rule: rows verify one by one while at most `max_rows` (`SPEC_MAX_ROWS`) rows

@@ -209,3 +209,23 @@ def test_rows_verified_together_sample_within_the_vocabulary(shared_model):
         assert 0 <= stats["spec_accepted_tokens"] <= stats["spec_draft_tokens"]
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("fed", [True, False])
+def test_batched_steps_only_where_attention_gets_query_seqlens(tmp_path, fed):
+    """An artifact exported before its attention was fed query_seqlens verifies row by row."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from specport.runtime.engine.slots import takes_batched_steps
+
+    names = ["q", "k", "v", "pk", "pv", "sl", "tl", *[""] * 9, "qs" if fed else ""]
+    while not names[-1]:
+        names.pop()
+    node = helper.make_node(
+        "GroupQueryAttention", names, ["o"], domain="com.microsoft", num_heads=2, kv_num_heads=1
+    )
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names if n]
+    out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
+    onnx.save(helper.make_model(helper.make_graph([node], "g", inputs, [out])), tmp_path / "m.onnx")
+    assert takes_batched_steps(tmp_path / "m.onnx") is fed
