@@ -21,6 +21,11 @@ from specport.runtime.kv.layouts import SharedKV
 
 logger = logging.getLogger(__name__)
 
+# Prompt tokens per run when an int8 KV cache is prefilled (longer prompts than twice this are
+# split): measured on SmolLM2-135M, 2 threads, 1,024 / 2,048-token prompts 1.4x / 1.6x faster
+# than one run; at 512 tokens one run was faster.
+INT8_CHUNK = 256
+
 
 def runtime_io(manifest: Manifest) -> dict[str, Any]:
     """Names of the shared layout's extra inputs/outputs (defaults = the KVLayout contract)."""
@@ -150,6 +155,8 @@ class BoundSession:
         seqlens, total = self.kv.step_lengths(lengths)
         if total != ids.shape[1]:
             raise ArtifactError("prefill ids must be padded exactly to the longest prompt.")
+        if self.batch == 1 and self.kv.buffers[0].dtype == np.int8 and total > 2 * INT8_CHUNK:
+            return self._prefill_chunks(ids)
         self.seqlens[:] = seqlens
         self.total[...] = total
         self.logits_index[:, 0] = lengths - 1
@@ -173,6 +180,18 @@ class BoundSession:
         self._bind_decode_inputs()
         self.logits_index[:, 0] = 0
         return out
+
+    def _prefill_chunks(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """A long batch-1 prompt on an int8 cache, INT8_CHUNK tokens per run. The int8 cache
+        reads every position through the cache whatever the split, so the logits are those of
+        one run; onnxruntime 1.32's CPU GroupQueryAttention attends over an int8 cache ~4x
+        slower than over fp32 in one long run, and shorter runs roughly halve that (README)."""
+        for start in range(0, ids.shape[1], INT8_CHUNK):
+            logits, next_ids = self.extend(ids[:, start : start + INT8_CHUNK], last_only=True)
+        self.logits[:, 0] = logits[:, -1]
+        if next_ids is not None:
+            self.next_token[:, 0] = next_ids[:, -1]
+        return self.logits[:, 0, :], (self.next_token[:, 0] if self.has_next else None)
 
     def _bind_decode_inputs(self) -> None:
         """Back to the one-token decode binding after a step of several tokens."""

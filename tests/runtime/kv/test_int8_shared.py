@@ -78,6 +78,29 @@ def test_buffers_are_int8_and_a_quarter_of_fp32(arts):
     assert sum(b.nbytes for b in f.buffers) == 4 * sum(b.nbytes for b in q.buffers)
 
 
+def test_long_prompt_prefill_in_chunks_matches_one_run(arts, monkeypatch):
+    """A prompt longer than twice INT8_CHUNK is prefilled in chunks on an int8 cache: the same
+    last logits and cache bytes as one run, and the same greedy tokens."""
+    from specport.runtime.kv import iobinding
+    from specport.runtime.kv.iobinding import BoundSession
+
+    model = arts["kv8"]
+    ids = np.array(_prompts(1, seed=5)[0] * 12, np.int64)[:40][None, :]
+    runs = {}
+    for chunk in (1000, 8):  # one run; 5 runs of 8
+        monkeypatch.setattr(iobinding, "INT8_CHUNK", chunk)
+        bound = BoundSession(model.session, model.manifest, 1, 64)
+        logits, _ = bound.prefill(ids, np.array([40]))
+        runs[chunk] = (logits.copy(), [b.copy() for b in bound.kv.buffers], bound.kv.lengths.copy())
+        tokens = model.generate(prompt_ids=ids[0].tolist(), max_new_tokens=8, ignore_eos=True)
+        runs[chunk] += (tokens.tokens,)
+    (l1, b1, n1, t1), (l8, b8, n8, t8) = runs[1000], runs[8]
+    np.testing.assert_allclose(l8, l1, atol=1e-5, rtol=1e-5)
+    assert n1.tolist() == n8.tolist() == [40] and t1 == t8
+    for x, y in zip(b1, b8):
+        assert np.array_equal(x[:, :, :40], y[:, :, :40])
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft", "mtp"])
 def test_speculative_greedy_equals_plain_greedy_of_the_int8_artifact(arts, method):
     model = arts["mtp_kv8"] if method == "mtp" else arts["kv8"]
