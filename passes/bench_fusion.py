@@ -62,13 +62,20 @@ def _export(root: Path) -> Path:
 
 
 def _interleaved(fns: dict[str, Any], repeat: int) -> dict[str, dict[str, float]]:
-    """Time every variant round-robin so load changes on a shared machine hit all alike."""
+    """Time every variant round-robin so load changes on a shared machine hit all alike.
+
+    Each round starts one variant later: the first run of a round is measurably slower (on the
+    8-layer GPT-2, ~0.4 ms of a 6.5 ms decode step, whichever graph runs first), so a fixed order
+    would charge that to one variant.
+    """
     for fn in fns.values():  # warm-up
         fn()
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for r in range(repeat):
+        k = r % len(order)
+        for name, fn in order[k:] + order[:k]:
             t0 = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - t0) * 1e3)
