@@ -6,7 +6,8 @@ Contract:
     SkipLayerNorm(X [..., D], skip [..., D], gamma [D], beta [D]; epsilon) -> (Y, Sum)
         Sum = X + skip;  Y = (Sum - mean) / sqrt(var + epsilon) * gamma + beta
 Plain LayerNorm needs no op of ours: ai.onnx LayerNormalization (opset 17) runs everywhere ORT
-does. Lowerings: cpu/cuda -> com.microsoft SkipLayerNormalization; cann -> function body.
+does. Lowerings: cpu -> Add + LayerNormalization (faster than the contrib kernel there, see
+custom_ops/lowering.py); cuda -> com.microsoft SkipLayerNormalization; cann -> function body.
 """
 
 from __future__ import annotations

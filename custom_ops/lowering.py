@@ -3,10 +3,12 @@
 Targets:
     neutral    keep specport ops; attach their function bodies (runs in any ORT).
     cpu, cuda  com.microsoft contrib ops (SkipSimplifiedLayerNormalization,
-               SkipLayerNormalization, GroupQueryAttention), ai.onnx RMSNormalization-23 and
-               RotaryEmbedding-23. `rms_norm="contrib"` picks ORT's SimplifiedLayerNormalization
-               instead (no measurable difference; it is registered in the ai.onnx domain, so
-               `onnx.checker` rejects such a graph - hence not the default).
+               GroupQueryAttention), ai.onnx RMSNormalization-23 and RotaryEmbedding-23.
+               `rms_norm="contrib"` picks ORT's SimplifiedLayerNormalization instead (no
+               measurable difference; it is registered in the ai.onnx domain, so
+               `onnx.checker` rejects such a graph - hence not the default). SkipLayerNorm
+               becomes Add + LayerNormalization on cpu (faster, see `_skip_layer_norm`) and
+               com.microsoft SkipLayerNormalization on cuda (`skip_layer_norm` overrides).
     cann       inline the function bodies (standard ops only), then `cann.check_ops`.
     torch_npu  not a graph rewrite: see `torch_npu.kernel_table`.
 
@@ -71,7 +73,18 @@ def _skip_rms_norm(tape, node, opts):
 
 
 def _skip_layer_norm(tape, node, opts):
+    """Add + ai.onnx LayerNormalization on cpu (default), the contrib SkipLayerNormalization
+    with `skip_layer_norm="contrib"` (the cuda default). Measured (ORT 1.32, CPU, fp32,
+    1 thread, D=512, per norm): the contrib kernel takes 175 us at S=64 where Add +
+    LayerNormalization take 33 us, and 4.2 against 2.3 us at S=1.
+    """
     eps = _attr(node, "epsilon", 1e-5)
+    default = "standard" if opts.get("target") == "cpu" else "contrib"
+    if opts.get("skip_layer_norm", default) == "standard":
+        x, skip, gamma, beta = node.inputs
+        total = tape.op("Add", [x, skip])
+        y = tape.op("LayerNormalization", [total, gamma, beta], {"epsilon": eps, "axis": -1})
+        return [y, total]
     outs = tape.op_multi_out(
         "SkipLayerNormalization", list(node.inputs), {"epsilon": eps}, num_outputs=4, domain=MS
     )
@@ -243,7 +256,7 @@ def lower_model(model: ir.Model, target: str, **opts: Any) -> dict[str, Any]:
         raise PassError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
     report: dict[str, Any] = {"target": target}
     if target in ("cpu", "cuda"):
-        report.update(_lower_native(model, opts))
+        report.update(_lower_native(model, {"target": target, **opts}))
     if target == "cann":
         attach_functions(model)
         before = Counter(n.op_type for n in model.graph if n.domain == DOMAIN)

@@ -60,7 +60,7 @@ def _make(name: str, target: str, options: dict[str, Any]) -> Pass:
     if name == "fuse_gelu":
         return FuseGeluPass()
     if name == "lower":
-        lower_opts = {k: options[k] for k in ("rms_norm",) if k in options}
+        lower_opts = {k: options[k] for k in ("rms_norm", "skip_layer_norm") if k in options}
         return LowerPass(target, **lower_opts)
     if name == "cleanup":
         return CleanupPass()
@@ -99,6 +99,7 @@ def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -
     """The pipeline for `target` (neutral/cpu/cuda/cann); `passes` restricts it by name.
 
     Options: `sliding_window` (int or per-attention list), `rms_norm` ("standard"|"contrib"),
+    `skip_layer_norm` ("standard": Add + LayerNormalization, the cpu default | "contrib"),
     `kv_layout` ("concat"|"shared", see passes/shared_kv.py),
     `max_length` (buffer length written into shapes for the shared layout; None keeps it
     symbolic so the runtime picks its buffer size), `select_logits` (bool, shared layout only:

@@ -35,6 +35,23 @@ def _norm_case(op):
     return feeds, 2, {"epsilon": 1e-5}, REGISTRY[op].reference(x, skip, w, b, 1e-5)
 
 
+@pytest.mark.parametrize(
+    ("option", "ops"),
+    [
+        ({}, {"Add", "LayerNormalization"}),  # the cpu default: faster than the contrib kernel
+        ({"skip_layer_norm": "contrib"}, {"com.microsoft.SkipLayerNormalization"}),
+    ],
+    ids=["standard", "contrib"],
+)
+def test_skip_layer_norm_cpu_lowerings(option, ops):
+    feeds, n_out, attrs, ref = _norm_case("SkipLayerNorm")
+    model = single_op_model("SkipLayerNorm", feeds, n_out, attrs)
+    lower_model(model, "cpu", **option)
+    assert set(op_counts(model)) == ops
+    for got, want in zip(run(model, feeds), ref):
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("op", ["RMSNorm", "SkipRMSNorm", "SkipLayerNorm"])
 def test_norms(op, target):

@@ -129,7 +129,7 @@ def test_torchscript_graph_fuses(tiny_export, tmp_path, arch):
     key = (
         "com.microsoft.SkipSimplifiedLayerNormalization"
         if arch == "llama"
-        else ("com.microsoft.SkipLayerNormalization")
+        else "LayerNormalization"
     )
     assert counts.get(key, 0) >= 3
     attn = next(p for p in report["passes"] if p["name"] == "fuse_attention")
