@@ -136,7 +136,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=NON_NEGATIVE,
         default=None,
         help="with --requests and --speculative: above --spec-max-rows, rows verify together "
-        "in one run while rows x (1 + drafts) is at most this (default: the engine's, 16)",
+        "in one run while rows x (1 + drafts) is at most this (default: the engine's, 7)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(run=run)

@@ -165,7 +165,12 @@ def test_rows_verified_together_equal_plain_greedy(shared_model, reference, num_
     rows join mid-generation and one is cancelled, and every request still gets exactly plain
     greedy's tokens."""
     eng = BatchingEngine(
-        shared_model, max_batch=4, prefill_chunk=4, speculative="ngram", num_draft=num_draft
+        shared_model,
+        max_batch=4,
+        prefill_chunk=4,
+        speculative="ngram",
+        num_draft=num_draft,
+        spec_max_tokens=16,
     )
     try:
         assert eng.spec is not None and eng.spec.batched
@@ -188,7 +193,9 @@ def test_rows_verified_together_equal_plain_greedy(shared_model, reference, num_
 def test_rows_verified_together_sample_within_the_vocabulary(shared_model):
     """Sampled rows verify together through lossless rejection sampling: they finish with
     their full budget of in-vocabulary tokens and sane acceptance counters."""
-    eng = BatchingEngine(shared_model, max_batch=3, speculative="ngram", num_draft=3)
+    eng = BatchingEngine(
+        shared_model, max_batch=3, speculative="ngram", num_draft=3, spec_max_tokens=16
+    )
     try:
         handles = [
             eng.submit(
