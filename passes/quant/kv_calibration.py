@@ -164,6 +164,33 @@ def scales_from_stats(
     return out
 
 
+CHAT_DOCS = 32  # calibration documents also rendered as a chat turn, when there is a template
+
+
+def chat_sequences(src: Path, docs: Sequence[str], context: int) -> list[np.ndarray]:
+    """`docs` as user turns under the artifact's chat template (none without a template).
+
+    A chat prompt's template tokens (the system turn, role markers) put keys and values far
+    outside what plain text reaches; scales calibrated on plain text alone clip them, and a
+    chat model then answers nonsense (SmolLM2-135M with per-channel int8 KV did)."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer
+
+    from specport.runtime.chat_template import load_chat_template
+
+    if not (src / "tokenizer.json").is_file():
+        return []
+    tokenizer = Tokenizer.from_file(str(src / "tokenizer.json"))
+    template = load_chat_template(SimpleNamespace(tokenizer=tokenizer, path=src))
+    if template is None:
+        return []
+    return [
+        np.asarray(template.render_ids([{"role": "user", "content": d}])[:context], np.int64)
+        for d in docs
+    ]
+
+
 def calibrate_kv_scales(
     model_path: Path,
     manifest: Manifest,
@@ -186,5 +213,6 @@ def calibrate_kv_scales(
     docs = C.read_documents(calib_files)[:max_docs]
     context = calibration_context(manifest)
     seqs = C.tokenize(docs, tok, manifest.config.get("bos_token_id"), context)
+    seqs += chat_sequences(src, docs[:CHAT_DOCS], context)
     stats = capture_kv_stats(model_path, seqs, progress=progress)
     return scales_from_stats(stats, clip, granularity)

@@ -264,3 +264,21 @@ def test_shared_bad_inputs(shared_src, shared_kv8, calib_text, tmp_path):
             calib_files=[calib_text],
         )
     assert not any((tmp_path / n).exists() for n in "abc")
+
+
+def test_kv_calibration_adds_chat_turns_when_there_is_a_template(tiny_llama_artifact, tmp_path):
+    """A chat template's tokens push keys and values past plain text's ranges (3x in some
+    SmolLM2-135M channels), so KV calibration also runs documents as chat turns."""
+    import specport
+    from specport.passes.quant.kv_calibration import chat_sequences
+    from specport.runtime.chat_template import load_chat_template
+    from tests.fixtures import add_chat_tokenizer
+
+    docs = ["The cat sat.", "A dog ran far away."]
+    assert chat_sequences(tiny_llama_artifact, docs, 64) == []  # no chat tokenizer: nothing added
+    chat = add_chat_tokenizer(tiny_llama_artifact, tmp_path / "chat")
+    seqs = chat_sequences(chat, docs, 64)
+    template = load_chat_template(specport.load(chat))
+    assert [s.tolist() for s in seqs] == [
+        template.render_ids([{"role": "user", "content": d}]) for d in docs
+    ]
