@@ -93,8 +93,8 @@ class QuantizeKVCachePass(Pass):
 
     def precondition(self, model: ir.Model) -> str | None:
         g = model.graph
-        if {"seqlens_k", "total_sequence_length"} & {v.name for v in g.inputs}:
-            return "shared KV layout (GroupQueryAttention over one buffer) does not take int8 KV"
+        if is_shared_graph(model):
+            return "shared KV layout: QuantizeSharedKVCachePass makes its in-place cache int8"
         pasts = [v for v in g.inputs if v.name and _PAST.match(v.name)]
         if not pasts:
             return "no past_key_values.* inputs"

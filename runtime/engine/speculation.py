@@ -274,9 +274,7 @@ class SpeculativeRows:
         decodes in the batched step). Emits accepted + 1 tokens; the rest is rolled back."""
         if job.spec is None or self.spec is None:
             return False
-        pos = int(self.slots.lengths[job.row])  # == len(prompt) + len(tokens) - 1
-        room = min(job.budget - len(job.tokens) - 1, self.max_length - 1 - pos)
-        context = [*job.prompt.tolist(), *job.tokens]
+        room, context = self._room_and_context(job)
         t0 = time.perf_counter()
         try:
             step = self.spec.step(job.spec, self.slots, job.row, context, room, job.sampler)
@@ -307,10 +305,8 @@ class SpeculativeRows:
             job = self.rows[r]
             if job.spec is None:
                 continue
-            pos = int(self.slots.lengths[r])
-            room = min(job.budget - len(job.tokens) - 1, self.max_length - 1 - pos, cap)
-            context = [*job.prompt.tolist(), *job.tokens]
-            drafts = spec.propose(job.spec, context, room)
+            room, context = self._room_and_context(job)
+            drafts = spec.propose(job.spec, context, min(room, cap))
             if int(drafts.lengths[0]) > 0:
                 plans[r] = (drafts, context)
         if not plans:
@@ -357,6 +353,13 @@ class SpeculativeRows:
             spec.observe(job.spec, drafts, result, {})
             self._emit(job, logits[r], result.tokens[0])
         return True
+
+    def _room_and_context(self, job: Any) -> tuple[int, list[int]]:
+        """How many drafts `job` may verify (its token budget and its row's KV space) and its
+        ids so far (prompt + generated; the last one has no KV yet)."""
+        pos = int(self.slots.lengths[job.row])  # == len(prompt) + len(tokens) - 1
+        room = min(job.budget - len(job.tokens) - 1, self.max_length - 1 - pos)
+        return room, [*job.prompt.tolist(), *job.tokens]
 
     def _emit(self, job: Any, logits: np.ndarray, tokens: list[int]) -> None:
         """Record a verified row's tokens (logits [S, V] of its positions) until it finishes."""
