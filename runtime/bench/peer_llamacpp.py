@@ -145,9 +145,11 @@ class LlamaCppPeer:
         self.version = getattr(llama_cpp, "__version__", "?")
         self.n_ctx = 0
         self.llm: Any = None
+        self.draft: Any = None  # a llama_cpp draft model (prompt lookup) for its own speculation
         self._llama = llama_cpp.Llama
 
-    def _ensure(self, n_ctx: int) -> Any:
+    def ensure(self, n_ctx: int) -> Any:
+        """The loaded model with a context of at least `n_ctx` tokens."""
         if self.llm is None or n_ctx > self.n_ctx:
             self.n_ctx = max(n_ctx, 512)
             with _quiet_stderr():
@@ -157,6 +159,7 @@ class LlamaCppPeer:
                     n_batch=max(self.n_ctx, 512),
                     n_threads=self.threads,
                     n_threads_batch=self.threads,
+                    draft_model=self.draft,
                     verbose=False,
                 )
         return self.llm
@@ -176,7 +179,7 @@ class LlamaCppPeer:
         if len(prompts) != 1:
             raise InputError("--peer llama.cpp runs batch 1 only (llama-cpp-python has no batch).")
         prompt = [int(t) for t in prompts[0]]
-        llm = self._ensure(len(prompt) + new_tokens + 8)
+        llm = self.ensure(len(prompt) + new_tokens + 8)
         llm.reset()
         made = 0
         t0 = time.perf_counter()

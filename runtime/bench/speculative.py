@@ -76,6 +76,9 @@ class SpecBenchConfig:
     threads: int = 0
     adaptive: str = "default"  # "default" | "on" | "off" | "both" (each method twice)
     tree_widths: list[int] = field(default_factory=list)  # ngram as a token tree, per width
+    peers: list[str] = field(default_factory=list)  # other tools, plain or `+ngram` (spec_peers)
+    peer_gguf: str | None = None  # the GGUF llama.cpp runs when the source is not one
+    allow_spinning: bool | None = None
 
 
 ADAPTIVE_CHOICES = ("default", "on", "off", "both")
@@ -133,15 +136,27 @@ def _adaptive_variants(setting: str) -> list[tuple[str, bool | None]]:
 def run_speculative_bench(artifact: str, config: SpecBenchConfig) -> dict[str, Any]:
     """Decode speed and acceptance of each method vs plain greedy; JSON-able report."""
     import specport
+    from specport.runtime.bench.spec_peers import SpecPeer, check_spec_peer_name
 
+    for name in config.peers:
+        check_spec_peer_name(name)  # before any model loads
     model = specport.load(artifact, threads=config.threads)
-    with plain_reference(model, config.threads) as (plain_model, plain_what):
-        report = _run(model, plain_model, artifact, config)
+    peers = [SpecPeer(n, model.manifest, config, config.num_draft, None) for n in config.peers]
+    try:
+        with plain_reference(model, config.threads) as (plain_model, plain_what):
+            report = _run(model, plain_model, artifact, config, peers)
+    finally:
+        for peer in peers:
+            peer.close()
     report["plain"] = plain_what
+    if peers:
+        report["peers"] = {peer.name: peer.info() for peer in peers}
     return report
 
 
-def _run(model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig) -> dict[str, Any]:
+def _run(
+    model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig, peers: list[Any]
+) -> dict[str, Any]:
     import specport
 
     if config.prompt_ids:
@@ -164,13 +179,14 @@ def _run(model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig) -
         (m + suffix, m, adaptive, 1) for m in config.methods for suffix, adaptive in variants
     ]
     engines += [(f"ngram-tree{w}", "ngram", None, w) for w in config.tree_widths]
+    names = [name for name, *_ in engines] + [peer.name for peer in peers]
     totals: dict[str, dict[str, Any]] = {
         name: {"seconds": 0.0, "tokens": 0, "equal": True, "drafted": 0, "accepted": 0, "steps": 0}
-        for name, *_ in engines
+        for name in names
     }
     for ids in encoded:
         reference: list[int] | None = None
-        per: dict[str, list[float]] = {name: [] for name, *_ in engines}
+        per: dict[str, list[float]] = {name: [] for name in names}
         stats: dict[str, dict[str, Any]] = {}
         counts: dict[str, int] = {}
         for _ in range(config.runs):
@@ -198,14 +214,25 @@ def _run(model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig) -
                 counts[name] = len(result.tokens)
                 if method is not None:
                     stats[name] = result.metrics.get("speculative", {})
-        for name, *_ in engines:
+            assert reference is not None
+            for peer in peers:  # as many tokens as plain greedy made, in the same round
+                run = peer.run(ids, len(reference))
+                totals[peer.name]["equal"] &= run.tokens == reference
+                per[peer.name].append(run.decode_s / max(len(run.tokens) - 1, 1))
+                counts[peer.name] = len(run.tokens)
+                if run.rounds:
+                    stats[peer.name] = {
+                        "steps": run.rounds,
+                        "accepted": len(run.tokens) - run.rounds,
+                    }
+        for name in names:
             totals[name]["seconds"] += statistics.median(per[name]) * counts[name]
             totals[name]["tokens"] += counts[name]
             for key in ("drafted", "accepted", "steps"):
                 totals[name][key] += int(stats.get(name, {}).get(key, 0))
     plain_s = totals["plain"]["seconds"]
     rows = []
-    for name, *_ in engines:
+    for name in names:
         t = totals[name]
         row: dict[str, Any] = {
             "engine": name,
@@ -215,7 +242,8 @@ def _run(model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig) -
         }
         if t["steps"]:
             row["mean_accepted_length"] = round(1 + t["accepted"] / t["steps"], 3)
-            row["acceptance_rate"] = round(t["accepted"] / max(t["drafted"], 1), 3)
+            if t["drafted"]:
+                row["acceptance_rate"] = round(t["accepted"] / t["drafted"], 3)
         rows.append(row)
     return {
         "artifact": artifact,
@@ -231,13 +259,14 @@ def _run(model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig) -
 def format_speculative_table(report: dict[str, Any]) -> str:
     lines = [
         f"{report['prompts']} prompts, {report['max_new_tokens']} new tokens, K={report['num_draft']}, "
-        f"median of {report['runs']} runs; plain = {report.get('plain', 'same artifact')}",
-        f"{'engine':<16}{'decode tok/s':>14}{'vs plain':>10}{'accepted/step':>15}{'equal':>8}",
+        f"median of {report['runs']} runs; plain = {report.get('plain', 'same artifact')}"
+        + ("; equal = tokens equal specport's plain greedy" if report.get("peers") else ""),
+        f"{'engine':<24}{'decode tok/s':>14}{'vs plain':>10}{'accepted/step':>15}{'equal':>8}",
     ]
     for r in report["rows"]:
         mal = r.get("mean_accepted_length")
         lines.append(
-            f"{r['engine']:<16}{r['decode_tok_per_s'] or 0:>14.1f}{r['speedup_vs_plain'] or 0:>9.2f}x"
+            f"{r['engine']:<24}{r['decode_tok_per_s'] or 0:>14.1f}{r['speedup_vs_plain'] or 0:>9.2f}x"
             f"{'-' if mal is None else f'{mal:.2f}':>15}{'yes' if r['tokens_equal_plain'] else 'NO':>8}"
         )
     return "\n".join(lines)

@@ -54,7 +54,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also run this engine on the same prompts (repeatable): onnxruntime-genai, "
         "transformers, llama.cpp (the GGUF type matching the artifact's bit width) or "
         "llama.cpp:TYPE (e.g. llama.cpp:Q4_K_M), or specport:ARTIFACT (another artifact of "
-        "the same model, e.g. its int8-KV quantization)",
+        "the same model, e.g. its int8-KV quantization); with --speculative: "
+        "onnxruntime-genai or llama.cpp[:TYPE], each optionally +ngram (its own n-gram "
+        "speculation), e.g. llama.cpp+ngram",
     )
     p.add_argument(
         "--peer-gguf",
@@ -215,6 +217,9 @@ def _run_speculative(args: argparse.Namespace) -> int:
         threads=args.threads,
         adaptive=args.adaptive,
         tree_widths=args.tree_width,
+        peers=args.peer,
+        peer_gguf=args.peer_gguf,
+        allow_spinning=args.spin,
     )
     report = run_speculative_bench(args.artifact, config)
     return _emit(args, report, format_speculative_table)

@@ -1,0 +1,72 @@
+"""Other tools beside `bench --speculative`: their own n-gram speculation decodes their own plain
+greedy tokens, and the report puts them in the same table as specport's methods."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specport.errors import InputError
+from specport.runtime.bench.model import TINY, make_llama
+from specport.runtime.bench.spec_peers import check_spec_peer_name
+
+GGUF = Path("models") / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# repeated text, where prompt lookup proposes drafts that greedy decoding keeps
+COPY_IDS = [1, 30, 31, 32, 33, 34, 30, 31, 32, 33, 34, 30, 31, 32, 33, 34, 30, 31]
+
+
+def test_peer_names_are_checked_before_any_model_loads() -> None:
+    assert check_spec_peer_name("llama.cpp+ngram") == ("llama.cpp", True)
+    assert check_spec_peer_name("llama.cpp:Q4_K_M+ngram") == ("llama.cpp:Q4_K_M", True)
+    assert check_spec_peer_name("onnxruntime-genai") == ("onnxruntime-genai", False)
+    for bad in ("transformers+ngram", "onnxruntime-genai:int4", "vllm"):
+        with pytest.raises(InputError, match=r"\+ngram"):
+            check_spec_peer_name(bad)
+
+
+@pytest.mark.slow
+def test_speculative_bench_runs_genai_with_and_without_its_ngram(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+    from specport.cli import main
+    from specport.exporter.export import export_model
+
+    monkeypatch.setenv("SPECPORT_CACHE", str(tmp_path / "cache"))
+    hf = make_llama(tmp_path / "hf", context_length=128, **TINY)
+    export_model(hf, tmp_path / "art", kv_layout="shared", progress=False)
+    ids = ",".join(str(t) for t in COPY_IDS)
+    args = ["bench", str(tmp_path / "art"), "--speculative", "ngram", "--prompt-ids", ids]
+    args += ["--new-tokens", "12", "--runs", "1", "--threads", "1", "--json"]
+    args += ["--peer", "onnxruntime-genai", "--peer", "onnxruntime-genai+ngram"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["engine"]: r for r in report["rows"]}
+    assert set(rows) == {"plain", "ngram", "onnxruntime-genai", "onnxruntime-genai+ngram"}
+    assert rows["ngram"]["tokens_equal_plain"]
+    assert all(r["decode_tok_per_s"] > 0 for r in rows.values())
+    assert report["peers"]["onnxruntime-genai+ngram"]["speculation"]["max_draft_tokens"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_llamacpp_prompt_lookup_keeps_its_greedy_tokens(shared_dir: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (bench extra)")
+    gguf = shared_dir / GGUF
+    if not gguf.exists():
+        pytest.skip(f"{gguf} is absent")
+    from specport.runtime.bench.spec_peers import SpecPeer
+
+    manifest = SimpleNamespace(source={"path": str(gguf)}, quant=None)
+    config = SimpleNamespace(threads=2, peer_gguf=None)
+    prompt = [6403, 1980, 253, 655, 28, 260, 3444, 282, 6403, 1980, 253, 655, 28]
+    runs = []
+    for name in ("llama.cpp", "llama.cpp+ngram"):
+        peer = SpecPeer(name, manifest, config, num_draft=4, progress=False)  # type: ignore[arg-type]
+        try:
+            runs.append(peer.run(prompt, 24))
+        finally:
+            peer.close()
+    assert len(runs[0].tokens) == 24
+    assert runs[1].tokens == runs[0].tokens
