@@ -21,6 +21,13 @@ from specport.contract import TREE_MASK
 from specport.errors import ExportError
 from specport.exporter import source as src_mod
 from specport.exporter.checkpoint import probe_kv_shapes_meta, streaming_model
+from specport.exporter.dtype import (
+    TOLERANCE,
+    convert_graph,
+    cpu_note,
+    resolve_dtype,
+    verification_plan,
+)
 from specport.exporter.onnx_attention import tracing
 from specport.exporter.optimum_config import save_source_config
 from specport.exporter.registry import check_supported
@@ -58,6 +65,7 @@ def export_model(
     tree_mask: bool = False,
     quant: str | None = None,
     quant_algo: str = "hqq",
+    dtype: str = "fp32",
 ) -> art.Manifest:
     """Export `model` (HF dir, cached hub id, GGUF file or llama2c .bin) to the artifact `out`.
 
@@ -77,8 +85,17 @@ def export_model(
     read, one layer at a time (passes/quant/inline.py): with a safetensors checkpoint the float
     model is never held, in memory or on disk. Such an artifact cannot equal PyTorch, so its
     verification is skipped (measure it with `specport eval ppl` / `eval compare`).
+    `dtype` ("fp32" default, "fp16", "bf16"; exporter/dtype.py) converts weights, activations
+    and the KV cache after the passes (logits stay float32) and verifies with a tolerance for
+    that dtype; bf16 is refused for the cpu target (onnxruntime's CPU provider has no bfloat16
+    MatMul) and is not verified on a machine without it.
     Raises ExportError when verification against PyTorch is over tolerance (unless skipped).
     """
+    dtype = resolve_dtype(dtype, target, quant)
+    no_verify_reason: str | None = None
+    if dtype != "float32":
+        can_verify, no_verify_reason = verification_plan(dtype, target)
+        skip_verify = skip_verify or not can_verify
     requested = kv_layout
     kv_layout, why = _auto_layout(kv_layout, target, fuse, passes)
     _check_kv_layout(kv_layout, target, fuse)  # before any slow step
@@ -152,6 +169,11 @@ def export_model(
 
         reports, quant_info = quantize_inline(ir_model, quant, quant_algo)
         pass_reports = [*pass_reports, *reports]
+    if dtype != "float32":
+        pass_reports = [*pass_reports, convert_graph(ir_model, dtype)]
+        kv.dtype = dtype
+        if cpu_note(dtype, target):
+            logger.warning("--dtype %s: %s", dtype, cpu_note(dtype, target))
 
     references = (
         None
@@ -196,14 +218,19 @@ def export_model(
                 verify["reason"] = (
                     "weights quantized during export: compare with `specport eval compare`"
                 )
+            elif dtype != "float32" and no_verify_reason:
+                verify["reason"] = no_verify_reason
         else:
             session = verification_session(tmp / art.MODEL_NAME)
-            verify = compare(session, references, atol=source.arch.atol, rtol=source.arch.rtol)
+            atol, rtol = source.arch.atol, source.arch.rtol
+            if dtype != "float32":
+                atol, rtol = (max(a, b) for a, b in zip((atol, rtol), TOLERANCE[dtype]))
+            verify = compare(session, references, atol=atol, rtol=rtol)
             del session, references
             if not verify["ok"]:
                 raise ExportError(
                     f"exported graph disagrees with PyTorch: max |logits diff| = {verify['max_abs_logits']:.3g} "
-                    f"(tolerance {source.arch.atol} + {source.arch.rtol}·max|logits|). This is a bug in the "
+                    f"(tolerance {atol} + {rtol}·max|logits|). This is a bug in the "
                     "export or a pass; re-run with --no-fuse to isolate it, or --skip-verify to keep the artifact anyway."
                 )
         manifest = art.Manifest(
@@ -213,7 +240,7 @@ def export_model(
             kv=kv,
             source=source.describe() | ({"layers_kept": layers} if layers else {}),
             opset=OPSET,
-            dtype="float32",
+            dtype=dtype,
             target=target_used,
             tokenizer=tok_info,
             passes=pass_reports,
@@ -222,6 +249,7 @@ def export_model(
             extra={
                 "export": {"seconds": stages.done()},
                 "kv_layout_choice": {"requested": requested, "layout": kv.layout, "reason": why},
+                **({"dtype_note": note} if (note := cpu_note(dtype, target)) else {}),
                 **extra_files,
                 **runtime_io,
             },

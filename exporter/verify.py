@@ -12,6 +12,7 @@ never hold the weights at the same time (bounded peak memory for large models): 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,6 +168,7 @@ def compare(
     A session whose graph takes `seqlens_k` is run in the shared KV layout (`run_shared`).
     """
     shared = SEQLENS in {i.name for i in session.get_inputs()}
+    cases = [_in_session_types(session, case) for case in cases]
     rows: list[dict[str, Any]] = []
     ok = True
     for case in cases:
@@ -201,6 +203,16 @@ def compare(
         report["kv_layout"] = "shared"
     logger.info("verify: ok=%s max_abs_logits=%.3g", ok, report["max_abs_logits"])
     return report
+
+
+def _in_session_types(session: Any, case: ReferenceCase) -> ReferenceCase:
+    """`case` with its float feeds (the float32 past) in the graph's input types (float16)."""
+    types = {i.name: i.type for i in session.get_inputs()}
+    feeds = dict(case.feeds)
+    for name, value in feeds.items():
+        if types.get(name) == "tensor(float16)" and value.dtype != np.float16:
+            feeds[name] = value.astype(np.float16)
+    return dataclasses.replace(case, feeds=feeds)
 
 
 def _concat_kv_err(case: ReferenceCase, presents: list[np.ndarray]) -> float:

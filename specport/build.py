@@ -24,7 +24,7 @@ def export(
     """Export a source model to an artifact directory; see `specport.exporter.export.export_model`
     for the keyword arguments. `quant` ("w8a8" | "w8a16" | "w4a16" | "w4a8") quantizes the
     artifact in place afterwards (default recipe, no calibration text)."""
-    names = ("tokenizer", "target", "fuse", "passes", "layers", "kv_layout", "max_length")
+    names = ("tokenizer", "target", "fuse", "passes", "layers", "kv_layout", "max_length", "dtype")
     checked = {k: kwargs[k] for k in (*names, "tree_mask") if k in kwargs}
     preflight.check_export(model, out, quant=quant, **checked)
     from specport.exporter.export import export_model

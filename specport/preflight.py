@@ -88,9 +88,13 @@ def check_export(
     max_length: int | None = None,
     tree_mask: bool = False,
     quant: str | None = None,
+    dtype: str = "fp32",
 ) -> None:
     """Everything about an export that can be known without loading the weights."""
     check_layout(target, kv_layout, fuse, passes)
+    from specport.exporter.dtype import resolve_dtype
+
+    resolve_dtype(dtype, target, quant)
     at_least("layers", layers, 1, allow_none=True)
     at_least("max_length", max_length, 1, allow_none=True)
     if max_length is not None and kv_layout == "concat":

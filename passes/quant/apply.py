@@ -149,6 +149,11 @@ def check_kv_layout(
 ) -> None:
     """The layouts quantize takes (concat, shared) and what each takes of the int8 KV options."""
     layout = manifest.kv.layout
+    if manifest.dtype not in ("float32", None):
+        raise QuantizationError(
+            f"{src} is a {manifest.dtype} artifact; quantization starts from float32 weights: "
+            "quantize an export without --dtype"
+        )
     if layout not in ("concat", "shared"):
         raise QuantizationError(
             f"{src} uses the {layout!r} KV layout; re-export with --kv-layout concat and quantize that"

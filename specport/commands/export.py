@@ -68,6 +68,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "checkpoint (default hqq; rtn is faster on very large models)",
     )
     p.add_argument(
+        "--dtype",
+        choices=["fp32", "fp16", "bf16"],
+        default="fp32",
+        help="float type of weights, activations and KV cache (logits stay fp32). fp32 "
+        "(default) is the fastest on CPU; fp16 runs on CPU with onnxruntime's casts and "
+        "halves the files; bf16 needs --target cuda",
+    )
+    p.add_argument(
         "--keep-gguf-quant",
         action="store_true",
         help="(GGUF source) MatMul weights keep the file's own quantized blocks as MatMulNBits "
@@ -94,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     if args.keep_gguf_quant:  # checked before the slow export
         if args.quant:
             raise UsageError("use either --keep-gguf-quant or --quant, not both.")
+        if args.dtype != "fp32":
+            raise UsageError("--keep-gguf-quant keeps quantized weights; drop --dtype.")
         if not str(args.model).lower().endswith(".gguf") or args.kv_layout != "concat":
             raise UsageError(
                 "--keep-gguf-quant needs a GGUF source file (model.gguf) and the concat KV layout."
@@ -112,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         tree_mask=args.tree_mask,
         quant=args.quant,
         quant_algo=args.quant_algo,
+        dtype=args.dtype,
     )
     if args.keep_gguf_quant:
         from specport.passes.quant.keep_gguf import keep_gguf_quant_artifact
@@ -122,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         "architecture": manifest.architecture,
         "target": manifest.target,
         "kv_layout": manifest.kv.layout,
+        "dtype": manifest.dtype,
         "verify": {
             k: manifest.verify.get(k)
             for k in ("ok", "max_abs_logits", "max_abs_kv", "skipped")

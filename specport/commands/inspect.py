@@ -29,6 +29,7 @@ def summarize(manifest: Any) -> dict[str, Any]:
         "schema_version": manifest.schema_version,
         "target": manifest.target,
         "dtype": manifest.dtype,
+        **({"dtype_note": manifest.extra["dtype_note"]} if "dtype_note" in manifest.extra else {}),
         "opset": manifest.opset,
         "layers": c.get("num_layers"),
         "heads": c.get("num_heads"),
