@@ -205,7 +205,7 @@ def check_quantize(
     calib_files: Sequence[str | os.PathLike[str]] = (),
     mixed_precision: str = "off",
     calib_docs: int = 300,
-    lm_head_bits: int | None = None,
+    lm_head_bits: int | str | None = None,
     embedding_bits: int | None = None,
     form: str = "matmulnbits",
     kv_cache: str = "float",
@@ -218,12 +218,9 @@ def check_quantize(
     """The quantizer's own option checks, plus inputs and output, before calibration starts."""
     from specport.artifact import read_manifest
     from specport.passes.quant import apply
+    from specport.passes.quant.head import check_head_bits
 
     at_least("calib_docs", calib_docs, 1)
-    if lm_head_bits not in (None, 0, 4, 8):
-        raise UsageError(
-            f"{option('lm_head_bits')} must be 0 (float), 4 or 8, got {lm_head_bits!r}."
-        )
     if embedding_bits not in (None, 0, 4, 8):
         raise UsageError(f"{option('embedding_bits')} must be 0, 4 or 8, got {embedding_bits!r}.")
     resolved_group = group_size if group_size is not None else (128 if scheme == "w8a8" else 32)
@@ -239,6 +236,7 @@ def check_quantize(
     try:
         apply._check_kv(scheme, resolved_algo, kv_cache, kv_clip, calib_files, kv_granularity)
         apply._check(scheme, resolved_algo, resolved_group, calib_files, mixed_precision, form)
+        check_head_bits(scheme, resolved_algo, lm_head_bits)
     except SpecportError as e:  # argument-only checks: a usage error
         raise UsageError(str(e)) from None
     for f in calib_files:

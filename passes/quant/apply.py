@@ -44,6 +44,7 @@ from specport.passes.base import PassResult
 from specport.passes.quant import calibration as C
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
 from specport.passes.quant.graph import find_weight_matmuls
+from specport.passes.quant.head import check_head_bits, choose_lm_head_bits, head_wide
 from specport.passes.quant.kv_cache import (
     KV_CLIPS,
     apply_int8_kv,
@@ -228,7 +229,7 @@ def quantize_artifact(
     mixed_precision: str = "off",
     progress: Progress | None = None,
     calib_docs: int = 300,
-    lm_head_bits: int | None = None,
+    lm_head_bits: int | str | None = None,
     embedding_bits: int | None = None,
     form: str = "matmulnbits",
     float_zero: bool = False,
@@ -248,6 +249,8 @@ def quantize_artifact(
     src_p, out_p = Path(src), Path(out)
     if group_size is None:
         group_size = 128 if scheme == "w8a8" else 32
+    if lm_head_bits is None and scheme == "w4a8" and not algo.startswith("ort-"):
+        lm_head_bits = "auto"  # 4 or 8 bits by measured cost and effect (passes/quant/head.py)
     if lm_head_bits is None:
         # An 8-bit head where activations are int8 anyway (w4a8, w8a8: MatMulNBits with
         # accuracy_level 4 runs int8 VNNI/AMX kernels; 1.05-1.08x slower decode than a 4-bit head on
@@ -264,6 +267,7 @@ def quantize_artifact(
         logger.info("no calibration text: using hqq")
     _check_kv(scheme, algo, kv_cache, kv_clip, calib_files, kv_granularity)
     _check(scheme, algo, group_size, calib_files, mixed_precision, form)
+    check_head_bits(scheme, algo, lm_head_bits)
     manifest = read_manifest(src_p)
     # The source's recorded perplexity describes the source, not this artifact: carried as the
     # reference a later `eval ppl --record` on the same text compares against.
@@ -282,6 +286,7 @@ def quantize_artifact(
     accuracy_level = 4 if scheme == "w4a8" else None
     reports: list[dict[str, Any]] = []
     per_layer: dict[str, Any] = {}
+    manifest_head: dict[str, Any] | None = None  # auto's decision and what it measured
     with atomic_artifact_dir(out_p) as tmp:
         if algo.startswith("ort-"):
             reports.append(
@@ -303,24 +308,37 @@ def quantize_artifact(
                 assert stats is not None
                 passes.append(
                     QuantizeW8A8Pass(
-                        stats, lm_head_bits=lm_head_bits, group_size=group_size, form=form
+                        stats, lm_head_bits=int(lm_head_bits), group_size=group_size, form=form
                     )
                 )
             else:
-                passes.append(
-                    QuantizeWeightsNBitsPass(
-                        bits,
-                        group_size,
-                        "rtn" if algo == "default" and bits == 8 else algo,
-                        stats=stats,
-                        form=form,
-                        accuracy_level=accuracy_level,
-                        lm_head_bits=lm_head_bits,
-                        plan=plan,
-                        float_zero=float_zero,
-                        symmetric=symmetric,
-                    )
+                auto_head = lm_head_bits == "auto"
+                nbits = QuantizeWeightsNBitsPass(
+                    bits,
+                    group_size,
+                    "rtn" if algo == "default" and bits == 8 else algo,
+                    stats=stats,
+                    form=form,
+                    accuracy_level=accuracy_level,
+                    lm_head_bits=head_wide(scheme) if auto_head else int(lm_head_bits),
+                    plan=plan,
+                    float_zero=float_zero,
+                    symmetric=symmetric,
                 )
+                if auto_head:
+                    if progress:
+                        progress("measuring the LM head at 4 bits", 0, 1)
+                    nbits.lm_head_bits, head_report = choose_lm_head_bits(
+                        model, stats, nbits, head_wide(scheme)
+                    )
+                    lm_head_bits = nbits.lm_head_bits
+                    reports.append(head_report)
+                    manifest_head = {
+                        k: head_report[k]
+                        for k in ("choice", "bits", "reason", "cost", "measured", "rule")
+                        if k in head_report
+                    }
+                passes.append(nbits)
             if embedding_bits:
                 passes.append(QuantizeEmbeddingPass(bits=embedding_bits, group_size=group_size))
             for p in passes:
@@ -349,6 +367,7 @@ def quantize_artifact(
             "form": form,
             "accuracy_level": 4 if scheme in ("w4a8", "w8a8") and form != "qdq" else 0,
             "lm_head_bits": lm_head_bits,
+            **({"lm_head": manifest_head} if manifest_head else {}),
             "float_zero_points": float_zero,
             "symmetric": symmetric,
             "embedding_bits": embedding_bits,

@@ -9,6 +9,10 @@ from specport.cli import emit_json
 from specport.commands._args import POSITIVE
 
 
+def _head_bits(value: str) -> int | str:
+    return value if value == "auto" else int(value)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "quantize", help="quantize an artifact (W8A8, W8A16, W4A16, W4A8; int8 KV cache)"
@@ -54,10 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mixed-precision", default="off", choices=["auto", "off"])
     p.add_argument(
         "--lm-head-bits",
-        type=int,
+        type=_head_bits,
         default=None,
-        choices=[0, 4, 8],
-        help="LM head precision; 0 keeps it in float (default: 8 for w4a8/w8a8, float otherwise)",
+        choices=[0, 4, 8, "auto"],
+        help="LM head precision; 0 keeps it in float; auto (w4a8, w4a16) picks 4 bits where the "
+        "head is a large share of bytes per token and its measured logit change is small "
+        "(default: auto for w4a8, 8 for w8a8, float otherwise)",
     )
     p.add_argument(
         "--float-zero",
@@ -144,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         "layers_by_bits": {str(b): bits.count(b) for b in sorted(set(bits), key=str)},
         "ort_cpu": q.get("ort_cpu"),
         "calibration": q.get("calibration"),
+        "lm_head": q.get("lm_head") or {"bits": q.get("lm_head_bits")},
         "kv_cache": {k: v for k, v in (q.get("kv_cache") or {}).items() if k != "scales"} or None,
     }
     if args.json:
@@ -157,6 +164,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.artifact} -> {args.out} ({recipe})")
     if summary["scheme"] != "none":
         print(f"  layers: {summary['layers']} {summary['layers_by_bits']}")
+    head = summary["lm_head"]
+    if summary["scheme"] != "none" and head.get("bits") is not None:
+        reason = f" ({head['choice']}: {head['reason']})" if head.get("choice") else ""
+        print(f"  LM head: {head['bits'] or 'float'}{' bits' if head['bits'] else ''}{reason}")
     if summary["kv_cache"]:
         kv = summary["kv_cache"]
         print(f"  KV cache: {kv['dtype']} ({kv.get('granularity')}, {kv['clip']} scales)")
