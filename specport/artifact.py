@@ -59,6 +59,13 @@ class KVLayout:
     value_dim: list[int] = field(default_factory=list)  # per layer head dim of values
     dtype: str = "float32"
     max_length: int | None = None  # buffer length T for `shared`
+    # Per layer cache dtype when layers differ (an int8 cache with some layers kept float32 by
+    # `quantize --kv-cache int8`); empty: every layer is `dtype`.
+    layer_dtypes: list[str] = field(default_factory=list)
+
+    def dtypes(self) -> list[str]:
+        """The cache dtype of each layer (key and value share it)."""
+        return list(self.layer_dtypes) or [self.dtype] * len(self.num_heads)
 
 
 @dataclass

@@ -213,6 +213,7 @@ def check_quantize(
     symmetric: bool = False,
     float_zero: bool = False,
     kv_granularity: str | None = None,
+    kv_float_layers: Sequence[int] = (),
     **_: Any,
 ) -> None:
     """The quantizer's own option checks, plus inputs and output, before calibration starts."""
@@ -234,7 +235,9 @@ def check_quantize(
             "fits its own zero points)."
         )
     try:
-        apply._check_kv(scheme, resolved_algo, kv_cache, kv_clip, calib_files, kv_granularity)
+        apply._check_kv(
+            scheme, resolved_algo, kv_cache, kv_clip, calib_files, kv_granularity, kv_float_layers
+        )
         apply._check(scheme, resolved_algo, resolved_group, calib_files, mixed_precision, form)
         check_head_bits(scheme, resolved_algo, lm_head_bits)
     except SpecportError as e:  # argument-only checks: a usage error

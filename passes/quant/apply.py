@@ -74,7 +74,12 @@ def _check_kv(
     kv_clip: str,
     calib: Sequence[Any],
     kv_granularity: str | None = None,
+    kv_float_layers: Sequence[int] = (),
 ) -> None:
+    if kv_float_layers and kv_cache != "int8":
+        raise QuantizationError(
+            f"{option('kv_float_layers')} applies to {option('kv_cache', 'int8')}"
+        )
     if kv_granularity is not None and kv_granularity not in KV_GRANULARITIES:
         raise QuantizationError(
             f"{option('kv_granularity')} must be one of {', '.join(KV_GRANULARITIES)}, "
@@ -237,13 +242,15 @@ def quantize_artifact(
     kv_clip: str = "absmax",
     symmetric: bool = False,
     kv_granularity: str | None = None,
+    kv_float_layers: Sequence[int] = (),
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
     The manifest's `quant` records the recipe, per-layer precision and the calibration hash,
     and each pass report is appended to `passes`. `scheme="none"` keeps float weights (for a
     KV-only recipe); `kv_cache="int8"` adds the calibrated int8 KV cache (`quant.kv_cache`),
-    with `kv_granularity` scales (None: the layout's default, see `default_kv_granularity`).
+    with `kv_granularity` scales (None: the layout's default, see `default_kv_granularity`)
+    and `kv_float_layers` kept float32 (shared layout), then checks chat answers (kv_check.py).
     `group_size` None: 32 for weight-only schemes, 128 for w8a8 (its MatMulNBits blocks).
     """
     src_p, out_p = Path(src), Path(out)
@@ -265,7 +272,7 @@ def quantize_artifact(
     if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
         algo = "hqq"  # the best calibration-free algorithm
         logger.info("no calibration text: using hqq")
-    _check_kv(scheme, algo, kv_cache, kv_clip, calib_files, kv_granularity)
+    _check_kv(scheme, algo, kv_cache, kv_clip, calib_files, kv_granularity, kv_float_layers)
     _check(scheme, algo, group_size, calib_files, mixed_precision, form)
     check_head_bits(scheme, algo, lm_head_bits)
     manifest = read_manifest(src_p)
@@ -350,7 +357,11 @@ def quantize_artifact(
             if kv_cache == "int8":  # calibrated on the graph as it runs, after the weight passes
                 kv_args = (manifest, src_p, calib_files, calib_docs, kv_clip, progress)
                 kv_report = apply_int8_kv(
-                    model, None if passes else model_path, *kv_args, granularity=kv_granularity
+                    model,
+                    None if passes else model_path,
+                    *kv_args,
+                    granularity=kv_granularity,
+                    float_layers=kv_float_layers,
                 )
                 reports.append(kv_report)
             if progress:
@@ -401,6 +412,7 @@ def quantize_artifact(
                     else {"axis": 1}
                 ),
                 "symmetric": True,
+                "float_layers": kv_report.get("float_layers", []),
                 "clip": kv_clip,
                 "calibration": {
                     "files": [Path(f).name for f in calib_files],
@@ -416,6 +428,24 @@ def quantize_artifact(
         except Exception as e:  # the artifact is still valid for other runtimes
             logger.warning("onnxruntime could not load the quantized graph for inspection: %s", e)
             manifest.quant["ort_cpu"] = {"error": str(e)}
+        if kv_cache == "int8" and manifest.kv.layout == "shared":
+            if progress:
+                progress("checking chat answers", 0, 1)
+            check = kv_chat_check(src_p, tmp, manifest, calib_files)
+            if check is not None:
+                manifest.quant["kv_cache"]["chat_check"] = check
         write_manifest(tmp, manifest)
     logger.info("quantized %s -> %s (%s, %s, kv %s)", src_p, out_p, scheme, algo, kv_cache)
     return manifest
+
+
+def kv_chat_check(
+    src: Path, out_dir: Path, manifest: Manifest, calib_files: Sequence[str | os.PathLike[str]]
+) -> dict[str, Any] | None:
+    """Teacher-forced top-1 agreement of the quantized graph with its source on chat turns
+    (passes/quant/kv_check.py); None without a chat template."""
+    from specport.passes.quant.kv_check import check_chat_agreement
+
+    docs = C.read_documents(calib_files)
+    file, context = manifest.model_file, calibration_context(manifest)
+    return check_chat_agreement(src / file, out_dir / file, src, docs, context)

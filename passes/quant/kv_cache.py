@@ -278,8 +278,13 @@ def _concat_after(
 def int8_kv_manifest(manifest: Manifest, report: dict[str, Any], recipe: dict[str, Any]) -> None:
     """Record int8 KV in the manifest: kv.dtype, the past/present io dtypes, quant.kv_cache."""
     manifest.kv.dtype = "int8"
+    kept = {int(i) for i in report.get("float_layers") or ()}
+    if kept:  # some layers keep a float32 cache: the runtime allocates each in its own dtype
+        layers = range(len(manifest.kv.num_heads))
+        manifest.kv.layer_dtypes = ["float32" if i in kept else "int8" for i in layers]
     for entry in [*manifest.io.get("inputs", []), *manifest.io.get("outputs", [])]:
-        if _PAST.match(entry.get("name", "")) or _PRESENT.match(entry.get("name", "")):
+        m = _PAST.match(entry.get("name", "")) or _PRESENT.match(entry.get("name", ""))
+        if m and int(m[1]) not in kept:
             entry["dtype"] = "int8"
     manifest.quant = dict(manifest.quant or {})
     manifest.quant["kv_cache"] = {
@@ -292,8 +297,10 @@ def int8_kv_manifest(manifest: Manifest, report: dict[str, Any], recipe: dict[st
 def kv_bytes_per_token(manifest: Manifest) -> int:
     """Bytes of KV cache one position adds (all layers, key and value) at the manifest dtype."""
     kv = manifest.kv
-    per = sum(h * (kd + vd) for h, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim))
-    return int(per * np.dtype(kv.dtype).itemsize)
+    return sum(
+        h * (kd + vd) * np.dtype(dt).itemsize
+        for h, kd, vd, dt in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes())
+    )
 
 
 def apply_int8_kv(
@@ -306,6 +313,7 @@ def apply_int8_kv(
     clip: str = "absmax",
     progress: Callable[[str, int, int], None] | None = None,
     granularity: str | None = None,
+    float_layers: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Calibrate KV scales on `model` as it is now and make its KV cache int8; the pass report.
 
@@ -314,8 +322,14 @@ def apply_int8_kv(
     measures the keys/values the quantized graph really produces (see the module docstring).
     A shared-layout graph gets its int8 cache inside GroupQueryAttention
     (passes/quant/kv_cache_shared.py); `granularity` None picks the layout's default.
+    `float_layers` (shared layout only) keep a float32 cache.
     """
     shared = is_shared_graph(model)
+    if float_layers and not shared:
+        raise QuantizationError(
+            "--kv-float-layers needs the shared KV layout (its attention nodes take a bit width "
+            "each); quantize a shared-layout export"
+        )
     granularity = granularity or default_kv_granularity("shared" if shared else "concat")
     cb = (lambda i, n: progress("calibrate kv", i, n)) if progress else None
     with tempfile.TemporaryDirectory(prefix="specport-kv-") as tmp:
@@ -326,7 +340,9 @@ def apply_int8_kv(
             model_path, manifest, src, calib_files, max_docs, clip, cb, granularity
         )
     kv_pass: Pass = (
-        QuantizeSharedKVCachePass(scales, granularity) if shared else QuantizeKVCachePass(scales)
+        QuantizeSharedKVCachePass(scales, granularity, float_layers)
+        if shared
+        else QuantizeKVCachePass(scales)
     )
     result = kv_pass(model)
     if not result.modified:

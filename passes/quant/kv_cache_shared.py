@@ -19,12 +19,18 @@ Scale granularity is what the kernel offers (onnxruntime's schema: "PER_TENSOR" 
 "PER_CHANNEL" scale [1, Hkv, 1, D]; a per-head scale [1, Hkv, 1, 1] is refused at run time, so a
 per-KV-head scale is written as PER_CHANNEL with the head's scale repeated over D). Symmetric,
 zero point 0; scales come from passes/quant/kv_calibration.py run on the shared graph.
+
+`float_layers` keeps those layers' caches float32: the bit width is an attribute of each
+GroupQueryAttention node (the kernel requires k_quant_type == v_quant_type, so a layer's key
+and value share it), and the runtime allocates each layer's buffer in its own dtype
+(manifest `kv.layer_dtypes`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -82,7 +88,12 @@ class QuantizeSharedKVCachePass(Pass):
 
     name = "quantize_kv_cache"
 
-    def __init__(self, scales: dict[str, np.ndarray], granularity: str = "per_channel") -> None:
+    def __init__(
+        self,
+        scales: dict[str, np.ndarray],
+        granularity: str = "per_channel",
+        float_layers: Sequence[int] = (),
+    ) -> None:
         if granularity not in GRANULARITIES:
             raise QuantizationError(
                 f"unknown KV scale granularity {granularity!r}; choose one of "
@@ -90,6 +101,7 @@ class QuantizeSharedKVCachePass(Pass):
             )
         self.scales = scales  # present name -> scale (see kernel_scale)
         self.granularity = granularity
+        self.float_layers = sorted({int(i) for i in float_layers})
 
     def precondition(self, model: ir.Model) -> str | None:
         g = model.graph
@@ -114,6 +126,7 @@ class QuantizeSharedKVCachePass(Pass):
         quant_type = GRANULARITIES[self.granularity]
         int8 = ir.TensorType(ir.DataType.INT8)
         done: dict[str, ir.Value] = {}  # present name -> its scale initializer
+        kept: set[str] = set()  # present outputs of the layers that stay float32
         layers = 0
         for node in _gqa_nodes(model):
             pairs = [(node.inputs[3], node.outputs[1]), (node.inputs[4], node.outputs[2])]
@@ -126,6 +139,9 @@ class QuantizeSharedKVCachePass(Pass):
                     f"GroupQueryAttention {node.name!r} reads {names}: its past inputs and present "
                     "outputs do not pair up as past_key_values.{i}.key/value -> present.{i}.*"
                 )
+            if int(matched[0][0][1]) in self.float_layers:  # type: ignore[index]
+                kept.update(o.name or "" for _, o in pairs)
+                continue
             for (past, present), (mp, _) in zip(pairs, matched):
                 assert past is not None and mp is not None
                 layer, kind = mp[1], mp[2]
@@ -144,8 +160,14 @@ class QuantizeSharedKVCachePass(Pass):
                 node.attributes[attr] = ir.AttrString(attr, quant_type)
             layers += 1
         outputs = {v.name for v in g.outputs if v.name and _PRESENT.match(v.name)}
-        if not done or set(done) != outputs:
-            missing = sorted(outputs - set(done))
+        missing_layers = set(self.float_layers) - {int(_PRESENT.match(n)[1]) for n in kept}  # type: ignore[index]
+        if missing_layers:
+            raise QuantizationError(
+                f"--kv-float-layers names layers {sorted(missing_layers)} that have no "
+                f"GroupQueryAttention cache; the model's layers are 0..{len(outputs) // 2 - 1}"
+            )
+        if not done or set(done) | kept != outputs:
+            missing = sorted(outputs - set(done) - kept)
             raise QuantizationError(
                 f"int8 KV on the shared layout needs every present output written by "
                 f"GroupQueryAttention; not: {', '.join(missing) or 'none found'}"
@@ -160,6 +182,7 @@ class QuantizeSharedKVCachePass(Pass):
             # every position through it: logits do not depend on the split into runs.
             "current_step": "int8",
             "attention_layers": layers,
+            "float_layers": self.float_layers,
             "scales": {
                 name: _summary(np.asarray(self.scales[name], np.float32)) for name in sorted(done)
             },

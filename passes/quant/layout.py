@@ -46,7 +46,13 @@ def shared_prefill_feeds(session: Any, ids: np.ndarray) -> dict[str, np.ndarray]
             shape = inp.shape
             if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
                 raise InputError(f"cannot build a KV buffer for input {inp.name} with {shape}")
-            dtype = np.float16 if "float16" in inp.type else np.float32
+            dtype = (
+                np.int8
+                if "int8" in inp.type
+                else np.float16
+                if "float16" in inp.type
+                else np.float32
+            )
             feeds[inp.name] = np.zeros((1, shape[1], s, shape[3]), dtype=dtype)
         else:
             raise InputError(

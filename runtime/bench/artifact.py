@@ -192,8 +192,11 @@ def bytes_per_token(model_path: Path) -> dict[str, int]:
 def kv_bytes_per_token(manifest: art.Manifest, avg_length: float, batch: int) -> int:
     """KV bytes one decode step reads for `batch` rows at average cache length `avg_length`."""
     kv = manifest.kv
-    per_pos = sum(h * (k + v) for h, k, v in zip(kv.num_heads, kv.key_dim, kv.value_dim))
-    return int(per_pos * np.dtype(kv.dtype).itemsize * avg_length * batch)
+    per_pos = sum(
+        h * (k + v) * np.dtype(dt).itemsize
+        for h, k, v, dt in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes())
+    )
+    return int(per_pos * avg_length * batch)
 
 
 # ---- prompts and our engine -------------------------------------------------------------

@@ -155,7 +155,11 @@ class BoundSession:
         seqlens, total = self.kv.step_lengths(lengths)
         if total != ids.shape[1]:
             raise ArtifactError("prefill ids must be padded exactly to the longest prompt.")
-        if self.batch == 1 and self.kv.buffers[0].dtype == np.int8 and total > 2 * INT8_CHUNK:
+        if (
+            self.batch == 1
+            and any(b.dtype == np.int8 for b in self.kv.buffers)
+            and total > 2 * INT8_CHUNK
+        ):
             return self._prefill_chunks(ids)
         self.seqlens[:] = seqlens
         self.total[...] = total

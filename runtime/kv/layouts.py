@@ -30,11 +30,10 @@ class ConcatKV:
     def __init__(self, manifest: Manifest, batch: int) -> None:
         kv = manifest.kv
         self.names = [name for pair in kv.inputs for name in pair]
-        dtype = np.dtype(kv.dtype)
         self.past: list[np.ndarray] = []
-        for heads, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim):
-            self.past.append(np.zeros((batch, heads, 0, kd), dtype))
-            self.past.append(np.zeros((batch, heads, 0, vd), dtype))
+        for heads, kd, vd, dt in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes()):
+            self.past.append(np.zeros((batch, heads, 0, kd), dt))
+            self.past.append(np.zeros((batch, heads, 0, vd), dt))
         self.first_output = 1  # outputs[0] is logits
 
     def feeds(self) -> dict[str, Any]:
@@ -76,9 +75,10 @@ class SharedKV:
         self.batch, self.max_length = batch, max_length
         self.input_names = [n for pair in kv.inputs for n in pair]
         self.output_names = [n for pair in kv.outputs for n in pair]
-        dtype = np.dtype(kv.dtype)
         self.buffers: list[np.ndarray] = []
-        for heads, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim):
+        # Each layer in its own dtype: an int8 cache may keep some layers float32.
+        for heads, kd, vd, name in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes()):
+            dtype = np.dtype(name)
             for dim in (kd, vd):
                 shape = (batch, heads, max_length, dim)
                 if buffers is None:

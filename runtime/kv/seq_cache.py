@@ -65,11 +65,10 @@ class ConcatCache:
         self.output_names = [o.name for o in session.get_outputs()]
         self.n_kv = len(self.names)
         self.tree_mask = any(i.name == TREE_MASK for i in session.get_inputs())
-        dtype = np.dtype(kv.dtype)
         self._past: list[np.ndarray] = []
-        for heads, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim):
-            self._past.append(np.zeros((1, heads, 0, kd), dtype))
-            self._past.append(np.zeros((1, heads, 0, vd), dtype))
+        for heads, kd, vd, dt in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes()):
+            self._past.append(np.zeros((1, heads, 0, kd), dt))
+            self._past.append(np.zeros((1, heads, 0, vd), dt))
         self.ort_seconds = 0.0
         self.capacity: int | None = None
         self._keep: int | None = None  # positions to keep of _past, applied at the next read

@@ -43,11 +43,10 @@ class TrimmableKV:
                 "re-export it without the shared-KV pass."
             )
         self.names = [name for pair in kv.inputs for name in pair]
-        dtype = np.dtype(kv.dtype)
         self.past: list[np.ndarray] = []
-        for heads, kd, vd in zip(kv.num_heads, kv.key_dim, kv.value_dim):
-            self.past.append(np.zeros((1, heads, 0, kd), dtype))
-            self.past.append(np.zeros((1, heads, 0, vd), dtype))
+        for heads, kd, vd, dt in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes()):
+            self.past.append(np.zeros((1, heads, 0, kd), dt))
+            self.past.append(np.zeros((1, heads, 0, vd), dt))
 
     @property
     def length(self) -> int:

@@ -104,6 +104,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "concat layout's only one), per_tensor",
     )
     p.add_argument(
+        "--kv-float-layers",
+        default=None,
+        metavar="I,J,...",
+        help="with --kv-cache int8 on the shared layout: keep these layers' KV cache float32 "
+        "(comma-separated layer indices; the quantize report's chat check says whether it helps)",
+    )
+    p.add_argument(
         "--kv-clip",
         default="absmax",
         choices=["absmax", "mse", "p99.9", "p99.99"],
@@ -138,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         kv_cache=args.kv_cache,
         kv_clip=args.kv_clip,
         kv_granularity=args.kv_granularity,
+        kv_float_layers=_layer_list(args.kv_float_layers),
     )
     q: dict[str, Any] = dict(m.quant or {})
     bits = list((q.get("layers") or {}).values())
@@ -170,7 +178,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"  LM head: {head['bits'] or 'float'}{' bits' if head['bits'] else ''}{reason}")
     if summary["kv_cache"]:
         kv = summary["kv_cache"]
-        print(f"  KV cache: {kv['dtype']} ({kv.get('granularity')}, {kv['clip']} scales)")
+        layers = m.kv.dtypes()
+        where = (
+            f", int8 in {layers.count('int8')} of {len(layers)} layers" if m.kv.layer_dtypes else ""
+        )
+        print(f"  KV cache: {kv['dtype']} ({kv.get('granularity')}, {kv['clip']} scales{where})")
+        check = kv.get("chat_check")
+        if check:
+            flag = "" if check["ok"] else "  WARNING: below the threshold, chat answers may change"
+            print(
+                f"  chat check: top-1 agreement {100 * check['agreement']:.2f}% over "
+                f"{check['positions']} positions (KL {check['kl']:.2e}){flag}"
+            )
     if summary["ort_cpu"]:
         print(f"  onnxruntime CPU kernels: {summary['ort_cpu'].get('kernels')}")
     return 0
+
+
+def _layer_list(text: str | None) -> list[int]:
+    """`--kv-float-layers 4,18,22` -> [4, 18, 22]."""
+    from specport.errors import UsageError
+
+    if not text:
+        return []
+    try:
+        return sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise UsageError(
+            f"--kv-float-layers takes comma-separated layer indices like 4,18,22, not {text!r}"
+        ) from None

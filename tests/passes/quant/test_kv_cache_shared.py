@@ -282,3 +282,39 @@ def test_kv_calibration_adds_chat_turns_when_there_is_a_template(tiny_llama_arti
     assert [s.tolist() for s in seqs] == [
         template.render_ids([{"role": "user", "content": d}]) for d in docs
     ]
+
+
+@pytest.mark.slow
+def test_float_layers_and_the_chat_check(shared_src, calib_text, tmp_path):
+    """`kv_float_layers` keeps those layers' caches float32 (manifest per-layer dtypes, graph
+    io, attention attributes), and an artifact with a chat template gets the teacher-forced
+    chat check in its manifest; a layer index the model lacks is refused."""
+    from specport import api
+    from tests.fixtures import add_chat_tokenizer
+
+    chat = add_chat_tokenizer(shared_src, tmp_path / "chat")
+    out = tmp_path / "mixed"
+    quantize_artifact(
+        chat, out, "none", kv_cache="int8", calib_files=[calib_text], kv_float_layers=[0]
+    )
+    m = read_manifest(out)
+    assert m.kv.dtype == "int8" and m.kv.layer_dtypes == ["float32", "int8"]
+    io = {e["name"]: e["dtype"] for e in [*m.io["inputs"], *m.io["outputs"]]}
+    assert io["past_key_values.0.key"] == io["present.0.value"] == "float32"
+    assert io["past_key_values.1.key"] == io["present.1.value"] == "int8"
+    kv = m.quant["kv_cache"]
+    assert kv["float_layers"] == [0] and set(kv["scales"]) == {"present.1.key", "present.1.value"}
+    check = kv["chat_check"]
+    assert check["sequences"] == 8 and check["positions"] > 100
+    assert 0 <= check["agreement"] <= 1 and check["ok"] == (check["agreement"] >= 0.99)
+    sess = ort.InferenceSession(str(out / m.model_file), providers=["CPUExecutionProvider"])
+    types = {i.name: i.type for i in sess.get_inputs()}
+    assert types["past_key_values.0.key"] == "tensor(float)"
+    assert types["past_key_values.1.value"] == "tensor(int8)"
+    with pytest.raises(QuantizationError, match="no GroupQueryAttention cache"):
+        quantize_artifact(
+            shared_src, tmp_path / "bad", "none", kv_cache="int8", calib_files=[calib_text],
+            kv_float_layers=[5],
+        )  # fmt: skip
+    with pytest.raises(UsageError, match="kv_float_layers applies to kv_cache='int8'"):
+        api.quantize(shared_src, tmp_path / "c", scheme="w4a16", kv_float_layers=[0])

@@ -61,7 +61,11 @@ def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         quantize_artifact(
             tmp / name, tmp / f"{name}_kv8", "none", kv_cache="int8", calib_files=calib
         )
+    quantize_artifact(  # layer 1 keeps a float32 cache, layer 0 is int8
+        tmp / "fp32", tmp / "mixed", "none", kv_cache="int8", calib_files=calib, kv_float_layers=[1]
+    )
     return {
+        "mixed": specport.load(tmp / "mixed", threads=1),
         "fp32": fp32,
         "kv8": specport.load(tmp / "fp32_kv8", threads=1),
         "mtp_kv8": specport.load(tmp / "mtp_kv8", threads=1),
@@ -170,3 +174,34 @@ def test_batching_engine_speculating_on_int8_equals_plain_greedy(arts, method):
         assert stats["errors"] == 0 and stats["spec_steps"] > 0
     finally:
         eng.close()
+
+
+def test_mixed_layer_dtypes_buffers_speculation_and_engine(arts):
+    """int8 in layer 0, float32 in layer 1 (`--kv-float-layers 1`): each buffer in its layer's
+    dtype, and greedy speculation (chain, adaptive, batching engine) equals plain greedy."""
+    model = arts["mixed"]
+    kv = model.manifest.kv
+    assert kv.dtype == "int8" and kv.layer_dtypes == ["int8", "float32"]
+    state = make_kv_state(model.manifest, 2, 64)
+    assert [b.dtype for b in state.buffers] == [np.dtype(np.int8)] * 2 + [np.dtype(np.float32)] * 2
+    drafted = 0
+    prompts = _prompts(4, seed=6)
+    want = [
+        model.generate(prompt_ids=p, max_new_tokens=20, ignore_eos=True).tokens for p in prompts
+    ]
+    for ids, plain in zip(prompts, want):
+        for method in ("ngram", "draft"):
+            for adaptive in (False, True):
+                toks, _, metrics = generate_speculative(
+                    model, ids, 20, method, 4, arts["draft"], SamplingConfig(), (), None, adaptive
+                )
+                assert toks == plain, (method, adaptive, ids)
+                drafted += metrics["speculative"]["drafted"]
+    assert drafted > 0
+    eng = BatchingEngine(model, max_batch=2, prefill_chunk=4, speculative="ngram", spec_max_rows=8)
+    try:
+        handles = [eng.submit(Request(p, 20, ignore_eos=True)) for p in prompts]
+        got = [h.result(timeout=120).token_ids for h in handles]
+    finally:
+        eng.close()
+    assert got == want
