@@ -11,8 +11,8 @@ and by the weight quantized exactly as the pass would, and we compare the logits
 error, top-1 agreement, and the increase of next-token cross-entropy against the float model's
 own predictive distribution, KL(p || q) / H(p) (no labels needed; it is the relative perplexity
 change under the float model's predictions). Without calibration text only the weight-space
-error exists, which does not predict the logits' change (a 4-bit head with a 0.7% weight error
-costs SmolLM2-135M +7.6% perplexity), so auto keeps the wider head then.
+error exists, which does not say what the logits do (hqq's 4-bit head costs SmolLM2-135M
++7.6% perplexity), so auto keeps the wider head then and records that error.
 
 Rule: 4 bits when the head at the wider precision is more than `SHARE_MIN` of the bytes read
 per token AND the 4-bit head's cross-entropy increase is under `CE_REL_MAX` AND its top-1

@@ -43,6 +43,7 @@ def summarize(manifest: Any) -> dict[str, Any]:
         "inputs": [i["name"] for i in manifest.io.get("inputs", [])],
         "outputs": [o["name"] for o in manifest.io.get("outputs", [])],
         "passes": [p.get("name") for p in manifest.passes],
+        "lm_head": lm_head_line(manifest.quant),
         "quant": manifest.quant,
         "mtp": manifest.mtp,
         "verify": {
@@ -54,6 +55,16 @@ def summarize(manifest: Any) -> dict[str, Any]:
         "files": {name: digest[:12] for name, digest in manifest.files.items()},
         "source": manifest.source,
     }
+
+
+def lm_head_line(quant: dict[str, Any] | None) -> str | None:
+    """The quantized LM head's precision and, when `--lm-head-bits auto` chose it, why."""
+    if not quant or quant.get("lm_head_bits") is None or quant.get("scheme") in (None, "none"):
+        return None
+    bits = quant["lm_head_bits"]
+    text = f"{bits} bits" if bits else "float"
+    reason = (quant.get("lm_head") or {}).get("reason")
+    return f"{text} (auto: {reason})" if reason else text
 
 
 def runtimes(manifest: Any, directory: str) -> dict[str, dict[str, Any]]:

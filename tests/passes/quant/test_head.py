@@ -7,6 +7,7 @@ import onnx
 import pytest
 
 from specport.cli import main
+from specport.commands.inspect import lm_head_line
 from specport.errors import QuantizationError, UsageError
 from specport.passes.quant import head as H
 from specport.passes.quant.apply import quantize_artifact
@@ -47,6 +48,7 @@ def test_auto_is_w4a8_default_and_records_measurements(quant_src, calib_text, tm
     assert round(share, 3) == 0.286 and m4["top1_agreement"] < H.TOP1_MIN and head["bits"] == 8
     node, inits = _head_node(tmp_path / "q")
     assert next(a.i for a in node.attribute if a.name == "bits") == 8
+    assert lm_head_line(m.quant) == f"8 bits (auto: {head['reason']})"  # `specport inspect`
 
 
 def test_auto_picks_4_bits_when_the_head_is_costly_and_harmless(
@@ -90,6 +92,7 @@ def test_w4a16_auto_weighs_against_a_float_head(quant_src, calib_text, tmp_path)
 def test_explicit_head_bits_are_honoured(quant_src, tmp_path, bits):
     m = quantize_artifact(quant_src, tmp_path / "q", "w4a8", 32, "rtn", [], lm_head_bits=bits)
     assert m.quant["lm_head_bits"] == bits and "lm_head" not in m.quant
+    assert lm_head_line(m.quant) == (f"{bits} bits" if bits else "float")
     assert not any(p["name"] == "choose_lm_head_bits" for p in m.passes)
     rows = m.passes[-2]["layers"].values()
     heads = [v["bits"] for v in rows if v.get("lm_head") or v["bits"] == 32]
