@@ -213,7 +213,7 @@ def check_quantize(
     symmetric: bool = False,
     float_zero: bool = False,
     kv_granularity: str | None = None,
-    kv_float_layers: Sequence[int] = (),
+    kv_float_layers: Sequence[int] | str = (),
     **_: Any,
 ) -> None:
     """The quantizer's own option checks, plus inputs and output, before calibration starts."""

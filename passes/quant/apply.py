@@ -52,6 +52,7 @@ from specport.passes.quant.kv_cache import (
     int8_kv_manifest,
 )
 from specport.passes.quant.kv_calibration import KV_GRANULARITIES
+from specport.passes.quant.kv_check import check_artifact
 from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 from specport.passes.quant.mixed import plan_mixed_precision
 from specport.passes.quant.ort_check import integer_kernel_summary
@@ -74,7 +75,7 @@ def _check_kv(
     kv_clip: str,
     calib: Sequence[Any],
     kv_granularity: str | None = None,
-    kv_float_layers: Sequence[int] = (),
+    kv_float_layers: Sequence[int] | str = (),
 ) -> None:
     if kv_float_layers and kv_cache != "int8":
         raise QuantizationError(
@@ -242,7 +243,7 @@ def quantize_artifact(
     kv_clip: str = "absmax",
     symmetric: bool = False,
     kv_granularity: str | None = None,
-    kv_float_layers: Sequence[int] = (),
+    kv_float_layers: Sequence[int] | str = (),
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
@@ -431,21 +432,9 @@ def quantize_artifact(
         if kv_cache == "int8" and manifest.kv.layout == "shared":
             if progress:
                 progress("checking chat answers", 0, 1)
-            check = kv_chat_check(src_p, tmp, manifest, calib_files)
+            check = check_artifact(src_p, tmp, manifest, calib_files)
             if check is not None:
                 manifest.quant["kv_cache"]["chat_check"] = check
         write_manifest(tmp, manifest)
     logger.info("quantized %s -> %s (%s, %s, kv %s)", src_p, out_p, scheme, algo, kv_cache)
     return manifest
-
-
-def kv_chat_check(
-    src: Path, out_dir: Path, manifest: Manifest, calib_files: Sequence[str | os.PathLike[str]]
-) -> dict[str, Any] | None:
-    """Teacher-forced top-1 agreement of the quantized graph with its source on chat turns
-    (passes/quant/kv_check.py); None without a chat template."""
-    from specport.passes.quant.kv_check import check_chat_agreement
-
-    docs = C.read_documents(calib_files)
-    file, context = manifest.model_file, calibration_context(manifest)
-    return check_chat_agreement(src / file, out_dir / file, src, docs, context)

@@ -313,7 +313,7 @@ def apply_int8_kv(
     clip: str = "absmax",
     progress: Callable[[str, int, int], None] | None = None,
     granularity: str | None = None,
-    float_layers: Sequence[int] = (),
+    float_layers: Sequence[int] | str = (),
 ) -> dict[str, Any]:
     """Calibrate KV scales on `model` as it is now and make its KV cache int8; the pass report.
 
@@ -322,7 +322,8 @@ def apply_int8_kv(
     measures the keys/values the quantized graph really produces (see the module docstring).
     A shared-layout graph gets its int8 cache inside GroupQueryAttention
     (passes/quant/kv_cache_shared.py); `granularity` None picks the layout's default.
-    `float_layers` (shared layout only) keep a float32 cache.
+    `float_layers` (shared layout only) keep a float32 cache; "auto" measures which
+    (passes/quant/kv_select.py).
     """
     shared = is_shared_graph(model)
     if float_layers and not shared:
@@ -339,6 +340,11 @@ def apply_int8_kv(
         scales = calibrate_kv_scales(
             model_path, manifest, src, calib_files, max_docs, clip, cb, granularity
         )
+        choice = None
+        if float_layers == "auto":
+            float_layers, choice = _choose(
+                model_path, manifest, src, calib_files, scales, granularity, progress
+            )
     kv_pass: Pass = (
         QuantizeSharedKVCachePass(scales, granularity, float_layers)
         if shared
@@ -347,7 +353,38 @@ def apply_int8_kv(
     result = kv_pass(model)
     if not result.modified:
         raise QuantizationError(f"int8 KV cache not applied: {result.report.get('skipped')}")
+    if choice is not None:
+        result.report["float_layer_choice"] = choice
     return result.report
+
+
+def _choose(
+    model_path: Path,
+    manifest: Manifest,
+    src: Path,
+    calib_files: Sequence[str | os.PathLike[str]],
+    scales: dict[str, np.ndarray],
+    granularity: str,
+    progress: Callable[[str, int, int], None] | None,
+) -> tuple[list[int], dict[str, Any]]:
+    """`--kv-float-layers auto`: measured on chat exchanges (plain documents without a
+    template) of the calibration text; see passes/quant/kv_select.py."""
+    from specport.passes.quant import calibration as C
+    from specport.passes.quant.kv_check import MAX_TOKENS, SEQUENCES, chat_exchanges
+    from specport.passes.quant.kv_select import choose_float_layers
+    from specport.passes.quant.layout import calibration_context
+
+    docs = C.read_documents(calib_files)
+    context = min(MAX_TOKENS, calibration_context(manifest))
+    seqs = chat_exchanges(src, docs, context)
+    if not seqs:
+        bos = manifest.config.get("bos_token_id")
+        seqs = C.tokenize(docs[:SEQUENCES], src / "tokenizer.json", bos, context)
+    cb = (lambda i, n: progress("rank kv layers", i, n)) if progress else None
+    return choose_float_layers(
+        model_path, scales, granularity, seqs,
+        len(manifest.kv.num_heads), progress=cb,
+    )  # fmt: skip
 
 
 def _dequantize(

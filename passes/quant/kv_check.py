@@ -13,6 +13,7 @@ every later position differ.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,13 +53,21 @@ def chat_exchanges(
     return out
 
 
-def _logits(model_path: Path, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
+def prefill_logits(
+    model: Path | Any, sequences: Sequence[np.ndarray], data_folder: str | None = None
+) -> list[np.ndarray]:
+    """Every position's logits of each sequence, one prefill each; `model` a path or a graph
+    proto whose external data lies in `data_folder`."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    if data_folder is not None:
+        key = "session.model_external_initializers_file_folder_path"
+        so.add_session_config_entry(key, data_folder)
+    source = str(model) if isinstance(model, Path) else model.SerializeToString()
+    sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
     return [
         np.asarray(sess.run(["logits"], shared_prefill_feeds(sess, ids))[0][0], np.float32)
         for ids in sequences
@@ -70,14 +79,11 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def teacher_forced_agreement(
-    reference: Path, quantized: Path, sequences: Sequence[np.ndarray]
-) -> dict[str, Any]:
-    """Top-1 agreement and mean KL(reference || quantized) over every position but the first,
-    both shared-layout graphs run as one prefill per sequence."""
+def compare_logits(reference: Sequence[np.ndarray], other: Sequence[np.ndarray]) -> dict[str, Any]:
+    """Top-1 agreement and mean KL(reference || other) over every position but the first."""
     agree = total = 0
     kls = []
-    for r, q in zip(_logits(reference, sequences), _logits(quantized, sequences)):
+    for r, q in zip(reference, other):
         r, q = r[1:], q[1:]
         agree += int((r.argmax(-1) == q.argmax(-1)).sum())
         total += r.shape[0]
@@ -85,10 +91,19 @@ def teacher_forced_agreement(
         kls.append(float((np.exp(lr) * (lr - lq)).sum(-1).mean()))
     return {
         "agreement": round(agree / max(total, 1), 5),
-        "kl": round(float(np.mean(kls)) if kls else 0.0, 6),
+        "kl": round(float(np.mean(kls)) if kls else 0.0, 7),
         "positions": total,
-        "sequences": len(sequences),
+        "sequences": len(reference),
     }
+
+
+def teacher_forced_agreement(
+    reference: Path, quantized: Path, sequences: Sequence[np.ndarray]
+) -> dict[str, Any]:
+    """compare_logits of two shared-layout graphs, each run as one prefill per sequence."""
+    return compare_logits(
+        prefill_logits(reference, sequences), prefill_logits(quantized, sequences)
+    )
 
 
 def check_chat_agreement(
@@ -120,3 +135,17 @@ def check_chat_agreement(
             100 * threshold,
         )
     return result
+
+
+def check_artifact(
+    src: Path, out_dir: Path, manifest: Any, calib_files: Sequence[str | os.PathLike[str]]
+) -> dict[str, Any] | None:
+    """The chat check of a quantized artifact in `out_dir` against its source `src`."""
+    from specport.passes.quant import calibration as C
+    from specport.passes.quant.layout import calibration_context
+
+    docs = C.read_documents(calib_files)
+    file = manifest.model_file
+    return check_chat_agreement(
+        src / file, out_dir / file, src, docs, calibration_context(manifest)
+    )

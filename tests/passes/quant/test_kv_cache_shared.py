@@ -318,3 +318,49 @@ def test_float_layers_and_the_chat_check(shared_src, calib_text, tmp_path):
         )  # fmt: skip
     with pytest.raises(UsageError, match="kv_float_layers applies to kv_cache='int8'"):
         api.quantize(shared_src, tmp_path / "c", scheme="w4a16", kv_float_layers=[0])
+
+
+@pytest.mark.slow
+def test_float_layers_auto_measures_and_records_the_choice(shared_src, calib_text, tmp_path):
+    """`kv_float_layers="auto"` measures all-int8 agreement first and, below the threshold,
+    ranks layers by their own KL and keeps the fewest float32 that reach it; the choice and
+    the measurements go to the manifest, and the artifact's layer dtypes follow it."""
+    from specport.passes.quant import kv_select
+
+    out = tmp_path / "auto"
+    quantize_artifact(
+        shared_src, out, "none", kv_cache="int8", calib_files=[calib_text], kv_float_layers="auto"
+    )
+    m = read_manifest(out)
+    choice = m.passes[-1]["float_layer_choice"]
+    kept = choice["kept"]
+    assert m.quant["kv_cache"]["float_layers"] == kept
+    assert choice["all_int8"]["positions"] > 0 and choice["threshold"] == kv_select.THRESHOLD
+    if choice["all_int8"]["agreement"] >= choice["threshold"]:
+        assert kept == [] and m.kv.layer_dtypes == []
+    else:
+        assert len(choice["layer_kl"]) == 2 and 1 <= len(kept) <= 1
+        assert m.kv.layer_dtypes == ["float32" if i in kept else "int8" for i in range(2)]
+
+
+@pytest.mark.slow
+def test_choose_float_layers_ranks_by_each_layers_own_kl(shared_src, calib_text):
+    """With an unreachable threshold every step is measured: the layers are ranked by the KL
+    of each one int8 alone and the most sensitive one is kept (all but one layer)."""
+    from specport.passes.quant import calibration as C
+    from specport.passes.quant.kv_calibration import calibrate_kv_scales
+    from specport.passes.quant.kv_select import choose_float_layers
+
+    m = read_manifest(shared_src)
+    scales = calibrate_kv_scales(
+        shared_src / m.model_file, m, shared_src, [calib_text], granularity="per_channel"
+    )
+    docs = C.read_documents([calib_text])[:4]
+    seqs = C.tokenize(docs, shared_src / "tokenizer.json", m.config.get("bos_token_id"), 64)
+    kept, report = choose_float_layers(
+        shared_src / m.model_file, scales, "per_channel", seqs, 2, threshold=1.01
+    )
+    kl = report["layer_kl"]
+    assert len(kl) == 2 and kl[0] != kl[1]
+    assert kept == [int(np.argmax(kl))] and report["result"]["agreement"] <= 1
+    assert report["all_int8"]["kl"] > 0
