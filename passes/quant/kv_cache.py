@@ -342,7 +342,9 @@ def apply_int8_kv(
         )
         choice = None
         if float_layers == "auto":
-            float_layers, choice = _choose(
+            from specport.passes.quant.kv_select import choose_for_artifact
+
+            float_layers, choice = choose_for_artifact(
                 model_path, manifest, src, calib_files, scales, granularity, progress
             )
     kv_pass: Pass = (
@@ -356,35 +358,6 @@ def apply_int8_kv(
     if choice is not None:
         result.report["float_layer_choice"] = choice
     return result.report
-
-
-def _choose(
-    model_path: Path,
-    manifest: Manifest,
-    src: Path,
-    calib_files: Sequence[str | os.PathLike[str]],
-    scales: dict[str, np.ndarray],
-    granularity: str,
-    progress: Callable[[str, int, int], None] | None,
-) -> tuple[list[int], dict[str, Any]]:
-    """`--kv-float-layers auto`: measured on chat exchanges (plain documents without a
-    template) of the calibration text; see passes/quant/kv_select.py."""
-    from specport.passes.quant import calibration as C
-    from specport.passes.quant.kv_check import MAX_TOKENS, SEQUENCES, chat_exchanges
-    from specport.passes.quant.kv_select import choose_float_layers
-    from specport.passes.quant.layout import calibration_context
-
-    docs = C.read_documents(calib_files)
-    context = min(MAX_TOKENS, calibration_context(manifest))
-    seqs = chat_exchanges(src, docs, context)
-    if not seqs:
-        bos = manifest.config.get("bos_token_id")
-        seqs = C.tokenize(docs[:SEQUENCES], src / "tokenizer.json", bos, context)
-    cb = (lambda i, n: progress("rank kv layers", i, n)) if progress else None
-    return choose_float_layers(
-        model_path, scales, granularity, seqs,
-        len(manifest.kv.num_heads), progress=cb,
-    )  # fmt: skip
 
 
 def _dequantize(

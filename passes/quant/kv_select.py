@@ -19,12 +19,14 @@ the right France answer): 8 exchanges resolve agreement only coarsely (README).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from specport.artifact import Manifest
 from specport.passes.quant.kv_cache_shared import GRANULARITIES, kernel_scale
 from specport.passes.quant.kv_check import THRESHOLD, compare_logits, prefill_logits
 
@@ -136,3 +138,31 @@ def choose_float_layers(
             hi, layers, tried[hi]["agreement"], threshold,
         )  # fmt: skip
     return kept, report
+
+
+def choose_for_artifact(
+    model_path: Path,
+    manifest: Manifest,
+    src: Path,
+    calib_files: Sequence[str | os.PathLike[str]],
+    scales: dict[str, np.ndarray],
+    granularity: str,
+    progress: Callable[[str, int, int], None] | None,
+) -> tuple[list[int], dict[str, Any]]:
+    """`--kv-float-layers auto`: measured on chat exchanges (plain documents without a
+    template) of the calibration text; see passes/quant/kv_select.py."""
+    from specport.passes.quant import calibration as C
+    from specport.passes.quant.kv_check import MAX_TOKENS, SEQUENCES, chat_exchanges
+    from specport.passes.quant.layout import calibration_context
+
+    docs = C.read_documents(calib_files)
+    context = min(MAX_TOKENS, calibration_context(manifest))
+    seqs = chat_exchanges(src, docs, context)
+    if not seqs:
+        bos = manifest.config.get("bos_token_id")
+        seqs = C.tokenize(docs[:SEQUENCES], src / "tokenizer.json", bos, context)
+    cb = (lambda i, n: progress("rank kv layers", i, n)) if progress else None
+    return choose_float_layers(
+        model_path, scales, granularity, seqs,
+        len(manifest.kv.num_heads), progress=cb,
+    )  # fmt: skip
