@@ -152,11 +152,12 @@ def choose_lm_head_bits(
     st = stats.get(head.x.name or "") if stats else None
     w = head.weight_array()
     measured: dict[str, Any] = {}
+    kept: dict[int, tuple[dict[str, Any], A.BlockQuant]] = {}
     for b in (4, wide):
         if not b:
             continue
         quantizer.lm_head_bits = b
-        _, bq = quantizer._quantize_site(head)
+        row_q, bq = quantizer._quantize_site(head)
         if bq is None:  # a form without this width (qdq: 4 bits only) keeps the head float
             continue
         w_hat = A.dequantize(bq)
@@ -164,7 +165,8 @@ def choose_lm_head_bits(
         if st is not None:
             row.update(logit_effect(w, w_hat, st.rows_sample()))
         measured[str(b)] = row
-        del w_hat, bq
+        kept[b] = (row_q, bq)
+        del w_hat
     m4 = measured["4"]
     quantizer.lm_head_bits = wide
     if share <= SHARE_MIN:
@@ -195,5 +197,7 @@ def choose_lm_head_bits(
             "rule": {"share_min": SHARE_MIN, "ce_rel_max": CE_REL_MAX, "top1_min": TOP1_MIN},
         }
     )
+    if bits in kept:  # the pass emits this weight instead of quantizing the head again
+        quantizer.prequantized[head.name] = kept[bits]
     logger.info("LM head: %s bits (%s)", bits or "float", why)
     return bits, report

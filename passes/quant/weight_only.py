@@ -177,6 +177,9 @@ class QuantizeWeightsNBitsPass(Pass):
         self.form, self.accuracy_level = form, accuracy_level
         self.lm_head_bits, self.plan = lm_head_bits, plan or {}
         self.float_zero = float_zero
+        # site name -> (report row, weight) already quantized by this pass's own settings (the
+        # LM head that `--lm-head-bits auto` measured): used instead of quantizing it again.
+        self.prequantized: dict[str, tuple[dict[str, Any], A.BlockQuant]] = {}
         # pack: sibling MatMuls that read the same input (q/k/v, gate/up) become one
         # MatMulNBits + Split. Blocks run along K, so this changes no number; it saves a kernel
         # launch and an activation quantization per sibling (decode is launch-bound at batch 1).
@@ -231,6 +234,9 @@ class QuantizeWeightsNBitsPass(Pass):
 
     def _quantize_site(self, site: WeightSite) -> tuple[dict[str, Any], A.BlockQuant | None]:
         """(report row, quantized weight or None when the site stays in float)."""
+        done = self.prequantized.pop(site.name, None)
+        if done is not None and done[0]["bits"] == self.bits_for(site):
+            return done
         bits = self.bits_for(site)
         if bits not in (4, 8):
             return {"bits": 32, "reason": "kept in float by plan"}, None

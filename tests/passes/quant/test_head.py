@@ -68,6 +68,10 @@ def test_auto_picks_4_bits_when_the_head_is_costly_and_harmless(
         if i in inits
     )
     assert stored == H.nbits_bytes(64, 256, 4, 32)  # the cost model is what ships
+    # the measured head is the one emitted: the same bytes as an explicit 4-bit head
+    quantize_artifact(quant_src, tmp_path / "h4", "w4a8", 32, "rtn", [calib_text], lm_head_bits=4)
+    data = [(tmp_path / d / "model.onnx.data").read_bytes() for d in ("q", "h4")]
+    assert data[0] == data[1]
 
 
 def test_auto_without_calibration_keeps_the_wide_head(quant_src, tmp_path, monkeypatch):
