@@ -25,7 +25,7 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK, causal_tree_mask
 from specport.errors import ContextLengthError, InputError
-from specport.runtime.kv.layouts import make_kv_state
+from specport.runtime.kv.layouts import align_kv_dtype, make_kv_state
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ class Generator:
     def __init__(self, session: Any, manifest: Manifest) -> None:
         self.session = session
         self.manifest = manifest
+        align_kv_dtype(session, manifest)  # KV buffers in the graph's type (float16 artifacts)
         # A shared-layout artifact's KV buffer may be shorter than the model's context.
         limit = manifest.kv.max_length if manifest.kv.layout == "shared" else None
         self.context_length = min(manifest.context_length, limit or manifest.context_length)

@@ -383,11 +383,13 @@ def load(
 
     `allow_spinning` (None = only when a core is idle) and `prepacking` are explained in
     `specport.runtime.session`."""
+    from specport.runtime.kv.layouts import align_kv_dtype, check_runtime_dtype
     from specport.runtime.session import SessionConfig, make_session
     from specport.runtime.tokenizer import load_tokenizer
 
     directory = Path(path)
     manifest = art.read_manifest(directory, check_hashes=check_hashes)
+    check_runtime_dtype(manifest, directory)
     session, used = make_session(
         directory / manifest.model_file,
         SessionConfig(
@@ -399,6 +401,7 @@ def load(
             config_entries=artifact_session_entries(manifest),
         ),
     )
+    align_kv_dtype(session, manifest)
     tokenizer = load_tokenizer(directory, manifest.tokenizer)
     return Model(directory, manifest, session, used, tokenizer)
 

@@ -239,9 +239,11 @@ def specport_loader(
 ) -> Callable[[], Any]:
     def load() -> tuple[Callable[[], dict[str, Any]], dict[str, Any]]:
         from specport.runtime.generator import Generator
+        from specport.runtime.kv.layouts import check_runtime_dtype
         from specport.runtime.session import SessionConfig, make_session
 
         manifest = art.read_manifest(artifact)
+        check_runtime_dtype(manifest, artifact)
         sc = SessionConfig(
             provider=config.provider,
             intra_op_threads=config.threads,

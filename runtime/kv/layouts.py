@@ -10,12 +10,54 @@ overwritten by the next step.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
 import numpy as np
 
 from specport.artifact import Manifest
 from specport.errors import ArtifactError, ContextLengthError
+
+logger = logging.getLogger(__name__)
+
+
+# onnxruntime's input type -> numpy's name (what KVLayout.dtype holds)
+_ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(int8)": "int8",
+}
+
+
+def check_runtime_dtype(manifest: Manifest, where: Any = "the artifact") -> None:
+    """Refuse an artifact whose cache this runtime cannot feed (before a session is made)."""
+    if "bfloat16" in (manifest.dtype, manifest.kv.dtype):
+        raise ArtifactError(
+            f"{where} is a bfloat16 artifact (exported for CUDA): specport's runtime feeds numpy "
+            "arrays, which have no bfloat16, and onnxruntime's CPU provider has no bfloat16 "
+            "MatMul; re-export with --dtype fp16 (CUDA or CPU) or fp32."
+        )
+
+
+def align_kv_dtype(session: Any, manifest: Manifest) -> str:
+    """Set `manifest.kv.dtype` to the type the graph's first past input takes; return it.
+
+    The graph is the truth: every KV allocation (concat pasts, shared buffers, engine slots,
+    drafts) reads `manifest.kv.dtype`, so a graph changed after export (e.g. an older manifest
+    without the field, or a tool converting the model) still gets buffers it accepts.
+    """
+    first = manifest.kv.inputs[0][0] if manifest.kv.inputs else None
+    graph = _ORT_TYPES.get(next((i.type for i in session.get_inputs() if i.name == first), ""))
+    if graph is not None and graph != manifest.kv.dtype:
+        logger.warning(
+            "the graph's KV inputs are %s, the manifest says %s: using %s",
+            graph,
+            manifest.kv.dtype,
+            graph,
+        )
+        manifest.kv.dtype = graph
+    return manifest.kv.dtype
 
 
 class KVState(Protocol):
