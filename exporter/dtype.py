@@ -34,6 +34,10 @@ CHOICES = ("fp32", "fp16", "bf16")
 # Verification tolerance vs the float32 PyTorch model: (atol, rtol of max|logits|). float16
 # keeps 11 significant bits, bfloat16 8: a few units of the last place after a dozen layers.
 TOLERANCE = {"float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2)}
+# A cuda-target float16 graph is verified on the CPU provider, whose float16
+# GroupQueryAttention is less precise than CUDA's (see float32_ops): 1.60 at max|logits| 33
+# on SmolLM2-135M, about 5%.
+CPU_CHECK_OF_CUDA_FP16 = (5e-2, 5e-2)
 # decode tok/s of float32 over float16 on onnxruntime's CPU provider (README: `--dtype`)
 CPU_FP32_SPEEDUP: float | None = None
 
@@ -93,15 +97,33 @@ def cpu_missing_kernel(dtype: str) -> str | None:
     return None
 
 
-def convert_graph(model: Any, dtype: str) -> dict[str, Any]:
+def float32_ops(dtype: str, target: str) -> tuple[str, ...]:
+    """Ops kept in float32 for `target`: the CPU's float16 GroupQueryAttention.
+
+    Measured on SmolLM2-135M (prefill, batch 2): max |logits - PyTorch float32| was 1.60 with
+    onnxruntime 1.32's CPU float16 GroupQueryAttention, 0.32 with attention in float32 (the
+    rest float16), and 0.29 for PyTorch's own float16 model. So a float16 artifact for the cpu
+    target keeps attention and its KV cache in float32; CUDA's kernel accumulates in float32.
+    """
+    return ("GroupQueryAttention",) if dtype == "float16" and target == "cpu" else ()
+
+
+def convert_graph(model: Any, dtype: str, target: str) -> dict[str, Any]:
     """Convert the lowered graph in place; returns the pass report for the manifest."""
     from specport.errors import ExportError
     from specport.passes.convert_floats import ConvertFloatsPass
 
-    report = ConvertFloatsPass(dtype)(model).report
+    report = ConvertFloatsPass(dtype, keep_ops=float32_ops(dtype, target))(model).report
     if report.get("skipped"):
         raise ExportError(f"--dtype {dtype} could not convert the graph: {report['skipped']}")
     return report
+
+
+def tolerance(dtype: str, target: str) -> tuple[float, float]:
+    """(atol, rtol) for verifying a `dtype` graph of `target` on the CPU provider."""
+    if dtype == "float16" and target == "cuda":
+        return CPU_CHECK_OF_CUDA_FP16
+    return TOLERANCE[dtype]
 
 
 def verification_plan(dtype: str, target: str) -> tuple[bool, str | None]:
@@ -118,8 +140,8 @@ def cpu_note(dtype: str, target: str) -> str | None:
     """What a float16 artifact for the CPU costs (logged and written to the manifest)."""
     if dtype != "float16" or target != "cpu":
         return None
-    ratio = f"{CPU_FP32_SPEEDUP:.2f}x" if CPU_FP32_SPEEDUP else "faster"
+    ratio = f"{CPU_FP32_SPEEDUP:.2f}x " if CPU_FP32_SPEEDUP else ""
     return (
-        f"float32 decodes {ratio} faster than float16 on onnxruntime's CPU provider (no float16 "
+        f"float32 decodes {ratio}faster than float16 on onnxruntime's CPU provider (no float16 "
         "MatMul: it casts around every one); float16 halves the file, not the run time"
     )

@@ -22,10 +22,10 @@ from specport.errors import ExportError
 from specport.exporter import source as src_mod
 from specport.exporter.checkpoint import probe_kv_shapes_meta, streaming_model
 from specport.exporter.dtype import (
-    TOLERANCE,
     convert_graph,
     cpu_note,
     resolve_dtype,
+    tolerance,
     verification_plan,
 )
 from specport.exporter.onnx_attention import tracing
@@ -170,8 +170,9 @@ def export_model(
         reports, quant_info = quantize_inline(ir_model, quant, quant_algo)
         pass_reports = [*pass_reports, *reports]
     if dtype != "float32":
-        pass_reports = [*pass_reports, convert_graph(ir_model, dtype)]
-        kv.dtype = dtype
+        pass_reports = [*pass_reports, convert_graph(ir_model, dtype, target)]
+        past = next(v for v in ir_model.graph.inputs if v.name == kv.inputs[0][0])
+        kv.dtype = past.dtype.numpy().name if past.dtype is not None else dtype
         if cpu_note(dtype, target):
             logger.warning("--dtype %s: %s", dtype, cpu_note(dtype, target))
 
@@ -224,7 +225,7 @@ def export_model(
             session = verification_session(tmp / art.MODEL_NAME)
             atol, rtol = source.arch.atol, source.arch.rtol
             if dtype != "float32":
-                atol, rtol = (max(a, b) for a, b in zip((atol, rtol), TOLERANCE[dtype]))
+                atol, rtol = (max(a, b) for a, b in zip((atol, rtol), tolerance(dtype, target)))
             verify = compare(session, references, atol=atol, rtol=rtol)
             del session, references
             if not verify["ok"]:

@@ -108,7 +108,7 @@ def _pass_line(report: dict[str, Any]) -> str:
 def _quant_section(manifest: Any, quant: dict[str, Any]) -> list[str]:
     lines = ["## Quantization", ""]
     if not quant or quant.get("scheme") in (None, "none"):
-        lines.append("None: float32 weights.")
+        lines.append(f"None: {manifest.dtype or 'float32'} weights.")
     else:
         recipe = ", ".join(
             f"{k} {quant[k]}"
@@ -128,6 +128,9 @@ def _quant_section(manifest: Any, quant: dict[str, Any]) -> list[str]:
             lines.append(f"Calibration: {calib.get('files')} (sha256 `{calib.get('sha256')}`).")
     if manifest.kv.dtype != "float32":
         lines.append(f"KV cache: {manifest.kv.dtype}.")
+    if manifest.dtype not in ("float32", None):
+        note = manifest.extra.get("dtype_note") if isinstance(manifest.extra, dict) else None
+        lines.append(f"Weights and activations: {manifest.dtype}, logits float32. {note or ''}")
     return lines
 
 

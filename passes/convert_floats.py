@@ -8,6 +8,8 @@ Contract: every FLOAT tensor of the main graph (initializers, Constant nodes, gr
   e.g. rotary angles `position_ids * inv_freq` on the concat layout. Positions above 2048 are
   not even representable in float16, and an angle of 100 rad has an ulp of 0.06 there; those
   values stay float32 (as transformers computes them) and are cast where they meet activations;
+- the op types in `keep_ops` (their inputs are cast to float32, their outputs back), and graph
+  inputs only they read (e.g. the KV cache of a float32 attention);
 - the graph outputs named in `float32_outputs` (`logits`): the last op's result is cast back to
   float32, so users, the sampler and the in-graph ArgMax (`next_token`) read float32 logits.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections import Counter
 from typing import Any
 
 import onnx_ir as ir
@@ -33,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float16": ir.DataType.FLOAT16, "bfloat16": ir.DataType.BFLOAT16}
 FLOAT = ir.DataType.FLOAT
+_TYPE_BLIND = ("Shape", "Size")  # read no values: any dtype will do
 
 
 def _cast_tensor(tensor: ir.TensorProtocol, dtype: ir.DataType, name: str) -> ir.TensorProtocol:
@@ -100,10 +104,16 @@ class ConvertFloatsPass(Pass):
 
     name = "convert_floats"
 
-    def __init__(self, dtype: str, float32_outputs: tuple[str, ...] = ("logits",)) -> None:
+    def __init__(
+        self,
+        dtype: str,
+        float32_outputs: tuple[str, ...] = ("logits",),
+        keep_ops: tuple[str, ...] = (),
+    ) -> None:
         self.dtype = DTYPES[dtype]
         self.dtype_name = dtype
         self.float32_outputs = float32_outputs
+        self.keep_ops = keep_ops  # op types computed in float32 (Casts around them)
 
     def precondition(self, model: ir.Model) -> str | None:
         if model.functions:
@@ -120,6 +130,14 @@ class ConvertFloatsPass(Pass):
     def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
         graph = model.graph
         kept_nodes, kept = index_arithmetic(graph)
+        for node in graph:
+            if node.op_type in self.keep_ops:
+                kept_nodes.add(node)
+                for v in node.outputs:
+                    if v.dtype is None and _is_float(node.inputs[0]):
+                        v.dtype = FLOAT  # contrib ops' outputs may be untyped: T of input 0
+                    if _is_float(v):
+                        kept.add(v)
         weights = converted = 0
         for value in list(graph.initializers.values()):
             if value.dtype == FLOAT and value not in kept and value.const_value is not None:
@@ -127,7 +145,12 @@ class ConvertFloatsPass(Pass):
                 value.dtype = self.dtype
                 weights += 1
         for value in graph.inputs:
-            if _is_float(value):
+            if not _is_float(value):
+                continue
+            users = [user for user, _ in value.uses() if user.op_type not in _TYPE_BLIND]
+            if users and all(user in kept_nodes for user in users):
+                kept.add(value)  # read only by float32 ops (a KV input of kept attention)
+            else:
                 value.dtype = self.dtype
         for node in list(graph):
             if node in kept_nodes:
@@ -143,7 +166,7 @@ class ConvertFloatsPass(Pass):
             "dtype": self.dtype_name,
             "weights_converted": weights,
             "values_converted": converted,
-            "kept_float32": sorted(n.name or n.op_type for n in kept_nodes),
+            "kept_float32": dict(sorted(Counter(n.op_type for n in kept_nodes).items())),
             "boundary_casts": casts,
             "float32_outputs": outputs,
         }
@@ -165,8 +188,20 @@ class ConvertFloatsPass(Pass):
     ) -> int:
         """Cast each float32 value to `dtype` before the first converted node that reads it."""
         casts: dict[ir.Value, ir.Value] = {}
+        up: dict[ir.Value, ir.Value] = {}
         for node in list(graph):
             if node in kept_nodes:
+                for i, value in enumerate(node.inputs):
+                    if value is None or value in kept or value.dtype != self.dtype:
+                        continue
+                    if value not in up:
+                        cast = ir.node("Cast", [value], {"to": FLOAT}, name=f"{value.name}_to_f32")
+                        cast.outputs[0].name = f"{value.name}_f32"
+                        cast.outputs[0].dtype = FLOAT
+                        cast.outputs[0].shape = value.shape
+                        graph.insert_before(node, cast)
+                        up[value] = cast.outputs[0]
+                    node.replace_input_with(i, up[value])
                 continue
             for i, value in enumerate(node.inputs):
                 if value is None or value not in kept:

@@ -22,7 +22,16 @@ def fp16_shared(tiny_zoo, tmp_path_factory):
     from specport.exporter.export import export_model
 
     out = tmp_path_factory.mktemp("kv_fp16") / "art"
-    export_model(tiny_zoo.source("llama"), out, kv_layout="shared", dtype="fp16", progress=False)
+    # target cuda: the float16 KV cache (a cpu-target artifact keeps attention in float32);
+    # it runs on the CPU provider too
+    export_model(
+        tiny_zoo.source("llama"),
+        out,
+        kv_layout="shared",
+        target="cuda",
+        dtype="fp16",
+        progress=False,
+    )
     return out
 
 
