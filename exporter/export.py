@@ -174,7 +174,7 @@ def export_model(
         past = next(v for v in ir_model.graph.inputs if v.name == kv.inputs[0][0])
         kv.dtype = past.dtype.numpy().name if past.dtype is not None else dtype
         if cpu_note(dtype, target):
-            logger.warning("--dtype %s: %s", dtype, cpu_note(dtype, target))
+            logger.info("--dtype %s: %s", dtype, cpu_note(dtype, target))
 
     references = (
         None

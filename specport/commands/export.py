@@ -71,9 +71,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         choices=["fp32", "fp16", "bf16"],
         default="fp32",
-        help="float type of weights, activations and KV cache (logits stay fp32). fp32 "
-        "(default) is the fastest on CPU; fp16 runs on CPU with onnxruntime's casts and "
-        "halves the files; bf16 needs --target cuda",
+        help="float type of weights, activations and KV cache (logits stay fp32; default "
+        "fp32). fp16 halves the weights (cpu: attention and KV stay fp32; measured 0.8-1.2x "
+        "decode, 0.9x prefill, 0.58x RSS vs fp32 on SmolLM2); bf16 needs --target cuda",
     )
     p.add_argument(
         "--keep-gguf-quant",
