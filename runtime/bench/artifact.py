@@ -159,6 +159,12 @@ def last_level_cache_bytes() -> int | None:
     return best
 
 
+# (op, input index) of tables a step reads one row of per token: a float embedding, and a
+# quantized one's codes, scales and zero points
+GATHERED = {("Gather", 0), ("GatherBlockQuantized", 0), ("GatherBlockQuantized", 2)}
+GATHERED |= {("GatherBlockQuantized", 3)}
+
+
 def bytes_per_token(model_path: Path) -> dict[str, int]:
     """Weight bytes one decode step reads: every initializer, except tables only gathered from
     (embedding: one row per token). Read from the graph, not the config, so fusions and
@@ -180,7 +186,7 @@ def bytes_per_token(model_path: Path) -> dict[str, int]:
                 uses.setdefault(name, []).append((node.op_type, idx))
     total = gathered = 0
     for name, size in sizes.items():
-        only_gather = uses.get(name) and all(op == "Gather" and i == 0 for op, i in uses[name])
+        only_gather = uses.get(name) and all((op, i) in GATHERED for op, i in uses[name])
         if only_gather:
             gathered += size
             total += rows[name]

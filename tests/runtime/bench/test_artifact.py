@@ -122,6 +122,33 @@ def test_bytes_per_token_counts_the_embedding_as_one_row(tiny_fused):
     assert b["weights"] == b["all_initializers"] - emb + TINY["hidden_size"] * 4
 
 
+def test_bytes_per_token_counts_a_quantized_embedding_as_one_row(tmp_path):
+    """An 8-bit table (GatherBlockQuantized: codes, scales, zero points) is gathered too."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from specport.runtime.bench.artifact import bytes_per_token
+
+    vocab, dim, block = 64, 32, 16
+    inits = [
+        helper.make_tensor("codes", TensorProto.UINT8, [vocab, dim], [0] * (vocab * dim)),
+        helper.make_tensor("scales", TensorProto.FLOAT, [vocab, dim // block], [1.0] * (vocab * 2)),
+        helper.make_tensor("zeros", TensorProto.UINT8, [vocab, dim // block], [0] * (vocab * 2)),
+    ]
+    node = helper.make_node(
+        "GatherBlockQuantized", ["codes", "ids", "scales", "zeros"], ["emb"],
+        domain="com.microsoft", block_size=block, bits=8,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, dim])], inits,
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph), tmp_path / "m.onnx")
+    b = bytes_per_token(tmp_path / "m.onnx")
+    assert b["gather_tables"] == b["all_initializers"] == vocab * (dim + 2 * 4 + 2)
+    assert b["weights"] == dim + 2 * 4 + 2  # one row of each
+
+
 def test_table_has_a_ratio_column_per_peer(tiny_fused):
     from specport.runtime.bench.artifact import BenchConfig, format_table, run_bench
 
