@@ -17,7 +17,7 @@ import logging
 import shutil
 import statistics
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,7 +155,11 @@ def run_speculative_bench(artifact: str, config: SpecBenchConfig) -> dict[str, A
 
 
 def _run(
-    model: Any, plain_model: Any, artifact: str, config: SpecBenchConfig, peers: list[Any]
+    model: Any,
+    plain_model: Any,
+    artifact: str,
+    config: SpecBenchConfig,
+    peers: Sequence[Any] = (),
 ) -> dict[str, Any]:
     import specport
 
