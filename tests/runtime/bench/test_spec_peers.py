@@ -47,6 +47,21 @@ def test_speculative_bench_runs_genai_with_and_without_its_ngram(tmp_path, capsy
     assert rows["ngram"]["tokens_equal_plain"]
     assert all(r["decode_tok_per_s"] > 0 for r in rows.values())
     assert report["peers"]["onnxruntime-genai+ngram"]["speculation"]["max_draft_tokens"] == 4
+    # genai's own n-gram speculation verifies greedily: its tokens are genai's plain tokens
+    from specport import artifact as art
+    from specport.runtime.bench.spec_peers import SpecPeer
+
+    manifest = art.read_manifest(tmp_path / "art")
+    config = SimpleNamespace(threads=1, allow_spinning=False)
+    runs = []
+    for name in ("onnxruntime-genai", "onnxruntime-genai+ngram"):
+        peer = SpecPeer(name, manifest, config, num_draft=4, progress=False)
+        try:
+            runs.append(peer.run(COPY_IDS, 12))
+        finally:
+            peer.close()
+    assert len(runs[0].tokens) == 12
+    assert runs[1].tokens == runs[0].tokens
 
 
 @pytest.mark.slow
