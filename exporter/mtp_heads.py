@@ -164,10 +164,17 @@ class MTPHeads(nn.Module):
         pos = torch.zeros(1, 1, dtype=torch.long)
         return self._shared[2](like, pos)
 
+    def to_vocab(self, index: torch.Tensor) -> torch.Tensor:
+        """Token ids of indices into the heads' logits (what `step` and `lm_logits` score)."""
+        return index
+
     def step(
         self, k: int, hidden: torch.Tensor, tokens: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Head k on hidden [B, N, H] and the following tokens [B, N] -> (hidden', logits)."""
+        """Head k on hidden [B, N, H] and the following tokens [B, N] -> (hidden', logits).
+
+        The logits index the heads' own vocabulary: map an argmax or top-k through
+        `to_vocab` to get token ids."""
         out = self.heads[k](hidden, self.embed(tokens), self.position_embeddings(hidden))
         return out, self.lm_logits(k, out)
 
@@ -206,7 +213,7 @@ class MTPBranch(nn.Module):
                 head_logits = self.lm_head(normed)
             else:
                 h, head_logits = self.mtp.step(k, h, tok)
-            tok = head_logits.argmax(dim=-1)  # [B, 1]
+            tok = self.mtp.to_vocab(head_logits.argmax(dim=-1))  # [B, 1]
             drafts.append(tok)
         return accepted, bonus.squeeze(1), torch.cat(drafts, dim=1)
 

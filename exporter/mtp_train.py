@@ -90,7 +90,7 @@ def acceptance(heads: MTPHeads, hidden: torch.Tensor, seqs: torch.Tensor) -> dic
     ok = []
     for k in range(k_heads):
         h, logits = heads.step(k, h, tok)
-        tok = logits.argmax(-1)
+        tok = heads.to_vocab(logits.argmax(-1))
         ok.append(tok == seqs[:, k + 2 : k + 2 + n])
     run = torch.cumprod(torch.stack(ok, -1).to(torch.int64), -1)  # [N, n, K]
     per_pos = run.float().mean(dim=(0, 1)).tolist()
