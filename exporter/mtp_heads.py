@@ -129,7 +129,7 @@ class MTPHead(nn.Module):
 class MTPHeads(nn.Module):
     """K chained heads sharing the frozen base model's embedding and LM head."""
 
-    def __init__(self, base: Any, num_heads: int) -> None:
+    def __init__(self, base: Any, num_heads: int, draft_vocab: torch.Tensor | None = None) -> None:
         super().__init__()
         if not 1 <= num_heads <= 8:
             raise InputError(f"--heads must be in 1..8, got {num_heads}")
@@ -148,6 +148,53 @@ class MTPHeads(nn.Module):
             base.get_output_embeddings(),
             rotary,
         )
+        self._draft: nn.Linear | None = None
+        if draft_vocab is not None:
+            self.set_draft_vocab(draft_vocab)
+
+    def set_draft_vocab(self, ids: torch.Tensor) -> None:
+        """Score only ``ids`` (int64 token ids): the heads' LM head becomes those rows.
+
+        A head's cost is mostly its LM head: with a 49k vocabulary every head reads the whole
+        [V, H] matrix again (113 MB in fp32 for SmolLM2, more than a CPU's last-level cache), so
+        K heads cost about half a decode step. The tokens a model's answers use are a small
+        subset; scoring the most frequent few thousand keeps nearly every accepted draft and
+        makes the matrix small enough to stay in cache. A token outside the subset is never
+        drafted (its position is simply not accepted), so output is unchanged."""
+        ids = torch.as_tensor(ids, dtype=torch.int64).flatten()
+        vocab = int(self._shared[1].weight.shape[0])
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise InputError(f"draft vocabulary ids must be in 0..{vocab - 1}")
+        self.register_buffer("draft_vocab", ids.clone())
+        head = self._shared[1]
+        lin = nn.Linear(head.weight.shape[1], ids.numel(), bias=head.bias is not None)
+        with torch.no_grad():
+            lin.weight.copy_(head.weight[ids])
+            if head.bias is not None:
+                lin.bias.copy_(head.bias[ids])
+        # Held outside the module tree like the shared LM head: frozen, and not in state_dict()
+        # (the ids are; the rows are the LM head's).
+        object.__setattr__(self, "_draft", lin.requires_grad_(False))
+        index = torch.full((vocab,), -100, dtype=torch.int64)
+        index[ids] = torch.arange(ids.numel())
+        self._vocab_index = index
+
+    @property
+    def draft_size(self) -> int:
+        """Number of tokens the heads score (the full vocabulary without a draft vocabulary)."""
+        head = self._shared[1] if self._draft is None else self._draft
+        return int(head.weight.shape[0])
+
+    def draft_index(self, ids: torch.Tensor) -> torch.Tensor:
+        """Indices into the heads' logits of token ``ids`` (-100, cross-entropy's ignore index,
+        for tokens outside the draft vocabulary)."""
+        return ids if self._draft is None else self._vocab_index[ids]
+
+    def project(self, normed: torch.Tensor) -> torch.Tensor:  # [B, N, H] -> [B, N, draft_size]
+        """Logits over the heads' vocabulary of a normed hidden state (the shared LM head, or
+        its draft-vocabulary rows)."""
+        head = self._shared[1] if self._draft is None else self._draft
+        return head(normed)
 
     @property
     def num_heads(self) -> int:
@@ -156,9 +203,9 @@ class MTPHeads(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [B, N] -> [B, N, H]
         return self._shared[0](ids)
 
-    def lm_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:  # [B, N, H] -> [B, N, V]
+    def lm_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:  # [B, N, H] -> [B, N, D]
         head: Any = self.heads[k]
-        return self._shared[1](head.norm(hidden))
+        return self.project(head.norm(hidden))
 
     def position_embeddings(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.zeros(1, 1, dtype=torch.long)
@@ -166,7 +213,10 @@ class MTPHeads(nn.Module):
 
     def to_vocab(self, index: torch.Tensor) -> torch.Tensor:
         """Token ids of indices into the heads' logits (what `step` and `lm_logits` score)."""
-        return index
+        if self._draft is None:
+            return index
+        ids: torch.Tensor = self.get_buffer("draft_vocab")
+        return ids[index]
 
     def step(
         self, k: int, hidden: torch.Tensor, tokens: torch.Tensor
@@ -194,6 +244,7 @@ class MTPBranch(nn.Module):
         self.mtp = heads
         # Register the shared modules here so the exporter sees their weights as parameters.
         self.embed_tokens, self.lm_head, self.rotary_emb = heads._shared
+        self.draft_head = heads._draft  # registered so its rows export as weights
         self.folded = fold_heads(heads) if fold else None
 
     def forward(
@@ -210,7 +261,7 @@ class MTPBranch(nn.Module):
         for k in range(self.mtp.num_heads):
             if self.folded is not None:
                 h, normed = self.folded[k](h, tok)
-                head_logits = self.lm_head(normed)
+                head_logits = self.mtp.project(normed)
             else:
                 h, head_logits = self.mtp.step(k, h, tok)
             tok = self.mtp.to_vocab(head_logits.argmax(dim=-1))  # [B, 1]
@@ -275,8 +326,8 @@ def load_heads(base: Any, path: Path) -> MTPHeads:
     from safetensors.torch import load_file
 
     state = load_file(str(path))
-    n = 1 + max(int(k.split(".")[1]) for k in state)
-    heads = MTPHeads(base, n)
+    n = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("heads."))
+    heads = MTPHeads(base, n, draft_vocab=state.get("draft_vocab"))
     heads.load_state_dict(state)
     return heads.eval()
 

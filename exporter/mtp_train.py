@@ -56,9 +56,17 @@ def load_base(manifest: art.Manifest) -> Any:
 
 
 def chain_loss(
-    heads: MTPHeads, base: Any, hidden: torch.Tensor, seqs: torch.Tensor
+    heads: MTPHeads,
+    base: Any,
+    hidden: torch.Tensor,
+    seqs: torch.Tensor,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Teacher-forced chain over all positions; hidden [b, T, H], seqs [b, T]."""
+    """Teacher-forced chain over all positions; hidden [b, T, H], seqs [b, T].
+
+    ``valid`` [b, T] marks real tokens (an answer's positions after its end are padding); a
+    target that is padding, or outside the heads' draft vocabulary, adds no loss. The teacher
+    is the base model's distribution over the heads' vocabulary."""
     t_len = seqs.shape[1]
     prev = hidden[:, : t_len - 1]
     loss = hidden.new_zeros(())
@@ -67,12 +75,20 @@ def chain_loss(
         if n <= 0:
             break
         out, logits = heads.step(k, prev[:, :n], seqs[:, k + 1 : k + 1 + n])
-        target = seqs[:, k + 2 : k + 2 + n]
-        teacher = base.lm_head(hidden[:, k + 1 : k + 1 + n])
+        target = heads.draft_index(seqs[:, k + 2 : k + 2 + n])
+        keep = target >= 0
+        if valid is not None:
+            keep = keep & valid[:, k + 2 : k + 2 + n]
+        target = torch.where(keep, target, torch.full_like(target, -100))
+        if not bool(keep.any()):
+            prev = out
+            continue
+        teacher = heads.project(hidden[:, k + 1 : k + 1 + n])
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+        rows = keep.reshape(-1)
         kl = F.kl_div(
-            F.log_softmax(logits, -1).reshape(-1, logits.shape[-1]),
-            F.log_softmax(teacher, -1).reshape(-1, logits.shape[-1]),
+            F.log_softmax(logits, -1).reshape(-1, logits.shape[-1])[rows],
+            F.log_softmax(teacher, -1).reshape(-1, logits.shape[-1])[rows],
             log_target=True,
             reduction="batchmean",
         )
@@ -82,22 +98,49 @@ def chain_loss(
 
 
 @torch.no_grad()
-def acceptance(heads: MTPHeads, hidden: torch.Tensor, seqs: torch.Tensor) -> dict[str, Any]:
-    """Greedy chain as at inference (heads feed their own drafts): acceptance per position."""
+def acceptance(
+    heads: MTPHeads, hidden: torch.Tensor, seqs: torch.Tensor, valid: torch.Tensor | None = None
+) -> dict[str, Any]:
+    """Greedy chain as at inference (heads feed their own drafts): acceptance per position,
+    over the positions whose next target is a real token (``valid``)."""
     k_heads, t_len = heads.num_heads, seqs.shape[1]
     n = t_len - k_heads - 1
+    if valid is None:
+        valid = torch.ones_like(seqs, dtype=torch.bool)
     h, tok = hidden[:, :n], seqs[:, 1 : 1 + n]
     ok = []
     for k in range(k_heads):
         h, logits = heads.step(k, h, tok)
         tok = heads.to_vocab(logits.argmax(-1))
-        ok.append(tok == seqs[:, k + 2 : k + 2 + n])
+        ok.append((tok == seqs[:, k + 2 : k + 2 + n]) & valid[:, k + 2 : k + 2 + n])
     run = torch.cumprod(torch.stack(ok, -1).to(torch.int64), -1)  # [N, n, K]
-    per_pos = run.float().mean(dim=(0, 1)).tolist()
+    counted = valid[:, 2 : 2 + n]
+    per_pos = (
+        run[counted].float().mean(dim=0) if bool(counted.any()) else run[0, 0] * 0.0
+    ).tolist()
     return {
         "acceptance_per_position": [round(p, 4) for p in per_pos],
         "mean_accepted_length": round(1 + sum(per_pos), 4),
     }
+
+
+def frequent_tokens(
+    seqs: torch.Tensor, valid: torch.Tensor | None, size: int, vocab: int
+) -> torch.Tensor:
+    """The ``size`` most frequent token ids of the training answers (ties: lower id first),
+    sorted by id: the draft vocabulary. Tokens the answers never use cannot be learned as
+    targets anyway."""
+    tokens = seqs if valid is None else seqs[valid]
+    counts = torch.bincount(tokens.flatten(), minlength=vocab).to(torch.float64)
+    # a stable order: count descending, then id ascending
+    order = torch.argsort(-counts * (vocab + 1) + torch.arange(vocab, dtype=torch.float64))
+    return torch.sort(order[: min(size, vocab)]).values
+
+
+def coverage(heads: MTPHeads, seqs: torch.Tensor, valid: torch.Tensor | None) -> float:
+    """Share of the answers' tokens inside the heads' vocabulary (1.0 without a draft one)."""
+    tokens = seqs if valid is None else seqs[valid]
+    return round(float((heads.draft_index(tokens) >= 0).float().mean()), 4)
 
 
 def train_heads(
@@ -110,11 +153,15 @@ def train_heads(
     progress: bool | None = None,
     hidden: torch.Tensor | None = None,  # [N, T, H] when computed with the sequences (chat)
     window: int = 0,
+    valid: torch.Tensor | None = None,  # [N, T] real tokens (answers end at different lengths)
+    draft_vocab: int = 0,
 ) -> tuple[MTPHeads, dict[str, Any]]:
     """Heads trained on ``seqs``; ``window`` > 0 trains each step on one random ``window``-token
     slice of the sampled sequences instead of all positions. The loss is dominated by the LM
     head (positions x hidden x vocab, per head, forward and backward), so on a large vocabulary
-    a window buys many more optimizer steps for the same time."""
+    a window buys many more optimizer steps for the same time, and a ``draft_vocab`` (the
+    answers' most frequent tokens; 0 = the full vocabulary) shrinks that head for training and
+    inference alike."""
     torch.manual_seed(0)
     if hidden is None:
         hidden = base_hidden(base, seqs)
@@ -125,7 +172,14 @@ def train_heads(
         hidden[:n_eval],
         seqs[:n_eval],
     )
-    heads = MTPHeads(base, num_heads)
+    train_v = eval_v = None
+    if valid is not None:
+        train_v, eval_v = valid[n_eval:], valid[:n_eval]
+    vocab = int(base.get_output_embeddings().weight.shape[0])
+    ids = None
+    if 0 < draft_vocab < vocab:
+        ids = frequent_tokens(train_s, train_v, draft_vocab, vocab)
+    heads = MTPHeads(base, num_heads, draft_vocab=ids)
     heads.train()
     params = list(heads.parameters())  # heads only: embedding and LM head stay frozen
     for p in params:
@@ -145,10 +199,16 @@ def train_heads(
     for _step in range(steps):
         idx = torch.randint(0, len(train_s), (batch,), generator=gen)
         step_h, step_s = train_h[idx], train_s[idx]
+        step_v = None if train_v is None else train_v[idx]
         if 0 < window < step_s.shape[1]:
             start = int(torch.randint(0, step_s.shape[1] - window + 1, (1,), generator=gen))
             step_h, step_s = step_h[:, start : start + window], step_s[:, start : start + window]
-        loss = chain_loss(heads, base, step_h, step_s)
+            if step_v is not None:
+                step_v = step_v[:, start : start + window]
+        loss = chain_loss(heads, base, step_h, step_s, step_v)
+        if not loss.requires_grad:  # the slice fell past the end of every sampled answer
+            loop.update(note="(no targets)")
+            continue
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -163,8 +223,10 @@ def train_heads(
         "batch": batch,
         "seconds": round(time.perf_counter() - t0, 1),
         "final_loss": round(float(loss), 4),
+        "draft_vocab": heads.draft_size,
+        "heldout_coverage": coverage(heads, eval_s, eval_v),
     }
-    report["heldout"] = acceptance(heads, eval_h, eval_s)
+    report["heldout"] = acceptance(heads, eval_h, eval_s, eval_v)
     return heads, report
 
 
@@ -223,8 +285,12 @@ def train_mtp(
     batch: int = 32,
     chat: bool = False,
     window: int = 0,
+    draft_vocab: int = 0,
 ) -> art.Manifest:
-    """Heads for ``artifact`` (trained, or the checkpoint's own for DeepSeek-V3) -> artifact ``out``."""
+    """Heads for ``artifact`` (trained, or the checkpoint's own for DeepSeek-V3) -> artifact ``out``.
+
+    ``draft_vocab`` > 0 lets the heads score only that many of the answers' most frequent
+    tokens (see `MTPHeads.set_draft_vocab`)."""
 
     artifact = Path(artifact)
     manifest = art.read_manifest(artifact)
@@ -245,6 +311,8 @@ def train_mtp(
             batch,
             chat,
             window,
+            draft_vocab,
+            threads,
         )
     finally:
         torch.set_num_threads(saved_threads)
@@ -264,6 +332,8 @@ def _train_mtp(
     batch: int = 32,
     chat: bool = False,
     window: int = 0,
+    draft_vocab: int = 0,
+    threads: int = 1,
 ) -> art.Manifest:
     from specport.runtime.tokenizer import load_tokenizer
 
@@ -287,10 +357,12 @@ def _train_mtp(
             raise InputError(f"{artifact} has no tokenizer; train-mtp needs one to read --data.")
         stages.start("self-generating text and training the heads")
         t0 = time.perf_counter()
-        hidden = None
+        hidden = valid = None
         if chat:
             turns = chat_prompts(Path(data), artifact, tokenizer, num_sequences)
-            seqs, hidden = self_generate_chat(base, turns, new_tokens)
+            seqs, hidden, valid = self_generate_chat(
+                artifact, base, turns, new_tokens, threads=threads
+            )
         else:
             prompts = read_prompts(Path(data), tokenizer, prompt_len, num_sequences)
             seqs = self_generate(base, prompts, new_tokens)
@@ -306,6 +378,8 @@ def _train_mtp(
             progress=progress,
             hidden=hidden,
             window=window,
+            valid=valid,
+            draft_vocab=draft_vocab,
         )
         report = {
             "source": "self-distillation" + (" (chat answers)" if chat else ""),

@@ -20,39 +20,22 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 TOPICS = [
-    "volcanoes",
-    "the moon",
-    "bread",
-    "rain",
-    "bicycles",
-    "the ocean",
-    "honey",
-    "trees",
-    "computers",
-    "the heart",
-    "chess",
-    "music",
-    "electricity",
-    "birds",
-    "coffee",
-    "the internet",
-    "gardening",
-    "mountains",
-    "money",
-    "sleep",
-    "football",
-    "glaciers",
-    "photosynthesis",
-    "the Roman empire",
-    "recycling",
-    "vaccines",
-    "dinosaurs",
-    "the stock market",
-    "friendship",
-    "cooking pasta",
-    "learning a language",
-    "time management",
-]
+    "volcanoes", "the moon", "bread", "rain", "bicycles", "the ocean", "honey", "trees",
+    "computers", "the heart", "chess", "music", "electricity", "birds", "coffee", "the internet",
+    "gardening", "mountains", "money", "sleep", "football", "glaciers", "photosynthesis",
+    "the Roman empire", "recycling", "vaccines", "dinosaurs", "the stock market", "friendship",
+    "cooking pasta", "learning a language", "time management",
+    "earthquakes", "the sun", "cheese", "snow", "trains", "rivers", "bees", "forests",
+    "smartphones", "the brain", "painting", "jazz", "magnets", "whales", "tea", "email",
+    "cycling to work", "deserts", "banks", "exercise", "tennis", "hurricanes", "gravity",
+    "ancient Egypt", "solar panels", "antibiotics", "fossils", "taxes", "kindness",
+    "baking a cake", "studying for exams", "working from home", "the printing press", "rockets",
+    "clouds", "salt", "libraries", "airplanes", "volunteering", "the human skeleton", "robots",
+    "poetry", "batteries", "octopuses", "chocolate", "maps", "democracy", "bridges", "yoga",
+    "the water cycle", "spiders", "pizza", "wind power", "the immune system", "video games",
+    "saving money", "public speaking", "camping", "the Olympic games", "plastic pollution",
+    "black holes", "coral reefs", "writing a resume", "a healthy breakfast",
+]  # fmt: skip
 TEMPLATES = [
     "What is {t}?",
     "Explain {t} to a child.",
@@ -62,11 +45,61 @@ TEMPLATES = [
     "Write a short poem about {t}.",
     "What are the pros and cons of {t}?",
     "Summarise what you know about {t} in a few sentences.",
+    "How does {t} work?",
+    "Tell me a short story about {t}.",
+    "List five things people should know about {t}.",
+    "Describe {t} in one paragraph.",
+    "What would the world be like without {t}?",
+    "Write a friendly email to a friend about {t}.",
+    "Explain {t} step by step.",
+    "What are common mistakes people make about {t}?",
+]
+# Paragraphs to rewrite (none of them is in the benchmark set of `chat_prompts.py`).
+PARAGRAPHS = [
+    "The library opens at nine in the morning and closes at six in the evening. Members can "
+    "borrow up to five books for three weeks, and they can renew them online once. Late books "
+    "cost ten cents a day, and lost books must be paid for at their full price.",
+    "Tomatoes grow best in warm weather and need at least six hours of sun a day. Plant them "
+    "after the last frost, water them deeply twice a week, and tie the stems to a stick as they "
+    "grow. The fruit is ready when it is red and slightly soft.",
+    "hello everyone, the school trip to the museum is next tuesday. the bus leaves at eight "
+    "sharp from the main gate. bring a packed lunch, a notebook and a signed permission form, "
+    "and wear comfortable shoes because we will walk a lot.",
+    "Octopuses have three hearts and blue blood. They can change the colour of their skin in a "
+    "fraction of a second to hide from danger, and each of their eight arms can taste what it "
+    "touches. Most octopuses live only one or two years.",
+    "The company was founded in a small garage in 1998 by two friends who wanted to make "
+    "cheaper bicycles. Ten years later it had shops in twelve countries, and today it sells "
+    "electric bikes, helmets and repair kits all over the world.",
+    "Regular exercise strengthens the heart, improves sleep and lifts the mood. Adults should "
+    "aim for about two and a half hours of moderate activity a week, such as brisk walking or "
+    "cycling, plus some exercises that build muscle on two days.",
+    "The Great Wall of China is not one wall but many walls built over about two thousand "
+    "years. Its total length is more than twenty thousand kilometres, and most of the parts "
+    "that visitors see today were built during the Ming dynasty.",
+    "To reset your password, open the settings page and choose security. Click the reset "
+    "button, enter the code we send to your phone, and pick a new password with at least "
+    "twelve characters. You will be signed out of every other device.",
+]
+REWRITES = [
+    "Summarise this paragraph in one sentence:\n{p}",
+    "Rewrite this paragraph for a young child:\n{p}",
+    "Turn this paragraph into a numbered list:\n{p}",
+    "Fix the grammar and punctuation of this text:\n{p}",
+    "Repeat this paragraph and add a title:\n{p}",
+    "Rewrite this paragraph in a formal tone:\n{p}",
 ]
 
 
 def prompts() -> list[str]:
-    return [tpl.format(t=t) for tpl in TEMPLATES for t in TOPICS]
+    """Every message, in a fixed shuffled order: `--sequences N` (the first N) then covers
+    every kind of question and rewriting task, not only the first templates."""
+    import random
+
+    out = [tpl.format(t=t) for tpl in TEMPLATES for t in TOPICS]
+    out += [tpl.format(p=p) for tpl in REWRITES for p in PARAGRAPHS]
+    random.Random(0).shuffle(out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

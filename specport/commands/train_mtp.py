@@ -57,7 +57,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(default: all positions; 32 makes large-vocabulary models several times cheaper)",
     )
     p.add_argument(
-        "--threads", type=POSITIVE, default=1, help="PyTorch threads for training (default 1)"
+        "--draft-vocab",
+        type=int_at_least(0),
+        default=None,
+        metavar="N",
+        help="the heads score only the N tokens the training answers use most (0: the whole "
+        "vocabulary; default: 0). On a large vocabulary the heads' LM head is most of their "
+        "cost; a few thousand rows keep nearly every accepted draft",
+    )
+    p.add_argument(
+        "--threads",
+        type=POSITIVE,
+        default=1,
+        help="threads for training and for decoding the training answers (default 1)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=run)
@@ -76,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch,
         chat=args.chat,
         window=args.window or 0,
+        draft_vocab=args.draft_vocab or 0,
         threads=args.threads,
     )
     mtp = manifest.mtp or {}

@@ -146,18 +146,57 @@ def test_deepseek_artifact_runs_checkpoint_mtp_branch(tmp_path):
 
 
 def test_chat_answers_are_computed_in_their_own_prompts_context(llama):
-    """Prompts of different lengths share a left-padded batch; every row's answer and LM-head
-    inputs equal those of the same prompt run alone (padding masked, positions from its start)."""
-    from specport.exporter.mtp_data import base_hidden, self_generate, self_generate_chat
+    """Prompts and answers of different lengths share a padded batch; every row's tokens and
+    LM-head inputs equal those of the same prompt + answer run alone (padding masked,
+    positions from the prompt's start), and only the answer's own tokens count as valid."""
+    from specport.exporter.mtp_data import answer_hidden, base_hidden, self_generate
 
     prompts = [[5, 17, 42, 9, 11, 3], [7, 8], [100, 101, 102, 4]]
-    seqs, hidden = self_generate_chat(llama, prompts, new_tokens=6, batch=3)
-    assert seqs.shape == (3, 7) and hidden.shape[:2] == (3, 7)
-    for row, p in enumerate(prompts):
-        alone = self_generate(llama, torch.tensor([p]), 6)
-        assert seqs[row].tolist() == alone[0, len(p) - 1 :].tolist()
-        want = base_hidden(llama, alone)[0, len(p) - 1 :]
-        assert torch.allclose(hidden[row], want, atol=1e-4), (hidden[row] - want).abs().max()
+    alone = [self_generate(llama, torch.tensor([p]), 6)[0] for p in prompts]
+    answers = [
+        a[len(p) : len(p) + 6 - 2 * r].tolist() for r, (a, p) in enumerate(zip(alone, prompts))
+    ]
+    seqs, hidden, valid = answer_hidden(llama, prompts, answers, new_tokens=6)
+    assert seqs.shape == (3, 7) and hidden.shape[:2] == (3, 7) and valid.shape == (3, 7)
+    for row, (p, a) in enumerate(zip(prompts, answers)):
+        n = 1 + len(a)
+        assert valid[row].tolist() == [True] * n + [False] * (7 - n)
+        assert seqs[row, :n].tolist() == alone[row][len(p) - 1 : len(p) + len(a)].tolist()
+        want = base_hidden(llama, alone[row][None])[0, len(p) - 1 : len(p) + len(a)]
+        assert torch.allclose(hidden[row, :n], want, atol=1e-4), (
+            (hidden[row, :n] - want).abs().max()
+        )
+
+
+def test_draft_vocabulary_scores_the_frequent_tokens_only(llama, tmp_path):
+    """Heads with a draft vocabulary score its rows of the LM head exactly, map indices back to
+    token ids, ignore targets outside it, and round-trip through save/load."""
+    from specport.exporter.mtp_train import coverage, frequent_tokens
+
+    seqs = torch.tensor([[5, 5, 5, 9, 9, 200], [9, 5, 7, 7, 7, 7]])
+    valid = torch.ones_like(seqs, dtype=torch.bool)
+    valid[1, 2:] = False  # the 7s are padding
+    ids = frequent_tokens(seqs, valid, 2, 256)
+    assert ids.tolist() == [5, 9]
+    heads = MTPHeads(llama, 2, draft_vocab=ids).eval()
+    assert heads.draft_size == 2 and "draft_vocab" in heads.state_dict()
+    assert all(not p.requires_grad or p.shape[0] != 2 for p in heads.parameters())
+    h = torch.randn(1, 3, 64)
+    with torch.no_grad():
+        _, logits = heads.step(0, h, torch.tensor([[5, 9, 5]]))
+        full = MTPHeads(llama, 2)
+        full.load_state_dict({k: v for k, v in heads.state_dict().items() if k != "draft_vocab"})
+        _, want = full.step(0, h, torch.tensor([[5, 9, 5]]))
+    torch.testing.assert_close(logits, want[..., ids])
+    assert heads.to_vocab(torch.tensor([1, 0])).tolist() == [9, 5]
+    assert heads.draft_index(torch.tensor([9, 7, 5])).tolist() == [1, -100, 0]
+    assert coverage(heads, seqs, valid) == round(7 / 8, 4)
+    with torch.no_grad():
+        loss = chain_loss(heads, llama, llama.model(input_ids=seqs).last_hidden_state, seqs, valid)
+    assert torch.isfinite(loss)
+    save_heads(heads, tmp_path)
+    again = load_heads(llama, tmp_path / "mtp_heads.safetensors")
+    assert again.draft_vocab.tolist() == [5, 9]
 
 
 def test_windowed_training_runs_and_reports(llama):

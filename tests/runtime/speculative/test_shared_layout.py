@@ -187,3 +187,40 @@ def test_seeded_sampling_repeats_on_shared(arts):
     a = generate_speculative(model, [5, 6, 7], 16, "draft", 3, arts["draft"], cfg, (), None)[0]
     b = generate_speculative(model, [5, 6, 7], 16, "draft", 3, arts["draft"], cfg, (), None)[0]
     assert a == b and len(a) == 16
+
+
+def test_mtp_draft_vocabulary_drafts_only_its_tokens_and_stays_exact(arts, tmp_path):
+    """Heads that score a draft vocabulary: the graph's drafts are the torch heads' drafts
+    mapped to token ids (all inside the vocabulary), and greedy MTP output equals plain."""
+    import torch
+
+    import specport
+    from specport.exporter.mtp_heads import MTPHeads
+    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+
+    model = arts["shared"]
+    base = load_base(model.manifest)  # type: ignore[attr-defined]
+    torch.manual_seed(0)
+    vocab = torch.arange(3, 67)
+    heads = MTPHeads(base, 2, draft_vocab=vocab).eval()
+    write_mtp_artifact(model.path, heads, tmp_path / "mtp", {"source": "test"})  # type: ignore[attr-defined]
+    mtp = specport.load(tmp_path / "mtp", threads=1)
+    ids = [5, 17, 42, 9, 100, 7]
+    cache = open_cache(mtp.session, mtp.manifest, 64)
+    first = cache.step(ids, last_only=True)
+    drafts = first.outputs["mtp_drafts"][0].tolist()
+    with torch.no_grad():
+        h = base.model(input_ids=torch.tensor([ids])).last_hidden_state[:, -1:]
+        tok = torch.tensor([[int(first.outputs["mtp_bonus"][0])]])
+        want = []
+        for k in range(2):
+            h, logits = heads.step(k, h, tok)
+            tok = heads.to_vocab(logits.argmax(-1))
+            want.append(int(tok))
+    assert drafts == want and all(3 <= d < 67 for d in drafts)
+    for prompt in _prompts(4, seed=2):
+        plain = model.generate(prompt_ids=prompt, max_new_tokens=20, ignore_eos=True).tokens  # type: ignore[attr-defined]
+        toks, _, _ = generate_speculative(
+            mtp, prompt, 20, "mtp", 2, None, SamplingConfig(), (), None
+        )
+        assert toks == plain
