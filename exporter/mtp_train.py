@@ -233,14 +233,20 @@ def train_heads(
 def write_mtp_artifact(
     artifact: Path, heads: MTPHeads, out: Path, report: dict[str, Any]
 ) -> art.Manifest:
-    """Copy ``artifact`` to ``out`` with the MTP branch spliced into model.onnx."""
+    """Copy ``artifact`` to ``out`` with the MTP branch spliced into model.onnx.
+
+    A ``--tree-mask`` artifact also gets the standalone heads graph (``mtp_heads.onnx``), which
+    token-tree decoding asks for each depth's top-W candidates."""
     import onnx_ir as ir
 
+    from specport.contract import TREE_MASK
     from specport.exporter.export import _io_signature
+    from specport.exporter.mtp_heads_graph import save_heads_graph
     from specport.passes.mtp import BRANCH_OUTPUTS, InsertMTPBranchPass
 
     manifest = art.read_manifest(artifact)
     model = ir.load(str(Path(artifact) / manifest.model_file))
+    tree = any(v.name == TREE_MASK for v in model.graph.inputs)
     result = InsertMTPBranchPass(export_branch(heads, manifest.vocab_size))(model)
     if not result.modified:
         raise InputError(f"could not add the MTP branch: {result.report.get('skipped')}")
@@ -251,6 +257,7 @@ def write_mtp_artifact(
                 shutil.copy2(Path(artifact) / f, tmp / f)
         ir.save(model, tmp / art.MODEL_NAME, external_data=art.DATA_NAME)
         save_heads(heads, tmp)
+        heads_graph = save_heads_graph(heads, tmp) if tree else None
         details = {k: v for k, v in result.report.items() if not k.startswith("ops_")}
         manifest.passes = [*manifest.passes, details]
         manifest.model_file = art.MODEL_NAME
@@ -267,6 +274,8 @@ def write_mtp_artifact(
             "attention": "self-position (no MTP KV cache)",
             "training": report,
         }
+        if heads_graph is not None:
+            manifest.mtp["heads_graph"] = heads_graph
         art.write_manifest(tmp, manifest)
     return manifest
 

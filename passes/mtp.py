@@ -171,3 +171,25 @@ def strip_mtp_branch(model: ir.Model) -> int:
         if not graph.initializers[name].uses():
             graph.initializers.pop(name)
     return before - len(list(graph.all_nodes()))
+
+
+HIDDEN_OUTPUT = "lm_head_input"
+
+
+def expose_lm_head_input(
+    model: ir.Model, name: str = HIDDEN_OUTPUT, logits_name: str = "logits"
+) -> ir.Value:
+    """Add the LM head's input (the hidden state [B, S, H] behind ``logits``) as output ``name``.
+
+    Token-tree MTP decoding seeds the heads with the hidden state of the tree's accepted node;
+    the value already exists, so the output costs one Identity and no compute.
+    """
+    hidden = find_lm_head_input(model, logits_name)
+    node = ir.node("Identity", [hidden], name=f"/{name}/Identity")
+    out = node.outputs[0]
+    out.name = name
+    out.type = hidden.type
+    out.shape = hidden.shape
+    model.graph.append(node)
+    model.graph.outputs.append(out)
+    return out

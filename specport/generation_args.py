@@ -101,10 +101,11 @@ def check_generation(
             f"unknown {option('speculative', speculative)}; choose one of {', '.join(METHODS)}."
         )
     if tree_width != 1:
-        if speculative != "ngram":
+        if speculative not in ("ngram", "mtp"):
             raise UsageError(
-                f"{option('tree_width')} needs {option('speculative', 'ngram')} (tree candidates "
-                "come from n-gram matches)."
+                f"{option('tree_width')} needs {option('speculative', 'ngram')} or "
+                f"{option('speculative', 'mtp')} (tree candidates come from n-gram matches or "
+                "the MTP heads)."
             )
         if batch != 1:
             raise UsageError(f"{option('tree_width')} runs one prompt at a time; pass one prompt.")

@@ -51,7 +51,15 @@ def speculative_one(
         from specport.runtime.speculative.tree import generate_tree
 
         tokens, reason, metrics = generate_tree(
-            model, prompt_ids, max_new_tokens, num_draft, tree_width, sampling, eos, on_token
+            model,
+            prompt_ids,
+            max_new_tokens,
+            num_draft,
+            tree_width,
+            sampling,
+            eos,
+            on_token,
+            method=method,
         )
     else:
         tokens, reason, metrics = generate_speculative(

@@ -75,7 +75,8 @@ class SpecBenchConfig:
     runs: int = 3
     threads: int = 0
     adaptive: str = "default"  # "default" | "on" | "off" | "both" (each method twice)
-    tree_widths: list[int] = field(default_factory=list)  # ngram as a token tree, per width
+    # ngram / mtp (those of `methods`; ngram when neither) as a token tree, per width
+    tree_widths: list[int] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)  # other tools, plain or `+ngram` (spec_peers)
     peer_gguf: str | None = None  # the GGUF llama.cpp runs when the source is not one
     allow_spinning: bool | None = None
@@ -178,11 +179,14 @@ def _run(
         encoded = [model.encode(text) for text in prompts]
     draft = specport.load(config.draft, threads=config.threads) if config.draft else None
     variants = _adaptive_variants(config.adaptive)
-    engines: list[tuple[str, str | None, bool | None, int]] = [("plain", None, None, 1)]
+    engines: list[tuple[str, str | None, bool | None, int]] = [("plain", None, None, 0)]
     engines += [
-        (m + suffix, m, adaptive, 1) for m in config.methods for suffix, adaptive in variants
+        (m + suffix, m, adaptive, 0) for m in config.methods for suffix, adaptive in variants
     ]
-    engines += [(f"ngram-tree{w}", "ngram", None, w) for w in config.tree_widths]
+    tree_methods = [m for m in config.methods if m in ("ngram", "mtp")] or ["ngram"]
+    # a tree engine (width > 0) runs the tree loop even at width 1 (MTP: the heads run on the
+    # host beside a stripped graph, instead of the chain's in-graph branch)
+    engines += [(f"{m}-tree{w}", m, None, w) for m in tree_methods for w in config.tree_widths]
     names = [name for name, *_ in engines] + [peer.name for peer in peers]
     totals: dict[str, dict[str, Any]] = {
         name: {"seconds": 0.0, "tokens": 0, "equal": True, "drafted": 0, "accepted": 0, "steps": 0}
@@ -199,6 +203,8 @@ def _run(
                     result = plain_model.generate(
                         prompt_ids=ids, max_new_tokens=config.max_new_tokens
                     )
+                elif width:
+                    result = _run_tree(model, ids, config, method, width)
                 else:
                     result = model.generate(
                         prompt_ids=ids,
@@ -207,7 +213,6 @@ def _run(
                         num_draft=config.num_draft,
                         draft=draft,
                         adaptive=adaptive,
-                        tree_width=width,
                     )
                 if reference is None:
                     reference = result.tokens
@@ -258,6 +263,18 @@ def _run(
         "adaptive": config.adaptive,
         "rows": rows,
     }
+
+
+def _run_tree(model: Any, ids: list[int], config: SpecBenchConfig, method: str, width: int) -> Any:
+    """One greedy token-tree generation (any width, 1 included) as a GenerationResult."""
+    from specport.results import GenerationResult
+    from specport.runtime.speculative.tree import generate_tree
+
+    eos = model.manifest.eos_token_ids  # as Model.generate stops
+    tokens, reason, metrics = generate_tree(
+        model, ids, config.max_new_tokens, config.num_draft, width, eos_ids=eos, method=method
+    )
+    return GenerationResult(list(tokens), "", reason, metrics, ids)
 
 
 def format_speculative_table(report: dict[str, Any]) -> str:

@@ -104,24 +104,36 @@ class BoundSession:
             self._bind_out(self.io["next_token_output"], self.next_token)
         # Any other output (the MTP branch's accepted/bonus/drafts): preallocated [B, ...] and
         # bound once; onnxruntime computes every node whatever is fetched, so leaving them
-        # unbound would save nothing.
+        # unbound would save nothing. One per scored position ([B, S, fixed...], e.g. the LM
+        # head's input a token tree's MTP heads start from) is bound per step like the logits.
         known = {"logits", self.io["next_token_output"], *self.kv.output_names}
         self.extra: dict[str, np.ndarray] = {}
+        self.per_position: dict[str, np.ndarray] = {}  # name -> its [B, 1, ...] decode buffer
         for out in session.get_outputs():
             if out.name in known:
                 continue
             dims = list(out.shape)[1:]
-            if not all(isinstance(d, int) for d in dims):
+            dtype = _numpy_dtype(out.type)
+            if dims and not isinstance(dims[0], int) and all(isinstance(d, int) for d in dims[1:]):
+                self.per_position[out.name] = np.zeros((batch, 1, *dims[1:]), dtype=dtype)
+                self.extra[out.name] = self.per_position[out.name]
+            elif all(isinstance(d, int) for d in dims):
+                self.extra[out.name] = np.zeros((batch, *dims), dtype=dtype)
+            else:
                 raise ArtifactError(
-                    f"output {out.name!r} has shape {out.shape}; IO binding needs [batch, fixed...]"
+                    f"output {out.name!r} has shape {out.shape}; IO binding needs "
+                    "[batch, fixed...] or [batch, positions, fixed...]"
                 )
-            dtype = np.int64 if "int64" in out.type else np.float32
-            self.extra[out.name] = np.zeros((batch, *dims), dtype=dtype)
             self._bind_out(out.name, self.extra[out.name])
 
     def extra_outputs(self) -> dict[str, np.ndarray]:
         """The other outputs of the last run (views, overwritten by the next one)."""
         return self.extra
+
+    def _decode_extras(self) -> None:
+        """A one-token run writes the per-position outputs into their decode buffers."""
+        for name, decode_buf in self.per_position.items():
+            self.extra[name] = decode_buf
 
     def _bind_in(self, name: str, arr: np.ndarray) -> None:
         value = self._ov(arr)
@@ -173,11 +185,17 @@ class BoundSession:
             self._bind_in(TREE_MASK, causal_tree_mask(*ids.shape))
         if self.has_index:
             out = self._run()
+            self._decode_extras()
         else:  # the graph returns logits for all S positions: pick each row's last real one
             full = np.zeros((self.batch, total, self.logits.shape[-1]), dtype=np.float32)
             self._bind_out("logits", full)
+            for name, buf in self.per_position.items():
+                self.extra[name] = np.zeros((self.batch, total, *buf.shape[2:]), buf.dtype)
+                self._bind_out(name, self.extra[name])
             self._run()
             self._bind_out("logits", self.logits)
+            for name, buf in self.per_position.items():
+                self._bind_out(name, buf)
             self.logits[:, 0] = full[np.arange(self.batch), lengths - 1]
             out = (self.logits[:, 0, :], None)
         self.kv.advance(lengths)
@@ -252,6 +270,9 @@ class BoundSession:
         self._bind_out("logits", logits)
         if self.has_next:
             self._bind_out(self.io["next_token_output"], next_token)
+        for name, decode_buf in self.per_position.items():
+            self.extra[name] = np.zeros((batch, kept, *decode_buf.shape[2:]), decode_buf.dtype)
+            self._bind_out(name, self.extra[name])
         try:
             self._run()
         finally:  # back to the one-token decode binding
@@ -261,6 +282,8 @@ class BoundSession:
             self._bind_out("logits", self.logits)
             if self.has_next:
                 self._bind_out(self.io["next_token_output"], self.next_token)
+            for name, decode_buf in self.per_position.items():
+                self._bind_out(name, decode_buf)
         self.kv.advance(s)
         if last_only and kept != 1:  # the graph scored every position: keep the last
             logits, next_token = logits[:, -1:], next_token[:, -1:]
@@ -277,5 +300,11 @@ class BoundSession:
         np.copyto(self.seqlens, lengths, casting="unsafe")  # seqlens_k = length after - 1
         self.total[...] = total
         out = self._run()
+        self._decode_extras()
         self.kv.advance(1)
         return out
+
+
+def _numpy_dtype(ort_type: str) -> Any:
+    """numpy dtype of an onnxruntime type string such as 'tensor(float16)'."""
+    return {"tensor(int64)": np.int64, "tensor(float16)": np.float16}.get(ort_type, np.float32)

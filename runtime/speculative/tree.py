@@ -14,7 +14,9 @@ moves the few accepted positions within its in-place buffer.
 
 Candidates come from n-gram matches (``ngram_candidates``): every distinct continuation of the
 longest suffix n-grams that recur in prompt + output, most recent first (the chain n-gram
-proposer keeps only the most recent). MTP top-k candidates are not wired in.
+proposer keeps only the most recent); or from an MTP artifact's heads
+(``runtime.speculative.mtp_tree``): a beam of their top-W tokens per depth, seeded with the
+hidden state of the node the previous run accepted (an ``observer`` sees every run's outputs).
 
 Greedy output is token-for-token the plain greedy output (up to float ties). Sampling is
 lossless: the drafts are deterministic (one-hot q), so at a node the children are tried in
@@ -50,6 +52,9 @@ METHOD = "ngram-tree"
 # candidates(context, depth, width) -> up to `width` continuations of up to `depth` tokens,
 # best first (earlier candidates win node slots and are tried first when sampling)
 CandidateSource = Callable[[list[int], int, int], list[list[int]]]
+# observer(outputs, row): a run's extra graph outputs and the row of the node it accepted (-1:
+# the prefill's last position); a stateful candidate source reads what it needs from them
+RunObserver = Callable[[dict[str, np.ndarray], int], None]
 
 
 class TokenTree:
@@ -196,6 +201,8 @@ class TreeSpeculativeGenerator:
         min_n: int = 1,
         max_n: int = 4,
         candidates: CandidateSource | None = None,
+        observer: RunObserver | None = None,
+        method: str = METHOD,
     ) -> None:
         """``candidates`` replaces the n-gram source (e.g. MTP top-k, or an oracle in tests)."""
         if not has_tree_mask(session):
@@ -211,6 +218,8 @@ class TreeSpeculativeGenerator:
         self.candidates: CandidateSource = candidates or (
             lambda ctx, depth, width: ngram_candidates(ctx, depth, width, min_n, max_n)
         )
+        self.observer = observer
+        self.method = method
         self._bound: Any = None  # the shared layout's bound buffers, kept across generations
 
     def generate(
@@ -237,7 +246,9 @@ class TreeSpeculativeGenerator:
 
         t_start = time.perf_counter()
         if len(prompt) > 1:  # prefill all but the last token: it is the first tree's root
-            cache.step(prompt[:-1], last_only=True)
+            pre = cache.step(prompt[:-1], last_only=True)
+            if self.observer is not None:
+                self.observer(pre.outputs, -1)
         t_prefill = time.perf_counter()
         prefill_ort = cache.ort_seconds
 
@@ -262,6 +273,8 @@ class TreeSpeculativeGenerator:
             propose_s += time.perf_counter() - t0
             step = cache.step(tokens.tolist(), tree=(depths, anc))
             path, extra = _verify(tree, step.logits, sampler, context)
+            if self.observer is not None:
+                self.observer(step.outputs, path[-1])
             _keep_path(cache, pos, path)
             nodes_scored += len(tree) - 1
             stats.observe_draft(tree.max_depth, len(path) - 1)
@@ -285,7 +298,7 @@ class TreeSpeculativeGenerator:
             ),
             "kv_layout": self.manifest.kv.layout,
             "speculative": {
-                "method": METHOD,
+                "method": self.method,
                 "num_draft": self.num_draft,
                 "tree_width": self.tree_width,
                 # drafted/accepted count the deepest branch per step (comparable to a chain);
@@ -366,15 +379,24 @@ def generate_tree(
     sampling: SamplingConfig | None = None,
     eos_ids: Sequence[int] = (),
     on_token: OnToken | None = None,
+    method: str = "ngram",
 ) -> tuple[list[int], str, dict[str, Any]]:
     """Tree speculative generation for one prompt with a loaded ``specport.api.Model``.
 
     ``num_draft``: the tree's depth (tokens per candidate); ``tree_width``: how many distinct
-    n-gram candidates it holds (at most ``1 + num_draft * tree_width`` nodes scored per run).
+    candidates it holds (at most ``1 + num_draft * tree_width`` nodes scored per run), from
+    n-gram matches (``method="ngram"``) or the MTP heads (``"mtp"``, an MTP artifact).
     The artifact must have been exported with ``--tree-mask``. Returns (new tokens, finish
     reason, metrics) with the keys of ``generate_speculative``'s metrics.
     """
-    gen = TreeSpeculativeGenerator(model.session, model.manifest, num_draft, tree_width)
+    if method == "mtp":
+        from specport.runtime.speculative.mtp_tree import mtp_tree_generator
+
+        gen = mtp_tree_generator(model, num_draft, tree_width)
+    elif method == "ngram":
+        gen = TreeSpeculativeGenerator(model.session, model.manifest, num_draft, tree_width)
+    else:
+        raise InputError(f"token trees take candidates from ngram or mtp, not {method!r}")
     out = gen.generate(prompt_ids, max_new_tokens, sampling, eos_ids, on_token)
     out.metrics["provider"] = getattr(model, "provider", None)
     return out.tokens, out.finish_reason, out.metrics

@@ -98,11 +98,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     spec.add_argument(
         "--tree-width",
-        type=int_between(2, 16),
+        type=int_between(1, 16),
         action="append",
         default=[],
-        help="also run ngram as a token tree of this many candidates (repeatable; the artifact "
-        "must be exported with --tree-mask)",
+        help="also run ngram / mtp (those given with --speculative; ngram when neither) as a "
+        "token tree of this many candidates (repeatable; 1 runs the tree loop on a chain; the "
+        "artifact must be exported with --tree-mask)",
     )
     spec.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     spec.add_argument(

@@ -57,8 +57,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--tree-width",
         type=int_between(1, 16),
         default=1,
-        help="ngram only: verify this many candidate continuations as a token tree in one run "
-        "(the artifact must be exported with --tree-mask)",
+        help="ngram or mtp: verify this many candidate continuations as a token tree in one run "
+        "(the artifact must be exported with --tree-mask; for mtp, heads trained on it)",
     )
     add_runtime_options(p)
     p.add_argument(
@@ -88,9 +88,10 @@ def check_args(args: argparse.Namespace) -> bool:
     if args.system is not None and not args.chat:
         raise UsageError("--system goes with --chat; add --chat TEXT or drop --system.")
     if args.tree_width != 1:
-        if args.speculative != "ngram":
+        if args.speculative not in ("ngram", "mtp"):
             raise UsageError(
-                "--tree-width needs --speculative ngram (tree candidates come from n-gram matches)."
+                "--tree-width needs --speculative ngram or mtp (tree candidates come from n-gram "
+                "matches or the MTP heads)."
             )
         if n > 1:
             raise UsageError("--tree-width runs one prompt at a time; pass a single prompt.")

@@ -27,7 +27,7 @@ def test_batched_speculative_equals_plain_batch(capsys, tiny_llama_artifact):
 
 
 @pytest.mark.slow
-def test_tree_width_with_mtp_is_refused(capsys, tiny_llama_artifact):
+def test_tree_width_with_a_draft_model_is_refused(capsys, tiny_llama_artifact):
     rc = main(
         [
             "generate",
@@ -35,13 +35,13 @@ def test_tree_width_with_mtp_is_refused(capsys, tiny_llama_artifact):
             "--prompt-ids",
             "1,2",
             "--speculative",
-            "mtp",
+            "draft",
             "--tree-width",
             "2",
         ]
     )
     assert rc == 2  # a usage error, found before the artifact loads
-    assert "--tree-width needs --speculative ngram" in capsys.readouterr().err
+    assert "--tree-width needs --speculative ngram or mtp" in capsys.readouterr().err
 
 
 @pytest.mark.slow
