@@ -112,6 +112,8 @@ def test_heads_graph_top_ids_equal_the_torch_heads(tiny_zoo, tmp_path):
 
 @pytest.mark.parametrize("layout", ["shared", "concat"])
 def test_greedy_equals_plain(arts, layout):
+    from specport.runtime.speculative.mtp_tree import mtp_tree_generator
+
     plain, mtp = arts[layout]
     for ids in _prompts(8):
         want = plain.generate(prompt_ids=ids, max_new_tokens=24, ignore_eos=True).tokens
@@ -121,7 +123,13 @@ def test_greedy_equals_plain(arts, layout):
             spec = metrics["speculative"]
             assert reason == "length" and spec["method"] == "mtp-tree"
             assert metrics["kv_layout"] == layout
-            assert 0 < spec["mean_tree_nodes"] <= k * width  # the first step is seeded too
+            assert spec["mean_tree_nodes"] <= k * width
+            # every path kept, however unlikely: full trees from the first step on
+            out = mtp_tree_generator(mtp, k, width, min_prob=0.0).generate(ids, 24)
+            assert out.tokens == want, (layout, k, width, ids)
+            spec = out.metrics["speculative"]
+            # full trees but for the unseeded first step of a 1-token prompt and the last k
+            assert spec["tree_nodes"] >= k * width * (spec["steps"] - k - 1)
         got = mtp.generate(
             prompt_ids=ids, max_new_tokens=24, ignore_eos=True, speculative="mtp", tree_width=2
         )
@@ -158,6 +166,9 @@ def test_width_one_beam_is_the_chain_branch_drafts(arts):
         wide = source([*ids, bonus], 2, 4)  # a beam: each depth's paths extend kept ones
         assert len(wide) == 8 and len({tuple(p) for p in wide}) == 8
         assert all(p[:1] in wide[:4] for p in wide[4:])
+        sure = MTPTreeCandidates(heads, heads_graph_record(mtp.manifest), 3, min_prob=0.999)
+        sure.observe({HIDDEN_OUTPUT: hidden}, accepted)
+        assert sure([*ids, bonus], 3, 4) == []  # no path that likely: the root alone
 
 
 def test_penalty_and_seeded_sampling(arts):
