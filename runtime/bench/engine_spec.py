@@ -39,6 +39,7 @@ class SpecEngineBenchConfig:
     spec_max_rows: int | None = None  # None: the engine's default (SPEC_MAX_ROWS)
     spec_max_tokens: int | None = None  # None: the engine's default (SPEC_MAX_TOKENS)
     max_length: int = 512  # KV positions per batching row
+    prompt_set: str | None = None  # None: random copy prompts; else a --prompt-set name
 
 
 def copy_prompts(seed: int, n: int, length: int, vocab: int) -> list[list[int]]:
@@ -49,6 +50,21 @@ def copy_prompts(seed: int, n: int, length: int, vocab: int) -> list[list[int]]:
         half = rng.integers(3, vocab, max(1, length // 2)).tolist()
         out.append([1, *(half + half)[: length - 1]])
     return out
+
+
+def set_prompts(model: Any, name: str, n: int) -> list[list[int]]:
+    """`n` prompts from a built-in set (story, copy, chat...), cycled: the same every round."""
+    from specport.runtime.bench.speculative import CHAT_SETS, PROMPT_SETS, chat_prompt_ids
+
+    if name in CHAT_SETS:
+        encoded = chat_prompt_ids(model, name)
+    elif name in PROMPT_SETS:
+        encoded = [model.encode(text) for text in PROMPT_SETS[name]]
+    else:
+        raise InputError(
+            f"unknown prompt set {name!r}; use one of {sorted(PROMPT_SETS) + list(CHAT_SETS)}."
+        )
+    return [list(encoded[i % len(encoded)]) for i in range(n)]
 
 
 def _load(engine: Any, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
@@ -101,16 +117,19 @@ def run_spec_engine_bench(
         spec_max_tokens=max_tokens,
     )
     vocab = model.manifest.vocab_size
+    fixed = None
+    if config.prompt_set is not None:
+        fixed = set_prompts(model, config.prompt_set, config.requests)
     rows: list[dict[str, Any]] = []
     ttft: dict[str, list[float]] = {"plain": [], "speculative": []}
     same = True
     try:
-        warm = copy_prompts(2**32 - 1, config.requests, config.prompt_tokens, vocab)
+        warm = fixed or copy_prompts(2**32 - 1, config.requests, config.prompt_tokens, vocab)
         _load(plain, warm, 8)
         _load(spec, warm, 8)
         before = spec.stats()
         for r in range(config.rounds):
-            prompts = copy_prompts(r, config.requests, config.prompt_tokens, vocab)
+            prompts = fixed or copy_prompts(r, config.requests, config.prompt_tokens, vocab)
             order = [("plain", plain), ("speculative", spec)]
             if r % 2:  # alternate which engine runs first
                 order.reverse()
@@ -161,12 +180,17 @@ def run_spec_engine_bench(
 
 def format_spec_engine_table(report: dict[str, Any]) -> str:
     cfg = report["config"]
+    prompts = (
+        f"copy prompts of {cfg['prompt_tokens']}"
+        if cfg.get("prompt_set") is None
+        else f"--prompt-set {cfg['prompt_set']}"
+    )
     lines = [
-        f"{cfg['requests']} concurrent requests x {cfg['new_tokens']} new tokens (copy prompts "
-        f"of {cfg['prompt_tokens']}), batching engine, {cfg['threads']} threads, "
+        f"{cfg['requests']} concurrent requests x {cfg['new_tokens']} new tokens ({prompts}), "
+        f"batching engine, {cfg['threads']} threads, "
         f"{cfg['rounds']} rounds; speculative {cfg['method']}: rows verify one by one while <= "
-        f"{cfg['spec_max_rows']} decode, together while rows x (1 + drafts) <= "
-        f"{cfg['spec_max_tokens']}",
+        f"{cfg['spec_max_rows']} decode, else together at the width the measured step cost "
+        f"favours (rows x (1 + drafts) <= {cfg['spec_max_tokens']})",
         f"  plain        {report['plain_tok_per_s']:8.1f} tok/s   TTFT p50 "
         f"{report['plain_ttft_ms_p50']:.1f} ms  p99 {report['plain_ttft_ms_p99']:.1f} ms",
         f"  speculative  {report['speculative_tok_per_s']:8.1f} tok/s   TTFT p50 "

@@ -34,8 +34,9 @@ def make_engine(
     "auto" batches when the artifact has the shared layout and `max_batch` > 1 (with
     `speculative`: whenever it has the shared layout); `speculative` ("ngram" | "draft" |
     "mtp") makes every request draft and verify: in the batching engine's rows on a shared
-    artifact (rows verify one by one while at most `spec_max_rows` decode, together in one run
-    while rows x (1 + drafts) <= `spec_max_tokens`), in the serial engine on a
+    artifact (rows verify one by one while at most `spec_max_rows` decode, else together in
+    one run at the width the measured step cost favours, rows x (1 + drafts) <=
+    `spec_max_tokens`), in the serial engine on a
     concat one. `max_length` caps the batching engine's KV rows (default: the artifact's
     limit; memory is max_batch x layers x 2 x Hkv x max_length x D floats).
     """

@@ -10,9 +10,10 @@ row]. Tokens go to the `TextOut` thread, which pushes the events. Per request: i
 
 With `speculative=` ("ngram" | "draft" | "mtp") each request also drafts with its own proposer
 and verifies [last token, drafts]: in a batch-1 run on its row while at most `spec_max_rows`
-rows decode, in one batched run with every decoding row while rows x (1 + drafts) stays within
-`spec_max_tokens`, and not at all above that (the compute-bound rule,
-`runtime/engine/speculation.py`).
+rows decode, else in one batched run with every decoding row at the width (1 + drafts, rows x
+width within `spec_max_tokens`) with the most expected tokens per second of the step cost the
+engine measures when it starts, or not at all when a plain step pays more (the compute-bound
+rule, `runtime/engine/speculation.py`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from specport.runtime.engine.speculation import (
     RowSpec,
     SpeculativeRows,
 )
+from specport.runtime.engine.step_cost import StepCost
 from specport.runtime.engine.textout import Stream, TextOut
 from specport.runtime.generator import spare_core
 from specport.runtime.sampler import Sampler
@@ -125,6 +127,8 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
                 model, speculative, num_draft, draft, spec_max_rows, max_tokens=spec_max_tokens
             )
             self.spec.batched = takes_batched_steps(Path(model.path) / manifest.model_file)
+            if self.spec.batched and max_batch >= 2 and not self.spec.needs_outputs:
+                self.spec.cost = StepCost.calibrate(self.slots, max_batch)
         self.rows: list[_Job | None] = [None] * max_batch
         self.waiting: deque[RequestHandle] = deque()
         if text_thread is None:

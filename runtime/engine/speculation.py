@@ -20,17 +20,18 @@ given"); shared-layout graphs feed it, and the engine checks the graph once
 the row's own run.
 
 The compute-bound rule: rows verify one by one while at most `max_rows` (`SPEC_MAX_ROWS`) rows
-decode, together while rows x (1 + drafts) <= `max_tokens` (`SPEC_MAX_TOKENS`), and above that
-the engine decodes everyone in one plain batched step. Together, measured on SmolLM2-135M (2
-threads, copy prompts, 96 new tokens, load ~1.3): 2 rows 1.7x the plain batched engine, 3 rows
-1.0-1.05x, 4 rows 0.83-0.96x (a width-4 step over 4 rows costs ~1.6x a plain one). Hence 7:
-two rows draft up to 2 tokens, three rows 1, four or more rows decode plainly. Row-by-row costs, measured on
+decode; above that every row proposes (up to `max_tokens` / rows - 1 drafts) and the run's width
+is the one with the most expected tokens per second (`EngineSpeculation.width`): each row's
+expected tokens at k drafts come from its acceptance so far (`AdaptiveDraftLength` rates), the
+run's cost from the line the engine measured on its own buffers at start
+(`step_cost.StepCost`). Width 1 means a plain batched step pays best. A dense [rows, width]
+run makes every row pay the width, drafts or not, and on a CPU the run is compute-bound from a
+handful of tokens on (SmolLM2-135M, 2 threads: ~32 ms + ~4.8 ms per extra token), so rows
+without drafts or with poor acceptance keep the step plain. Row-by-row costs, measured on
 SmolLM2-135M (1 thread, 2-core machine, load ~2.5): a batched step over b rows costs 1.12x
 (b=2), 1.23x (b=4), 2.38x (b=8) a batch-1 step, and a batch-1 verify of 1 + k tokens
-1.08-1.21x (k = 1..5). b rows all speculating cost ~1.15 b batch-1 steps for b*E tokens
-(E = tokens per verify) against c(b) for b tokens, so speculation pays while
-E > 1.15 b / c(b): E > 1.15 at b=1, E > 2.05 at b=2, E > 3.7 at b=4. n-gram and small MTP
-heads rarely keep E above 2, so by default only a request decoding alone speculates.
+1.08-1.21x (k = 1..5), so b rows verifying one by one pay only while each verify yields more
+than ~1.15 b / c(b) tokens: by default only a request decoding alone verifies at batch 1.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import numpy as np
 from specport.runtime.engine.base import TokenLogprobs
 from specport.runtime.engine.logprobs import token_logprobs
 from specport.runtime.engine.slots import KVSlots
+from specport.runtime.engine.step_cost import StepCost, best_width
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts, Proposer
 from specport.runtime.speculative.loop import (
@@ -59,7 +61,7 @@ from specport.runtime.speculative.verify import VerifyResult
 logger = logging.getLogger(__name__)
 
 SPEC_MAX_ROWS = 1  # verify row by row only while this many rows (or fewer) decode
-SPEC_MAX_TOKENS = 7  # verify rows together while rows x (1 + drafts) stays within this
+SPEC_MAX_TOKENS = 64  # rows x (1 + drafts) of a run verifying rows together stays within this
 
 __all__ = [
     "METHODS",
@@ -104,6 +106,7 @@ class EngineSpeculation:
         self.max_rows = int(max_rows)
         self.max_tokens = int(max_tokens)
         self.batched = False  # set by the engine: its graph takes batched multi-token steps
+        self.cost: StepCost | None = None  # set by the engine: its measured batched step cost
         self._pool: list[Proposer] = [first]
         self.needs_outputs = method == "mtp"  # MTP drafts come out of every run of the row
         self.counters = {
@@ -154,7 +157,28 @@ class EngineSpeculation:
         several new tokens per row at batch > 1 (`batched`), for proposers that need no
         per-row outputs of the run (not MTP), and while every row can draft at least one token
         within `max_tokens` tokens per run (`draft_cap`)."""
-        return self.batched and not self.needs_outputs and self.draft_cap(decoding_rows) >= 1
+        return (
+            self.batched
+            and self.cost is not None
+            and not self.needs_outputs
+            and self.draft_cap(decoding_rows) >= 1
+        )
+
+    def width(self, batch: int, plans: list[tuple[RowSpec | None, int]]) -> int:
+        """The width (1 + drafts) a run over `batch` rows should verify at, given each
+        decoding row's state and drafts: the best expected tokens per second of the measured
+        step cost (`best_width`); 1 means a plain batched step pays more."""
+        assert self.cost is not None
+        drafted = self.counters["spec_draft_tokens"]
+        rate = self.counters["spec_accepted_tokens"] / drafted if drafted else 0.6
+        expected = []
+        for spec, d in plans:
+            if spec is not None and spec.controller is not None:
+                expected.append(spec.controller.expected_tokens(d))
+            else:
+                expected.append([sum(rate**i for i in range(k + 1)) for k in range(d + 1)])
+        drafts = [d for _, d in plans]
+        return best_width(self.cost, batch, drafts, expected, self.max_tokens)
 
     def draft_cap(self, decoding_rows: int) -> int:
         """Drafts per row when `decoding_rows` rows verify together: rows x (1 + drafts) stays
@@ -190,14 +214,7 @@ class EngineSpeculation:
         k = min(self.num_draft if spec.controller is None else spec.controller.choose(), room)
         if k <= 0:
             return Drafts.empty(1)
-        drafts = spec.proposer.propose([context], k)
-        if drafts.width > k:
-            drafts = Drafts(
-                drafts.tokens[:, :k],
-                np.minimum(drafts.lengths, k),
-                None if drafts.probs is None else drafts.probs[:, :k],
-            )
-        return drafts
+        return _truncate(spec.proposer.propose([context], k), k)
 
     def verify(
         self,
@@ -311,7 +328,16 @@ class SpeculativeRows:
                 plans[r] = (drafts, context)
         if not plans:
             return False
-        width = 1 + max(int(d.lengths[0]) for d, _ in plans.values())
+        width = spec.width(
+            batch,
+            [
+                (self.rows[r].spec, int(plans[r][0].lengths[0]) if r in plans else 0)
+                for r in live_rows
+            ],
+        )
+        if width == 1:  # a plain batched step pays more than these drafts
+            return False
+        plans = {r: (_truncate(d, width - 1), c) for r, (d, c) in plans.items()}
         ids = np.zeros((batch, width), dtype=np.int64)
         live = np.zeros(batch, dtype=bool)
         for r in live_rows:
@@ -374,3 +400,14 @@ class SpeculativeRows:
         if job.spec is not None and self.spec is not None and self.rows[row] is job:
             outputs = {name: value[row : row + 1] for name, value in extra.items()}
             self.spec.observe_plain(job.spec, outputs, job.tokens[-1])
+
+
+def _truncate(drafts: Drafts, k: int) -> Drafts:
+    """The first `k` drafts of a one-row `Drafts` (unchanged when it has no more)."""
+    if drafts.width <= k:
+        return drafts
+    return Drafts(
+        drafts.tokens[:, :k],
+        np.minimum(drafts.lengths, k),
+        None if drafts.probs is None else drafts.probs[:, :k],
+    )

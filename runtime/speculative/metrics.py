@@ -166,6 +166,15 @@ class AdaptiveDraftLength:
                 best_k, best = i + 1, value
         return best_k
 
+    def expected_tokens(self, max_k: int) -> list[float]:
+        """Expected tokens a step emits when it verifies k = 0..max_k drafts (1 + the
+        expected accepted prefix), from the current per-position rates."""
+        out, reach = [1.0], 1.0
+        for i in range(min(max_k, self.max_draft)):
+            reach *= self.rate[i]
+            out.append(out[-1] + reach)
+        return out
+
     def observe(self, drafted: int, accepted: int) -> None:
         """One step: ``accepted`` of the ``drafted`` drafts were accepted."""
         d = self.decay

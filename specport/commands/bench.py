@@ -108,9 +108,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     spec.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     spec.add_argument(
         "--prompt-set",
-        default="story",
-        help="built-in prompts when no --prompt: story | copy | chat (16 chat prompts, chat "
-        "template) | chat-question | chat-instruction | chat-rewrite",
+        help="built-in prompts when no --prompt: story (default) | copy | chat (16 chat "
+        "prompts, chat template) | chat-question | chat-instruction | chat-rewrite; with "
+        "--requests: the requests' prompts (default: random ids said twice)",
     )
     load = p.add_argument_group(
         "serving load (the request engines of `specport serve`, shared-layout artifacts)"
@@ -139,7 +139,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=NON_NEGATIVE,
         default=None,
         help="with --requests and --speculative: above --spec-max-rows, rows verify together "
-        "in one run while rows x (1 + drafts) is at most this (default: the engine's, 7)",
+        "in one run at the width the measured step cost favours, rows x (1 + drafts) at most "
+        "this (default: the engine's, 64)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(run=run)
@@ -212,7 +213,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
         draft=args.draft,
         prompts=args.prompt,
         prompt_ids=[parse_ids(args.prompt_ids)] if args.prompt_ids else [],
-        prompt_set=args.prompt_set,
+        prompt_set=args.prompt_set or "story",
         max_new_tokens=args.new_tokens,
         runs=args.runs,
         threads=args.threads,
@@ -273,6 +274,7 @@ def _run_engine_speculative(args: argparse.Namespace) -> int:
         draft=args.draft,
         spec_max_rows=args.spec_max_rows,
         spec_max_tokens=args.spec_max_tokens,
+        prompt_set=args.prompt_set,
     )
     report = run_spec_engine_bench(args.artifact, config)
     return _emit(args, report, format_spec_engine_table)

@@ -66,8 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="with --speculative on the batching engine: above --spec-max-rows, the decoding "
-        "rows verify their drafts together in one run while rows x (1 + drafts) is at most "
-        "this (default 7: two rows draft up to 2, three 1; 0 turns it off)",
+        "rows verify their drafts together in one run, at the width the step cost measured "
+        "when the engine starts favours, with rows x (1 + drafts) at most this (default 64; "
+        "0 turns it off)",
     )
     p.add_argument(
         "--model-name",

@@ -251,3 +251,26 @@ def test_bench_requests_speculative_compares_the_batching_engine(tiny_fused, cap
     assert report["config"]["spec_max_rows"] == 2 and report["spec_steps"] > 0
     assert report["speculative_ttft_ms_p99"] >= report["speculative_ttft_ms_p50"] > 0
     assert 0 <= report["accepted"] <= report["drafted"]
+
+
+def test_bench_requests_speculative_on_a_prompt_set(tiny_fused, capsys):
+    """`--prompt-set copy` with `--requests`: the requests' prompts come from the built-in set
+    (cycled to N), and both engines still give the same tokens."""
+    report = _bench_json(
+        capsys,
+        str(tiny_fused),
+        "--requests",
+        "3",
+        "--speculative",
+        "ngram",
+        "--prompt-set",
+        "copy",
+        "--new-tokens",
+        "8",
+        "--runs",
+        "1",
+        "--threads",
+        "1",
+    )
+    assert report["config"]["prompt_set"] == "copy"
+    assert report["same_tokens"] is True and report["plain_tok_per_s"] > 0

@@ -13,6 +13,7 @@ import pytest
 from specport.errors import InputError
 from specport.runtime.engine import Request, make_engine
 from specport.runtime.engine.batching import BatchingEngine
+from specport.runtime.engine.step_cost import StepCost
 from specport.runtime.sampler import SamplingConfig
 
 # repeated patterns: the n-gram proposer finds matches, so drafts are accepted and rejected
@@ -173,7 +174,8 @@ def test_rows_verified_together_equal_plain_greedy(shared_model, reference, num_
         spec_max_tokens=16,
     )
     try:
-        assert eng.spec is not None and eng.spec.batched
+        assert eng.spec is not None and eng.spec.batched and eng.spec.cost is not None
+        eng.spec.cost = StepCost(1.0, 0.0)  # every width costs the same: pad to the widest
         first = [_submit(eng, i) for i in (0, 1)]
         doomed = eng.submit(Request(PROMPTS[2], 100, ignore_eos=True))
         next(doomed.events(timeout=60))
@@ -190,12 +192,32 @@ def test_rows_verified_together_equal_plain_greedy(shared_model, reference, num_
         eng.close()
 
 
+def test_rows_decode_plainly_where_the_measured_cost_says_drafts_do_not_pay(
+    shared_model, reference
+):
+    """Where each extra token of a run costs far more than a plain step (the step cost the
+    engine measured), rows never verify together: they decode in plain batched steps and
+    still get plain greedy's tokens."""
+    eng = BatchingEngine(shared_model, max_batch=3, speculative="ngram", num_draft=4)
+    assert eng.spec is not None
+    eng.spec.cost = StepCost(0.01, 1.0)
+    try:
+        handles = [_submit(eng, i) for i in (0, 1, 3)]
+        for i, handle in zip((0, 1, 3), handles):
+            assert handle.result(timeout=60).token_ids == reference[i], i
+        assert eng.stats()["spec_batched_steps"] == 0
+    finally:
+        eng.close()
+
+
 def test_rows_verified_together_sample_within_the_vocabulary(shared_model):
     """Sampled rows verify together through lossless rejection sampling: they finish with
     their full budget of in-vocabulary tokens and sane acceptance counters."""
     eng = BatchingEngine(
         shared_model, max_batch=3, speculative="ngram", num_draft=3, spec_max_tokens=16
     )
+    assert eng.spec is not None
+    eng.spec.cost = StepCost(1.0, 0.0)
     try:
         handles = [
             eng.submit(

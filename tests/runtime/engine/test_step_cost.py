@@ -1,0 +1,56 @@
+"""The batched step cost model and the verify width it picks (runtime/engine/step_cost.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specport.runtime.engine.slots import KVSlots
+from specport.runtime.engine.step_cost import StepCost, best_width
+from specport.runtime.speculative.metrics import AdaptiveDraftLength
+
+
+def test_fit_recovers_a_line_and_never_a_negative_slope():
+    line = StepCost.fit([(1, 0.030), (8, 0.065), (16, 0.105)])
+    assert line.base == pytest.approx(0.030, abs=2e-3)
+    assert line.per_token == pytest.approx(0.005, abs=3e-4)
+    assert line(16) == pytest.approx(0.105, abs=3e-3)
+    flat = StepCost.fit([(1, 0.05), (8, 0.04), (16, 0.03)])
+    assert flat.per_token == 0.0 and flat(16) == flat(1) == pytest.approx(0.04)
+
+
+def _geometric(rate: float, k: int) -> list[float]:
+    return [sum(rate**i for i in range(j + 1)) for j in range(k + 1)]
+
+
+def test_rows_without_drafts_keep_a_compute_bound_step_plain():
+    """4 rows, a step cost of 30 ms + 5 ms per extra token: one row drafting 4 good tokens
+    does not pay for padding the other three to width 5; all four drafting do."""
+    cost = StepCost(0.030, 0.005)
+    good = _geometric(0.95, 4)
+    one = best_width(cost, 4, [4, 0, 0, 0], [good, [1.0], [1.0], [1.0]])
+    assert one == 1
+    assert best_width(cost, 4, [4] * 4, [good] * 4) == 5
+    poor = _geometric(0.2, 4)
+    assert best_width(cost, 4, [4] * 4, [poor] * 4) == 1
+    assert best_width(cost, 4, [4] * 4, [good] * 4, max_tokens=12) == 3  # the cap
+
+
+def test_free_tokens_verify_at_the_widest_row():
+    expected = [_geometric(0.5, 2), [1.0], _geometric(0.5, 3)]
+    assert best_width(StepCost(1.0, 0.0), 3, [2, 0, 3], expected) == 4
+
+
+def test_expected_tokens_follow_the_controller_rates():
+    controller = AdaptiveDraftLength(3)
+    controller.rate = [0.5, 0.5, 1.0]
+    assert controller.expected_tokens(3) == [1.0, 1.5, 1.75, 2.0]
+    assert controller.expected_tokens(1) == [1.0, 1.5]
+
+
+def test_calibrate_measures_free_rows_and_puts_their_lengths_back(shared_model):
+    slots = KVSlots(shared_model.session, shared_model.manifest, 3, 64)
+    slots.lengths[:] = [0, 5, 0]
+    cost = StepCost.calibrate(slots, 3)
+    assert cost.base > 0.0 and cost.per_token >= 0.0
+    np.testing.assert_array_equal(slots.lengths, [0, 5, 0])
