@@ -20,6 +20,10 @@ positions that reach the LM head) the branch sees those K positions: its hidden 
 logits are already the selected ones, and its input ids are gathered with the same index. A
 verify step selects every position (K = S, the branch works as on concat); a prefill or decode
 step selects the last one, and the branch then yields the next token and K fresh drafts.
+
+``strip_mtp_branch`` undoes the pass (the plain reference of a benchmark), and
+``expose_lm_head_input`` adds the hidden state as an output: with both, MTP token trees
+(``runtime.speculative.mtp_tree``) verify on the base graph and seed the standalone heads.
 """
 
 from __future__ import annotations
