@@ -174,6 +174,7 @@ def run_spec_engine_bench(
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
+        "step_cost_ms": after.get("spec_step_cost_ms"),  # [base, per extra token], measured
         "rounds": rows,
     }
 
@@ -201,4 +202,10 @@ def format_spec_engine_table(report: dict[str, Any]) -> str:
         f"  {report['spec_steps']} verify steps, {report['accepted']}/{report['drafted']} drafts "
         f"accepted ({100 * report['acceptance_rate']:.1f}%)",
     ]
+    if report.get("step_cost_ms"):
+        base, per_token = report["step_cost_ms"]
+        lines.append(
+            f"  step cost measured at engine start: {base:.1f} ms + {per_token:.2f} ms per "
+            "extra token"
+        )
     return "\n".join(lines)

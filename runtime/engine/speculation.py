@@ -61,7 +61,9 @@ from specport.runtime.speculative.verify import VerifyResult
 logger = logging.getLogger(__name__)
 
 SPEC_MAX_ROWS = 1  # verify row by row only while this many rows (or fewer) decode
-SPEC_MAX_TOKENS = 64  # rows x (1 + drafts) of a run verifying rows together stays within this
+# rows x (1 + drafts) of a run verifying rows together stays within this: 16 rows decode
+# plainly (SmolLM2-135M, 2 threads: letting the step cost decide there measured 0.84x)
+SPEC_MAX_TOKENS = 24
 
 __all__ = [
     "METHODS",
@@ -107,6 +109,8 @@ class EngineSpeculation:
         self.max_tokens = int(max_tokens)
         self.batched = False  # set by the engine: its graph takes batched multi-token steps
         self.cost: StepCost | None = None  # set by the engine: its measured batched step cost
+        # acceptance per draft position over every row's verifications: a new row's prior
+        self.shared = AdaptiveDraftLength(self.num_draft)
         self._pool: list[Proposer] = [first]
         self.needs_outputs = method == "mtp"  # MTP drafts come out of every run of the row
         self.counters = {
@@ -140,6 +144,8 @@ class EngineSpeculation:
         if reset is not None:
             reset()
         controller = AdaptiveDraftLength(self.num_draft) if self.adaptive else None
+        if controller is not None:  # start from what recent requests accepted, not a guess
+            controller.rate = list(self.shared.rate)
         return RowSpec(proposer, controller)
 
     def detach(self, spec: RowSpec) -> None:
@@ -169,14 +175,10 @@ class EngineSpeculation:
         decoding row's state and drafts: the best expected tokens per second of the measured
         step cost (`best_width`); 1 means a plain batched step pays more."""
         assert self.cost is not None
-        drafted = self.counters["spec_draft_tokens"]
-        rate = self.counters["spec_accepted_tokens"] / drafted if drafted else 0.6
-        expected = []
-        for spec, d in plans:
-            if spec is not None and spec.controller is not None:
-                expected.append(spec.controller.expected_tokens(d))
-            else:
-                expected.append([sum(rate**i for i in range(k + 1)) for k in range(d + 1)])
+        expected = [
+            (self.shared if s is None or s.controller is None else s.controller).expected_tokens(d)
+            for s, d in plans
+        ]
         drafts = [d for _, d in plans]
         return best_width(self.cost, batch, drafts, expected, self.max_tokens)
 
@@ -246,6 +248,7 @@ class EngineSpeculation:
         self.counters["spec_steps"] += 1
         self.counters["spec_draft_tokens"] += drafted
         self.counters["spec_accepted_tokens"] += accepted
+        self.shared.observe(drafted, accepted)
         if spec.controller is not None:
             spec.controller.observe(drafted, accepted)
         if hasattr(spec.proposer, "observe"):
@@ -266,6 +269,9 @@ class EngineSpeculation:
             "spec_max_rows": self.max_rows,
             "spec_max_tokens": self.max_tokens,
             "spec_batched": self.batched,
+            "spec_step_cost_ms": None
+            if self.cost is None
+            else [round(1e3 * self.cost.base, 2), round(1e3 * self.cost.per_token, 3)],
         }
 
 

@@ -140,7 +140,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="with --requests and --speculative: above --spec-max-rows, rows verify together "
         "in one run at the width the measured step cost favours, rows x (1 + drafts) at most "
-        "this (default: the engine's, 64)",
+        "this (default: the engine's, 24)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(run=run)

@@ -54,3 +54,18 @@ def test_calibrate_measures_free_rows_and_puts_their_lengths_back(shared_model):
     cost = StepCost.calibrate(slots, 3)
     assert cost.base > 0.0 and cost.per_token >= 0.0
     np.testing.assert_array_equal(slots.lengths, [0, 5, 0])
+
+
+def test_a_new_row_starts_from_what_earlier_rows_accepted(shared_model):
+    """Every verification updates the engine-wide acceptance rates; a new request's draft
+    length controller starts from them (its prior), so a workload whose drafts are rejected
+    does not make every new row pay for wide runs again."""
+    from specport.runtime.engine.speculation import EngineSpeculation
+    from specport.runtime.sampler import SamplingConfig
+
+    spec = EngineSpeculation(shared_model, "ngram", num_draft=3)
+    for _ in range(10):
+        spec.shared.observe(3, 0)
+    row = spec.attach(SamplingConfig())
+    assert row is not None and row.controller is not None
+    assert row.controller.rate == spec.shared.rate and row.controller.rate[0] < 0.1
