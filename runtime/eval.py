@@ -55,15 +55,19 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
         m = read_manifest(p, check_hashes=False)
         shared = m if m.kv.layout == "shared" else None
         onnx_path, tok_dir = p / m.model_file, p
+        from specport.runtime.session import artifact_graph
+
+        graph, extra = artifact_graph(p, m, mtp_branch=False)  # scoring needs no MTP heads
         bos = m.config.get("bos_token_id")
         context = m.config.get("context_length")
         if shared is not None and m.kv.max_length:  # a document fits the KV buffer
             context = min(context or m.kv.max_length, m.kv.max_length)
         from specport.api import artifact_session_entries
 
-        entries = artifact_session_entries(m)
+        entries = {**artifact_session_entries(m), **extra}
     elif p.suffix == ".onnx" and p.is_file():
         onnx_path, tok_dir = p, p.parent
+        graph = str(onnx_path)
     else:
         raise InputError(f"{p} is neither an artifact directory nor an .onnx file")
     tok = tok_dir / "tokenizer.json"
@@ -77,7 +81,7 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     for key, value in entries.items():  # what the artifact's recipe needs (e.g. W4A16 QDQ)
         so.add_session_config_entry(key, value)
-    sess = ort.InferenceSession(str(onnx_path), so, providers=providers or ["CPUExecutionProvider"])
+    sess = ort.InferenceSession(graph, so, providers=providers or ["CPUExecutionProvider"])
     return _Model(sess, tok, bos, context, shared)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specport.artifact import Manifest
 from specport.runtime import providers as prov
 
 logger = logging.getLogger(__name__)
@@ -104,15 +105,53 @@ def session_options(config: SessionConfig) -> Any:
 
 
 def make_session(
-    model_path: str | os.PathLike[str], config: SessionConfig | None = None
+    model_path: str | os.PathLike[str] | bytes, config: SessionConfig | None = None
 ) -> tuple[Any, str]:
-    """Return (InferenceSession, short provider name actually in use)."""
+    """Return (InferenceSession, short provider name actually in use).
+
+    `model_path` may be a serialized graph (see `artifact_graph`); its external weights are
+    then found through the config entry that names their folder."""
     import onnxruntime as ort
 
     config = config or SessionConfig()
     providers = prov.resolve(config.provider)
     so = session_options(config)
-    session = ort.InferenceSession(str(Path(model_path)), sess_options=so, providers=providers)
+    source = model_path if isinstance(model_path, bytes) else str(Path(model_path))
+    session = ort.InferenceSession(source, sess_options=so, providers=providers)
     used = prov.check_session(session, config.provider.lower())
     logger.info("session on %s (%s), options %s", used, providers, config.describe())
     return session, used
+
+
+def artifact_graph(
+    directory: Path, manifest: Manifest, mtp_branch: bool
+) -> tuple[str | bytes, dict[str, str]]:
+    """(graph to open, extra session config entries) for an artifact.
+
+    The one place that decides whether a session carries an MTP artifact's branch. onnxruntime
+    runs every node of a graph whatever outputs are fetched, so plain, n-gram and draft-model
+    decoding on the MTP graph would pay for the heads at every step (SmolLM2-135M: 1.47x
+    slower per token). Without `mtp_branch` the branch is stripped in memory
+    (``passes.mtp.strip_mtp_branch``, ~0.1 s) and the serialized graph is opened with its
+    external weights read from the artifact directory: nothing is written anywhere.
+    """
+    path = directory / manifest.model_file
+    if mtp_branch or not (manifest.mtp or {}).get("heads"):
+        return str(path), {}
+    import onnx_ir as ir
+
+    from specport.passes.mtp import strip_mtp_branch
+
+    graph = ir.load(path)
+    removed = strip_mtp_branch(graph)
+    logger.info(
+        "MTP branch left out of the session (%d nodes): onnxruntime runs every node, so "
+        "decoding other than --speculative mtp would pay for the heads at every step",
+        removed,
+    )
+    return ir.to_proto(graph).SerializeToString(), {EXTERNAL_FOLDER: str(directory)}
+
+
+# onnxruntime's session config key for the folder of a graph's external weights when the
+# graph is opened from bytes.
+EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"

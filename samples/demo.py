@@ -185,7 +185,7 @@ def _mtp_rows(
             )
     from specport.runtime.bench.speculative import plain_reference
 
-    mtp_model = api.load(mtp_dir)
+    mtp_model = api.load(mtp_dir, mtp_branch=True)
     n = max(max_new_tokens, 96)
     with plain_reference(mtp_model) as (base, _):  # plain decoding without the MTP branch
         plain = _median_run(lambda: base.generate(DEMO_PROMPT, max_new_tokens=n, ignore_eos=True))

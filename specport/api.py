@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -47,13 +48,39 @@ class Model:
     """A loaded artifact: manifest, onnxruntime session, tokenizer, and generation."""
 
     def __init__(
-        self, path: Path, manifest: art.Manifest, session: Any, provider: str, tokenizer: Any | None
+        self,
+        path: Path,
+        manifest: art.Manifest,
+        session: Any,
+        provider: str,
+        tokenizer: Any | None,
+        session_config: Any = None,
     ) -> None:
         self.path = path
         self.manifest = manifest
         self.session = session  # the plain onnxruntime.InferenceSession
         self.provider = provider
         self.tokenizer = tokenizer
+        self.session_config = session_config  # how `session` was opened (to reopen it)
+
+    @property
+    def has_mtp_branch(self) -> bool:
+        """Whether the session computes the MTP drafts (`load` leaves them out unless asked)."""
+        names = {o.name for o in self.session.get_outputs()}
+        outputs = (self.manifest.mtp or {}).get("outputs") or {}
+        return bool(outputs) and set(outputs.values()) <= names
+
+    def ensure_mtp_branch(self) -> None:
+        """Reopen the session with the MTP branch (for speculative="mtp" after a plain load)."""
+        if self.has_mtp_branch or not (self.manifest.mtp or {}).get("heads"):
+            return
+        from specport.runtime.kv.layouts import align_kv_dtype
+        from specport.runtime.session import SessionConfig, make_session
+
+        logger.info("reopening %s with its MTP branch for speculative='mtp'", self.path)
+        config = self.session_config or SessionConfig(provider=self.provider)
+        self.session, self.provider = make_session(self.path / self.manifest.model_file, config)
+        align_kv_dtype(self.session, self.manifest)
 
     # ---- tokens <-> text -------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -378,32 +405,36 @@ def load(
     check_hashes: bool = True,
     allow_spinning: bool | None = None,
     prepacking: bool = True,
+    mtp_branch: bool = False,
 ) -> Model:
     """Open an artifact: validate manifest and file hashes, start an onnxruntime session.
 
     `allow_spinning` (None = only when a core is idle) and `prepacking` are explained in
-    `specport.runtime.session`."""
+    `specport.runtime.session`. An MTP artifact's session leaves the MTP branch out unless
+    `mtp_branch` (every other decoding would pay for the heads, see
+    `runtime.session.artifact_graph`); speculative="mtp" reopens it with the branch."""
     from specport.runtime.kv.layouts import align_kv_dtype, check_runtime_dtype
-    from specport.runtime.session import SessionConfig, make_session
+    from specport.runtime.session import SessionConfig, artifact_graph, make_session
     from specport.runtime.tokenizer import load_tokenizer
 
     directory = Path(path)
     manifest = art.read_manifest(directory, check_hashes=check_hashes)
     check_runtime_dtype(manifest, directory)
+    config = SessionConfig(
+        provider=provider,
+        intra_op_threads=threads,
+        graph_optimization=graph_optimization,
+        allow_spinning=allow_spinning,
+        disable_prepacking=not prepacking,
+        config_entries=artifact_session_entries(manifest),
+    )
+    graph, entries = artifact_graph(directory, manifest, mtp_branch)
     session, used = make_session(
-        directory / manifest.model_file,
-        SessionConfig(
-            provider=provider,
-            intra_op_threads=threads,
-            graph_optimization=graph_optimization,
-            allow_spinning=allow_spinning,
-            disable_prepacking=not prepacking,
-            config_entries=artifact_session_entries(manifest),
-        ),
+        graph, replace(config, config_entries={**config.config_entries, **entries})
     )
     align_kv_dtype(session, manifest)
     tokenizer = load_tokenizer(directory, manifest.tokenizer)
-    return Model(directory, manifest, session, used, tokenizer)
+    return Model(directory, manifest, session, used, tokenizer, config)
 
 
 def artifact_session_entries(manifest: art.Manifest) -> dict[str, str]:

@@ -6,21 +6,19 @@ a speed figure for a method whose tokens differ would be meaningless, so equalit
 beside it.
 
 "Plain" is the best plain loop on the same base model: for an MTP artifact that is the graph
-with the MTP branch stripped (``passes.mtp.strip_mtp_branch``), because onnxruntime runs every
-node whatever outputs are fetched and plain decoding on the MTP graph would pay for the heads
-at every token (about 1.5x slower on stories260K), flattering the speculative figure.
+with the MTP branch left out (``runtime.session.artifact_graph``), because onnxruntime runs
+every node whatever outputs are fetched and plain decoding on the MTP graph would pay for the
+heads at every token (about 1.5x slower on stories260K), flattering the speculative figure.
+N-gram and draft-model methods run on that base graph too, as they do everywhere else.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import statistics
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from specport.errors import InputError
@@ -89,35 +87,26 @@ ADAPTIVE_CHOICES = ("default", "on", "off", "both")
 def plain_reference(model: Any, threads: int = 0) -> Iterator[tuple[Any, str]]:
     """(model for plain decoding, what it is): the base graph of an MTP artifact, else ``model``.
 
-    The stripped graph is written to a temporary directory that lives as long as the context.
+    ``specport.load`` leaves the branch out unless asked for it (``mtp_branch``); a model that
+    carries it is opened a second time without it, for as long as the context lasts.
     """
-    if not model.manifest.mtp:
-        yield model, "same artifact"
-        return
-    import onnx_ir as ir
-
-    from specport.api import Model, artifact_session_entries
-    from specport.passes.mtp import strip_mtp_branch
-    from specport.runtime.session import SessionConfig, make_session
-
-    tmp = Path(tempfile.mkdtemp(prefix="specport_plain_"))
-    try:
-        graph = ir.load(model.path / model.manifest.model_file)
-        removed = strip_mtp_branch(graph)
-        ir.save(graph, tmp / "model.onnx", external_data="model.onnx.data")
-        session, used = make_session(
-            tmp / "model.onnx",
-            SessionConfig(
-                provider=model.provider,
-                intra_op_threads=threads,
-                config_entries=artifact_session_entries(model.manifest),
-            ),
+    if not model.has_mtp_branch:
+        yield (
+            model,
+            "same artifact" if not model.manifest.mtp else "base graph (MTP branch left out)",
         )
-        logger.info("plain reference: the MTP graph without its branch (%d nodes)", removed)
-        base = Model(model.path, model.manifest, session, used, model.tokenizer)
-        yield base, f"base graph (MTP branch stripped, {removed} nodes)"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    from specport.api import load
+
+    base = load(
+        model.path,
+        provider=model.provider,
+        threads=threads,
+        check_hashes=False,
+        mtp_branch=False,
+    )
+    logger.info("plain reference: the MTP graph without its branch")
+    yield base, "base graph (MTP branch left out)"
 
 
 def _adaptive_variants(setting: str) -> list[tuple[str, bool | None]]:
@@ -141,7 +130,7 @@ def run_speculative_bench(artifact: str, config: SpecBenchConfig) -> dict[str, A
 
     for name in config.peers:
         check_spec_peer_name(name)  # before any model loads
-    model = specport.load(artifact, threads=config.threads)
+    model = specport.load(artifact, threads=config.threads, mtp_branch="mtp" in config.methods)
     peers = [SpecPeer(n, model.manifest, config, config.num_draft, None) for n in config.peers]
     try:
         with plain_reference(model, config.threads) as (plain_model, plain_what):
@@ -204,9 +193,10 @@ def _run(
                         prompt_ids=ids, max_new_tokens=config.max_new_tokens
                     )
                 elif width:
-                    result = _run_tree(model, ids, config, method, width)
-                else:
-                    result = model.generate(
+                    tree_model = plain_model if method == "ngram" else model
+                    result = _run_tree(tree_model, ids, config, method, width)
+                else:  # only chain MTP drafting needs the graph with the branch
+                    result = (model if method == "mtp" else plain_model).generate(
                         prompt_ids=ids,
                         max_new_tokens=config.max_new_tokens,
                         speculative=method,

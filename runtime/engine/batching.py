@@ -114,6 +114,8 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
         self.model, self.max_batch, self.prefill_chunk = model, max_batch, prefill_chunk
         self.vocab = manifest.vocab_size
         self.eos = frozenset(int(e) for e in manifest.eos_token_ids)
+        if speculative == "mtp":
+            model.ensure_mtp_branch()  # `specport.load` leaves the branch out unless asked
         self.slots = KVSlots(model.session, manifest, max_batch, self.max_length)
         self.kv_bytes = sum(b.nbytes for b in self.slots.kv.buffers)
         logger.info(

@@ -53,7 +53,12 @@ class SpecportReplica:
         from specport.runtime.engine import make_engine
 
         # (Ray's ASGI wrapper owns `app`; ours go under other names)
-        self.specport_model = api.load(artifact, provider=provider, threads=threads)
+        self.specport_model = api.load(
+            artifact,
+            provider=provider,
+            threads=threads,
+            mtp_branch=engine_options.get("speculative") == "mtp",
+        )
         self.specport_engine = make_engine(self.specport_model, **engine_options)
         self.specport_app = make_app(self.specport_model, self.specport_engine, settings)
 

@@ -289,6 +289,7 @@ def make_proposer(
         )
     if method == "mtp":
         proposer = MTPProposer(model.manifest)
+        model.ensure_mtp_branch()  # `specport.load` leaves the branch out unless asked
         if num_draft > proposer.heads:
             raise InputError(
                 f"--num-draft {num_draft} exceeds the artifact's {proposer.heads} MTP heads; "

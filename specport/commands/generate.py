@@ -127,7 +127,12 @@ def run(args: argparse.Namespace) -> int:
 
     sampling = check_args(args)
     ids_list = [parse_ids(t) for t in args.prompt_ids] if args.prompt_ids else None
-    model = api.load(args.artifact, provider=args.provider, threads=args.threads)
+    model = api.load(
+        args.artifact,
+        provider=args.provider,
+        threads=args.threads,
+        mtp_branch=getattr(args, "speculative", None) == "mtp",
+    )
     if args.prompt and model.tokenizer is None:
         raise UsageError(
             f"{args.artifact} has no tokenizer, so it cannot read text; pass token ids with "

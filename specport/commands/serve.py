@@ -189,7 +189,12 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
     from specport.runtime.engine import make_engine
     from specport.runtime.serve import Server, make_app
 
-    model = api.load(args.artifact, provider=args.provider, threads=args.threads)
+    model = api.load(
+        args.artifact,
+        provider=args.provider,
+        threads=args.threads,
+        mtp_branch=getattr(args, "speculative", None) == "mtp",
+    )
     engine = make_engine(
         model,
         max_batch=args.max_batch,

@@ -68,7 +68,7 @@ def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         "mixed": specport.load(tmp / "mixed", threads=1),
         "fp32": fp32,
         "kv8": specport.load(tmp / "fp32_kv8", threads=1),
-        "mtp_kv8": specport.load(tmp / "mtp_kv8", threads=1),
+        "mtp_kv8": specport.load(tmp / "mtp_kv8", threads=1, mtp_branch=True),
         "draft": specport.load(tmp / "draft", threads=1),
         "tree_kv8": specport.load(tmp / "tree_kv8", threads=1),
     }

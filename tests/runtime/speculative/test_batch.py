@@ -76,7 +76,7 @@ def test_greedy_rows_equals_greedy_verify():
 def _load(path: Path):
     import specport
 
-    return specport.load(path)
+    return specport.load(path, mtp_branch=True)  # low-level loops run the MTP session
 
 
 @pytest.fixture(scope="module")

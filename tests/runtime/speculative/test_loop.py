@@ -253,7 +253,7 @@ def tiny_mtp(tiny, tmp_path_factory):
     heads = MTPHeads(load_base(model.manifest), 2).eval()
     out = tmp_path_factory.mktemp("spec_mtp") / "mtp"
     write_mtp_artifact(model.path, heads, out, {"source": "test"})
-    return specport.load(out)
+    return specport.load(out, mtp_branch=True)  # the low-level loops below run its session
 
 
 def test_mtp_greedy_equals_plain(tiny, tiny_mtp):
@@ -299,7 +299,7 @@ def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, tmp_path_factory)
     write_mtp_artifact(stories.path, MTPHeads(base, 3).eval(), out / "mtp", {"source": "test"})
     src = shared_dir() / "models" / "stories260K"
     export_model(src, out / "l1", fuse=False, layers=1, skip_verify=True, progress=False)
-    mtp, draft = specport.load(out / "mtp"), specport.load(out / "l1")
+    mtp, draft = specport.load(out / "mtp", mtp_branch=True), specport.load(out / "l1")
     eos = stories.manifest.eos_token_ids
     for text in STORY_PROMPTS:
         ids = stories.encode(text)

@@ -55,7 +55,7 @@ def arts(tmp_path_factory) -> dict[str, object]:
     for layout in ("shared", "concat"):
         heads = MTPHeads(load_base(out[layout].manifest), 2).eval()  # type: ignore[attr-defined]
         write_mtp_artifact(tmp / layout, heads, tmp / f"mtp_{layout}", {"source": "test"})
-        out[f"mtp_{layout}"] = specport.load(tmp / f"mtp_{layout}", threads=1)
+        out[f"mtp_{layout}"] = specport.load(tmp / f"mtp_{layout}", threads=1, mtp_branch=True)
     return out
 
 
