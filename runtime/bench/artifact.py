@@ -246,16 +246,18 @@ def specport_loader(
     def load() -> tuple[Callable[[], dict[str, Any]], dict[str, Any]]:
         from specport.runtime.generator import Generator
         from specport.runtime.kv.layouts import check_runtime_dtype
-        from specport.runtime.session import SessionConfig, make_session
+        from specport.runtime.session import SessionConfig, artifact_graph, make_session
 
         manifest = art.read_manifest(artifact)
         check_runtime_dtype(manifest, artifact)
+        graph, entries = artifact_graph(artifact, manifest, mtp_branch=False)  # plain decoding
         sc = SessionConfig(
             provider=config.provider,
             intra_op_threads=config.threads,
             allow_spinning=config.allow_spinning,
+            config_entries=entries,
         )
-        session, used = make_session(artifact / manifest.model_file, sc)
+        session, used = make_session(graph, sc)
         gen = Generator(session, manifest)
 
         def once() -> dict[str, Any]:

@@ -25,8 +25,6 @@ where it becomes unlikely.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any
@@ -131,25 +129,32 @@ class MTPTreeCandidates:
 
 
 def _derive_verify_session(model: Any) -> Any:
-    """A session on the artifact's graph without the chain branch, returning the hidden state."""
+    """A session on the artifact's graph without the chain branch, returning the hidden state.
+
+    Opened from the serialized graph with its weights read from the artifact directory (as
+    ``runtime.session.artifact_graph`` does): nothing is written, and the session options of
+    a model loaded that way already name the folder."""
     import onnx_ir as ir
     import onnxruntime as ort
 
     from specport.passes.mtp import expose_lm_head_input, strip_mtp_branch
+    from specport.runtime.session import EXTERNAL_FOLDER
 
     graph = ir.load(str(Path(model.path) / model.manifest.model_file))
     removed = strip_mtp_branch(graph)
     expose_lm_head_input(graph)
-    tmp = Path(tempfile.mkdtemp(prefix="specport_mtptree_"))
-    try:  # onnxruntime has read the weights once the session exists
-        ir.save(graph, tmp / "model.onnx", external_data="model.onnx.data")
-        session = ort.InferenceSession(
-            str(tmp / "model.onnx"),
-            sess_options=model.session.get_session_options(),
-            providers=model.session.get_providers(),
-        )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    options = model.session.get_session_options()
+    try:
+        folder = options.get_session_config_entry(EXTERNAL_FOLDER)
+    except RuntimeError:  # onnxruntime's answer for a key never set
+        folder = None
+    if folder != str(model.path):
+        options.add_session_config_entry(EXTERNAL_FOLDER, str(model.path))
+    session = ort.InferenceSession(
+        ir.to_proto(graph).SerializeToString(),
+        sess_options=options,
+        providers=model.session.get_providers(),
+    )
     logger.info("MTP tree verify graph: chain branch stripped (%d nodes), hidden out", removed)
     return session
 

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         args.artifact,
         provider=args.provider,
         threads=args.threads,
-        mtp_branch=getattr(args, "speculative", None) == "mtp",
+        mtp_branch=args.speculative == "mtp" and args.tree_width == 1,  # MTP trees derive their own
     )
     if args.prompt and model.tokenizer is None:
         raise UsageError(

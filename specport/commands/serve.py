@@ -193,7 +193,7 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
         args.artifact,
         provider=args.provider,
         threads=args.threads,
-        mtp_branch=getattr(args, "speculative", None) == "mtp",
+        mtp_branch=args.speculative == "mtp",
     )
     engine = make_engine(
         model,

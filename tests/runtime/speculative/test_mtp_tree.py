@@ -52,7 +52,7 @@ def arts(tiny_zoo: Any, tmp_path_factory: Any) -> dict[str, tuple[Any, Any]]:
         mtp = _mtp_artifact(base, tmp / f"mtp-{layout}")
         out[layout] = (
             specport.load(base, provider="cpu", threads=1),
-            specport.load(mtp, provider="cpu", threads=1),
+            specport.load(mtp, provider="cpu", threads=1, mtp_branch=True),
         )
     return out
 
