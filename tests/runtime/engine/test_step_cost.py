@@ -63,7 +63,7 @@ def test_a_new_row_starts_from_what_earlier_rows_accepted(shared_model):
     from specport.runtime.engine.speculation import EngineSpeculation
     from specport.runtime.sampler import SamplingConfig
 
-    spec = EngineSpeculation(shared_model, "ngram", num_draft=3)
+    spec = EngineSpeculation(shared_model, "ngram", num_draft=3, adaptive=True)
     for _ in range(10):
         spec.shared.observe(3, 0)
     row = spec.attach(SamplingConfig())
