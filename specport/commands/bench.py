@@ -156,8 +156,15 @@ def run(args: argparse.Namespace) -> int:
         return _run_speculative(args)
 
     from specport.runtime.bench.peers import check_peer_name
+    from specport.runtime.bench.spec_peers import SPECULATION_SUFFIX
 
     for name in args.peer:
+        if name.endswith(SPECULATION_SUFFIX):
+            raise UsageError(
+                f"--peer {name}: {SPECULATION_SUFFIX} peers are the peer's own speculative "
+                "decoding, measured beside specport's: add --speculative ngram|draft|mtp (or "
+                f"drop {SPECULATION_SUFFIX} for a plain peer)."
+            )
         try:
             check_peer_name(name)
         except SpecportError as e:  # an option value: a usage error

@@ -285,6 +285,14 @@ def test_generate_options_that_cannot_work(cli, tmp_path, args, fix):
     assert fix in _one_line_error(err)
 
 
+@pytest.mark.parametrize("peer", ["llama.cpp+ngram", "onnxruntime-genai+ngram"])
+def test_bench_ngram_peer_without_speculative_is_a_usage_error(cli, tmp_path, peer):
+    code, _, err = cli("bench", tmp_path / "missing-artifact", "--peer", peer)
+    assert code == 2  # refused before even looking for the artifact
+    line = _one_line_error(err)
+    assert "own speculative decoding" in line and "--speculative ngram" in line
+
+
 @pytest.mark.parametrize(
     "args, fix",
     [
