@@ -280,6 +280,19 @@ def write_mtp_artifact(
     return manifest
 
 
+AUTO_DRAFT_VOCAB = 8192
+
+
+def auto_draft_vocab(vocab: int) -> int:
+    """The default draft vocabulary: 8192 tokens on vocabularies over twice that, else all.
+
+    Measured on SmolLM2-135M (49,152 tokens, fp32, 2 threads): 3 heads over the full
+    vocabulary made a decode step 1.47x slower (each head re-reads the 113 MB LM head); over
+    8192 rows (19 MB, inside the 32 MB last-level cache) about 1.1x, with 96.7% of held-out
+    answer tokens inside the subset and a higher held-out acceptance."""
+    return AUTO_DRAFT_VOCAB if vocab > 2 * AUTO_DRAFT_VOCAB else 0
+
+
 def train_mtp(
     artifact: str | Path,
     out: str | Path,
@@ -294,15 +307,18 @@ def train_mtp(
     batch: int = 32,
     chat: bool = False,
     window: int = 0,
-    draft_vocab: int = 0,
+    draft_vocab: int | None = None,
 ) -> art.Manifest:
     """Heads for ``artifact`` (trained, or the checkpoint's own for DeepSeek-V3) -> artifact ``out``.
 
     ``draft_vocab`` > 0 lets the heads score only that many of the answers' most frequent
-    tokens (see `MTPHeads.set_draft_vocab`)."""
+    tokens (see `MTPHeads.set_draft_vocab`); 0 scores the whole vocabulary; None (default)
+    picks `auto_draft_vocab`."""
 
     artifact = Path(artifact)
     manifest = art.read_manifest(artifact)
+    if draft_vocab is None:
+        draft_vocab = auto_draft_vocab(int(manifest.vocab_size or 0))
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))  # small models: more threads mostly spin under load
     try:

@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="N",
         help="the heads score only the N tokens the training answers use most (0: the whole "
-        "vocabulary; default: 0). On a large vocabulary the heads' LM head is most of their "
+        "vocabulary; default: 8192 on vocabularies over 16384 tokens, else 0). On a large vocabulary the heads' LM head is most of their "
         "cost; a few thousand rows keep nearly every accepted draft",
     )
     p.add_argument(
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch,
         chat=args.chat,
         window=args.window or 0,
-        draft_vocab=args.draft_vocab or 0,
+        draft_vocab=args.draft_vocab,
         threads=args.threads,
     )
     mtp = manifest.mtp or {}

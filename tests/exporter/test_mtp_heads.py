@@ -204,3 +204,10 @@ def test_windowed_training_runs_and_reports(llama):
     heads, report = train_heads(llama, seqs, num_heads=2, steps=3, batch=4, window=8)
     assert report["window"] == 8 and report["steps"] == 3
     assert 1.0 <= report["heldout"]["mean_accepted_length"] <= 3.0
+
+
+def test_default_draft_vocabulary_only_on_large_vocabularies():
+    from specport.exporter.mtp_train import auto_draft_vocab
+
+    assert auto_draft_vocab(256) == 0 and auto_draft_vocab(16384) == 0
+    assert auto_draft_vocab(49152) == 8192 and auto_draft_vocab(151936) == 8192
