@@ -67,6 +67,67 @@ def lm_head_line(quant: dict[str, Any] | None) -> str | None:
     return f"{text} (auto: {reason})" if reason else text
 
 
+def quant_line(quant: dict[str, Any], layer_dtypes: list[str]) -> str:
+    """The recipe in one line: weights, then the KV cache as layers per dtype and the range of
+    its calibrated scales (the per-layer scales, one block per cache tensor, are in --json)."""
+    parts = []
+    if quant.get("scheme") not in (None, "none"):
+        recipe = f"{quant['scheme']} {quant.get('algorithm') or ''}".strip()
+        if quant.get("group_size"):
+            recipe += f", group {quant['group_size']}"
+        if quant.get("form"):
+            recipe += f", {quant['form']}"
+        bits = list((quant.get("layers") or {}).values())
+        if bits:
+            counts = ", ".join(f"{bits.count(b)} at {b}" for b in sorted(set(bits), key=str))
+            recipe += f" ({len(bits)} matmuls: {counts} bits)"
+        parts.append(recipe)
+    kv = quant.get("kv_cache")
+    if kv:
+        groups: dict[str, list[int]] = {}
+        for i, dtype in enumerate(layer_dtypes):
+            groups.setdefault(dtype, []).append(i)
+        layers = ", ".join(
+            f"{dtype} x{len(idx)}" + (f" [{_ranges(idx)}]" if len(groups) > 1 else "")
+            for dtype, idx in groups.items()
+        )
+        scales = list(_floats(kv.get("scales")))
+        what = ", ".join(str(kv[k]) for k in ("granularity", "clip") if kv.get(k))
+        line = f"KV cache {kv.get('dtype')}{f' ({what})' if what else ''}, layers {layers}"
+        if scales:
+            tensors = len(kv.get("scales") or {})
+            line += f", scales {min(scales):.3g}..{max(scales):.3g} over {tensors} tensors"
+        parts.append(line + " (per-layer scales: --json)")
+    return "; ".join(parts) or "none"
+
+
+def _floats(value: Any) -> Any:
+    """Every number in a nested record of scales (lists, or per-head min/max dicts)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k != "shape":
+                yield from _floats(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _floats(v)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield float(value)
+
+
+def _ranges(idx: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out: list[str] = []
+    start = prev = idx[0]
+    for i in [*idx[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(out)
+
+
 def runtimes(manifest: Any, directory: str) -> dict[str, dict[str, Any]]:
     """Which runtimes run the artifact (recorded at write time; worked out for older artifacts)."""
     from specport.exporter.interop import runtimes_of
@@ -91,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     for key, value in info.items():
         if key == "files":
             value = ", ".join(f"{n} ({d})" for n, d in value.items())
+        elif key == "quant" and value:
+            value = quant_line(value, manifest.kv.dtypes())
         elif key == "runtimes":
             value = "; ".join(
                 f"{n}"

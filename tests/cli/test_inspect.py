@@ -1,0 +1,68 @@
+"""`specport inspect` on an int8-KV artifact: the per-layer KV scales in one summary line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # exports and quantizes a tiny model (~10 s)
+
+
+@pytest.fixture(scope="module")
+def kv8(tmp_path_factory) -> Path:
+    """The tiny shared-layout Llama with an int8 KV cache, layer 1 kept in float32."""
+    from specport.exporter.export import export_model
+    from specport.passes.quant.apply import quantize_artifact
+    from specport.runtime.bench.model import TINY, make_llama
+    from tests.passes.quant._tiny import write_corpus
+
+    tmp = tmp_path_factory.mktemp("inspect_kv8")
+    hf = make_llama(tmp / "hf", context_length=128, **TINY)  # type: ignore[arg-type]
+    export_model(hf, tmp / "fp32", skip_verify=True, progress=False, kv_layout="shared")
+    calib = write_corpus(tmp / "calib.txt", docs=8)
+    out = tmp / "kv8"
+    quantize_artifact(
+        tmp / "fp32",
+        out,
+        "none",
+        kv_cache="int8",
+        calib_files=[calib],
+        kv_float_layers=[1],
+    )
+    return out
+
+
+def test_kv_scales_are_one_line_and_in_full_in_json(cli, kv8):
+    from specport.artifact import read_manifest
+
+    kv = read_manifest(kv8).quant["kv_cache"]
+    code, out, err = cli("inspect", kv8)
+    assert code == 0, err
+    line = next(t for t in out.splitlines() if t.startswith("quant "))
+    assert "KV cache int8" in line and "layers int8 x1 [0], float32 x1 [1]," in line
+    assert "per-layer scales: --json" in line
+    assert f"over {len(kv['scales'])} tensors" in line
+    assert "head_max" not in out and "scales': {" not in out  # no per-layer scale block
+    assert len(line) < 200
+    code, out, _ = cli("inspect", kv8, "--json")
+    assert code == 0 and json.loads(out)["quant"]["kv_cache"]["scales"] == kv["scales"]
+
+
+def test_quant_line_ranges_and_scale_span():
+    from specport.commands.inspect import quant_line
+
+    kv = {
+        "dtype": "int8",
+        "granularity": "per_head",
+        "scales": {
+            "present.0.key": [0.5, 0.25],
+            "present.0.value": {"shape": [2, 4], "head_max": [2.0, 1.0], "head_min": [0.125, 1]},
+        },
+    }
+    line = quant_line({"scheme": "none", "kv_cache": kv}, ["int8", "int8", "float32", "int8"])
+    assert line == (
+        "KV cache int8 (per_head), layers int8 x3 [0-1, 3], float32 x1 [2], "
+        "scales 0.125..2 over 2 tensors (per-layer scales: --json)"
+    )
