@@ -203,9 +203,9 @@ def format_spec_engine_table(report: dict[str, Any]) -> str:
         f"accepted ({100 * report['acceptance_rate']:.1f}%)",
     ]
     if report.get("step_cost_ms"):
-        base, per_token = report["step_cost_ms"]
+        base, per_token, plain, verify = report["step_cost_ms"]
         lines.append(
             f"  step cost measured at engine start: {base:.1f} ms + {per_token:.2f} ms per "
-            "extra token"
+            f"extra token; scaled by timed steps: plain x{plain:.2f}, verify x{verify:.2f}"
         )
     return "\n".join(lines)

@@ -341,7 +341,10 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
             for r in live_rows:
                 self._end(self.rows[r], "error", f"decode failed: {type(exc).__name__}: {exc}")  # type: ignore[arg-type]
             return
-        self.decode_seconds += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.decode_seconds += elapsed
+        if self.spec is not None and self.spec.cost is not None:
+            self.spec.cost.observe(batch, elapsed, verify=False)
         self.counters["decode_steps"] += 1
         self.counters["decode_rows"] += len(live_rows)
         self.counters["decode_batch_rows"] += batch

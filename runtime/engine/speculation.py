@@ -271,7 +271,12 @@ class EngineSpeculation:
             "spec_batched": self.batched,
             "spec_step_cost_ms": None
             if self.cost is None
-            else [round(1e3 * self.cost.base, 2), round(1e3 * self.cost.per_token, 3)],
+            else [
+                round(1e3 * self.cost.base, 2),
+                round(1e3 * self.cost.per_token, 3),
+                round(self.cost.plain_scale, 3),
+                round(self.cost.verify_scale, 3),
+            ],
         }
 
 
@@ -361,7 +366,10 @@ class SpeculativeRows:
             for r in live_rows:
                 self._end(self.rows[r], "error", f"decode failed: {type(exc).__name__}: {exc}")
             return True
-        self.decode_seconds += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.decode_seconds += elapsed
+        if spec.cost is not None:
+            spec.cost.observe(ids.size, elapsed, verify=True)
         spec.counters["spec_batched_steps"] += 1
         self.counters["decode_steps"] += 1
         self.counters["decode_rows"] += len(live_rows)

@@ -31,15 +31,36 @@ CALIBRATION_TOKENS = (1, 8, 16)  # tokens per calibration run (the first is a pl
 CALIBRATION_REPEATS = 5  # rounds over every size; each size's fastest run counts
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepCost:
-    """Seconds of one run over `tokens` new tokens in all: base + per_token x (tokens - 1)."""
+    """Seconds of one run over `tokens` new tokens in all: base + per_token x (tokens - 1),
+    times a scale per kind of run (plain, verify) that the engine's own timed steps correct
+    (`observe`): a start-up measurement on a shared machine can be off, the steps it decodes
+    are what they are."""
 
     base: float
     per_token: float
+    plain_scale: float = 1.0
+    verify_scale: float = 1.0
 
     def __call__(self, tokens: int) -> float:
         return self.base + self.per_token * max(0, int(tokens) - 1)
+
+    def plain(self, tokens: int) -> float:
+        return self.plain_scale * self(tokens)
+
+    def verify(self, tokens: int) -> float:
+        return self.verify_scale * self(tokens)
+
+    def observe(self, tokens: int, seconds: float, verify: bool, decay: float = 0.9) -> None:
+        """A timed run of `tokens` tokens. Plain steps also pull the verify scale a little
+        toward theirs, so a verify cost once measured high is tried again later."""
+        ratio = min(max(seconds / self(tokens), 0.25), 4.0)  # a stall is not a trend
+        if verify:
+            self.verify_scale = decay * self.verify_scale + (1.0 - decay) * ratio
+        else:
+            self.plain_scale = decay * self.plain_scale + (1.0 - decay) * ratio
+            self.verify_scale += 0.02 * (self.plain_scale - self.verify_scale)
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[int, float]]) -> StepCost:
@@ -98,13 +119,13 @@ def best_width(
     """The run width (1 + drafts per row) with the most expected tokens per second; 1 means
     a plain batched step pays best. `expected[r][k]` is row r's expected tokens when it
     verifies k drafts (`expected[r][0]` = 1)."""
-    plain = len(drafts) / cost(batch)
+    plain = len(drafts) / cost.plain(batch)
     best_w, best = 1, plain
     for w in range(2, 2 + max(drafts, default=0)):
         if max_tokens is not None and batch * w > max_tokens:
             break
         tokens = sum(e[min(d, w - 1)] for d, e in zip(drafts, expected))
-        value = tokens / cost(batch * w)
+        value = tokens / cost.verify(batch * w)
         if value > best:
             best_w, best = w, value
     return best_w

@@ -69,3 +69,16 @@ def test_a_new_row_starts_from_what_earlier_rows_accepted(shared_model):
     row = spec.attach(SamplingConfig())
     assert row is not None and row.controller is not None
     assert row.controller.rate == spec.shared.rate and row.controller.rate[0] < 0.1
+
+
+def test_timed_steps_correct_a_verify_cost_measured_too_low():
+    """The start-up line says a width-2 run over 4 rows costs 1.1x a plain step; the engine's
+    timed runs say 2x: after a few of them a plain step wins again."""
+    cost = StepCost(0.030, 0.0005)
+    expected = [_geometric(0.7, 1)] * 4
+    assert best_width(cost, 4, [1] * 4, expected) == 2
+    for _ in range(20):
+        cost.observe(4, cost(4), verify=False)
+        cost.observe(8, 2.0 * cost(4), verify=True)
+    assert cost.verify_scale > 1.5 and cost.plain_scale == pytest.approx(1.0)
+    assert best_width(cost, 4, [1] * 4, expected) == 1
