@@ -109,7 +109,8 @@ class EngineSpeculation:
         self.max_tokens = int(max_tokens)
         self.batched = False  # set by the engine: its graph takes batched multi-token steps
         self.cost: StepCost | None = None  # set by the engine: its measured batched step cost
-        # acceptance per draft position over every row's verifications: a new row's prior
+        # acceptance per draft position over every row's verifications: what rows without
+        # their own controller are expected to accept when they verify together
         self.shared = AdaptiveDraftLength(self.num_draft)
         self._pool: list[Proposer] = [first]
         self.needs_outputs = method == "mtp"  # MTP drafts come out of every run of the row
@@ -144,8 +145,6 @@ class EngineSpeculation:
         if reset is not None:
             reset()
         controller = AdaptiveDraftLength(self.num_draft) if self.adaptive else None
-        if controller is not None:  # start from what recent requests accepted, not a guess
-            controller.rate = list(self.shared.rate)
         return RowSpec(proposer, controller)
 
     def detach(self, spec: RowSpec) -> None:
@@ -180,7 +179,10 @@ class EngineSpeculation:
             for s, d in plans
         ]
         drafts = [d for _, d in plans]
-        return best_width(self.cost, batch, drafts, expected, self.max_tokens)
+        width = best_width(self.cost, batch, drafts, expected, self.max_tokens)
+        if width == 1:  # nothing gets verified: let the rates drift back, to be tried again
+            self.shared.observe(0, 0)
+        return width
 
     def draft_cap(self, decoding_rows: int) -> int:
         """Drafts per row when `decoding_rows` rows verify together: rows x (1 + drafts) stays

@@ -56,19 +56,23 @@ def test_calibrate_measures_free_rows_and_puts_their_lengths_back(shared_model):
     np.testing.assert_array_equal(slots.lengths, [0, 5, 0])
 
 
-def test_a_new_row_starts_from_what_earlier_rows_accepted(shared_model):
-    """Every verification updates the engine-wide acceptance rates; a new request's draft
-    length controller starts from them (its prior), so a workload whose drafts are rejected
-    does not make every new row pay for wide runs again."""
+def test_declined_steps_let_the_engine_wide_rates_recover(shared_model):
+    """Rows without their own controller are expected to accept what every row's
+    verifications accepted; a step that verifies nothing (a plain step paid more) pulls those
+    rates back toward the prior, so a workload that recovers is tried again."""
     from specport.runtime.engine.speculation import EngineSpeculation
-    from specport.runtime.sampler import SamplingConfig
 
-    spec = EngineSpeculation(shared_model, "ngram", num_draft=3, adaptive=True)
+    spec = EngineSpeculation(shared_model, "ngram", num_draft=3)
+    spec.cost = StepCost(0.03, 0.005)
     for _ in range(10):
         spec.shared.observe(3, 0)
-    row = spec.attach(SamplingConfig())
-    assert row is not None and row.controller is not None
-    assert row.controller.rate == spec.shared.rate and row.controller.rate[0] < 0.1
+    low = spec.shared.rate[0]
+    assert low < 0.1
+    assert spec.width(4, [(None, 3)] * 4) == 1
+    assert spec.shared.rate[0] > low
+    for _ in range(200):
+        spec.width(4, [(None, 3)] * 4)
+    assert spec.width(4, [(None, 3)] * 4) > 1
 
 
 def test_timed_steps_correct_a_verify_cost_measured_too_low():
