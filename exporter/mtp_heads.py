@@ -275,11 +275,7 @@ BRANCH_OUTPUTS = ("mtp_accepted", "mtp_bonus", "mtp_drafts")
 
 def export_branch(heads: MTPHeads, vocab_size: int, fold: bool = True) -> Any:
     """The MTPBranch as an `onnx_ir.Model` with inputs BRANCH_INPUTS and outputs BRANCH_OUTPUTS."""
-    import warnings
-
     from torch.export import Dim
-
-    from specport.errors import ExportError
 
     branch = MTPBranch(heads, fold=fold).eval()
     first: Any = heads.heads[0]
@@ -293,24 +289,40 @@ def export_branch(heads: MTPHeads, vocab_size: int, fold: bool = True) -> Any:
     )
     bd, sd = Dim("batch"), Dim("sequence_length")
     shapes = {"hidden": {0: bd, 1: sd}, "logits": {0: bd, 1: sd}, "input_ids": {0: bd, 1: sd}}
+    return export_module(branch, args, shapes, BRANCH_INPUTS, BRANCH_OUTPUTS, "the MTP branch")
+
+
+def export_module(
+    module: nn.Module,
+    args: tuple[torch.Tensor, ...],
+    shapes: dict[str, Any],
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    what: str,
+) -> Any:
+    """``module`` as an `onnx_ir.Model` (dynamo export, opset 23, the exporter's chatter off)."""
+    import warnings
+
+    from specport.errors import ExportError
+
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(
-                branch,
+                module,
                 args,
                 dynamic_shapes=shapes,
                 dynamo=True,
                 opset_version=23,
-                input_names=list(BRANCH_INPUTS),
-                output_names=list(BRANCH_OUTPUTS),
+                input_names=list(inputs),
+                output_names=list(outputs),
                 verbose=False,
             )
         except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
-            raise ExportError(f"exporting the MTP branch failed: {e}") from e
+            raise ExportError(f"exporting {what} failed: {e}") from e
     if program is None:
-        raise ExportError("torch.onnx.export returned no program for the MTP branch")
+        raise ExportError(f"torch.onnx.export returned no program for {what}")
     return program.model
 
 

@@ -22,14 +22,11 @@ and the shared embedding and LM head are stored once for all heads. Heads that f
 from __future__ import annotations
 
 import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-
-from specport.errors import ExportError
 
 logger = logging.getLogger(__name__)
 
@@ -115,25 +112,9 @@ def export_heads_graph(heads: Any, width: int = MAX_TREE_WIDTH) -> Any:
     )
     rows = Dim("rows")
     shapes = {"hidden": {0: rows}, "tokens": {0: rows}, "head": None}
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        try:
-            program = torch.onnx.export(
-                module,
-                args,
-                dynamic_shapes=shapes,
-                dynamo=True,
-                opset_version=23,
-                input_names=list(HEADS_INPUTS),
-                output_names=list(HEADS_OUTPUTS),
-                verbose=False,
-            )
-        except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
-            raise ExportError(f"exporting the MTP heads graph failed: {e}") from e
-    if program is None:
-        raise ExportError("torch.onnx.export returned no program for the MTP heads graph")
-    model = program.model
+    from specport.exporter.mtp_heads import export_module
+
+    model = export_module(module, args, shapes, HEADS_INPUTS, HEADS_OUTPUTS, "the MTP heads graph")
     from onnx_ir.passes.common import ClearMetadataAndDocStringPass
 
     ClearMetadataAndDocStringPass()(model)  # the exporter's stack traces: ~10 kB per node
