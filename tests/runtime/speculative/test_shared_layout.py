@@ -204,7 +204,7 @@ def test_mtp_draft_vocabulary_drafts_only_its_tokens_and_stays_exact(arts, tmp_p
     vocab = torch.arange(3, 67)
     heads = MTPHeads(base, 2, draft_vocab=vocab).eval()
     write_mtp_artifact(model.path, heads, tmp_path / "mtp", {"source": "test"})  # type: ignore[attr-defined]
-    mtp = specport.load(tmp_path / "mtp", threads=1)
+    mtp = specport.load(tmp_path / "mtp", threads=1, mtp_branch=True)
     ids = [5, 17, 42, 9, 100, 7]
     cache = open_cache(mtp.session, mtp.manifest, 64)
     first = cache.step(ids, last_only=True)
