@@ -67,6 +67,25 @@ def lm_head_line(quant: dict[str, Any] | None) -> str | None:
     return f"{text} (auto: {reason})" if reason else text
 
 
+def mtp_line(mtp: dict[str, Any]) -> str:
+    """The MTP heads in one line (how many, how trained, held-out acceptance, draft vocabulary);
+    the whole training record stays in --json."""
+    training = mtp.get("training") or {}
+    parts = [f"{mtp.get('heads')} heads"]
+    if training.get("source"):
+        parts.append(str(training["source"]))
+    if training.get("steps"):
+        parts.append(f"{training['steps']} steps")
+    held = (training.get("heldout") or {}).get("mean_accepted_length")
+    if held is not None:
+        parts.append(f"held-out mean accepted length {held}")
+    if training.get("draft_vocab"):
+        parts.append(f"draft vocabulary {training['draft_vocab']}")
+    if mtp.get("heads_graph"):
+        parts.append("heads graph for token trees")
+    return ", ".join(parts) + " (full record: --json)"
+
+
 def quant_line(quant: dict[str, Any], layer_dtypes: list[str]) -> str:
     """The recipe in one line: weights, then the KV cache as layers per dtype and the range of
     its calibrated scales (the per-layer scales, one block per cache tensor, are in --json)."""
@@ -154,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
             value = ", ".join(f"{n} ({d})" for n, d in value.items())
         elif key == "quant" and value:
             value = quant_line(value, manifest.kv.dtypes())
+        elif key == "mtp" and value:
+            value = mtp_line(value)
         elif key == "runtimes":
             value = "; ".join(
                 f"{n}"

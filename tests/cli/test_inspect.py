@@ -66,3 +66,22 @@ def test_quant_line_ranges_and_scale_span():
         "KV cache int8 (per_head), layers int8 x3 [0-1, 3], float32 x1 [2], "
         "scales 0.125..2 over 2 tensors (per-layer scales: --json)"
     )
+
+
+def test_mtp_line_is_one_short_line():
+    from specport.commands.inspect import mtp_line
+
+    mtp = {
+        "heads": 3,
+        "heads_graph": {"file": "mtp_heads.onnx"},
+        "training": {
+            "source": "self-distillation (chat answers)",
+            "steps": 2000,
+            "draft_vocab": 8192,
+            "heldout": {"acceptance_per_position": [0.5, 0.25, 0.14], "mean_accepted_length": 1.88},
+        },
+    }
+    line = mtp_line(mtp)
+    assert "\n" not in line and len(line) < 200
+    assert "3 heads" in line and "2000 steps" in line and "1.88" in line and "8192" in line
+    assert "--json" in line
