@@ -131,9 +131,8 @@ def frequent_tokens(
     sorted by id: the draft vocabulary. Tokens the answers never use cannot be learned as
     targets anyway."""
     tokens = seqs if valid is None else seqs[valid]
-    counts = torch.bincount(tokens.flatten(), minlength=vocab).to(torch.float64)
-    # a stable order: count descending, then id ascending
-    order = torch.argsort(-counts * (vocab + 1) + torch.arange(vocab, dtype=torch.float64))
+    counts = torch.bincount(tokens.flatten(), minlength=vocab)
+    order = torch.argsort(counts, descending=True, stable=True)  # ties keep the lower id first
     return torch.sort(order[: min(size, vocab)]).values
 
 
