@@ -78,6 +78,7 @@ class SpecBenchConfig:
     peers: list[str] = field(default_factory=list)  # other tools, plain or `+ngram` (spec_peers)
     peer_gguf: str | None = None  # the GGUF llama.cpp runs when the source is not one
     allow_spinning: bool | None = None
+    ceiling: bool = False  # add drafts that are always right (runtime/speculative/replay.py)
 
 
 ADAPTIVE_CHOICES = ("default", "on", "off", "both")
@@ -176,6 +177,8 @@ def _run(
     # a tree engine (width > 0) runs the tree loop even at width 1 (MTP: the heads run on the
     # host beside a stripped graph, instead of the chain's in-graph branch)
     engines += [(f"{m}-tree{w}", m, None, w) for m in tree_methods for w in config.tree_widths]
+    ceilings = {f"ceiling K={k}": k for k in ceiling_draft_lengths(config.num_draft)}
+    engines += [(name, "ceiling", False, 0) for name in ceilings] if config.ceiling else []
     names = [name for name, *_ in engines] + [peer.name for peer in peers]
     totals: dict[str, dict[str, Any]] = {
         name: {"seconds": 0.0, "tokens": 0, "equal": True, "drafted": 0, "accepted": 0, "steps": 0}
@@ -192,6 +195,9 @@ def _run(
                     result = plain_model.generate(
                         prompt_ids=ids, max_new_tokens=config.max_new_tokens
                     )
+                elif method == "ceiling":
+                    assert reference is not None  # plain runs first in every round
+                    result = _run_ceiling(plain_model, ids, reference, config, ceilings[name])
                 elif width:
                     tree_model = plain_model if method == "ngram" else model
                     result = _run_tree(tree_model, ids, config, method, width)
@@ -253,6 +259,27 @@ def _run(
         "adaptive": config.adaptive,
         "rows": rows,
     }
+
+
+def ceiling_draft_lengths(num_draft: int) -> list[int]:
+    """Draft lengths the ceiling rows run: 1, 2, 4, ... up to and including ``num_draft``."""
+    lengths = [k for k in (1, 2, 4, 8, 16) if k < num_draft]
+    return [*lengths, num_draft]
+
+
+def _run_ceiling(
+    model: Any, ids: list[int], reference: list[int], config: SpecBenchConfig, num_draft: int
+) -> Any:
+    """Greedy speculation whose K drafts are plain greedy's own next tokens (all accepted)."""
+    from specport.results import GenerationResult
+    from specport.runtime.speculative.loop import SpeculativeGenerator
+    from specport.runtime.speculative.replay import ReplayProposer
+
+    proposer = ReplayProposer(ids, reference)
+    gen = SpeculativeGenerator(model.session, model.manifest, proposer, num_draft, adaptive=False)
+    eos = model.manifest.eos_token_ids  # as Model.generate stops
+    out = gen.generate(ids, config.max_new_tokens, eos_ids=eos)
+    return GenerationResult(list(out.tokens), "", out.finish_reason, out.metrics, ids)
 
 
 def _run_tree(model: Any, ids: list[int], config: SpecBenchConfig, method: str, width: int) -> Any:

@@ -105,6 +105,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "token tree of this many candidates (repeatable; 1 runs the tree loop on a chain; the "
         "artifact must be exported with --tree-mask)",
     )
+    spec.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also run drafts that are always right (plain greedy's own next tokens) at K = 1, "
+        "2, 4 .. --num-draft: the most any proposer could gain per draft length on this machine",
+    )
     spec.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     spec.add_argument(
         "--prompt-set",
@@ -152,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.requests is not None:
         return _run_engines(args)
-    if args.speculative or args.tree_width:
+    if args.speculative or args.tree_width or args.ceiling:
         return _run_speculative(args)
 
     from specport.runtime.bench.peers import check_peer_name
@@ -226,6 +232,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
         threads=args.threads,
         adaptive=args.adaptive,
         tree_widths=args.tree_width,
+        ceiling=args.ceiling,
         peers=args.peer,
         peer_gguf=args.peer_gguf,
         allow_spinning=args.spin,

@@ -67,3 +67,32 @@ def test_cli_bench_speculative_adaptive_both(tiny_llama_artifact, capsys):
     assert [r["engine"] for r in report["rows"]] == ["plain", "ngram", "ngram+adaptive"]
     assert all(r["tokens_equal_plain"] for r in report["rows"])
     assert report["plain"] == "same artifact" and report["adaptive"] == "both"
+
+
+def test_ceiling_rows_accept_every_draft_and_keep_tokens(tiny_llama_artifact, capsys):
+    rc = main(
+        [
+            "bench",
+            str(tiny_llama_artifact),
+            "--ceiling",
+            "--num-draft",
+            "3",
+            "--prompt-ids",
+            "3,4,5,6",
+            "--new-tokens",
+            "12",
+            "--runs",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    rows = {r["engine"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert list(rows) == ["plain", "ceiling K=1", "ceiling K=2", "ceiling K=3"]
+    for k in (1, 2, 3):
+        row = rows[f"ceiling K={k}"]
+        assert row["tokens_equal_plain"]
+        assert row["acceptance_rate"] == 1.0  # every draft was plain greedy's next token
+        assert row["mean_accepted_length"] > k  # K + 1 per step but for a short last step
