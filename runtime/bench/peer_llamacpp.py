@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import logging
 import os
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 from specport import artifact as art
 from specport.errors import InputError, SpecportError
+from specport.runtime.bench.peer_cache import Entry, content_key, evict, file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -71,19 +71,19 @@ def source_gguf(manifest: art.Manifest, explicit: str | None) -> Path:
     )
 
 
-def quantized_copy(source: Path, gguf_type: str, threads: int) -> Path:
-    """`source` re-quantized by llama.cpp to `gguf_type` (cached by the source's identity)."""
+def quantized_copy(source: Path, gguf_type: str, threads: int) -> Entry:
+    """`source` re-quantized by llama.cpp to `gguf_type`, cached by the source's content and
+    llama.cpp's version (a copy or re-conversion of the same GGUF reuses it); held until
+    `release()`."""
     import llama_cpp
 
-    from specport.settings import cache_dir
-
-    st = source.stat()
-    key = hashlib.sha256(f"{source.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode())
-    out = cache_dir() / "peers" / "llama.cpp" / f"{key.hexdigest()[:16]}-{gguf_type}.gguf"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    version = f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}"
+    key = content_key([], file_sha256(source), version)  # the name is no part of the content
+    entry = Entry("llama.cpp", f"{key}-{gguf_type}.gguf")
+    if entry.ready():
+        entry.used()
+        return entry
+    tmp = entry.temp()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = FTYPES[gguf_type]
     params.allow_requantize = True  # the source may itself be quantized (dequantized first)
@@ -95,11 +95,13 @@ def quantized_copy(source: Path, gguf_type: str, threads: int) -> Path:
             str(source).encode(), str(tmp).encode(), ctypes.byref(params)
         )
     if rc != 0 or not tmp.exists():
-        tmp.unlink(missing_ok=True)
+        entry.discard(tmp)
         raise SpecportError(f"llama.cpp could not quantize {source} to {gguf_type} (code {rc}).")
-    os.replace(tmp, out)
+    entry.commit(tmp)
+    entry.used()
     logger.info("llama.cpp: %s ready in %.1fs", gguf_type, time.perf_counter() - t0)
-    return out
+    evict(keep=entry.path)
+    return entry
 
 
 @contextlib.contextmanager
@@ -140,7 +142,8 @@ class LlamaCppPeer:
             )
         self.threads = int(config.threads or (os.cpu_count() or 1))
         self.source = source_gguf(manifest, gguf)
-        self.path = quantized_copy(self.source, wanted, self.threads)
+        self.entry = quantized_copy(self.source, wanted, self.threads)
+        self.path = self.entry.path
         self.type = wanted
         self.version = getattr(llama_cpp, "__version__", "?")
         self.n_ctx = 0
@@ -198,3 +201,4 @@ class LlamaCppPeer:
         if self.llm is not None:
             self.llm.close()
             self.llm = None
+        self.entry.release()

@@ -9,7 +9,6 @@ tokens; transformers runs `generate` under `torch.inference_mode` with `torch.se
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ import numpy as np
 
 from specport import artifact as art
 from specport.errors import InputError, SpecportError
+from specport.runtime.bench.peer_cache import Entry, content_key, evict
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +108,10 @@ class GenaiPeer:
         self.precision = genai_precision(manifest)
         # a GGUF source is converted to a fresh temp directory each time: key by the file's hash
         gguf_hash = (manifest.source.get("gguf") or {}).get("sha256")
-        self.dir = build_genai(
-            self.hf, progress=progress, precision=self.precision, key=gguf_hash and gguf_hash[:16]
+        self.entry = build_genai(
+            self.hf, progress=progress, precision=self.precision, source_hash=gguf_hash
         )
+        self.dir = self.entry.path
         self.threads = _threads(config)
         self.spin = SessionConfig(allow_spinning=config.allow_spinning).resolved_spinning()
         cfg = og.Config(str(self.dir))
@@ -160,13 +161,18 @@ class GenaiPeer:
 
     def close(self) -> None:
         del self.model
+        self.entry.release()
 
 
 def build_genai(
-    hf_dir: Path, progress: bool | None = None, precision: str = "fp32", key: str | None = None
-) -> Path:
-    """Build (once, cached by `key` or the directory's identity) the genai cpu model."""
-    from specport.settings import cache_dir
+    hf_dir: Path,
+    progress: bool | None = None,
+    precision: str = "fp32",
+    source_hash: str | None = None,
+) -> Entry:
+    """The genai cpu model, built once per checkpoint content (`source_hash`, else the sha256 of
+    the directory's files), builder version and precision; held until `release()`."""
+    import onnxruntime_genai as og
 
     if not any(
         (hf_dir / name).exists() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -175,10 +181,14 @@ def build_genai(
             f"onnxruntime-genai's builder needs a tokenizer in {hf_dir} (tokenizer.json); "
             "add one there, or bench without --peer onnxruntime-genai."
         )
-    key = (key or _identity(hf_dir)) + ("" if precision == "fp32" else f"-{precision}")
-    out = cache_dir() / "peers" / "onnxruntime-genai" / key
-    if (out / "genai_config.json").exists():
-        return out
+    files = [] if source_hash else [p for p in hf_dir.glob("*") if p.is_file()]
+    version = f"onnxruntime-genai {getattr(og, '__version__', '?')}"
+    key = content_key(files, source_hash or "", version)
+    entry = Entry("onnxruntime-genai", f"{key}-{precision}")
+    if (entry.path / "genai_config.json").exists():
+        entry.used()
+        return entry
+    entry.clear()  # an incomplete entry left by an older specport
     show = sys.stderr.isatty() if progress is None else progress
     if show:
         print(
@@ -188,43 +198,40 @@ def build_genai(
         )
     from onnxruntime_genai.models import builder
 
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = entry.temp()
     t0 = time.perf_counter()
     import contextlib
     import io
 
     sink = io.StringIO()
     # The builder prints per-tensor progress on stdout; keep stdout clean for --json.
-    with (
-        contextlib.redirect_stdout(sys.stderr if show else sink),
-        contextlib.redirect_stderr(sys.stderr if show else sink),
-    ):
-        opts = builder.parse_extra_options(
-            None, str(hf_dir), str(tmp), precision, "cpu", str(tmp / "cache"), []
-        )
-        builder.create_model(
-            None, str(hf_dir), str(tmp), precision, "cpu", str(tmp / "cache"), **opts
-        )
+    try:
+        with (
+            contextlib.redirect_stdout(sys.stderr if show else sink),
+            contextlib.redirect_stderr(sys.stderr if show else sink),
+        ):
+            opts = builder.parse_extra_options(
+                None, str(hf_dir), str(tmp), precision, "cpu", str(tmp / "cache"), []
+            )
+            builder.create_model(
+                None, str(hf_dir), str(tmp), precision, "cpu", str(tmp / "cache"), **opts
+            )
+    except BaseException:
+        entry.discard(tmp)
+        raise
     import shutil
 
     shutil.rmtree(tmp / "cache", ignore_errors=True)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    entry.commit(tmp)
+    entry.used()
     if show:
         print(
-            f"[peer] built in {time.perf_counter() - t0:.1f}s -> {out}", file=sys.stderr, flush=True
+            f"[peer] built in {time.perf_counter() - t0:.1f}s -> {entry.path}",
+            file=sys.stderr,
+            flush=True,
         )
-    return out
-
-
-def _identity(hf_dir: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(hf_dir.glob("*")):
-        if p.is_file():
-            st = p.stat()
-            h.update(f"{p.name}:{st.st_size}:{int(st.st_mtime)}".encode())
-    return h.hexdigest()[:16]
+    evict(keep=entry.path)
+    return entry
 
 
 class TransformersPeer:
