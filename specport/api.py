@@ -62,6 +62,22 @@ class Model:
         self.provider = provider
         self.tokenizer = tokenizer
         self.session_config = session_config  # how `session` was opened (to reopen it)
+        self._suffix_index: Any = None
+
+    @property
+    def suffix_index(self) -> Any:
+        """The earlier outputs `speculative="suffix"` drafts from (a `SuffixIndex`, shared by
+        every request): empty until given a corpus (`load(..., suffix_corpus=)`); the serving
+        engine adds each finished answer."""
+        if self._suffix_index is None:
+            from specport.runtime.speculative.suffix import SuffixIndex
+
+            self._suffix_index = SuffixIndex()
+        return self._suffix_index
+
+    @suffix_index.setter
+    def suffix_index(self, index: Any) -> None:  # e.g. one corpus for two sessions of a model
+        self._suffix_index = index
 
     @property
     def has_mtp_branch(self) -> bool:
@@ -406,13 +422,16 @@ def load(
     allow_spinning: bool | None = None,
     prepacking: bool = True,
     mtp_branch: bool = False,
+    suffix_corpus: str | os.PathLike[str] | None = None,
 ) -> Model:
     """Open an artifact: validate manifest and file hashes, start an onnxruntime session.
 
     `allow_spinning` (None = only when a core is idle) and `prepacking` are explained in
     `specport.runtime.session`. An MTP artifact's session leaves the MTP branch out unless
     `mtp_branch` (every other decoding would pay for the heads, see
-    `runtime.session.artifact_graph`); speculative="mtp" reopens it with the branch."""
+    `runtime.session.artifact_graph`); speculative="mtp" reopens it with the branch.
+    `suffix_corpus` (JSON lines of earlier answers, `runtime.speculative.suffix_corpus`) seeds
+    what speculative="suffix" drafts from."""
     from specport.runtime.kv.layouts import align_kv_dtype, check_runtime_dtype
     from specport.runtime.session import SessionConfig, artifact_graph, make_session
     from specport.runtime.tokenizer import load_tokenizer
@@ -434,7 +453,12 @@ def load(
     )
     align_kv_dtype(session, manifest)
     tokenizer = load_tokenizer(directory, manifest.tokenizer)
-    return Model(directory, manifest, session, used, tokenizer, config)
+    model = Model(directory, manifest, session, used, tokenizer, config)
+    if suffix_corpus is not None:
+        from specport.runtime.speculative.suffix_corpus import read_corpus
+
+        model.suffix_index.extend(read_corpus(suffix_corpus, tokenizer, manifest.vocab_size))
+    return model
 
 
 def artifact_session_entries(manifest: art.Manifest) -> dict[str, str]:

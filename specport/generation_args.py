@@ -15,7 +15,7 @@ from typing import Any
 from specport.errors import InputError, UsageError
 from specport.options import option
 
-METHODS = ("ngram", "draft", "mtp")
+METHODS = ("ngram", "suffix", "draft", "mtp")
 MAX_DRAFT = 16  # runtime/speculative/loop.py
 MAX_TREE_WIDTH = 16  # runtime/speculative/tree.py
 DEFAULT_NUM_DRAFT = 4

@@ -79,6 +79,7 @@ class SpecBenchConfig:
     peer_gguf: str | None = None  # the GGUF llama.cpp runs when the source is not one
     allow_spinning: bool | None = None
     ceiling: bool = False  # add drafts that are always right (runtime/speculative/replay.py)
+    suffix_corpus: str | None = None  # earlier answers --speculative suffix drafts from
 
 
 ADAPTIVE_CHOICES = ("default", "on", "off", "both")
@@ -107,6 +108,7 @@ def plain_reference(model: Any, threads: int = 0) -> Iterator[tuple[Any, str]]:
         mtp_branch=False,
     )
     logger.info("plain reference: the MTP graph without its branch")
+    base.suffix_index = model.suffix_index
     yield base, "base graph (MTP branch left out)"
 
 
@@ -131,7 +133,12 @@ def run_speculative_bench(artifact: str, config: SpecBenchConfig) -> dict[str, A
 
     for name in config.peers:
         check_spec_peer_name(name)  # before any model loads
-    model = specport.load(artifact, threads=config.threads, mtp_branch="mtp" in config.methods)
+    model = specport.load(
+        artifact,
+        threads=config.threads,
+        mtp_branch="mtp" in config.methods,
+        suffix_corpus=config.suffix_corpus,
+    )
     peers = [SpecPeer(n, model.manifest, config, config.num_draft, None) for n in config.peers]
     try:
         with plain_reference(model, config.threads) as (plain_model, plain_what):

@@ -411,7 +411,7 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
         if self.rows[job.row] is job:
             self.rows[job.row] = None
             if job.spec is not None and self.spec is not None:
-                self.spec.detach(job.spec)
+                self.spec.detach(job.spec, job.tokens)
             self.cache.set(
                 job.row,
                 np.concatenate([job.prompt[: job.done], np.asarray(job.tokens, dtype=np.int64)]),

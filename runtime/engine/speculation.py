@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,10 +148,13 @@ class EngineSpeculation:
         controller = AdaptiveDraftLength(self.num_draft) if self.adaptive else None
         return RowSpec(proposer, controller)
 
-    def detach(self, spec: RowSpec) -> None:
-        """The request left its row: its proposer goes back to the pool."""
+    def detach(self, spec: RowSpec, answer: Sequence[int] = ()) -> None:
+        """The request left its row: its proposer goes back to the pool (suffix drafting
+        learns its answer)."""
         self.totals.merge(spec.stats)
         self._pool.append(spec.proposer)
+        if self.method == "suffix" and len(answer):
+            self.model.suffix_index.learn_answer(answer)
 
     # ---- per step --------------------------------------------------------------------
     def active(self, decoding_rows: int) -> bool:

@@ -20,6 +20,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from specport.errors import InputError
@@ -48,6 +49,7 @@ class SpecportReplica:
         engine_options: dict[str, Any],
         provider: str = "auto",
         threads: int = 1,
+        suffix_corpus: str | None = None,
     ) -> None:
         from specport import api
         from specport.runtime.engine import make_engine
@@ -58,6 +60,7 @@ class SpecportReplica:
             provider=provider,
             threads=threads,
             mtp_branch=engine_options.get("speculative") == "mtp",
+            suffix_corpus=suffix_corpus,
         )
         self.specport_engine = make_engine(self.specport_model, **engine_options)
         self.specport_app = make_app(self.specport_model, self.specport_engine, settings)
@@ -82,6 +85,7 @@ def deployment(
     provider: str = "auto",
     engine_options: dict[str, Any] | None = None,
     max_ongoing_requests: int = 64,
+    suffix_corpus: str | None = None,
 ) -> Any:
     """A Ray Serve application of `SpecportReplica` (call `.bind()` on it, or see serve_with_ray)."""
     serve = _require_ray()
@@ -111,7 +115,12 @@ def deployment(
         options["num_replicas"] = replicas
     cls = serve.deployment(**options)(serve.ingress()(SpecportReplica))
     return cls.options().bind(
-        str(artifact), settings or ServeSettings(), engine_options or {}, provider, threads
+        str(artifact),
+        settings or ServeSettings(),
+        engine_options or {},
+        provider,
+        threads,
+        None if suffix_corpus is None else str(Path(suffix_corpus).resolve()),
     )
 
 
@@ -155,6 +164,9 @@ def serve_with_ray(args: Any, settings: ServeSettings) -> int:
         "spec_max_tokens": getattr(args, "spec_max_tokens", None),
     }
     threads = args.threads or 1
+    corpus = getattr(args, "suffix_corpus", None)
+    if corpus is not None and not Path(corpus).is_file():  # before Ray starts, not in a replica
+        raise InputError(f"--suffix-corpus {corpus}: no such file.")
     app = deployment(
         args.artifact,
         settings,
@@ -164,6 +176,7 @@ def serve_with_ray(args: Any, settings: ServeSettings) -> int:
         threads=threads,
         provider=args.provider,
         engine_options=engine_options,
+        suffix_corpus=corpus,
     )
     start_local_ray()
     try:

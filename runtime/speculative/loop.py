@@ -48,7 +48,7 @@ from specport.runtime.speculative.verify import VerifyResult, greedy_verify, rej
 logger = logging.getLogger(__name__)
 
 MAX_DRAFT = 16
-METHODS = ("ngram", "draft", "mtp")
+METHODS = ("ngram", "suffix", "draft", "mtp")
 # Methods whose adaptive draft length is on by default. Measured on stories260K (README
 # "Speculative decoding", medians of 6 bench runs): it lifts a poor draft model from 0.46x to
 # 0.87x of plain (it stops paying for drafts that get rejected), and MTP by 0.01-0.09x in the
@@ -273,11 +273,16 @@ class SpeculativeGenerator:
 def make_proposer(
     method: str, model: Any, num_draft: int, draft_model: Any | None = None
 ) -> Proposer:
-    """The proposer for ``method`` (``ngram`` | ``draft`` | ``mtp``), validated against the target."""
+    """The proposer for ``method`` (``ngram`` | ``suffix`` | ``draft`` | ``mtp``), validated
+    against the target."""
     if method == "ngram":
         from specport.runtime.speculative.ngram import NgramProposer
 
         return NgramProposer(min_n=1, max_n=4, max_draft=num_draft)
+    if method == "suffix":  # the model's corpus of earlier outputs, shared by every request
+        from specport.runtime.speculative.suffix import SuffixProposer
+
+        return SuffixProposer(model.suffix_index, max_draft=num_draft)
     if method == "draft":
         if draft_model is None:
             raise InputError(

@@ -10,6 +10,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from specport.generation_args import METHODS
+
 
 def int_at_least(low: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
@@ -92,7 +94,7 @@ def add_speculative_options(
     """--speculative, --num-draft, --draft (generate and serve take the same three).
 
     `num_draft_default` None lets the API pick (all of an MTP artifact's heads, else 4)."""
-    p.add_argument("--speculative", choices=["ngram", "draft", "mtp"], help=method_help)
+    p.add_argument("--speculative", choices=list(METHODS), help=method_help)
     default_text = (
         "all MTP heads for mtp, else 4" if num_draft_default is None else str(num_draft_default)
     )
@@ -103,6 +105,16 @@ def add_speculative_options(
         help=f"draft tokens per step with --speculative (default: {default_text})",
     )
     p.add_argument("--draft", help="draft artifact for --speculative draft (same vocabulary)")
+    add_suffix_corpus_option(p)
+
+
+def add_suffix_corpus_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--suffix-corpus",
+        metavar="FILE",
+        help="for --speculative suffix: earlier answers to draft from, one JSON object per line "
+        'with "ids" or "text" (python -m specport.samples.suffix_corpus makes one)',
+    )
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:

@@ -12,10 +12,12 @@ from specport.commands._args import (
     NON_NEGATIVE,
     POSITIVE,
     add_runtime_options,
+    add_suffix_corpus_option,
     int_at_least,
     int_between,
 )
 from specport.errors import SpecportError, UsageError
+from specport.generation_args import METHODS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -80,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     spec.add_argument(
         "--speculative",
         action="append",
-        choices=["ngram", "draft", "mtp"],
+        choices=list(METHODS),
         help="benchmark this method against plain greedy (repeatable)",
     )
     spec.add_argument(
@@ -90,6 +92,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="draft tokens per step (default: all MTP heads when mtp is benchmarked, else 4)",
     )
     spec.add_argument("--draft", help="draft artifact for --speculative draft")
+    add_suffix_corpus_option(spec)
     spec.add_argument(
         "--adaptive",
         choices=["default", "on", "off", "both"],
@@ -156,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     from specport.commands.generate import parse_ids
     from specport.runtime.bench.artifact import BenchConfig, format_table, run_bench
 
+    if args.suffix_corpus and "suffix" not in (args.speculative or []):
+        raise UsageError("--suffix-corpus is read only by --speculative suffix; add it or drop it.")
     if args.requests is not None:
         return _run_engines(args)
     if args.speculative or args.tree_width or args.ceiling:
@@ -233,6 +238,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
         adaptive=args.adaptive,
         tree_widths=args.tree_width,
         ceiling=args.ceiling,
+        suffix_corpus=args.suffix_corpus,
         peers=args.peer,
         peer_gguf=args.peer_gguf,
         allow_spinning=args.spin,

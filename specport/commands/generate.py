@@ -102,6 +102,10 @@ def check_args(args: argparse.Namespace) -> bool:
         )
     if args.draft and args.speculative != "draft":
         raise UsageError("--draft is used only with --speculative draft; add it or drop --draft.")
+    if args.suffix_corpus and args.speculative != "suffix":
+        raise UsageError(
+            "--suffix-corpus is read only by --speculative suffix; add it or drop --suffix-corpus."
+        )
     if args.adaptive is not None and args.speculative is None:
         raise UsageError("--adaptive tunes speculative decoding; add --speculative or drop it.")
     if args.num_draft is not None and args.speculative is None:
@@ -132,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         provider=args.provider,
         threads=args.threads,
         mtp_branch=args.speculative == "mtp" and args.tree_width == 1,  # MTP trees derive their own
+        suffix_corpus=args.suffix_corpus,
     )
     if args.prompt and model.tokenizer is None:
         raise UsageError(

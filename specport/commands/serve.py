@@ -194,6 +194,7 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
         provider=args.provider,
         threads=args.threads,
         mtp_branch=args.speculative == "mtp",
+        suffix_corpus=args.suffix_corpus,
     )
     engine = make_engine(
         model,

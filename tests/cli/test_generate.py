@@ -60,3 +60,18 @@ def test_tree_width_without_tree_mask_artifact_says_reexport(capsys, tiny_llama_
     )
     assert rc == 1
     assert "--tree-mask" in capsys.readouterr().err
+
+
+def test_suffix_corpus_from_the_cli(capsys, tiny_llama_artifact, tmp_path):
+    plain = _generate(capsys, tiny_llama_artifact)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"ids": r["tokens"]}) + "\n" for r in plain))
+    spec = _generate(
+        capsys, tiny_llama_artifact, "--speculative", "suffix", "--suffix-corpus", str(corpus)
+    )
+    assert [r["tokens"] for r in spec] == [r["tokens"] for r in plain]
+    assert spec[0]["metrics"]["speculative"]["method"] == "suffix"
+    missing = tmp_path / "none.jsonl"
+    args = ["generate", str(tiny_llama_artifact), "--prompt-ids", "1,2", "--speculative", "suffix"]
+    assert main([*args, "--suffix-corpus", str(missing)]) == 1
+    assert f"--suffix-corpus {missing}: no such file" in capsys.readouterr().err

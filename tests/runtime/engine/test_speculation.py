@@ -39,10 +39,13 @@ def _submit(eng, i, **kw):
     return eng.submit(Request(PROMPTS[i], NEW[i], ignore_eos=True, **kw))
 
 
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
 @pytest.mark.parametrize("max_rows", [8, 1], ids=["every-row-speculates", "compute-bound-rule"])
-def test_ngram_staggered_arrivals_and_cancel_equal_plain_greedy(shared_model, reference, max_rows):
+def test_staggered_arrivals_and_cancel_equal_plain_greedy(
+    shared_model, reference, max_rows, method
+):
     eng = BatchingEngine(
-        shared_model, max_batch=3, prefill_chunk=4, speculative="ngram", spec_max_rows=max_rows
+        shared_model, max_batch=3, prefill_chunk=4, speculative=method, spec_max_rows=max_rows
     )
     try:
         first = _submit(eng, 0)
@@ -258,3 +261,22 @@ def test_batched_steps_only_where_attention_gets_query_seqlens(tmp_path, fed):
     out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
     onnx.save(helper.make_model(helper.make_graph([node], "g", inputs, [out])), tmp_path / "m.onnx")
     assert takes_batched_steps(tmp_path / "m.onnx") is fed
+
+
+def test_suffix_engine_learns_answers_and_keeps_plain_tokens(shared_model, reference):
+    """A served answer becomes a corpus entry: the same question again is drafted from it."""
+    index = shared_model.suffix_index
+    eng = make_engine(shared_model, max_batch=2, speculative="suffix", num_draft=4)
+    try:
+        before = len(index)
+        assert _submit(eng, 4).result(timeout=60).token_ids == reference[4]
+        assert len(index) == before + len(reference[4]) + 1  # the answer and a separator
+        accepted = eng.stats()["spec_accepted_tokens"]
+        assert _submit(eng, 4).result(timeout=60).token_ids == reference[4]
+        assert eng.stats()["spec_accepted_tokens"] - accepted >= len(reference[4]) // 2
+        index.learn = False  # e.g. a benchmark repeating its prompts
+        assert _submit(eng, 1).result(timeout=60).token_ids == reference[1]
+        assert len(index) == before + len(reference[4]) * 2 + 2
+    finally:
+        index.learn = True
+        eng.close()

@@ -1,0 +1,206 @@
+"""Suffix drafting: continue the current text the way earlier answers continued it.
+
+Prompt lookup (`ngram.py`) only finds text the current request already contains. Chat models
+also repeat themselves across requests: openings ("Sure! Here are three ..."), list
+scaffolding, closing sentences, phrases of their house style. `SuffixIndex` keeps earlier
+outputs (a corpus shipped with the artifact, and in a server every finished response) and
+`SuffixProposer` drafts from whichever source matches the longer suffix, the request's own
+text winning ties. The draft follows the most frequent continuation among all the places the
+suffix occurred, token by token, and stops when that continuation gets too rare, so a draft
+is long where earlier answers agree and short (or empty) where they diverge. Free to run (no
+model); deterministic drafts, verified like n-gram drafts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from specport.errors import InputError
+from specport.runtime.speculative.base import Drafts
+from specport.runtime.speculative.ngram import find_suffix_match
+
+logger = logging.getLogger(__name__)
+
+SEPARATOR = -1  # between sequences in the corpus: no n-gram or continuation crosses it
+_PRIME = np.int64(1_000_003)  # n-gram keys: a polynomial hash over int64 (wrapping)
+_NO_KEY = np.iinfo(np.int64).min  # an n-gram that would cross a separator
+
+
+class SuffixIndex:
+    """Where every n-gram (n = 1..max_n) of a token corpus ends, for suffix lookups.
+
+    Per n, the corpus positions sorted by a 64-bit hash of the n-gram ending there: a lookup
+    is a binary search, the memory 16 bytes per token and n (a Python dict of tuples would
+    take ten times that). Sequences are appended (``add``) as they come and indexed at the
+    next lookup; the corpus keeps the newest ``max_tokens`` tokens, so a long-running server's
+    memory stays bounded. A hash collision can only cost a rejected draft, never a wrong token.
+    """
+
+    def __init__(self, max_n: int = 6, max_tokens: int = 500_000, max_matches: int = 512) -> None:
+        if max_n < 1 or max_tokens < 2 or max_matches < 1:
+            raise InputError("suffix index sizes must be positive")
+        self.max_n = max_n
+        self.max_tokens = max_tokens
+        self.max_matches = max_matches  # the most recent matches a lookup reads
+        # whether engines add each finished answer (`learn_answer`); a benchmark that decodes
+        # the same prompts every round turns it off, or round 2 would draft round 1's answers
+        self.learn = True
+        self._tokens = np.zeros(0, dtype=np.int64)
+        self._pending: list[int] = []
+        self._keys: list[np.ndarray] = []  # per n: sorted n-gram keys
+        self._order: list[np.ndarray] = []  # per n: corpus end positions in key order
+
+    def __len__(self) -> int:
+        return int(self._tokens.shape[0]) + len(self._pending)
+
+    @property
+    def sequences(self) -> int:
+        return int(np.count_nonzero(self._tokens == SEPARATOR)) + self._pending.count(SEPARATOR)
+
+    def add(self, sequence: Sequence[int]) -> None:
+        """Queue one sequence (an earlier answer) for the index."""
+        seq = [int(t) for t in sequence]
+        if any(t < 0 for t in seq):
+            raise InputError("token ids in a suffix corpus must be non-negative")
+        if seq:
+            self._pending.extend(seq)
+            self._pending.append(SEPARATOR)
+
+    def extend(self, sequences: Iterable[Sequence[int]]) -> None:
+        for seq in sequences:
+            self.add(seq)
+
+    def learn_answer(self, answer: Sequence[int]) -> None:
+        """A served request finished: its answer becomes something later requests can draft
+        from (when `learn` is on)."""
+        if self.learn:
+            self.add(answer)
+
+    def tokens(self) -> np.ndarray:
+        """The indexed corpus, sequences separated by -1 (what `artifact` files store)."""
+        self._build()
+        return self._tokens
+
+    def _build(self) -> None:
+        if not self._pending:
+            return
+        tokens = np.concatenate([self._tokens, np.asarray(self._pending, dtype=np.int64)])
+        self._pending = []
+        if tokens.shape[0] > self.max_tokens:  # drop the oldest whole sequences
+            seps = np.flatnonzero(tokens[: tokens.shape[0] - self.max_tokens] == SEPARATOR)
+            tokens = tokens[int(seps[-1]) + 1 if seps.size else tokens.shape[0] - self.max_tokens :]
+        self._tokens = tokens
+        valid = tokens != SEPARATOR
+        key = np.where(valid, tokens, _NO_KEY)
+        self._keys, self._order = [], []
+        with np.errstate(over="ignore"):
+            for n in range(1, self.max_n + 1):
+                if n > 1:  # key_n(i) = key_{n-1}(i-1) * P + token(i), invalid if either is
+                    prev = np.concatenate([[_NO_KEY], key[:-1]])
+                    ok = (prev != _NO_KEY) & valid
+                    key = np.where(ok, prev * _PRIME + tokens, _NO_KEY)
+                order = np.argsort(key, kind="stable")  # equal keys stay in corpus order
+                self._keys.append(key[order])
+                self._order.append(order)
+        logger.debug("suffix index: %d tokens", tokens.shape[0])
+
+    def longest_match(self, context: Sequence[int], min_n: int) -> tuple[int, np.ndarray]:
+        """(n, end positions, oldest first) of the longest suffix of ``context`` (n >= min_n)
+        that occurs in the corpus; (0, empty) when none does."""
+        self._build()
+        ctx = np.asarray(context[-self.max_n :], dtype=np.int64)
+        if ctx.size == 0 or not self._keys:
+            return 0, np.zeros(0, dtype=np.int64)
+        keys = []
+        key = np.int64(0)
+        with np.errstate(over="ignore"):
+            for n in range(1, ctx.size + 1):  # the key of the last n context tokens
+                key = np.int64(ctx[-n]) if n == 1 else _suffix_key(ctx[-n:])
+                keys.append(key)
+        for n in range(min(self.max_n, ctx.size), min_n - 1, -1):
+            sorted_keys = self._keys[n - 1]
+            lo = int(np.searchsorted(sorted_keys, keys[n - 1], "left"))
+            hi = int(np.searchsorted(sorted_keys, keys[n - 1], "right"))
+            if hi > lo:
+                return n, self._order[n - 1][max(lo, hi - self.max_matches) : hi]
+        return 0, np.zeros(0, dtype=np.int64)
+
+    def continuation(self, ends: np.ndarray, num_draft: int, min_share: float) -> list[int]:
+        """The most frequent continuation after the match ends, token by token, while the
+        chosen token follows at least ``min_share`` of all the matches (the path's frequency)."""
+        tokens = self._tokens
+        total = len(ends)
+        pos = np.asarray(ends, dtype=np.int64) + 1
+        draft: list[int] = []
+        for _ in range(num_draft):
+            pos = pos[pos < tokens.shape[0]]
+            nxt = tokens[pos]
+            pos, nxt = pos[nxt != SEPARATOR], nxt[nxt != SEPARATOR]
+            if nxt.size == 0:
+                break
+            values, counts = np.unique(nxt, return_counts=True)
+            best = int(np.argmax(counts))
+            if counts[best] < min_share * total:
+                break
+            draft.append(int(values[best]))
+            pos = pos[nxt == values[best]] + 1
+        return draft
+
+
+def _suffix_key(ngram: np.ndarray) -> np.int64:
+    """The index's key of one n-gram (oldest token first), as `SuffixIndex._build` computes it."""
+    key = np.int64(ngram[0])
+    with np.errstate(over="ignore"):
+        for t in ngram[1:]:
+            key = key * _PRIME + np.int64(t)
+    return key
+
+
+class SuffixProposer:
+    """Drafts from the request's own text or from a `SuffixIndex` of earlier outputs,
+    whichever matches the longer suffix (the request's own text on ties)."""
+
+    name = "suffix"
+
+    def __init__(
+        self,
+        index: SuffixIndex,
+        min_n: int = 2,
+        max_draft: int = 8,
+        min_share: float = 0.25,
+        context_min_n: int = 1,
+    ) -> None:
+        if not 1 <= min_n <= index.max_n:
+            raise InputError(f"suffix min_n must be in 1..{index.max_n}, got {min_n}")
+        self.index = index
+        self.min_n = min_n
+        self.max_draft = max_draft
+        self.min_share = min_share
+        self.context_min_n = context_min_n
+
+    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
+        k = min(int(num_draft), self.max_draft)
+        if k <= 0:
+            return Drafts.empty(len(context))
+        return Drafts.from_lists([self.propose_one(row, k) for row in context])
+
+    def propose_one(self, tokens: Sequence[int], num_draft: int) -> list[int]:
+        arr = np.asarray(tokens, dtype=np.int64)
+        own = find_suffix_match(arr, self.context_min_n, self.index.max_n)
+        n, ends = self.index.longest_match(tokens, self.min_n)
+        if own is not None and own[1] >= n:
+            end, _ = own
+            length = arr.shape[0]
+            draft: list[int] = []
+            for j in range(num_draft):  # as NgramProposer: a loop keeps its period
+                src = end + 1 + j
+                draft.append(int(arr[src]) if src < length else draft[src - length])
+            return draft
+        if ends.size == 0:
+            return []
+        # Shorter suffixes match more places, less specifically: ask them for a wider majority.
+        share = self.min_share * (1.0 + (self.index.max_n - n) / self.index.max_n)
+        return self.index.continuation(ends, num_draft, min(share, 0.9))

@@ -1,0 +1,65 @@
+"""Reading a suffix-drafting corpus: earlier answers, as JSON lines of ids or text.
+
+`specport generate|serve|bench --speculative suffix --suffix-corpus FILE` seeds the model's
+`SuffixIndex` with earlier outputs before the first request. One JSON object per line, with
+``"ids"`` (token ids of the model's vocabulary) or ``"text"`` (tokenized here, without special
+tokens): chat logs, earlier completions, or the model's own answers to typical prompts
+(`python -m specport.samples.suffix_corpus`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from specport.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+
+def read_corpus(path: str | Path, tokenizer: Any | None, vocab_size: int) -> list[list[int]]:
+    """The corpus file's sequences as token ids, or an error naming the bad line."""
+    source = Path(path)
+    if not source.is_file():
+        raise InputError(f"--suffix-corpus {source}: no such file.")
+    sequences: list[list[int]] = []
+    with source.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            sequences.append(_sequence(line, tokenizer, vocab_size, f"{source}:{number}"))
+    if not sequences:
+        raise InputError(f"--suffix-corpus {source} has no sequences (one JSON object per line).")
+    logger.info(
+        "suffix corpus %s: %d sequences, %d tokens",
+        source,
+        len(sequences),
+        sum(len(s) for s in sequences),
+    )
+    return sequences
+
+
+def _sequence(line: str, tokenizer: Any | None, vocab_size: int, where: str) -> list[int]:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{where}: not a JSON object ({err.msg}).") from None
+    if isinstance(record, dict) and isinstance(record.get("ids"), list):
+        ids = record["ids"]
+        if not all(isinstance(t, int) and 0 <= t < vocab_size for t in ids):
+            raise InputError(f"{where}: ids must be token ids in 0..{vocab_size - 1}.")
+        return [int(t) for t in ids]
+    if isinstance(record, dict) and isinstance(record.get("text"), str):
+        if tokenizer is None:
+            raise InputError(f"{where}: a text line needs the artifact's tokenizer; give ids.")
+        return [int(t) for t in tokenizer.encode(record["text"], add_special_tokens=False).ids]
+    raise InputError(f'{where}: each line needs "ids" (a list of token ids) or "text".')
+
+
+def write_corpus(path: str | Path, sequences: list[list[int]], texts: list[str]) -> None:
+    """Write sequences (with their text, for people reading the file) as JSON lines."""
+    with Path(path).open("x", encoding="utf-8") as out:  # never overwrite a user's file
+        for ids, text in zip(sequences, texts):
+            out.write(json.dumps({"ids": ids, "text": text}) + "\n")
