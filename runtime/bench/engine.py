@@ -6,7 +6,10 @@
 Rounds alternate (batching, serial, batching, ...) on fresh random prompts (the same prompts
 for both engines within a round, so no engine profits from the prefix cache of an earlier
 round); ratios are per round, then the median. "alone" compares one request through the
-batching engine with `Model.generate` on the same prompt.
+batching engine with `Model.generate` on the same prompt. With a request rate the load's
+requests arrive over time (runtime/bench/arrivals.py: seeded Poisson, the same schedule for
+both engines and every round) and each request's TTFT / TPOT / end-to-end latency is reported
+from its own arrival.
 """
 
 from __future__ import annotations
@@ -22,24 +25,22 @@ from typing import Any
 import numpy as np
 
 from specport.errors import InputError
+from specport.runtime.bench.arrivals import (
+    arrival_offsets,
+    latency_line,
+    latency_summary,
+    load_line,
+    serve_load,
+    served_rows,
+)
 from specport.runtime.engine.base import Request
 
 
-def run_load(engine: Any, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
-    """Submit all prompts at once; total generated tokens / wall time until the last ends."""
-    t0 = time.perf_counter()
-    handles = [engine.submit(Request(p, new_tokens, ignore_eos=True)) for p in prompts]
-    results = [h.result(timeout=600) for h in handles]
-    wall = time.perf_counter() - t0
-    if any(r.finish_reason == "error" for r in results):
-        raise RuntimeError(next(r.error for r in results if r.error))
-    tokens = sum(len(r.token_ids) for r in results)
-    ttft = [h.first_token_at - h.created for h in handles if h.first_token_at is not None]
-    return {
-        "tok_per_s": tokens / wall,
-        "wall_s": wall,
-        "mean_ttft_ms": 1e3 * statistics.mean(ttft),
-    }
+def run_load(
+    engine: Any, prompts: list[list[int]], new_tokens: int, offsets: list[float] | None = None
+) -> dict[str, Any]:
+    """Submit the prompts at their arrival offsets (all at once by default); tok/s and TTFT."""
+    return serve_load(engine, prompts, new_tokens, offsets)
 
 
 def run_alone(engine: Any, model: Any, prompt: list[int], new_tokens: int) -> dict[str, float]:
@@ -84,6 +85,8 @@ class EngineBenchConfig:
     threads: int = 1
     max_length: int = 512  # KV positions per batching row
     prefix_tokens: int = 384  # the shared system prompt of the prefix-cache measurement
+    request_rate: float | None = None  # requests/s, Poisson arrivals; None: all at once
+    seed: int = 0  # of the arrival schedule
 
 
 def run_engine_bench(
@@ -100,11 +103,18 @@ def run_engine_bench(
         raise InputError("--requests and --runs must be at least 1, --new-tokens at least 2.")
     if config.prompt_tokens < 2 or config.prefix_tokens < 1:
         raise InputError("--prompt-len must be at least 2 and --prefix-tokens at least 1.")
+    offsets = arrival_offsets(config.requests, config.request_rate, config.seed)
     needed = config.prefix_tokens + config.prompt_tokens + config.new_tokens
     max_length = max(config.max_length, needed)
     model = specport.load(artifact, threads=config.threads)
     vocab = model.manifest.vocab_size
     batching = BatchingEngine(model, max_batch=config.requests, max_length=max_length)
+    if batching.max_length < needed:  # the artifact's context is shorter
+        batching.close()
+        raise InputError(
+            f"--prefix-tokens {config.prefix_tokens} + --prompt-len + --new-tokens need "
+            f"{needed} positions; the artifact holds {batching.max_length}: lower them."
+        )
     uncached = BatchingEngine(
         model, max_batch=config.requests, max_length=max_length, prefix_cache=False
     )
@@ -115,13 +125,19 @@ def run_engine_bench(
         return [[1, *rng.integers(3, vocab, config.prompt_tokens - 1).tolist()] for _ in range(n)]
 
     rows: list[dict[str, Any]] = []
+    loads: dict[str, list[dict[str, Any]]] = {"batching": [], "serial": []}
+    same = True  # greedy: both engines give every request the same tokens
     try:
         run_load(batching, prompts(2**32 - 1, config.requests), 8)  # warm-up
         run_load(serial, prompts(2**32 - 2, 2), 8)
         for r in range(config.rounds):
             load_prompts = prompts(r, config.requests)
-            b = run_load(batching, load_prompts, config.new_tokens)
-            s = run_load(serial, load_prompts, config.new_tokens)
+            b = run_load(batching, load_prompts, config.new_tokens, offsets)
+            s = run_load(serial, load_prompts, config.new_tokens, offsets)
+            loads["batching"].append(b)
+            loads["serial"].append(s)
+            same = same and b["tokens"] == s["tokens"]
+            b, s = _figures(b), _figures(s)
             alone = run_alone(batching, model, prompts(1000 + r, 1)[0], config.new_tokens)
             system, *tails = prompts(2000 + r, 5)
             system = (system * (config.prefix_tokens // len(system) + 1))[: config.prefix_tokens]
@@ -153,24 +169,38 @@ def run_engine_bench(
         "alone_engine_over_generate": med(
             lambda x: x["alone"]["engine_tok_per_s"] / x["alone"]["generate_tok_per_s"]
         ),
+        "load_same_tokens": same,
         "alone_same_tokens": all(x["alone"]["same_tokens"] for x in rows),
         "shared_prefix_ttft_ms_cached": med(lambda x: x["prefix"]["cached_ttft_ms"]),
         "shared_prefix_ttft_ms_uncached": med(lambda x: x["prefix"]["uncached_ttft_ms"]),
+        "arrivals_s": [round(t, 4) for t in offsets],
+        "latency": {name: latency_summary(runs) for name, runs in loads.items()},
         "rounds": rows,
     }
 
 
+def _figures(load: dict[str, Any]) -> dict[str, Any]:
+    """A round's JSON-able figures of one engine (its tokens and timelines stay out)."""
+    figures = {k: load[k] for k in ("tok_per_s", "wall_s", "mean_ttft_ms")}
+    return {**figures, "requests": served_rows(load)}
+
+
 def format_engine_table(report: dict[str, Any]) -> str:
     cfg = report["config"]
+    arriving = load_line(cfg["requests"], cfg.get("request_rate"), cfg.get("seed", 0))
     lines = [
-        f"{cfg['requests']} concurrent requests x {cfg['new_tokens']} new tokens "
+        f"{arriving} x {cfg['new_tokens']} new tokens "
         f"(prompts of {cfg['prompt_tokens']}), {cfg['threads']} threads, {cfg['rounds']} rounds "
         "(medians; ratios per round)",
         f"  batching engine   {report['batching_tok_per_s']:8.1f} tok/s   "
         f"mean TTFT {report['batching_mean_ttft_ms']:.1f} ms",
         f"  serial engine     {report['serial_tok_per_s']:8.1f} tok/s   "
         f"mean TTFT {report['serial_mean_ttft_ms']:.1f} ms",
-        f"  batching / serial {report['batching_over_serial']:.2f}x",
+        f"  batching / serial {report['batching_over_serial']:.2f}x; same tokens: "
+        f"{report['load_same_tokens']}",
+        "per request, from its own arrival (every round):",
+        latency_line("batching", report["latency"]["batching"]),
+        latency_line("serial", report["latency"]["serial"]),
         f"one request alone, batching engine / Model.generate: "
         f"{report['alone_engine_over_generate']:.2f}x (same tokens: {report['alone_same_tokens']})",
         f"shared {cfg['prefix_tokens']}-token system prompt, TTFT: prefix cache "
@@ -192,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--prefix-tokens", type=int, default=384, help="shared system prompt (prefix cache)"
     )
+    parser.add_argument("--request-rate", type=float, help="requests/s (default: all at once)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the arrival schedule")
     args = parser.parse_args(argv)
     config = EngineBenchConfig(
         args.requests,
@@ -201,6 +233,8 @@ def main(argv: list[str] | None = None) -> None:
         args.threads,
         args.max_length,
         args.prefix_tokens,
+        args.request_rate,
+        args.seed,
     )
     report = run_engine_bench(
         args.artifact, config, on_round=lambda row: print(json.dumps(row, default=_round))

@@ -2,12 +2,14 @@
 
     specport bench ARTIFACT --requests 4 --speculative ngram [--spec-max-rows 4]
 
-N requests are submitted at once to two batching engines over one loaded model, one plain and
+N requests are submitted at once (or arrive over time at `request_rate`, the same seeded
+Poisson schedule for both engines: runtime/bench/arrivals.py) to two batching engines over one loaded model, one plain and
 one speculating (`BatchingEngine(speculative=...)`), alternating which goes first each round,
 on the same fresh prompts. The prompts are a "copy" workload: a random segment said twice, so
 n-gram drafts find matches (its favourable case; MTP and draft models do not need it). Reported
-per engine: generated tokens/s (all tokens / wall time until the last request ends) and TTFT
-p50 / p99 over every request of every round; the speed-up is the median of per-round ratios.
+per engine: generated tokens/s (all tokens / wall time until the last request ends), and TTFT,
+TPOT and end-to-end latency p50 / p99 over every request of every round, each from the
+request's own arrival; the speed-up is the median of per-round ratios.
 Greedy, so both engines must give the same tokens (`same_tokens`). Run N = 1, 4, 16 to see
 where the compute-bound rule (`--spec-max-rows`) should sit on a machine.
 """
@@ -15,7 +17,6 @@ where the compute-bound rule (`--spec-max-rows`) should sit on a machine.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,14 @@ from typing import Any
 import numpy as np
 
 from specport.errors import ArtifactError, InputError
-from specport.runtime.engine.base import Request
+from specport.runtime.bench.arrivals import (
+    arrival_offsets,
+    latency_line,
+    latency_summary,
+    load_line,
+    served_rows,
+)
+from specport.runtime.bench.arrivals import serve_load as _load
 
 
 @dataclass
@@ -40,6 +48,8 @@ class SpecEngineBenchConfig:
     spec_max_tokens: int | None = None  # None: the engine's default (SPEC_MAX_TOKENS)
     max_length: int = 512  # KV positions per batching row
     prompt_set: str | None = None  # None: random copy prompts; else a --prompt-set name
+    request_rate: float | None = None  # requests/s, Poisson arrivals; None: all at once
+    seed: int = 0  # of the arrival schedule
 
 
 def copy_prompts(seed: int, n: int, length: int, vocab: int) -> list[list[int]]:
@@ -67,21 +77,6 @@ def set_prompts(model: Any, name: str, n: int) -> list[list[int]]:
     return [list(encoded[i % len(encoded)]) for i in range(n)]
 
 
-def _load(engine: Any, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    handles = [engine.submit(Request(p, new_tokens, ignore_eos=True)) for p in prompts]
-    results = [h.result(timeout=600) for h in handles]
-    wall = time.perf_counter() - t0
-    failed = [r.error for r in results if r.finish_reason == "error"]
-    if failed:
-        raise RuntimeError(failed[0])
-    return {
-        "tok_per_s": sum(len(r.token_ids) for r in results) / wall,
-        "ttft_ms": [1e3 * (h.first_token_at - h.created) for h in handles if h.first_token_at],
-        "tokens": [r.token_ids for r in results],
-    }
-
-
 def run_spec_engine_bench(
     artifact: str,
     config: SpecEngineBenchConfig,
@@ -96,6 +91,7 @@ def run_spec_engine_bench(
         raise InputError("--requests and --runs must be at least 1, --new-tokens at least 2.")
     if config.prompt_tokens < 2:
         raise InputError("--prompt-len must be at least 2.")
+    offsets = arrival_offsets(config.requests, config.request_rate, config.seed)
     model = specport.load(artifact, threads=config.threads)
     if model.manifest.kv.layout != "shared":
         raise ArtifactError(
@@ -121,7 +117,7 @@ def run_spec_engine_bench(
     if config.prompt_set is not None:
         fixed = set_prompts(model, config.prompt_set, config.requests)
     rows: list[dict[str, Any]] = []
-    ttft: dict[str, list[float]] = {"plain": [], "speculative": []}
+    loads: dict[str, list[dict[str, Any]]] = {"plain": [], "speculative": []}
     same = True
     try:
         warm = fixed or copy_prompts(2**32 - 1, config.requests, config.prompt_tokens, vocab)
@@ -133,11 +129,16 @@ def run_spec_engine_bench(
             order = [("plain", plain), ("speculative", spec)]
             if r % 2:  # alternate which engine runs first
                 order.reverse()
-            got = {name: _load(eng, prompts, config.new_tokens) for name, eng in order}
+            got = {name: _load(eng, prompts, config.new_tokens, offsets) for name, eng in order}
             same = same and got["plain"]["tokens"] == got["speculative"]["tokens"]
-            for name in ttft:
-                ttft[name] += got[name]["ttft_ms"]
-            rows.append({name: {"tok_per_s": got[name]["tok_per_s"]} for name in got})
+            for name in loads:
+                loads[name].append(got[name])
+            rows.append(
+                {
+                    name: {"tok_per_s": run["tok_per_s"], "requests": served_rows(run)}
+                    for name, run in got.items()
+                }
+            )
             if on_round is not None:
                 on_round({"round": r, **rows[-1]})
         after = spec.stats()
@@ -151,8 +152,7 @@ def run_spec_engine_bench(
     def med(name: str) -> float:
         return round(statistics.median(x[name]["tok_per_s"] for x in rows), 2)
 
-    def pct(name: str, q: float) -> float:
-        return round(float(np.percentile(ttft[name], q)), 2) if ttft[name] else float("nan")
+    latency = {name: latency_summary(runs) for name, runs in loads.items()}
 
     return {
         "artifact": str(artifact),
@@ -165,16 +165,18 @@ def run_spec_engine_bench(
             ),
             3,
         ),
-        "plain_ttft_ms_p50": pct("plain", 50),
-        "plain_ttft_ms_p99": pct("plain", 99),
-        "speculative_ttft_ms_p50": pct("speculative", 50),
-        "speculative_ttft_ms_p99": pct("speculative", 99),
+        "plain_ttft_ms_p50": latency["plain"]["ttft_ms_p50"],
+        "plain_ttft_ms_p99": latency["plain"]["ttft_ms_p99"],
+        "speculative_ttft_ms_p50": latency["speculative"]["ttft_ms_p50"],
+        "speculative_ttft_ms_p99": latency["speculative"]["ttft_ms_p99"],
         "same_tokens": same,
         "spec_steps": steps,
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
         "step_cost_ms": after.get("spec_step_cost_ms"),  # [base, per extra token], measured
+        "arrivals_s": [round(t, 4) for t in offsets],
+        "latency": latency,
         "rounds": rows,
     }
 
@@ -186,8 +188,9 @@ def format_spec_engine_table(report: dict[str, Any]) -> str:
         if cfg.get("prompt_set") is None
         else f"--prompt-set {cfg['prompt_set']}"
     )
+    arriving = load_line(cfg["requests"], cfg.get("request_rate"), cfg.get("seed", 0))
     lines = [
-        f"{cfg['requests']} concurrent requests x {cfg['new_tokens']} new tokens ({prompts}), "
+        f"{arriving} x {cfg['new_tokens']} new tokens ({prompts}), "
         f"batching engine, {cfg['threads']} threads, "
         f"{cfg['rounds']} rounds; speculative {cfg['method']}: rows verify one by one while <= "
         f"{cfg['spec_max_rows']} decode, else together at the width the measured step cost "
@@ -201,6 +204,9 @@ def format_spec_engine_table(report: dict[str, Any]) -> str:
         f"same tokens: {report['same_tokens']}",
         f"  {report['spec_steps']} verify steps, {report['accepted']}/{report['drafted']} drafts "
         f"accepted ({100 * report['acceptance_rate']:.1f}%)",
+        "  per request, from its own arrival (every round):",
+        latency_line("plain", report["latency"]["plain"], indent=4),
+        latency_line("speculative", report["latency"]["speculative"], indent=4),
     ]
     if report.get("step_cost_ms"):
         base, per_token, plain, verify = report["step_cost_ms"]

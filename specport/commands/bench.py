@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -77,7 +78,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="let onnxruntime threads busy-wait (default: auto, only with an idle core)",
     )
     spin.add_argument("--no-spin", dest="spin", action="store_false")
-    p.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seed of the random prompt")
+    p.add_argument(
+        "--seed",
+        type=NON_NEGATIVE,
+        default=0,
+        help="seed of the random prompt and of the --request-rate arrivals",
+    )
     spec = p.add_argument_group("speculative decoding (plain greedy vs each method, same prompts)")
     spec.add_argument(
         "--speculative",
@@ -131,6 +137,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "Model.generate, and the prefix cache on a shared system prompt (--runs rounds)",
     )
     load.add_argument(
+        "--request-rate",
+        type=_request_rate,
+        default=None,
+        metavar="R",
+        help="with --requests: requests arrive at R per second (Poisson arrivals from --seed, "
+        "as vLLM's benchmark_serving sends them; the same schedule for every engine and round), "
+        "and each request's TTFT, TPOT and end-to-end latency count from its own arrival "
+        "(default: all at once; inf: all at once)",
+    )
+    load.add_argument(
         "--prefix-tokens",
         type=POSITIVE,
         default=384,
@@ -163,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--suffix-corpus is read only by --speculative suffix; add it or drop it.")
     if args.requests is not None:
         return _run_engines(args)
+    if args.request_rate is not None:
+        raise UsageError("--request-rate is how --requests N arrive; add --requests N.")
     if args.speculative or args.tree_width or args.ceiling:
         return _run_speculative(args)
 
@@ -256,7 +274,8 @@ def _run_engines(args: argparse.Namespace) -> int:
 
     if args.peer or args.prompt_ids or args.batch != [1] or args.tree_width:
         raise UsageError(
-            "--requests takes --prompt-len, --new-tokens, --runs, --threads (and --speculative "
+            "--requests takes --prompt-len, --new-tokens, --runs, --threads, --request-rate, "
+            "--seed (and --speculative "
             "METHOD, --num-draft, --draft, --spec-max-rows) only; drop --peer, --prompt-ids, "
             "--batch and --tree-width."
         )
@@ -269,6 +288,8 @@ def _run_engines(args: argparse.Namespace) -> int:
         rounds=args.runs,
         threads=args.threads,
         prefix_tokens=args.prefix_tokens,
+        request_rate=_finite(args.request_rate),
+        seed=args.seed,
     )
     report = run_engine_bench(args.artifact, config)
     return _emit(args, report, format_engine_table)
@@ -295,6 +316,8 @@ def _run_engine_speculative(args: argparse.Namespace) -> int:
         spec_max_rows=args.spec_max_rows,
         spec_max_tokens=args.spec_max_tokens,
         prompt_set=args.prompt_set,
+        request_rate=_finite(args.request_rate),
+        seed=args.seed,
     )
     report = run_spec_engine_bench(args.artifact, config)
     return _emit(args, report, format_spec_engine_table)
@@ -307,6 +330,22 @@ def _emit(args: argparse.Namespace, report: Any, table: Callable[[Any], str]) ->
     else:
         print(table(report))
     return 0
+
+
+def _request_rate(text: str) -> float:
+    """--request-rate: a positive number of requests per second, or inf (all at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of requests/s, got {text!r}") from None
+    if not value > 0:  # also nan
+        raise argparse.ArgumentTypeError(f"must be > 0 requests/s (or inf), got {text}")
+    return value
+
+
+def _finite(rate: float | None) -> float | None:
+    """A finite request rate, or None for all at once (inf, or not given): JSON has no inf."""
+    return rate if rate is not None and math.isfinite(rate) else None
 
 
 def _num_draft(args: argparse.Namespace) -> int:
