@@ -12,7 +12,7 @@ import pytest
 from specport.errors import InputError
 from specport.runtime.bench.arrivals import arrival_offsets, latency_summary, serve_load
 
-GAP = 0.4  # seconds between arrivals: far above a tiny model's TTFT, far below a timeout
+GAP = 0.5  # seconds between arrivals: far above a tiny model's TTFT, far below a timeout
 
 
 def test_arrivals_are_a_seeded_poisson_process():
@@ -99,8 +99,10 @@ def test_bench_request_rate_reports_latency_per_engine(tiny_zoo, capsys):
     for name in ("plain", "speculative"):
         lat = report["latency"][name]
         assert lat["requests"] == 6  # 3 requests x 2 rounds
-        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        for key in ("ttft_ms", "e2e_ms"):
             assert lat[f"{key}_p99"] >= lat[f"{key}_p50"] > 0, (name, key)
+        # a tiny model's tokens may reach the handle in one event: TPOT rounds to 0.0 ms
+        assert lat["tpot_ms_p99"] >= lat["tpot_ms_p50"] >= 0
         assert lat["output_tok_per_s"] > 0
         assert report[f"{name}_ttft_ms_p50"] == lat["ttft_ms_p50"]
     code, out, _ = _bench(capsys, art, *common, "--request-rate", "40", "--threads", "1")
