@@ -107,10 +107,43 @@ GATHERED = {("Gather", 0), ("GatherBlockQuantized", 0), ("GatherBlockQuantized",
 GATHERED |= {("GatherBlockQuantized", 3)}
 
 
+def plain_decode_nodes(proto: Any) -> list[Any]:
+    """The nodes a plain decode step runs: those the graph's outputs need, less an MTP artifact's
+    branch (the runtime strips it at load unless decoding with `--speculative mtp`, see
+    ``runtime.session.artifact_graph``), so its heads' weights are not counted as read."""
+    from specport.passes.mtp import BRANCH_OUTPUTS
+
+    producer = {out: node for node in proto.graph.node for out in node.output if out}
+    wanted = [o.name for o in proto.graph.output if o.name not in BRANCH_OUTPUTS]
+    needed: set[int] = set()
+    while wanted:
+        node = producer.get(wanted.pop())
+        if node is None or id(node) in needed:
+            continue
+        needed.add(id(node))
+        wanted.extend(_node_inputs(node))
+    return [node for node in proto.graph.node if id(node) in needed]
+
+
+def _node_inputs(node: Any) -> list[str]:
+    """A node's inputs, with the outer names its subgraphs (If/Loop bodies) read."""
+    return [name for name in node.input if name] + _subgraph_inputs(node)
+
+
+def _subgraph_inputs(node: Any) -> list[str]:
+    names: list[str] = []
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            for inner in graph.node:
+                names.extend(_node_inputs(inner))
+    return names
+
+
 def bytes_per_token(model_path: Path) -> dict[str, int]:
-    """Weight bytes one decode step reads: every initializer, except tables only gathered from
-    (embedding: one row per token). Read from the graph, not the config, so fusions and
-    quantized layouts are counted as they ship."""
+    """Weight bytes one plain decode step reads: every initializer its nodes use, except tables
+    only gathered from (embedding: one row per token). Read from the graph, not the config, so
+    fusions and quantized layouts are counted as they ship; an MTP artifact's heads are counted
+    apart (`not_in_plain_decode`), since plain decoding runs without them."""
     import onnx
 
     proto = onnx.load(str(model_path), load_external_data=False)
@@ -122,19 +155,27 @@ def bytes_per_token(model_path: Path) -> dict[str, int]:
         sizes[t.name] = count * itemsize
         rows[t.name] = sizes[t.name] // max(int(t.dims[0]), 1) if len(t.dims) else sizes[t.name]
     uses: dict[str, list[tuple[str, int]]] = {}
-    for node in proto.graph.node:
+    for node in plain_decode_nodes(proto):
         for idx, name in enumerate(node.input):
             if name in sizes:
                 uses.setdefault(name, []).append((node.op_type, idx))
+        for name in _subgraph_inputs(node):
+            if name in sizes:
+                uses.setdefault(name, []).append((node.op_type, -1))
     total = gathered = 0
-    for name, size in sizes.items():
-        only_gather = uses.get(name) and all((op, i) in GATHERED for op, i in uses[name])
-        if only_gather:
-            gathered += size
+    for name in uses:
+        if all((op, i) in GATHERED for op, i in uses[name]):
+            gathered += sizes[name]
             total += rows[name]
         else:
-            total += size
-    return {"weights": total, "gather_tables": gathered, "all_initializers": sum(sizes.values())}
+            total += sizes[name]
+    read = sum(sizes[name] for name in uses)
+    return {
+        "weights": total,
+        "gather_tables": gathered,
+        "all_initializers": read,  # what a plain decode session holds
+        "not_in_plain_decode": sum(sizes.values()) - read,  # an MTP artifact's heads
+    }
 
 
 def kv_bytes_per_token(manifest: art.Manifest, avg_length: float, batch: int) -> int:

@@ -53,6 +53,8 @@ def floor_graph(model_path: Path, rows: int = 1) -> tuple[bytes, dict[str, np.nd
     import onnx
     from onnx import helper, numpy_helper
 
+    from specport.runtime.bench.hardware import plain_decode_nodes
+
     proto = onnx.load(str(model_path), load_external_data=False)
     inits = {t.name: t for t in proto.graph.initializer}
     rng = np.random.default_rng(0)
@@ -62,7 +64,7 @@ def floor_graph(model_path: Path, rows: int = 1) -> tuple[bytes, dict[str, np.nd
     activations: dict[int, str] = {}  # reduction dim K -> the float input [rows, K]
     covered = 0
     copied: set[str] = set()
-    for node in proto.graph.node:
+    for node in plain_decode_nodes(proto):  # an MTP artifact's heads run only when drafting
         if node.op_type not in _WEIGHT_OPS or len(node.input) < 2:
             continue
         # Every input after the activation must be a weight (an initializer) to stand alone.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from specport import artifact as art
@@ -274,3 +275,34 @@ def test_bench_requests_speculative_on_a_prompt_set(tiny_fused, capsys):
     )
     assert report["config"]["prompt_set"] == "copy"
     assert report["same_tokens"] is True and report["plain_tok_per_s"] > 0
+
+
+def test_plain_decode_bytes_leave_out_an_mtp_branch(tiny_fused, tmp_path):
+    """Plain decoding runs without the MTP heads (stripped at load), so the bytes per token and
+    the kernel floor of an MTP artifact are those of its base; the heads are reported apart."""
+    import onnx
+    import torch
+
+    from specport.exporter.mtp_heads import MTPHeads
+    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from specport.runtime.bench.artifact import bytes_per_token
+    from specport.runtime.bench.kernel_floor import floor_graph
+
+    torch.manual_seed(0)
+    heads = MTPHeads(load_base(art.read_manifest(tiny_fused)), 2).eval()
+    write_mtp_artifact(tiny_fused, heads, tmp_path / "mtp", {"source": "test"})
+    base = bytes_per_token(tiny_fused / "model.onnx")
+    mtp_model = tmp_path / "mtp" / "model.onnx"
+    with_heads = bytes_per_token(mtp_model)
+    shipped = onnx.load(str(mtp_model), load_external_data=False)
+    head_bytes = sum(
+        onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize * int(np.prod(t.dims))
+        for t in shipped.graph.initializer
+        if t.name.startswith("mtp.")
+    )
+    assert head_bytes > 0
+    assert base["not_in_plain_decode"] == 0
+    assert with_heads["weights"] == base["weights"]
+    assert with_heads["all_initializers"] == base["all_initializers"]
+    assert with_heads["not_in_plain_decode"] == head_bytes
+    assert floor_graph(mtp_model)[2] == floor_graph(tiny_fused / "model.onnx")[2]
