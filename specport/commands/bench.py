@@ -138,7 +138,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     load.add_argument(
         "--request-rate",
-        type=_request_rate,
         default=None,
         metavar="R",
         help="with --requests: requests arrive at R per second (Poisson arrivals from --seed, "
@@ -177,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.suffix_corpus and "suffix" not in (args.speculative or []):
         raise UsageError("--suffix-corpus is read only by --speculative suffix; add it or drop it.")
+    if args.request_rate is not None:  # checked here, not by argparse: one line, no usage
+        args.request_rate = _request_rate(args.request_rate)
     if args.requests is not None:
         return _run_engines(args)
     if args.request_rate is not None:
@@ -337,9 +338,9 @@ def _request_rate(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of requests/s, got {text!r}") from None
+        raise UsageError(f"--request-rate must be a number of requests/s, got {text!r}.") from None
     if not value > 0:  # also nan
-        raise argparse.ArgumentTypeError(f"must be > 0 requests/s (or inf), got {text}")
+        raise UsageError(f"--request-rate must be > 0 requests/s (or inf), got {text}.")
     return value
 
 
