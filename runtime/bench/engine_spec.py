@@ -50,6 +50,7 @@ class SpecEngineBenchConfig:
     prompt_set: str | None = None  # None: random copy prompts; else a --prompt-set name
     request_rate: float | None = None  # requests/s, Poisson arrivals; None: all at once
     seed: int = 0  # of the arrival schedule
+    suffix_corpus: str | None = None  # earlier answers, for method="suffix"
 
 
 def copy_prompts(seed: int, n: int, length: int, vocab: int) -> list[list[int]]:
@@ -92,7 +93,10 @@ def run_spec_engine_bench(
     if config.prompt_tokens < 2:
         raise InputError("--prompt-len must be at least 2.")
     offsets = arrival_offsets(config.requests, config.request_rate, config.seed)
-    model = specport.load(artifact, threads=config.threads)
+    model = specport.load(artifact, threads=config.threads, suffix_corpus=config.suffix_corpus)
+    # Rounds repeat the same prompts: a suffix index learning round 1's answers would draft
+    # round 2's perfectly. Served traffic does learn (a server's default).
+    model.suffix_index.learn = False
     if model.manifest.kv.layout != "shared":
         raise ArtifactError(
             f"{artifact} has the {model.manifest.kv.layout!r} KV layout; the batching engine "

@@ -178,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--suffix-corpus is read only by --speculative suffix; add it or drop it.")
     if args.request_rate is not None:  # checked here, not by argparse: one line, no usage
         args.request_rate = _request_rate(args.request_rate)
+    if args.requests is not None and args.ceiling:
+        raise UsageError("--ceiling runs one prompt at a time; drop --requests or --ceiling.")
     if args.requests is not None:
         return _run_engines(args)
     if args.request_rate is not None:
@@ -319,6 +321,7 @@ def _run_engine_speculative(args: argparse.Namespace) -> int:
         prompt_set=args.prompt_set,
         request_rate=_finite(args.request_rate),
         seed=args.seed,
+        suffix_corpus=args.suffix_corpus,
     )
     report = run_spec_engine_bench(args.artifact, config)
     return _emit(args, report, format_spec_engine_table)
