@@ -239,8 +239,8 @@ def write_mtp_artifact(
     import onnx_ir as ir
 
     from specport.contract import TREE_MASK
-    from specport.exporter.export import _io_signature
     from specport.exporter.mtp_heads_graph import save_heads_graph
+    from specport.exporter.onnx_graph import io_signature
     from specport.passes.mtp import BRANCH_OUTPUTS, InsertMTPBranchPass
 
     manifest = art.read_manifest(artifact)
@@ -260,7 +260,7 @@ def write_mtp_artifact(
         details = {k: v for k, v in result.report.items() if not k.startswith("ops_")}
         manifest.passes = [*manifest.passes, details]
         manifest.model_file = art.MODEL_NAME
-        manifest.io = _io_signature(tmp / art.MODEL_NAME)
+        manifest.io = io_signature(tmp / art.MODEL_NAME)
         manifest.mtp = {
             "heads": heads.num_heads,
             "outputs": dict(zip(("accepted", "bonus", "drafts"), BRANCH_OUTPUTS)),

@@ -135,13 +135,13 @@ def test_shared_stops_at_its_max_length(shared_art):
 
 
 def test_default_max_length_is_context_capped():
-    from specport.exporter.export import _shared_buffer_length
+    from specport.exporter.kv_layout_choice import shared_buffer_length
 
     shapes = [(2, 16, 16)]
-    assert _shared_buffer_length("shared", shapes, {"context_length": 128}, None) == 128
+    assert shared_buffer_length("shared", shapes, {"context_length": 128}, None) == 128
     big = {"context_length": 131072}
-    assert _shared_buffer_length("shared", shapes, big, None) == 4096
-    assert _shared_buffer_length("concat", shapes, big, None) is None
+    assert shared_buffer_length("shared", shapes, big, None) == 4096
+    assert shared_buffer_length("concat", shapes, big, None) is None
 
 
 @pytest.mark.parametrize(
