@@ -154,6 +154,26 @@ def runtimes(manifest: Any, directory: str) -> dict[str, dict[str, Any]]:
     return runtimes_of(manifest, Path(directory))
 
 
+BATCHED_YES = "yes (the batching engine verifies speculative rows in one run)"
+BATCHED_NO = (
+    "no: exported before attention was fed query_seqlens, so the batching engine verifies "
+    "speculative rows one by one (slower); re-export for batched verification"
+)
+
+
+def batched_verification(manifest: Any, directory: str) -> bool | None:
+    """Can the batching engine verify several speculative rows in one run (shared layout only)?
+
+    Older shared-layout exports do not feed GroupQueryAttention `query_seqlens`; they still run,
+    but verify row by row (runtime/engine/slots.py: `takes_batched_steps`), which a user only
+    finds out from the speed. Read from the graph's structure; the weights stay on disk."""
+    if manifest.kv.layout != "shared":
+        return None
+    from specport.runtime.engine.slots import takes_batched_steps
+
+    return takes_batched_steps(Path(directory) / manifest.model_file)
+
+
 def run(args: argparse.Namespace) -> int:
     from specport.artifact import read_manifest
 
@@ -163,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         manifest = read_manifest(args.artifact)
         info = {**summarize(manifest), "runtimes": runtimes(manifest, args.artifact)}
+        batched = batched_verification(manifest, args.artifact)
+        if batched is not None:
+            info["batched_verify"] = batched
         checked = "all file hashes match"
     if args.json:
         emit_json(info)
@@ -175,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
             value = quant_line(value, manifest.kv.dtypes())
         elif key == "mtp" and value:
             value = mtp_line(value)
+        elif key == "batched_verify":
+            value = BATCHED_YES if value else BATCHED_NO
         elif key == "runtimes":
             value = "; ".join(
                 f"{n}"

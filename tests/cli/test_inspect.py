@@ -85,3 +85,33 @@ def test_mtp_line_is_one_short_line():
     assert "\n" not in line and len(line) < 200
     assert "3 heads" in line and "2000 steps" in line and "1.88" in line and "8192" in line
     assert "--json" in line
+
+
+def test_an_export_without_query_seqlens_says_it_verifies_row_by_row(cli, tiny_zoo, tmp_path):
+    """Shared-layout graphs exported before attention got `query_seqlens` verify speculative
+    rows one by one in the batching engine: inspect says so, and that re-exporting fixes it."""
+    import shutil
+
+    import onnx
+
+    from specport import artifact as art
+
+    fresh = tiny_zoo.shared("llama")
+    code, out, err = cli("inspect", fresh)
+    assert code == 0, err
+    assert "batched_verify" in out and "yes (" in out and "re-export" not in out
+    old = tmp_path / "old"
+    shutil.copytree(fresh, old)
+    model = onnx.load(str(old / "model.onnx"), load_external_data=False)
+    attention = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert attention and all(len(n.input) > 16 for n in attention)
+    for node in attention:  # the graph as older exports wrote it: no input 16
+        del node.input[16:]
+    onnx.save(model, str(old / "model.onnx"))  # the external weights file is left as it is
+    art.write_manifest(old, art.read_manifest(old, check_hashes=False), interop=False)
+    code, out, err = cli("inspect", old)
+    assert code == 0, err
+    line = next(t for t in out.splitlines() if t.startswith("batched_verify"))
+    assert "one by one" in line and "re-export for batched verification" in line
+    code, out, _ = cli("inspect", old, "--json")
+    assert code == 0 and json.loads(out)["batched_verify"] is False
