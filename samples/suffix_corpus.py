@@ -37,12 +37,19 @@ def build_corpus(
     model = load(artifact, threads=threads)
     prompts = chat_prompts(messages, model.path, model.tokenizer, limit)
     answers: list[list[int]] = []
-    with Loop(len(prompts), "answering messages") as loop:
+    # progress by streamed piece of text (about a token): a batch takes a minute on a real model
+    with Loop(len(prompts) * new_tokens, "answering messages (tokens)") as loop:
         for i in range(0, len(prompts), 16):
             chunk = prompts[i : i + 16]
-            results = model.generate_batch(prompt_ids=chunk, max_new_tokens=new_tokens, greedy=True)
+            start = loop.done
+            results = model.generate_batch(
+                prompt_ids=chunk,
+                max_new_tokens=new_tokens,
+                greedy=True,
+                on_text=lambda _row, _text: loop.update(),
+            )
             answers += [list(r.tokens) for r in results]
-            loop.update(len(chunk))
+            loop.update(max(0, start + len(chunk) * new_tokens - loop.done))
     eos = set(model.manifest.eos_token_ids)
     answers = [[t for t in a if t not in eos] for a in answers]
     write_corpus(out, answers, [model.decode(a) for a in answers])
