@@ -85,27 +85,35 @@ class SuffixIndex:
         return self._tokens
 
     def _build(self) -> None:
+        """Index the queued sequences: their keys are sorted and merged into each n's sorted
+        arrays (a copy, no re-sort: a server adds an answer per finished request). Past
+        `max_tokens` the oldest sequences go and the index is rebuilt, down to 3/4 of the
+        limit so that happens rarely."""
         if not self._pending:
             return
-        tokens = np.concatenate([self._tokens, np.asarray(self._pending, dtype=np.int64)])
+        tail = np.asarray(self._pending, dtype=np.int64)
         self._pending = []
-        if tokens.shape[0] > self.max_tokens:  # drop the oldest whole sequences
-            seps = np.flatnonzero(tokens[: tokens.shape[0] - self.max_tokens] == SEPARATOR)
-            tokens = tokens[int(seps[-1]) + 1 if seps.size else tokens.shape[0] - self.max_tokens :]
-        self._tokens = tokens
-        valid = tokens != SEPARATOR
-        key = np.where(valid, tokens, _NO_KEY)
-        self._keys, self._order = [], []
-        with np.errstate(over="ignore"):
-            for n in range(1, self.max_n + 1):
-                if n > 1:  # key_n(i) = key_{n-1}(i-1) * P + token(i), invalid if either is
-                    prev = np.concatenate([[_NO_KEY], key[:-1]])
-                    ok = (prev != _NO_KEY) & valid
-                    key = np.where(ok, prev * _PRIME + tokens, _NO_KEY)
-                order = np.argsort(key, kind="stable")  # equal keys stay in corpus order
-                self._keys.append(key[order])
-                self._order.append(order)
-        logger.debug("suffix index: %d tokens", tokens.shape[0])
+        if self._tokens.shape[0] + tail.shape[0] > self.max_tokens:
+            tokens = np.concatenate([self._tokens, tail])
+            budget = max(self.max_tokens * 3 // 4, min(tail.shape[0], self.max_tokens))
+            seps = np.flatnonzero(tokens[: tokens.shape[0] - budget] == SEPARATOR)
+            cut = int(seps[-1]) + 1 if seps.size else tokens.shape[0] - budget
+            self._tokens = np.zeros(0, dtype=np.int64)
+            self._keys, self._order = [], []
+            tail = tokens[cut:]
+        offset = self._tokens.shape[0]
+        self._tokens = np.concatenate([self._tokens, tail])
+        for n, key in enumerate(_ngram_keys(tail, self.max_n)):
+            order = np.argsort(key, kind="stable")  # equal keys stay in corpus order
+            new_keys, new_pos = key[order], order + offset
+            if n < len(self._keys):  # after the equal keys already there: still oldest first
+                at = np.searchsorted(self._keys[n], new_keys, side="right")
+                self._keys[n] = np.insert(self._keys[n], at, new_keys)
+                self._order[n] = np.insert(self._order[n], at, new_pos)
+            else:
+                self._keys.append(new_keys)
+                self._order.append(new_pos)
+        logger.debug("suffix index: %d tokens", self._tokens.shape[0])
 
     def longest_match(self, context: Sequence[int], min_n: int) -> tuple[int, np.ndarray]:
         """(n, end positions, oldest first) of the longest suffix of ``context`` (n >= min_n)
@@ -148,6 +156,20 @@ class SuffixIndex:
             draft.append(int(values[best]))
             pos = pos[nxt == values[best]] + 1
         return draft
+
+
+def _ngram_keys(tokens: np.ndarray, max_n: int) -> list[np.ndarray]:
+    """Per n = 1..max_n, the key of the n-gram ending at each position (`_NO_KEY` where it
+    would start before the array or cross a separator)."""
+    valid = tokens != SEPARATOR
+    key = np.where(valid, tokens, _NO_KEY)
+    keys = [key]
+    with np.errstate(over="ignore"):
+        for _ in range(2, max_n + 1):  # key_n(i) = key_{n-1}(i-1) * P + token(i)
+            prev = np.concatenate([[_NO_KEY], key[:-1]])
+            key = np.where((prev != _NO_KEY) & valid, prev * _PRIME + tokens, _NO_KEY)
+            keys.append(key)
+    return keys
 
 
 def _suffix_key(ngram: np.ndarray) -> np.int64:

@@ -110,3 +110,21 @@ def test_suffix_batch_and_corpus_file(tiny_zoo, tmp_path):
     bad.write_text('{"ids": [1, 2]}\n{"tokens": [3]}\n')
     with pytest.raises(InputError, match="bad.jsonl:2"):
         specport.load(path, threads=1, suffix_corpus=bad)
+
+
+def test_adding_answers_one_by_one_indexes_as_one_build():
+    """A server adds an answer per finished request: merging each into the sorted arrays must
+    give the index a single build gives (same matches, oldest first)."""
+    rng = np.random.default_rng(1)
+    seqs = [rng.integers(0, 12, size=int(rng.integers(1, 30))).tolist() for _ in range(60)]
+    once, stepwise = SuffixIndex(max_n=4), SuffixIndex(max_n=4)
+    once.extend(seqs)
+    for seq in seqs:
+        stepwise.add(seq)
+        stepwise.tokens()  # index now, as a lookup between requests would
+    assert stepwise.tokens().tolist() == once.tokens().tolist()
+    for probe in ([3], [3, 4], [1, 2, 3], [5, 5, 5, 5], [11, 0]):
+        n1, ends1 = once.longest_match(probe, 1)
+        n2, ends2 = stepwise.longest_match(probe, 1)
+        assert n1 == n2 and ends1.tolist() == ends2.tolist()
+        assert ends1.tolist() == sorted(ends1.tolist())
