@@ -275,6 +275,9 @@ def make_proposer(
 ) -> Proposer:
     """The proposer for ``method`` (``ngram`` | ``suffix`` | ``draft`` | ``mtp``), validated
     against the target."""
+    from specport.runtime.speculative.exactness import warn_if_not_token_exact
+
+    warn_if_not_token_exact(model.manifest)
     if method == "ngram":
         from specport.runtime.speculative.ngram import NgramProposer
 

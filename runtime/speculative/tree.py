@@ -389,6 +389,9 @@ def generate_tree(
     The artifact must have been exported with ``--tree-mask``. Returns (new tokens, finish
     reason, metrics) with the keys of ``generate_speculative``'s metrics.
     """
+    from specport.runtime.speculative.exactness import warn_if_not_token_exact
+
+    warn_if_not_token_exact(model.manifest)
     if method == "mtp":
         from specport.runtime.speculative.mtp_tree import mtp_tree_generator
 
