@@ -156,9 +156,22 @@ def self_generate_chat(
 
     model = load(artifact, threads=threads)
     seqs, hidden, valid = [], [], []
-    # Progress by streamed piece of text (about a token): a batch of answers takes a minute
-    # on a real model, and a line per batch read as a hang.
-    with Loop(len(prompts) * new_tokens, "self-generating chat answers") as loop:
+    for chunk, answers in greedy_answers(model, prompts, new_tokens, batch):
+        s, h, v = answer_hidden(base, chunk, answers, new_tokens)
+        seqs.append(s)
+        hidden.append(h)
+        valid.append(v)
+    return torch.cat(seqs), torch.cat(hidden), torch.cat(valid)
+
+
+def greedy_answers(
+    model: Any, prompts: list[list[int]], new_tokens: int, batch: int = 32
+) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
+    """(prompts, greedy answers) per batch, decoded by onnxruntime on a loaded artifact.
+
+    Progress is by streamed piece of text (about a token): a batch of answers takes a minute
+    on a real model, and a line per batch read as a hang."""
+    with Loop(len(prompts) * new_tokens, "answering chat messages (tokens)") as loop:
         for i in range(0, len(prompts), batch):
             chunk = prompts[i : i + batch]
             start = loop.done
@@ -168,12 +181,8 @@ def self_generate_chat(
                 greedy=True,
                 on_text=lambda _row, _text: loop.update(),
             )
-            s, h, v = answer_hidden(base, chunk, [r.tokens for r in results], new_tokens)
-            seqs.append(s)
-            hidden.append(h)
-            valid.append(v)
             loop.update(max(0, start + len(chunk) * new_tokens - loop.done))
-    return torch.cat(seqs), torch.cat(hidden), torch.cat(valid)
+            yield chunk, [list(r.tokens) for r in results]
 
 
 @torch.no_grad()

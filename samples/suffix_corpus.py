@@ -28,28 +28,14 @@ def build_corpus(
     the number of answers."""
     from specport.api import load
     from specport.errors import InputError
-    from specport.exporter.mtp_data import chat_prompts
-    from specport.progress import Loop
+    from specport.exporter.mtp_data import chat_prompts, greedy_answers
     from specport.runtime.speculative.suffix_corpus import write_corpus
 
     if out.exists():
         raise InputError(f"--out {out} exists; choose a new file (nothing is overwritten).")
     model = load(artifact, threads=threads)
     prompts = chat_prompts(messages, model.path, model.tokenizer, limit)
-    answers: list[list[int]] = []
-    # progress by streamed piece of text (about a token): a batch takes a minute on a real model
-    with Loop(len(prompts) * new_tokens, "answering messages (tokens)") as loop:
-        for i in range(0, len(prompts), 16):
-            chunk = prompts[i : i + 16]
-            start = loop.done
-            results = model.generate_batch(
-                prompt_ids=chunk,
-                max_new_tokens=new_tokens,
-                greedy=True,
-                on_text=lambda _row, _text: loop.update(),
-            )
-            answers += [list(r.tokens) for r in results]
-            loop.update(max(0, start + len(chunk) * new_tokens - loop.done))
+    answers = [a for _, batch in greedy_answers(model, prompts, new_tokens, 16) for a in batch]
     eos = set(model.manifest.eos_token_ids)
     answers = [[t for t in a if t not in eos] for a in answers]
     write_corpus(out, answers, [model.decode(a) for a in answers])

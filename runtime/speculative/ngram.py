@@ -53,15 +53,19 @@ class NgramProposer:
         match = find_suffix_match(arr, self.min_n, self.max_n)
         if match is None:
             return []
-        end, _n = match
-        # Token j of the draft continues at source position end+1+j; positions past the
-        # context map back into the draft with the match's period.
-        length = arr.shape[0]
-        draft: list[int] = []
-        for j in range(num_draft):
-            src = end + 1 + j
-            draft.append(int(arr[src]) if src < length else draft[src - length])
-        return draft
+        return copy_after(arr, match[0], num_draft)
+
+
+def copy_after(tokens: np.ndarray, end: int, num_draft: int) -> list[int]:
+    """The ``num_draft`` tokens that followed position ``end`` of ``tokens``. Token j continues
+    at source position end+1+j; positions past the context map back into the draft with the
+    match's period, so a loop keeps repeating."""
+    length = tokens.shape[0]
+    draft: list[int] = []
+    for j in range(num_draft):
+        src = end + 1 + j
+        draft.append(int(tokens[src]) if src < length else draft[src - length])
+    return draft
 
 
 def find_suffix_match(

@@ -20,7 +20,7 @@ import numpy as np
 
 from specport.errors import InputError
 from specport.runtime.speculative.base import Drafts
-from specport.runtime.speculative.ngram import find_suffix_match
+from specport.runtime.speculative.ngram import copy_after, find_suffix_match
 
 logger = logging.getLogger(__name__)
 
@@ -214,13 +214,7 @@ class SuffixProposer:
         own = find_suffix_match(arr, self.context_min_n, self.index.max_n)
         n, ends = self.index.longest_match(tokens, self.min_n)
         if own is not None and own[1] >= n:
-            end, _ = own
-            length = arr.shape[0]
-            draft: list[int] = []
-            for j in range(num_draft):  # as NgramProposer: a loop keeps its period
-                src = end + 1 + j
-                draft.append(int(arr[src]) if src < length else draft[src - length])
-            return draft
+            return copy_after(arr, own[0], num_draft)
         if ends.size == 0:
             return []
         # Shorter suffixes match more places, less specifically: ask them for a wider majority.
