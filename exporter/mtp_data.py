@@ -165,13 +165,17 @@ def self_generate_chat(
 
 
 def greedy_answers(
-    model: Any, prompts: list[list[int]], new_tokens: int, batch: int = 32
+    model: Any,
+    prompts: list[list[int]],
+    new_tokens: int,
+    batch: int = 32,
+    desc: str = "self-generating chat answers",
 ) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
     """(prompts, greedy answers) per batch, decoded by onnxruntime on a loaded artifact.
 
     Progress is by streamed piece of text (about a token): a batch of answers takes a minute
     on a real model, and a line per batch read as a hang."""
-    with Loop(len(prompts) * new_tokens, "answering chat messages (tokens)") as loop:
+    with Loop(len(prompts) * new_tokens, desc) as loop:
         for i in range(0, len(prompts), batch):
             chunk = prompts[i : i + batch]
             start = loop.done
