@@ -122,12 +122,7 @@ class SuffixIndex:
         ctx = np.asarray(context[-self.max_n :], dtype=np.int64)
         if ctx.size == 0 or not self._keys:
             return 0, np.zeros(0, dtype=np.int64)
-        keys = []
-        key = np.int64(0)
-        with np.errstate(over="ignore"):
-            for n in range(1, ctx.size + 1):  # the key of the last n context tokens
-                key = np.int64(ctx[-n]) if n == 1 else _suffix_key(ctx[-n:])
-                keys.append(key)
+        keys = [_suffix_key(ctx[-n:]) for n in range(1, ctx.size + 1)]  # last n tokens' keys
         for n in range(min(self.max_n, ctx.size), min_n - 1, -1):
             sorted_keys = self._keys[n - 1]
             lo = int(np.searchsorted(sorted_keys, keys[n - 1], "left"))

@@ -25,11 +25,13 @@ def read_corpus(path: str | Path, tokenizer: Any | None, vocab_size: int) -> lis
     if not source.is_file():
         raise InputError(f"--suffix-corpus {source}: no such file.")
     sequences: list[list[int]] = []
-    with source.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            sequences.append(_sequence(line, tokenizer, vocab_size, f"{source}:{number}"))
+    try:
+        with source.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if line.strip():
+                    sequences.append(_sequence(line, tokenizer, vocab_size, f"{source}:{number}"))
+    except UnicodeDecodeError:
+        raise InputError(f"--suffix-corpus {source} is not UTF-8 text (JSON lines).") from None
     if not sequences:
         raise InputError(f"--suffix-corpus {source} has no sequences (one JSON object per line).")
     logger.info(

@@ -110,6 +110,9 @@ def test_suffix_batch_and_corpus_file(tiny_zoo, tmp_path):
     bad.write_text('{"ids": [1, 2]}\n{"tokens": [3]}\n')
     with pytest.raises(InputError, match="bad.jsonl:2"):
         specport.load(path, threads=1, suffix_corpus=bad)
+    bad.write_bytes(b"\xff\xfe\n")
+    with pytest.raises(InputError, match="not UTF-8"):
+        specport.load(path, threads=1, suffix_corpus=bad)
 
 
 def test_adding_answers_one_by_one_indexes_as_one_build():
