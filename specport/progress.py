@@ -3,7 +3,8 @@
 A minute of silence reads as a hang, and CI logs, `nohup` and pipes are not terminals, so
 progress has two forms. On a terminal: tqdm bars that redraw in place. Elsewhere: one line
 per stage ("[2/5] exporting to ONNX ...") and, for loops, one line per tenth of the work with
-the elapsed time and an estimate of what is left. A bar in a log file would be one line per
+the elapsed time and an estimate of what is left, or sooner when `HEARTBEAT_S` pass without one
+(a tenth of an 8B export can take minutes). A bar in a log file would be one line per
 refresh, which is why bars stay on terminals.
 
 Whether progress shows at all: an explicit `show`/`requested` argument wins; else the
@@ -21,6 +22,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+HEARTBEAT_S = 30.0  # off a terminal, a loop says something at least this often
 
 _AMBIENT: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
     "specport_progress", default=None
@@ -69,7 +72,8 @@ def _say(line: str) -> None:
 
 class Loop:
     """Progress of a loop of `total` steps: a tqdm bar on a terminal; elsewhere one line per
-    tenth ("train-mtp: 60/600 (10%), 12.0s elapsed, ETA 1m48s, loss 2.31")."""
+    tenth ("train-mtp: 60/600 (10%), 12.0s elapsed, ETA 1m48s, loss 2.31"), and at least one
+    every `HEARTBEAT_S` seconds while steps complete."""
 
     def __init__(
         self, total: int, desc: str, show: bool | None = None, every_step: bool = False
@@ -80,6 +84,7 @@ class Loop:
         self.done = 0
         self._show = enabled(show)
         self._t0 = time.perf_counter()
+        self._last_line_t = self._t0
         self._next_line = self._tenth()
         self._bar: Any = None
         if self._show and sys.stderr.isatty():
@@ -104,8 +109,11 @@ class Loop:
             return
         if not self._show or self.total <= 0:
             return
-        if self.done >= self._next_line or self.done >= self.total:
+        now = time.perf_counter()
+        due = now - self._last_line_t >= HEARTBEAT_S
+        if self.done >= self._next_line or self.done >= self.total or due:
             self._next_line = self._tenth()
+            self._last_line_t = now
             self._line(note)
 
     def set_total(self, total: int) -> None:

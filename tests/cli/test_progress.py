@@ -44,6 +44,19 @@ def test_logs_get_a_line_per_tenth_with_elapsed_and_eta(monkeypatch):
     assert lines[-1].startswith("train: 30/30 (100%)") and "done" in lines[-1]
 
 
+def test_logs_get_a_heartbeat_when_a_tenth_takes_long(monkeypatch):
+    """A tenth of a long job (an 8B export's layer loop) can take minutes: a line at least
+    every HEARTBEAT_S keeps a log from looking hung."""
+    stream = _Stream(False)
+    monkeypatch.setattr(sys, "stderr", stream)
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.0)
+    with progress.Loop(1000, "export", show=True) as loop:
+        for _ in range(5):
+            loop.update()
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" (")[0] for line in lines] == [f"export: {i}/1000" for i in range(1, 6)]
+
+
 def test_library_use_is_quiet_off_a_terminal_unless_asked(monkeypatch):
     stream = _Stream(False)
     monkeypatch.setattr(sys, "stderr", stream)
