@@ -125,3 +125,48 @@ def check_generation(
             f"{model.path} --data FILE --out DIR` and run DIR, or use "
             f"{option('speculative', 'ngram')}."
         )
+
+
+def sampling_config(
+    greedy: bool | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    repetition_penalty: float,
+    seed: int | None,
+) -> Any:
+    """The `SamplingConfig` the separate sampling arguments describe, validated. `greedy` None:
+    greedy exactly when every other argument is left at its default."""
+    from specport.runtime.sampler import SamplingConfig
+
+    if greedy is None:
+        greedy = (
+            temperature == 1.0 and top_k == 0 and top_p == 1.0 and min_p == 0.0 and seed is None
+        )
+    config = SamplingConfig(
+        greedy=greedy,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+    )
+    config.validate()
+    return config
+
+
+def check_speculative_sampling(config: Any, tree_width: int) -> None:
+    """What one-prompt speculative decoding cannot honour of a `SamplingConfig`."""
+    if config.presence_penalty or config.frequency_penalty or config.logit_bias:
+        raise UsageError(
+            "presence / frequency penalties and logit_bias are not supported with "
+            "speculative decoding; use repetition_penalty, or decode without it."
+        )
+    if config.constraint is not None and (not config.greedy or tree_width != 1):
+        raise UsageError(
+            "structured outputs (a grammar) with speculative decoding need greedy "
+            "decoding (temperature 0) and chain drafts (tree width 1); decode without "
+            "--speculative for sampled constrained requests."
+        )
