@@ -218,7 +218,7 @@ def check_quantize(
 ) -> None:
     """The quantizer's own option checks, plus inputs and output, before calibration starts."""
     from specport.artifact import read_manifest
-    from specport.passes.quant import apply
+    from specport.passes.quant import checks
     from specport.passes.quant.head import check_head_bits
 
     at_least("calib_docs", calib_docs, 1)
@@ -235,10 +235,12 @@ def check_quantize(
             "fits its own zero points)."
         )
     try:
-        apply._check_kv(
+        checks.check_kv_options(
             scheme, resolved_algo, kv_cache, kv_clip, calib_files, kv_granularity, kv_float_layers
         )
-        apply._check(scheme, resolved_algo, resolved_group, calib_files, mixed_precision, form)
+        checks.check_weight_options(
+            scheme, resolved_algo, resolved_group, calib_files, mixed_precision, form
+        )
         check_head_bits(scheme, resolved_algo, lm_head_bits)
     except SpecportError as e:  # argument-only checks: a usage error
         raise UsageError(str(e)) from None
@@ -250,7 +252,7 @@ def check_quantize(
             )
     manifest = read_manifest(src, check_hashes=False)  # the quantizer checks hashes itself
     try:
-        apply.check_kv_layout(Path(src), manifest, kv_cache, kv_granularity)
+        checks.check_kv_layout(Path(src), manifest, kv_cache, kv_granularity)
     except SpecportError as e:  # the input cannot take these options
         raise UsageError(str(e)) from None
     check_artifact_out(out, [src, *calib_files])

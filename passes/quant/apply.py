@@ -16,6 +16,8 @@ MatMulNBitsQuantizer on the same graph, as baselines.
 Scheme `none` leaves the weights in float; with kv_cache="int8" (passes/quant/kv_cache.py) the
 KV cache is int8 with calibrated scales (per KV head on concat, per channel by default on shared),
 alone or on top of any weight scheme.
+The option checks live in passes/quant/checks.py, calibration in calibration.py, the
+onnxruntime baselines in ort_baseline.py; this module runs the recipe and writes the artifact.
 """
 
 from __future__ import annotations
@@ -37,192 +39,31 @@ from specport.artifact import (
     read_manifest,
     write_manifest,
 )
-from specport.errors import QuantizationError
 from specport.eval_record import EVAL_KEY, SOURCE_EVAL_KEY, source_eval_for_quantized
-from specport.options import option
 from specport.passes.base import PassResult
 from specport.passes.quant import calibration as C
-from specport.passes.quant.embedding import QuantizeEmbeddingPass
-from specport.passes.quant.graph import find_weight_matmuls
-from specport.passes.quant.head import check_head_bits, choose_lm_head_bits, head_wide
-from specport.passes.quant.kv_cache import (
-    KV_CLIPS,
-    apply_int8_kv,
-    default_kv_granularity,
-    int8_kv_manifest,
+from specport.passes.quant.checks import (
+    ALGOS,
+    SCHEMES,
+    check_kv_layout,
+    check_kv_options,
+    check_weight_options,
 )
-from specport.passes.quant.kv_calibration import KV_GRANULARITIES
+from specport.passes.quant.embedding import QuantizeEmbeddingPass
+from specport.passes.quant.head import check_head_bits, choose_lm_head_bits, head_wide
+from specport.passes.quant.kv_cache import apply_int8_kv, int8_kv_manifest
 from specport.passes.quant.kv_check import check_artifact
-from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 from specport.passes.quant.mixed import plan_mixed_precision
+from specport.passes.quant.ort_baseline import run_ort_baseline
 from specport.passes.quant.ort_check import integer_kernel_summary
-from specport.passes.quant.w8a8 import FORMS as W8A8_FORMS
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
-from specport.passes.quant.weight_only import NEEDS_CALIB, QuantizeWeightsNBitsPass
+from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 
 logger = logging.getLogger(__name__)
 
-SCHEMES = ("w8a8", "w8a16", "w4a16", "w4a8")
-ALGOS = ("rtn", "hqq", "gptq", "clip", "default", "ort-default", "ort-hqq")
-
 Progress = Callable[[str, int, int], None]
 
-
-def _check_kv(
-    scheme: str,
-    algo: str,
-    kv_cache: str,
-    kv_clip: str,
-    calib: Sequence[Any],
-    kv_granularity: str | None = None,
-    kv_float_layers: Sequence[int] | str = (),
-) -> None:
-    if kv_float_layers and kv_cache != "int8":
-        raise QuantizationError(
-            f"{option('kv_float_layers')} applies to {option('kv_cache', 'int8')}"
-        )
-    if kv_granularity is not None and kv_granularity not in KV_GRANULARITIES:
-        raise QuantizationError(
-            f"{option('kv_granularity')} must be one of {', '.join(KV_GRANULARITIES)}, "
-            f"not {kv_granularity!r}"
-        )
-    if kv_granularity is not None and kv_cache != "int8":
-        raise QuantizationError(
-            f"{option('kv_granularity')} applies to {option('kv_cache', 'int8')}; add it or "
-            "drop the granularity"
-        )
-    if kv_cache not in ("float", "int8"):
-        raise QuantizationError(f"{option('kv_cache')} must be float or int8, not {kv_cache!r}")
-    if kv_clip not in KV_CLIPS:
-        raise QuantizationError(
-            f"{option('kv_clip')} must be one of {', '.join(KV_CLIPS)}, not {kv_clip!r}"
-        )
-    if scheme == "none" and kv_cache == "float":
-        raise QuantizationError(
-            f"nothing to do: pass a weight {option('scheme')} and/or {option('kv_cache', 'int8')}"
-        )
-    if kv_cache == "int8" and algo.startswith("ort-"):
-        raise QuantizationError(
-            f"{algo} is a weight-only baseline; drop {option('kv_cache', 'int8')}"
-        )
-    if kv_cache == "int8" and not calib:
-        raise QuantizationError(
-            f"{option('kv_cache', 'int8')} needs calibration text for its scales; "
-            f"pass {option('calib_files')} (documents separated by blank lines)"
-        )
-
-
-def _check(
-    scheme: str, algo: str, group_size: int, calib_files: Sequence[Any], mixed: str, form: str
-) -> None:
-    forms = W8A8_FORMS if scheme == "w8a8" else ("matmulnbits", "qdq")
-    if form not in forms:
-        raise QuantizationError(
-            f"{option('form', form)} is not a {scheme} form; choose {', '.join(forms)}"
-        )
-    if scheme == "none":
-        if mixed == "auto":
-            raise QuantizationError(
-                f"{option('mixed_precision', 'auto')} needs a weight {option('scheme')}"
-            )
-        return
-    if scheme not in SCHEMES:
-        raise QuantizationError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-    if algo not in ALGOS:
-        raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
-    if group_size not in (16, 32, 64, 128, 256):
-        raise QuantizationError(f"group size {group_size} is not supported; use 32, 64 or 128")
-    if mixed not in ("auto", "off"):
-        raise QuantizationError(f"{option('mixed_precision')} must be auto or off, not {mixed!r}")
-    needs = scheme == "w8a8" or algo in NEEDS_CALIB or mixed == "auto"
-    if needs and not calib_files:
-        what = (
-            "w8a8 (static activation ranges)"
-            if scheme == "w8a8"
-            else (
-                f"algorithm {algo!r}" if algo in NEEDS_CALIB else option("mixed_precision", "auto")
-            )
-        )
-        raise QuantizationError(
-            f"{what} needs calibration text; pass {option('calib_files')} "
-            "(documents separated by blank lines)"
-        )
-    if algo.startswith("ort-") and (scheme not in ("w4a16", "w4a8") or mixed == "auto"):
-        raise QuantizationError(f"{algo} is a baseline for w4a16/w4a8 without mixed precision")
-
-
-def check_kv_layout(
-    src: Path, manifest: Manifest, kv_cache: str, kv_granularity: str | None
-) -> None:
-    """The layouts quantize takes (concat, shared) and what each takes of the int8 KV options."""
-    layout = manifest.kv.layout
-    if manifest.dtype not in ("float32", None):
-        raise QuantizationError(
-            f"{src} is a {manifest.dtype} artifact; quantization starts from float32 weights: "
-            "quantize an export without --dtype"
-        )
-    if layout not in ("concat", "shared"):
-        raise QuantizationError(
-            f"{src} uses the {layout!r} KV layout; re-export with --kv-layout concat and quantize that"
-        )
-    if kv_cache != "int8":
-        return
-    if manifest.kv.dtype != "float32":
-        raise QuantizationError(
-            f"{src} already has a {manifest.kv.dtype} KV cache; quantize its float source instead"
-        )
-    if layout == "concat" and kv_granularity not in (None, default_kv_granularity("concat")):
-        raise QuantizationError(
-            f"the concat layout's int8 KV cache has one scale per KV head; drop "
-            f"{option('kv_granularity', kv_granularity)} or quantize a shared-layout export"
-        )
-
-
-def _calibrate(
-    model_path: Path,
-    manifest: Manifest,
-    src: Path,
-    calib_files: Sequence[str | os.PathLike[str]],
-    max_docs: int,
-    progress: Progress | None,
-) -> dict[str, C.ActStats]:
-    docs = C.read_documents(calib_files)[:max_docs]
-    bos = manifest.config.get("bos_token_id")
-    context = calibration_context(manifest)
-    tok = src / "tokenizer.json"
-    if not tok.is_file():
-        raise QuantizationError(
-            f"{src} has no tokenizer.json; calibration needs the artifact's tokenizer"
-        )
-    seqs = C.tokenize(docs, tok, bos, context)
-    names = sorted({s.x.name for s in find_weight_matmuls(ir.load(model_path)) if s.x.name})
-    cb = (lambda i, n: progress("calibrate", i, n)) if progress else None
-    if manifest.kv.layout == "shared":
-        return C.capture(model_path, names, seqs, progress=cb, feeds=shared_prefill_feeds)
-    return C.capture(model_path, names, seqs, progress=cb)
-
-
-def _run_ort_baseline(
-    model_path: Path, out_model: Path, algo: str, group_size: int, accuracy_level: int | None
-) -> dict[str, Any]:
-    import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        HQQWeightOnlyQuantConfig,
-        MatMulNBitsQuantizer,
-    )
-
-    proto = onnx.load(str(model_path))
-    if algo == "ort-hqq":
-        cfg: Any = HQQWeightOnlyQuantConfig(block_size=group_size, bits=4)
-    else:
-        cfg = DefaultWeightOnlyQuantConfig(
-            block_size=group_size, is_symmetric=False, accuracy_level=accuracy_level
-        )
-    q = MatMulNBitsQuantizer(proto, algo_config=cfg)
-    q.process()
-    onnx.save(q.model.model, str(out_model), save_as_external_data=True, location=DATA_NAME)
-    return {"name": f"onnxruntime.{type(cfg).__name__}", "modified": True, "group_size": group_size}
+__all__ = ["ALGOS", "SCHEMES", "Progress", "check_kv_layout", "quantize_artifact"]
 
 
 def quantize_artifact(
@@ -273,8 +114,8 @@ def quantize_artifact(
     if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
         algo = "hqq"  # the best calibration-free algorithm
         logger.info("no calibration text: using hqq")
-    _check_kv(scheme, algo, kv_cache, kv_clip, calib_files, kv_granularity, kv_float_layers)
-    _check(scheme, algo, group_size, calib_files, mixed_precision, form)
+    check_kv_options(scheme, algo, kv_cache, kv_clip, calib_files, kv_granularity, kv_float_layers)
+    check_weight_options(scheme, algo, group_size, calib_files, mixed_precision, form)
     check_head_bits(scheme, algo, lm_head_bits)
     manifest = read_manifest(src_p)
     # The source's recorded perplexity describes the source, not this artifact: carried as the
@@ -289,7 +130,7 @@ def quantize_artifact(
     prior_quant, kv_report = manifest.quant, {}  # scheme none keeps the source's weight recipe
     stats = None
     if calib_files and not algo.startswith("ort-") and scheme != "none":
-        stats = _calibrate(model_path, manifest, src_p, calib_files, calib_docs, progress)
+        stats = C.calibrate_artifact(model_path, manifest, src_p, calib_files, calib_docs, progress)
     bits = 8 if scheme == "w8a16" else 4
     accuracy_level = 4 if scheme == "w4a8" else None
     reports: list[dict[str, Any]] = []
@@ -298,7 +139,7 @@ def quantize_artifact(
     with atomic_artifact_dir(out_p) as tmp:
         if algo.startswith("ort-"):
             reports.append(
-                _run_ort_baseline(
+                run_ort_baseline(
                     model_path, tmp / manifest.model_file, algo, group_size, accuracy_level
                 )
             )

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from specport.artifact import Manifest
 from specport.contract import prefill_feeds
 from specport.documents import read_text_documents
 from specport.errors import QuantizationError
@@ -283,3 +284,34 @@ def capture(
     del sess
     logger.info("calibrated %d tensors on %d sequences", len(stats), len(sequences))
     return stats
+
+
+def calibrate_artifact(
+    model_path: Path,
+    manifest: Manifest,
+    src: Path,
+    calib_files: Sequence[str | os.PathLike[str]],
+    max_docs: int,
+    progress: Callable[[str, int, int], None] | None,
+) -> Mapping[str, ActStats]:
+    """Statistics of every weight MatMul's input over the first `max_docs` documents of
+    `calib_files`, tokenized with the artifact's own tokenizer (shared layout: run as it runs)."""
+    import onnx_ir
+
+    from specport.passes.quant.graph import find_weight_matmuls
+    from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
+
+    docs = read_documents(calib_files)[:max_docs]
+    bos = manifest.config.get("bos_token_id")
+    context = calibration_context(manifest)
+    tok = src / "tokenizer.json"
+    if not tok.is_file():
+        raise QuantizationError(
+            f"{src} has no tokenizer.json; calibration needs the artifact's tokenizer"
+        )
+    seqs = tokenize(docs, tok, bos, context)
+    names = sorted({s.x.name for s in find_weight_matmuls(onnx_ir.load(model_path)) if s.x.name})
+    cb = (lambda i, n: progress("calibrate", i, n)) if progress else None
+    if manifest.kv.layout == "shared":
+        return capture(model_path, names, seqs, progress=cb, feeds=shared_prefill_feeds)
+    return capture(model_path, names, seqs, progress=cb)

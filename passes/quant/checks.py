@@ -1,0 +1,136 @@
+"""Checks of `quantize_artifact`'s options: scheme, algorithm, form, KV cache, input layout.
+
+They run before any calibration or graph work, so a bad combination fails in a second with a
+message naming the option; `specport.preflight` runs the same checks for the CLI (turning them
+into usage errors) before it opens anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from specport.artifact import Manifest
+from specport.errors import QuantizationError
+from specport.options import option
+from specport.passes.quant.kv_cache import KV_CLIPS, default_kv_granularity
+from specport.passes.quant.kv_calibration import KV_GRANULARITIES
+from specport.passes.quant.w8a8 import FORMS as W8A8_FORMS
+from specport.passes.quant.weight_only import NEEDS_CALIB
+
+SCHEMES = ("w8a8", "w8a16", "w4a16", "w4a8")
+ALGOS = ("rtn", "hqq", "gptq", "clip", "default", "ort-default", "ort-hqq")
+
+
+def check_kv_options(
+    scheme: str,
+    algo: str,
+    kv_cache: str,
+    kv_clip: str,
+    calib: Sequence[Any],
+    kv_granularity: str | None = None,
+    kv_float_layers: Sequence[int] | str = (),
+) -> None:
+    """The int8 KV cache options, alone and against the weight scheme and calibration text."""
+    if kv_float_layers and kv_cache != "int8":
+        raise QuantizationError(
+            f"{option('kv_float_layers')} applies to {option('kv_cache', 'int8')}"
+        )
+    if kv_granularity is not None and kv_granularity not in KV_GRANULARITIES:
+        raise QuantizationError(
+            f"{option('kv_granularity')} must be one of {', '.join(KV_GRANULARITIES)}, "
+            f"not {kv_granularity!r}"
+        )
+    if kv_granularity is not None and kv_cache != "int8":
+        raise QuantizationError(
+            f"{option('kv_granularity')} applies to {option('kv_cache', 'int8')}; add it or "
+            "drop the granularity"
+        )
+    if kv_cache not in ("float", "int8"):
+        raise QuantizationError(f"{option('kv_cache')} must be float or int8, not {kv_cache!r}")
+    if kv_clip not in KV_CLIPS:
+        raise QuantizationError(
+            f"{option('kv_clip')} must be one of {', '.join(KV_CLIPS)}, not {kv_clip!r}"
+        )
+    if scheme == "none" and kv_cache == "float":
+        raise QuantizationError(
+            f"nothing to do: pass a weight {option('scheme')} and/or {option('kv_cache', 'int8')}"
+        )
+    if kv_cache == "int8" and algo.startswith("ort-"):
+        raise QuantizationError(
+            f"{algo} is a weight-only baseline; drop {option('kv_cache', 'int8')}"
+        )
+    if kv_cache == "int8" and not calib:
+        raise QuantizationError(
+            f"{option('kv_cache', 'int8')} needs calibration text for its scales; "
+            f"pass {option('calib_files')} (documents separated by blank lines)"
+        )
+
+
+def check_weight_options(
+    scheme: str, algo: str, group_size: int, calib_files: Sequence[Any], mixed: str, form: str
+) -> None:
+    """The weight scheme, algorithm, group size, form and mixed precision, and whether they
+    need calibration text."""
+    forms = W8A8_FORMS if scheme == "w8a8" else ("matmulnbits", "qdq")
+    if form not in forms:
+        raise QuantizationError(
+            f"{option('form', form)} is not a {scheme} form; choose {', '.join(forms)}"
+        )
+    if scheme == "none":
+        if mixed == "auto":
+            raise QuantizationError(
+                f"{option('mixed_precision', 'auto')} needs a weight {option('scheme')}"
+            )
+        return
+    if scheme not in SCHEMES:
+        raise QuantizationError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    if algo not in ALGOS:
+        raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
+    if group_size not in (16, 32, 64, 128, 256):
+        raise QuantizationError(f"group size {group_size} is not supported; use 32, 64 or 128")
+    if mixed not in ("auto", "off"):
+        raise QuantizationError(f"{option('mixed_precision')} must be auto or off, not {mixed!r}")
+    needs = scheme == "w8a8" or algo in NEEDS_CALIB or mixed == "auto"
+    if needs and not calib_files:
+        what = (
+            "w8a8 (static activation ranges)"
+            if scheme == "w8a8"
+            else (
+                f"algorithm {algo!r}" if algo in NEEDS_CALIB else option("mixed_precision", "auto")
+            )
+        )
+        raise QuantizationError(
+            f"{what} needs calibration text; pass {option('calib_files')} "
+            "(documents separated by blank lines)"
+        )
+    if algo.startswith("ort-") and (scheme not in ("w4a16", "w4a8") or mixed == "auto"):
+        raise QuantizationError(f"{algo} is a baseline for w4a16/w4a8 without mixed precision")
+
+
+def check_kv_layout(
+    src: Path, manifest: Manifest, kv_cache: str, kv_granularity: str | None
+) -> None:
+    """The layouts quantize takes (concat, shared) and what each takes of the int8 KV options."""
+    layout = manifest.kv.layout
+    if manifest.dtype not in ("float32", None):
+        raise QuantizationError(
+            f"{src} is a {manifest.dtype} artifact; quantization starts from float32 weights: "
+            "quantize an export without --dtype"
+        )
+    if layout not in ("concat", "shared"):
+        raise QuantizationError(
+            f"{src} uses the {layout!r} KV layout; re-export with --kv-layout concat and quantize that"
+        )
+    if kv_cache != "int8":
+        return
+    if manifest.kv.dtype != "float32":
+        raise QuantizationError(
+            f"{src} already has a {manifest.kv.dtype} KV cache; quantize its float source instead"
+        )
+    if layout == "concat" and kv_granularity not in (None, default_kv_granularity("concat")):
+        raise QuantizationError(
+            f"the concat layout's int8 KV cache has one scale per KV head; drop "
+            f"{option('kv_granularity', kv_granularity)} or quantize a shared-layout export"
+        )
