@@ -50,9 +50,15 @@ class SpecportReplica:
         provider: str = "auto",
         threads: int = 1,
         suffix_corpus: str | None = None,
+        suffix_record: str | None = None,
     ) -> None:
         from specport import api
         from specport.runtime.engine import make_engine
+        from specport.runtime.speculative.suffix_record import (
+            SuffixRecorder,
+            check_record,
+            corpus_to_read,
+        )
 
         # (Ray's ASGI wrapper owns `app`; ours go under other names)
         self.specport_model = api.load(
@@ -60,9 +66,16 @@ class SpecportReplica:
             provider=provider,
             threads=threads,
             mtp_branch=engine_options.get("speculative") == "mtp",
-            suffix_corpus=suffix_corpus,
+            suffix_corpus=corpus_to_read(suffix_corpus, suffix_record),
         )
         self.specport_engine = make_engine(self.specport_model, **engine_options)
+        self.specport_recorder = (  # every replica appends its answers to the one file
+            None
+            if suffix_record is None
+            else SuffixRecorder.attach(
+                self.specport_model, suffix_record, check_record(suffix_record)
+            )
+        )
         self.specport_app = make_app(self.specport_model, self.specport_engine, settings)
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -72,6 +85,9 @@ class SpecportReplica:
         engine = getattr(self, "specport_engine", None)
         if engine is not None:
             engine.close()
+        recorder = getattr(self, "specport_recorder", None)
+        if recorder is not None:
+            recorder.close()
 
 
 def deployment(
@@ -86,6 +102,7 @@ def deployment(
     engine_options: dict[str, Any] | None = None,
     max_ongoing_requests: int = 64,
     suffix_corpus: str | None = None,
+    suffix_record: str | None = None,
 ) -> Any:
     """A Ray Serve application of `SpecportReplica` (call `.bind()` on it, or see serve_with_ray)."""
     serve = _require_ray()
@@ -121,6 +138,7 @@ def deployment(
         provider,
         threads,
         None if suffix_corpus is None else str(Path(suffix_corpus).resolve()),
+        None if suffix_record is None else str(Path(suffix_record).resolve()),
     )
 
 
@@ -149,6 +167,7 @@ def run_deployment(app: Any, host: str, port: int) -> str:
 def serve_with_ray(args: Any, settings: ServeSettings) -> int:
     """`specport serve --replicas N`: deploy, print the endpoint, block until SIGINT / SIGTERM."""
     from specport.cli import emit_json
+    from specport.runtime.speculative.suffix_record import check_record, corpus_to_read
 
     serve = _require_ray()
     import ray
@@ -164,9 +183,12 @@ def serve_with_ray(args: Any, settings: ServeSettings) -> int:
         "spec_max_tokens": getattr(args, "spec_max_tokens", None),
     }
     threads = args.threads or 1
-    corpus = getattr(args, "suffix_corpus", None)
+    record = getattr(args, "suffix_record", None)
+    corpus = corpus_to_read(getattr(args, "suffix_corpus", None), record)
     if corpus is not None and not Path(corpus).is_file():  # before Ray starts, not in a replica
         raise InputError(f"--suffix-corpus {corpus}: no such file.")
+    if record is not None:
+        check_record(record)
     app = deployment(
         args.artifact,
         settings,
@@ -177,6 +199,7 @@ def serve_with_ray(args: Any, settings: ServeSettings) -> int:
         provider=args.provider,
         engine_options=engine_options,
         suffix_corpus=corpus,
+        suffix_record=record,
     )
     start_local_ray()
     try:

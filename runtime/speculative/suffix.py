@@ -14,7 +14,7 @@ model); deterministic drafts, verified like n-gram drafts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -48,6 +48,8 @@ class SuffixIndex:
         # whether engines add each finished answer (`learn_answer`); a benchmark that decodes
         # the same prompts every round turns it off, or round 2 would draft round 1's answers
         self.learn = True
+        # called with each learned answer too (`suffix_record.SuffixRecorder`: kept on disk)
+        self.recorder: Callable[[Sequence[int]], None] | None = None
         self._tokens = np.zeros(0, dtype=np.int64)
         self._pending: list[int] = []
         self._keys: list[np.ndarray] = []  # per n: sorted n-gram keys
@@ -74,10 +76,12 @@ class SuffixIndex:
             self.add(seq)
 
     def learn_answer(self, answer: Sequence[int]) -> None:
-        """A served request finished: its answer becomes something later requests can draft
-        from (when `learn` is on)."""
+        """A served request (or chat turn) finished: its answer becomes something later
+        requests can draft from (when `learn` is on), and goes to the `recorder` if any."""
         if self.learn:
             self.add(answer)
+            if self.recorder is not None:
+                self.recorder(answer)
 
     def tokens(self) -> np.ndarray:
         """The indexed corpus, sequences separated by -1 (what `artifact` files store)."""

@@ -117,6 +117,40 @@ def add_suffix_corpus_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_suffix_record_option(p: argparse.ArgumentParser) -> None:
+    """--suffix-record (serve and chat: the answers suffix drafting learns, kept on disk)."""
+    p.add_argument(
+        "--suffix-record",
+        metavar="FILE",
+        help="for --speculative suffix: append every answer it learns to FILE (JSON lines; "
+        "created if missing, never rewritten); pass FILE as --suffix-corpus next time (the "
+        "same FILE for both is fine) to restore them",
+    )
+
+
+def check_speculative(args: argparse.Namespace) -> None:
+    """The speculative options that cannot work together (generate, chat and serve)."""
+    from specport.errors import UsageError
+
+    if args.speculative == "draft" and not args.draft:
+        raise UsageError(
+            "--speculative draft needs --draft DIR (a small artifact with the same vocabulary, "
+            "e.g. from `specport export MODEL --layers 2 --out DIR`)."
+        )
+    if args.draft and args.speculative != "draft":
+        raise UsageError("--draft is used only with --speculative draft; add it or drop --draft.")
+    if args.suffix_corpus and args.speculative != "suffix":
+        raise UsageError(
+            "--suffix-corpus is read only by --speculative suffix; add it or drop --suffix-corpus."
+        )
+    if getattr(args, "suffix_record", None) and args.speculative != "suffix":
+        raise UsageError(
+            "--suffix-record keeps what --speculative suffix learns; add it or drop --suffix-record."
+        )
+    if args.num_draft is not None and args.speculative is None:
+        raise UsageError("--num-draft sets the draft length; add --speculative or drop it.")
+
+
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     """Sampling and stopping (generate and chat)."""
     p.add_argument("--max-new-tokens", type=POSITIVE, default=64)

@@ -5,6 +5,10 @@ tuned), so the model sees its earlier answers. `/reset` starts over, `/exit` (or
 ends; Ctrl-C stops an answer mid-way (it is kept as far as it got) and, at the prompt, ends
 the chat. When the conversation outgrows the context, the oldest turns are dropped (the
 system message stays) with a note on stderr. Stdin may be a pipe: one message per line.
+
+`--speculative` drafts and verifies as in `generate` (greedy answers are plain greedy's);
+with `suffix`, each finished answer is learned, so later turns (and, with `--suffix-record`,
+later chats) draft from earlier answers.
 """
 
 from __future__ import annotations
@@ -13,7 +17,14 @@ import argparse
 import sys
 from typing import Any
 
-from specport.commands._args import add_runtime_options, add_sampling_options, check_sampling
+from specport.commands._args import (
+    add_runtime_options,
+    add_sampling_options,
+    add_speculative_options,
+    add_suffix_record_option,
+    check_sampling,
+    check_speculative,
+)
 from specport.commands._prompt import LineReader, line_reader
 from specport.commands.generate import generation_options
 from specport.errors import ContextLengthError, InputError
@@ -29,16 +40,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", help="system message at the start of the conversation")
     add_sampling_options(p)
     p.set_defaults(max_new_tokens=256)
+    add_speculative_options(
+        p,
+        "draft and verify each answer (greedy answers equal plain greedy's); suffix also "
+        "learns every answer, so later turns draft from earlier ones",
+        num_draft_default=None,
+    )
+    add_suffix_record_option(p)
     add_runtime_options(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from specport import api
+    from specport.commands._speculative import load_model, start_recording
     from specport.runtime.chat_template import load_chat_template
 
     sampling = check_sampling(args)
-    model = api.load(args.artifact, provider=args.provider, threads=args.threads)
+    check_speculative(args)
+    model, record_largest = load_model(args)
     template = load_chat_template(model)
     if template is None:
         raise InputError(
@@ -51,10 +71,23 @@ def run(args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
     options = generation_options(args, sampling)
-    with line_reader() as reader:
-        return _converse(
-            model, template, system, history, options, reader if interactive else None, interactive
-        )
+    if args.draft:  # loaded once, not per turn
+        options["draft"] = api.load(args.draft, provider=model.provider, threads=args.threads)
+    recorder = start_recording(model, args, record_largest)
+    try:
+        with line_reader() as reader:
+            return _converse(
+                model,
+                template,
+                system,
+                history,
+                options,
+                reader if interactive else None,
+                interactive,
+            )
+    finally:
+        if recorder is not None:
+            recorder.close()
 
 
 def _converse(
@@ -115,7 +148,9 @@ def _turn(
         sys.stdout.flush()
 
     try:
-        model.generate(prompt_ids=ids, on_text=show, **options)
+        result = model.generate(prompt_ids=ids, on_text=show, **options)
+        if options.get("speculative") == "suffix":  # later turns draft from this answer
+            model.suffix_index.learn_answer(result.tokens)
     except KeyboardInterrupt:
         print("\n[answer stopped]", file=sys.stderr)
     except ContextLengthError as e:

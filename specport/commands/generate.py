@@ -16,6 +16,7 @@ from specport.commands._args import (
     add_sampling_options,
     add_speculative_options,
     check_sampling,
+    check_speculative,
     int_between,
 )
 from specport.errors import InputError, UsageError
@@ -95,21 +96,9 @@ def check_args(args: argparse.Namespace) -> bool:
             )
         if n > 1:
             raise UsageError("--tree-width runs one prompt at a time; pass a single prompt.")
-    if args.speculative == "draft" and not args.draft:
-        raise UsageError(
-            "--speculative draft needs --draft DIR (a small artifact with the same vocabulary, "
-            "e.g. from `specport export MODEL --layers 2 --out DIR`)."
-        )
-    if args.draft and args.speculative != "draft":
-        raise UsageError("--draft is used only with --speculative draft; add it or drop --draft.")
-    if args.suffix_corpus and args.speculative != "suffix":
-        raise UsageError(
-            "--suffix-corpus is read only by --speculative suffix; add it or drop --suffix-corpus."
-        )
+    check_speculative(args)
     if args.adaptive is not None and args.speculative is None:
         raise UsageError("--adaptive tunes speculative decoding; add --speculative or drop it.")
-    if args.num_draft is not None and args.speculative is None:
-        raise UsageError("--num-draft sets the draft length; add --speculative or drop it.")
     return sampling
 
 
@@ -182,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def generation_options(args: argparse.Namespace, sampling: bool) -> dict[str, Any]:
-    """The keyword arguments `Model.generate` and `Model.generate_batch` share (chat has no
-    speculative options: they default to off)."""
+    """The keyword arguments `Model.generate` and `Model.generate_batch` share (and chat's
+    turns: it has no --adaptive, so that one defaults to the method's choice)."""
     return {
         "max_new_tokens": args.max_new_tokens,
         "greedy": not sampling,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specport.cli import emit_json
+from specport.commands._args import add_suffix_record_option, check_speculative
 from specport.commands.generate import add_runtime_options, add_speculative_options
 from specport.errors import InputError
 
@@ -54,6 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "greedy)",
         num_draft_default=None,
     )
+    add_suffix_record_option(p)
     p.add_argument(
         "--spec-max-rows",
         type=int,
@@ -128,6 +130,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    check_speculative(args)
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must be in 0..65535, got {args.port}")
     if args.max_batch < 1:
@@ -185,17 +188,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve_local(args: argparse.Namespace, settings: Any) -> int:
-    from specport import api
+    from specport.commands._speculative import load_model, start_recording
     from specport.runtime.engine import make_engine
     from specport.runtime.serve import Server, make_app
 
-    model = api.load(
-        args.artifact,
-        provider=args.provider,
-        threads=args.threads,
-        mtp_branch=args.speculative == "mtp",
-        suffix_corpus=args.suffix_corpus,
-    )
+    model, record_largest = load_model(args)
     engine = make_engine(
         model,
         max_batch=args.max_batch,
@@ -207,6 +204,7 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
         spec_max_rows=args.spec_max_rows,
         spec_max_tokens=args.spec_max_tokens,
     )
+    recorder = start_recording(model, args, record_largest)
     try:
         app = make_app(model, engine, settings)
         try:
@@ -250,6 +248,8 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
             server.sock.close()
     finally:
         engine.close()
+        if recorder is not None:
+            recorder.close()
     return 0
 
 

@@ -171,3 +171,79 @@ def test_train_mtp_on_chat_answers(cli, tiny_chat_artifact, tmp_path):
     plain = model.generate(prompt_ids=ids, max_new_tokens=N)
     fast = spec.generate(prompt_ids=ids, max_new_tokens=N, speculative="mtp")
     assert fast.tokens == plain.tokens
+
+
+def _chat(artifact, stdin: str, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "specport", "chat", str(artifact), "--threads", "1"]
+    r = subprocess.run(
+        [*cmd, "--max-new-tokens", str(2 * N), *extra],
+        input=stdin, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def _two_turns(model) -> tuple[list[int], list[int], str]:
+    """Plain greedy's token ids for two turns (the second sees the first) and chat's stdout."""
+    template = load_chat_template(model)
+    u1, u2 = "Hello", "How are you?"
+    first = model.generate(prompt_ids=template.render_ids([{"role": "user", "content": u1}]),
+                           max_new_tokens=2 * N)  # fmt: skip
+    messages = [
+        {"role": "user", "content": u1},
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": u2},
+    ]
+    second = model.generate(prompt_ids=template.render_ids(messages), max_new_tokens=2 * N)
+    return first.tokens, second.tokens, f"{first.text}\n{second.text}\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_chat_speculative_answers_equal_plain_greedy(tiny_chat_artifact, tmp_path, method):
+    """Two turns with --speculative: the very answers of plain greedy; suffix drafting learns
+    each answer, and --suffix-record appends them to a file a later chat reads back (the same
+    FILE as --suffix-corpus: missing on the first start, then restored and appended to)."""
+    a1, a2, want = _two_turns(specport.load(tiny_chat_artifact))
+    extra = ["--speculative", method]
+    if method == "ngram":
+        assert _chat(tiny_chat_artifact, "Hello\nHow are you?\n", *extra).stdout == want
+        return
+    record = tmp_path / "learned.jsonl"
+    keep = ["--suffix-corpus", str(record), "--suffix-record", str(record)]
+    assert _chat(tiny_chat_artifact, "Hello\nHow are you?\n", *extra, *keep).stdout == want
+    first = record.read_text()
+    assert [json.loads(line)["ids"] for line in first.splitlines()] == [a1, a2]
+    restored = specport.load(tiny_chat_artifact, suffix_corpus=record)
+    assert len(restored.suffix_index) == len(a1) + len(a2) + 2  # two answers, two separators
+    assert _chat(tiny_chat_artifact, "Hello\n", *extra, *keep).stdout == want.split("\n")[0] + "\n"
+    again = record.read_text()
+    assert again.startswith(first) and [json.loads(x)["ids"] for x in again.splitlines()][2] == a1
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--suffix-corpus", "c.jsonl"], "--suffix-corpus is read only by --speculative suffix"),
+        (["--speculative", "ngram", "--suffix-record", "r.jsonl"], "--suffix-record keeps"),
+        (["--draft", "d"], "--draft is used only with --speculative draft"),
+        (["--speculative", "draft"], "--speculative draft needs --draft DIR"),
+        (["--num-draft", "3"], "--num-draft sets the draft length"),
+    ],
+)
+def test_chat_speculative_usage_errors(cli, tiny_chat_artifact, extra, words):
+    code, out, err = cli("chat", tiny_chat_artifact, *extra)
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert words in line
+
+
+def test_chat_refuses_a_record_file_that_is_not_a_corpus(cli, tmp_path):
+    """Checked before the artifact loads: here the artifact is not even there."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    code, _, err = cli(
+        "chat", tmp_path / "no-artifact", "--speculative", "suffix", "--suffix-record", notes
+    )
+    assert code == 1 and f"--suffix-record {notes}:1: not a JSON object" in err, err
+    assert notes.read_text() == "my notes\n"

@@ -109,6 +109,51 @@ def test_api_key_and_cors_off(tiny_llama_artifact):
         _stop(proc, signal.SIGINT)
 
 
+def test_suffix_record_keeps_learned_answers_across_restarts(tiny_llama_artifact, tmp_path):
+    """Every answer suffix drafting learns is appended to --suffix-record (after what the file
+    held); a process given that file as its corpus drafts the same question from it, with
+    plain greedy's tokens."""
+    import specport
+
+    record = tmp_path / "learned.jsonl"
+    record.write_text('{"ids": [7, 8, 9]}')  # an earlier record, its last newline lost
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    model = specport.load(tiny_llama_artifact)
+    plain = [model.generate(prompt_ids=p, max_new_tokens=12).tokens for p in prompts]
+    proc, info = _start(
+        tiny_llama_artifact, "--speculative", "suffix", "--suffix-record", str(record)
+    )
+    try:
+        client = openai.OpenAI(base_url=info["url"] + "/v1", api_key="x", max_retries=0)
+        for p in prompts:
+            client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0)
+    finally:
+        err = _stop(proc, signal.SIGINT)
+    assert "Traceback" not in err
+    lines = [json.loads(line)["ids"] for line in record.read_text().splitlines()]
+    assert lines == [[7, 8, 9], *plain]
+    restored = specport.load(tiny_llama_artifact, suffix_corpus=record)
+    assert len(restored.suffix_index) == 3 + sum(len(t) for t in plain) + 3
+    again = restored.generate(prompt_ids=prompts[1], max_new_tokens=12, speculative="suffix")
+    assert again.tokens == plain[1] and again.metrics["speculative"]["accepted"] > 0
+
+
+@pytest.mark.parametrize(
+    "extra, code, words",
+    [
+        (["--suffix-record", "r.jsonl"], 2, "--suffix-record keeps what --speculative suffix"),
+        (["--suffix-corpus", "c.jsonl"], 2, "--suffix-corpus is read only by --speculative"),
+        (["--speculative", "suffix", "--suffix-record", "{dir}"], 1, "is not a file"),
+        (["--speculative", "suffix", "--suffix-record", "{dir}/no/r.jsonl"], 1, "does not exist"),
+    ],
+)
+def test_suffix_record_mistakes(capsys, tiny_llama_artifact, tmp_path, extra, code, words):
+    args = [a.format(dir=tmp_path) for a in extra]
+    assert main(["serve", str(tiny_llama_artifact), "--port", "0", *args]) == code
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
 def test_chat_template_file_errors_exit_1(capsys, tiny_llama_artifact, tmp_path):
     art = str(tiny_llama_artifact)
     rc = main(["serve", art, "--port", "0", "--chat-template", str(tmp_path / "no.jinja")])
