@@ -106,3 +106,28 @@ def test_a_failing_disk_warns_once_and_stops_recording(caplog):
     warnings = [r for r in caplog.records if "--suffix-record" in r.getMessage()]
     assert len(warnings) == 1 and "no longer recorded" in warnings[0].getMessage()
     assert recorder.recorded == 0 and len(index) == 9  # the index still learned all three
+
+
+def test_ray_replicas_record_to_the_file(tiny_llama_artifact, tmp_path):
+    """What each Ray Serve replica builds (no Ray needed: the class is plain until deployed):
+    its engine's learned answers go to the shared record file, after what it held."""
+    import specport
+    from specport.runtime.engine import Request
+    from specport.runtime.serve import ServeSettings
+    from specport.runtime.serve.ray import SpecportReplica
+
+    record = tmp_path / "learned.jsonl"
+    record.write_text('{"ids": [1, 2, 3]}\n')
+    want = specport.load(tiny_llama_artifact).generate(prompt_ids=[4, 5], max_new_tokens=6)
+    options = {"speculative": "suffix", "max_batch": 1}
+    replica = SpecportReplica(
+        str(tiny_llama_artifact), ServeSettings(), options, "cpu", 1, str(record), str(record)
+    )
+    try:
+        assert len(replica.specport_model.suffix_index) == 4  # restored from the record
+        got = replica.specport_engine.submit(Request([4, 5], 6)).result(timeout=60)
+        assert got.token_ids == want.tokens
+    finally:
+        replica.specport_engine.close()
+        replica.specport_recorder.close()
+    assert record.read_text() == '{"ids": [1, 2, 3]}\n' + json.dumps({"ids": want.tokens}) + "\n"
