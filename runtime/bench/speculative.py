@@ -214,7 +214,7 @@ def _run(
                         max_new_tokens=config.max_new_tokens,
                         speculative=method,
                         num_draft=config.num_draft,
-                        draft=draft,
+                        draft=draft if method == "draft" else None,
                         adaptive=adaptive,
                     )
                 if reference is None:

@@ -19,6 +19,27 @@ def test_ngram_bench_reports_equal_tokens_and_acceptance(tiny_llama_artifact):
     assert rows["plain"]["speedup_vs_plain"] == 1.0
 
 
+def test_draft_beside_other_methods_in_one_run(tiny_llama_artifact):
+    """The draft artifact goes to the draft rows only: n-gram and draft bench in one run."""
+    report = run_speculative_bench(
+        str(tiny_llama_artifact),
+        SpecBenchConfig(
+            methods=["ngram", "draft"],
+            num_draft=2,
+            draft=str(tiny_llama_artifact),  # itself: same vocabulary, every draft accepted
+            adaptive="off",  # adaptive would stop drafting: a draft as big as the model never pays
+            prompt_ids=[[5, 6, 7, 8, 5, 6, 7]],
+            max_new_tokens=8,
+            runs=1,
+            threads=1,
+        ),
+    )
+    rows = {r["engine"]: r for r in report["rows"]}
+    assert set(rows) == {"plain", "ngram", "draft"}
+    assert rows["ngram"]["tokens_equal_plain"] and rows["draft"]["tokens_equal_plain"]
+    assert rows["draft"]["acceptance_rate"] == 1.0
+
+
 def test_cli_bench_speculative_json(tiny_llama_artifact, capsys):
     rc = main(
         [
