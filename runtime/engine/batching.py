@@ -13,7 +13,8 @@ and verifies [last token, drafts]: in a batch-1 run on its row while at most `sp
 rows decode, else in one batched run with every decoding row at the width (1 + drafts, rows x
 width within `spec_max_tokens`) with the most expected tokens per second of the step cost the
 engine measures when it starts, or not at all when a plain step pays more (the compute-bound
-rule, `runtime/engine/speculation.py`).
+rule, `runtime/engine/speculation.py`). A row's token choice, recording and release are in
+`batch_rows.RowTokens`, its speculative step in `speculative_rows.SpeculativeRows`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +34,20 @@ from specport.runtime.engine.base import (
     QueueIntake,
     Request,
     RequestHandle,
-    TokenLogprobs,
     check_request,
 )
-from specport.runtime.engine.logprobs import token_logprobs
+from specport.runtime.engine.batch_rows import BatchJob, RowTokens
 from specport.runtime.engine.prefix_cache import PrefixCache
 from specport.runtime.engine.slots import KVSlots, takes_batched_steps
 from specport.runtime.engine.speculation import (
     SPEC_MAX_ROWS,
     SPEC_MAX_TOKENS,
     EngineSpeculation,
-    RowSpec,
-    SpeculativeRows,
 )
+from specport.runtime.engine.speculative_rows import SpeculativeRows
 from specport.runtime.engine.step_cost import StepCost
-from specport.runtime.engine.textout import Stream, TextOut
+from specport.runtime.engine.textout import TextOut
 from specport.runtime.generator import spare_core
-from specport.runtime.sampler import Sampler
 
 logger = logging.getLogger(__name__)
 
@@ -58,27 +55,7 @@ _CLOSE = object()
 COMPACT_MIN_LEFT = 8  # tokens a request must still have to go to be worth moving to a lower row
 
 
-@dataclass
-class _Job:
-    """A request admitted to row `row`: its prompt is prefilled up to `done` tokens."""
-
-    handle: RequestHandle
-    stream: Stream
-    prompt: np.ndarray  # [P] int64
-    row: int
-    budget: int  # new tokens allowed: min(max_new_tokens, max_length - P)
-    sampler: Sampler | None  # None: greedy, the graph's argmax
-    eos: frozenset[int]
-    done: int = 0  # prompt tokens with KV in the row
-    tokens: list[int] = field(default_factory=list)  # generated, in order (last not fed yet)
-    spec: RowSpec | None = None  # its speculation state (an engine with `speculative=`)
-
-    @property
-    def decoding(self) -> bool:
-        return self.done == len(self.prompt)
-
-
-class BatchingEngine(QueueIntake, SpeculativeRows):
+class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
     """`max_batch` concurrent requests over one shared-layout model (see the module docstring)."""
 
     def __init__(
@@ -131,7 +108,7 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
             self.spec.batched = takes_batched_steps(Path(model.path) / manifest.model_file)
             if self.spec.batched and max_batch >= 2 and not self.spec.needs_outputs:
                 self.spec.cost = StepCost.calibrate(self.slots, max_batch)
-        self.rows: list[_Job | None] = [None] * max_batch
+        self.rows: list[BatchJob | None] = [None] * max_batch
         self.waiting: deque[RequestHandle] = deque()
         if text_thread is None:
             text_thread = spare_core(model.session)
@@ -251,7 +228,7 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
                 self.slots.copy(plan.source, row, hit)
             self.slots.lengths[row] = hit
             stream = self.text.open(handle)
-            job = _Job(handle, stream, prompt, row, budget, sampler, self._eos(handle.request))
+            job = BatchJob(handle, stream, prompt, row, budget, sampler, self._eos(handle.request))
             job.done = hit
             if self.spec is not None:
                 job.spec = self.spec.attach(handle.request.sampling)
@@ -355,64 +332,3 @@ class BatchingEngine(QueueIntake, SpeculativeRows):
             pick = None if greedy is None else int(greedy[r])
             self._next(job, logits[r : r + 1], pick)
             self._observe_plain(job, r, extra)
-
-    def _next(self, job: _Job, logits: np.ndarray, greedy: int | None) -> None:
-        """Choose and record `job`'s next token; a failure there (its sampler, its grammar)
-        ends that request alone with an error: the other rows of the batch go on."""
-        try:
-            choice = self._choose(job, logits, greedy)
-        except Exception as exc:
-            logger.exception("request %s failed", job.handle.request.request_id)
-            self._end(job, "error", f"{type(exc).__name__}: {exc}")
-            return
-        self._record(job, choice)
-
-    def _choose(
-        self, job: _Job, logits: np.ndarray, greedy: int | None
-    ) -> tuple[int, TokenLogprobs | None]:
-        """The next token of `job` from its logits [1, V] (greedy: the graph's argmax), and
-        its logprobs when the request asked for them (from these raw logits)."""
-        if job.sampler is None:
-            token = greedy if greedy is not None else int(np.argmax(logits[0]))
-        else:
-            history = generated = None
-            if job.sampler.config.needs_history:
-                generated = [np.asarray(job.tokens, dtype=np.int64)]
-                history = [np.concatenate([job.prompt, generated[0]])]
-            token = int(job.sampler(logits, history, generated)[0])
-        k = job.handle.request.logprobs
-        return token, (None if k is None else token_logprobs(logits[0], token, k))
-
-    def _record(self, job: _Job, choice: tuple[int, TokenLogprobs | None]) -> None:
-        token, logprob = choice
-        job.tokens.append(token)
-        self.counters["generated_tokens"] += 1
-        finish = None
-        if token in job.eos:
-            finish = "stop"
-        elif len(job.tokens) >= job.budget:
-            finish = "length" if job.budget == job.handle.request.max_new_tokens else "context"
-        self.text.token(job.stream, token, finish, logprob)
-        if finish is not None or job.stream.stopped:  # stopped: inline text found a stop string
-            self.counters["finished"] += 1
-            self._release(job)
-
-    def _end(self, job: _Job, reason: str, error: str | None = None) -> None:
-        self.counters["errors" if reason == "error" else "cancelled"] += 1
-        self.text.finish(job.stream, reason, error)
-        self._release(job)
-
-    def _reject(self, handle: RequestHandle, reason: str, error: str | None = None) -> None:
-        self.counters["errors" if reason == "error" else "cancelled"] += 1
-        self.text.finish(self.text.open(handle), reason, error)
-
-    def _release(self, job: _Job) -> None:
-        """Free the row; its KV (prompt + fed tokens) stays there for the prefix cache."""
-        if self.rows[job.row] is job:
-            self.rows[job.row] = None
-            if job.spec is not None and self.spec is not None:
-                self.spec.detach(job.spec, job.tokens)
-            self.cache.set(
-                job.row,
-                np.concatenate([job.prompt[: job.done], np.asarray(job.tokens, dtype=np.int64)]),
-            )
