@@ -9,23 +9,23 @@ model's distribution for that token (KL). Hidden states are computed once up fro
 then only runs the small heads.
 
 DeepSeek-V3 artifacts that carry real MTP weights (``mtp_source.safetensors``) skip training
-and use them as they are.
+and use them as they are. The objective and the held-out acceptance live in `mtp_objective`,
+writing the artifact in `mtp_artifact`; this module loads the base, trains and ties them up.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from specport import artifact as art
 from specport.errors import InputError
+from specport.exporter.mtp_artifact import write_mtp_artifact
 from specport.exporter.mtp_data import (
     base_hidden,
     chat_prompts,
@@ -33,7 +33,8 @@ from specport.exporter.mtp_data import (
     self_generate,
     self_generate_chat,
 )
-from specport.exporter.mtp_heads import MTPHeads, export_branch, load_deepseek_mtp, save_heads
+from specport.exporter.mtp_heads import MTPHeads, load_deepseek_mtp
+from specport.exporter.mtp_objective import acceptance, chain_loss, coverage, frequent_tokens
 from specport.progress import Loop, Stages
 
 logger = logging.getLogger(__name__)
@@ -53,93 +54,6 @@ def load_base(manifest: art.Manifest) -> Any:
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval()
-
-
-def chain_loss(
-    heads: MTPHeads,
-    base: Any,
-    hidden: torch.Tensor,
-    seqs: torch.Tensor,
-    valid: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Teacher-forced chain over all positions; hidden [b, T, H], seqs [b, T].
-
-    ``valid`` [b, T] marks real tokens (an answer's positions after its end are padding); a
-    target that is padding, or outside the heads' draft vocabulary, adds no loss. The teacher
-    is the base model's distribution over the heads' vocabulary."""
-    t_len = seqs.shape[1]
-    prev = hidden[:, : t_len - 1]
-    loss = hidden.new_zeros(())
-    for k in range(heads.num_heads):
-        n = t_len - k - 2  # positions t with a target token t+k+2 inside the sequence
-        if n <= 0:
-            break
-        out, logits = heads.step(k, prev[:, :n], seqs[:, k + 1 : k + 1 + n])
-        target = heads.draft_index(seqs[:, k + 2 : k + 2 + n])
-        keep = target >= 0
-        if valid is not None:
-            keep = keep & valid[:, k + 2 : k + 2 + n]
-        target = torch.where(keep, target, torch.full_like(target, -100))
-        if not bool(keep.any()):
-            prev = out
-            continue
-        teacher = heads.project(hidden[:, k + 1 : k + 1 + n])
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-        rows = keep.reshape(-1)
-        kl = F.kl_div(
-            F.log_softmax(logits, -1).reshape(-1, logits.shape[-1])[rows],
-            F.log_softmax(teacher, -1).reshape(-1, logits.shape[-1])[rows],
-            log_target=True,
-            reduction="batchmean",
-        )
-        loss = loss + ce + kl
-        prev = out
-    return loss / heads.num_heads
-
-
-@torch.no_grad()
-def acceptance(
-    heads: MTPHeads, hidden: torch.Tensor, seqs: torch.Tensor, valid: torch.Tensor | None = None
-) -> dict[str, Any]:
-    """Greedy chain as at inference (heads feed their own drafts): acceptance per position,
-    over the positions whose next target is a real token (``valid``)."""
-    k_heads, t_len = heads.num_heads, seqs.shape[1]
-    n = t_len - k_heads - 1
-    if valid is None:
-        valid = torch.ones_like(seqs, dtype=torch.bool)
-    h, tok = hidden[:, :n], seqs[:, 1 : 1 + n]
-    ok = []
-    for k in range(k_heads):
-        h, logits = heads.step(k, h, tok)
-        tok = heads.to_vocab(logits.argmax(-1))
-        ok.append((tok == seqs[:, k + 2 : k + 2 + n]) & valid[:, k + 2 : k + 2 + n])
-    run = torch.cumprod(torch.stack(ok, -1).to(torch.int64), -1)  # [N, n, K]
-    counted = valid[:, 2 : 2 + n]
-    per_pos = (
-        run[counted].float().mean(dim=0) if bool(counted.any()) else run[0, 0] * 0.0
-    ).tolist()
-    return {
-        "acceptance_per_position": [round(p, 4) for p in per_pos],
-        "mean_accepted_length": round(1 + sum(per_pos), 4),
-    }
-
-
-def frequent_tokens(
-    seqs: torch.Tensor, valid: torch.Tensor | None, size: int, vocab: int
-) -> torch.Tensor:
-    """The ``size`` most frequent token ids of the training answers (ties: lower id first),
-    sorted by id: the draft vocabulary. Tokens the answers never use cannot be learned as
-    targets anyway."""
-    tokens = seqs if valid is None else seqs[valid]
-    counts = torch.bincount(tokens.flatten(), minlength=vocab)
-    order = torch.argsort(counts, descending=True, stable=True)  # ties keep the lower id first
-    return torch.sort(order[: min(size, vocab)]).values
-
-
-def coverage(heads: MTPHeads, seqs: torch.Tensor, valid: torch.Tensor | None) -> float:
-    """Share of the answers' tokens inside the heads' vocabulary (1.0 without a draft one)."""
-    tokens = seqs if valid is None else seqs[valid]
-    return round(float((heads.draft_index(tokens) >= 0).float().mean()), 4)
 
 
 def train_heads(
@@ -227,56 +141,6 @@ def train_heads(
     }
     report["heldout"] = acceptance(heads, eval_h, eval_s, eval_v)
     return heads, report
-
-
-def write_mtp_artifact(
-    artifact: Path, heads: MTPHeads, out: Path, report: dict[str, Any]
-) -> art.Manifest:
-    """Copy ``artifact`` to ``out`` with the MTP branch spliced into model.onnx.
-
-    A ``--tree-mask`` artifact also gets the standalone heads graph (``mtp_heads.onnx``), which
-    token-tree decoding asks for each depth's top-W candidates."""
-    import onnx_ir as ir
-
-    from specport.contract import TREE_MASK
-    from specport.exporter.mtp_heads_graph import save_heads_graph
-    from specport.exporter.onnx_graph import io_signature
-    from specport.passes.mtp import BRANCH_OUTPUTS, InsertMTPBranchPass
-
-    manifest = art.read_manifest(artifact)
-    model = ir.load(str(Path(artifact) / manifest.model_file))
-    tree = any(v.name == TREE_MASK for v in model.graph.inputs)
-    result = InsertMTPBranchPass(export_branch(heads, manifest.vocab_size))(model)
-    if not result.modified:
-        raise InputError(f"could not add the MTP branch: {result.report.get('skipped')}")
-    with art.atomic_artifact_dir(Path(out)) as tmp:
-        for f in manifest.files:
-            if f not in (manifest.model_file, art.DATA_NAME):
-                (tmp / f).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(Path(artifact) / f, tmp / f)
-        ir.save(model, tmp / art.MODEL_NAME, external_data=art.DATA_NAME)
-        save_heads(heads, tmp)
-        heads_graph = save_heads_graph(heads, tmp) if tree else None
-        details = {k: v for k, v in result.report.items() if not k.startswith("ops_")}
-        manifest.passes = [*manifest.passes, details]
-        manifest.model_file = art.MODEL_NAME
-        manifest.io = io_signature(tmp / art.MODEL_NAME)
-        manifest.mtp = {
-            "heads": heads.num_heads,
-            "outputs": dict(zip(("accepted", "bonus", "drafts"), BRANCH_OUTPUTS)),
-            "inputs": {
-                "hidden": details["hidden_from"],
-                "logits": "logits",
-                "input_ids": "input_ids",
-            },
-            "weights": "mtp_heads.safetensors",
-            "attention": "self-position (no MTP KV cache)",
-            "training": report,
-        }
-        if heads_graph is not None:
-            manifest.mtp["heads_graph"] = heads_graph
-        art.write_manifest(tmp, manifest)
-    return manifest
 
 
 AUTO_DRAFT_VOCAB = 8192
