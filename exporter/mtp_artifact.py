@@ -13,7 +13,8 @@ from typing import Any
 
 from specport import artifact as art
 from specport.errors import InputError
-from specport.exporter.mtp_heads import MTPHeads, export_branch, save_heads
+from specport.exporter.mtp_heads import MTPHeads, export_branch
+from specport.exporter.mtp_weights import save_heads
 
 
 def write_mtp_artifact(

@@ -11,7 +11,8 @@ K heads chain: head k+1 gets h' of head k and the token head k drafted. Unlike D
 training-time module, the block here attends to its own position only (no MTP KV cache):
 the base model's hidden state carries the context, the graph stays one fixed-size branch, and
 training and inference see exactly the same computation. Real DeepSeek-V3 MTP weights load
-into the same module (`load_deepseek_mtp`), run the same way.
+into the same module (`load_deepseek_mtp`, in `mtp_weights` with our own weight files'
+save / load), run the same way.
 
 `MTPBranch` is what goes into the exported graph: from the verify run's [B, S] ids, logits and
 hidden states it computes the greedy accepted prefix, the bonus token and K new drafts.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +29,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from specport.errors import InputError
+from specport.exporter.mtp_weights import load_deepseek_mtp as load_deepseek_mtp
+from specport.exporter.mtp_weights import load_heads as load_heads
+from specport.exporter.mtp_weights import save_heads as save_heads
 
 logger = logging.getLogger(__name__)
 
@@ -324,80 +327,3 @@ def export_module(
     if program is None:
         raise ExportError(f"torch.onnx.export returned no program for {what}")
     return program.model
-
-
-def save_heads(heads: MTPHeads, directory: Path) -> Path:
-    from safetensors.torch import save_file
-
-    path = Path(directory) / "mtp_heads.safetensors"
-    save_file({k: v.detach().contiguous() for k, v in heads.state_dict().items()}, str(path))
-    return path
-
-
-def load_heads(base: Any, path: Path) -> MTPHeads:
-    from safetensors.torch import load_file
-
-    state = load_file(str(path))
-    n = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("heads."))
-    heads = MTPHeads(base, n, draft_vocab=state.get("draft_vocab"))
-    heads.load_state_dict(state)
-    return heads.eval()
-
-
-def load_deepseek_mtp(base: Any, weights: dict[str, torch.Tensor]) -> MTPHeads:
-    """Real DeepSeek-V3 MTP layers (`model.layers.{N+j}.*`, from mtp_source.safetensors) as heads.
-
-    enorm/hnorm/eh_proj map one to one, `shared_head.norm` is the head's final norm, the rest
-    is the decoder block. The embedding and LM head copies in the checkpoint equal the main
-    model's and are not duplicated.
-    """
-    first = int(base.config.num_hidden_layers)
-    depths = sorted({int(k.split(".")[2]) for k in weights})
-    heads = MTPHeads(base, len(depths))
-    state: dict[str, torch.Tensor] = {}
-    for j, layer in enumerate(depths):
-        if layer != first + j:
-            raise InputError(f"MTP layers are not contiguous after layer {first}: found {depths}")
-        prefix = f"model.layers.{layer}."
-        for key, value in weights.items():
-            if not key.startswith(prefix):
-                continue
-            name = key[len(prefix) :]
-            if name.startswith(("embed_tokens.", "shared_head.head.")):
-                continue
-            if name.startswith(("enorm.", "hnorm.", "eh_proj.")):
-                state[f"heads.{j}.{name}"] = value
-            elif name.startswith("shared_head.norm."):
-                state[f"heads.{j}.norm.{name[len('shared_head.norm.') :]}"] = value
-            else:
-                state[f"heads.{j}.block.{name}"] = value
-    state = _fuse_experts(state)
-    missing, unexpected = heads.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise InputError(
-            f"DeepSeek MTP weights do not fit the MTP module: missing {missing}, unexpected {unexpected}"
-        )
-    return heads.eval()
-
-
-def _fuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per-expert checkpoint tensors (`experts.{e}.gate_proj.weight`, ...) to transformers' fused
-    `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I]."""
-    import re
-
-    pattern = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-    groups: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
-    out: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
-        m = pattern.match(key)
-        if m is None:
-            out[key] = value
-        else:
-            groups.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = value
-    for prefix, experts in groups.items():
-        order = sorted(experts)
-        out[f"{prefix}.gate_up_proj"] = torch.stack(
-            [torch.cat([experts[e]["gate_proj"], experts[e]["up_proj"]], dim=0) for e in order]
-        )
-        out[f"{prefix}.down_proj"] = torch.stack([experts[e]["down_proj"] for e in order])
-    return out

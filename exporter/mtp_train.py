@@ -33,8 +33,9 @@ from specport.exporter.mtp_data import (
     self_generate,
     self_generate_chat,
 )
-from specport.exporter.mtp_heads import MTPHeads, load_deepseek_mtp
+from specport.exporter.mtp_heads import MTPHeads
 from specport.exporter.mtp_objective import acceptance, chain_loss, coverage, frequent_tokens
+from specport.exporter.mtp_weights import load_deepseek_mtp
 from specport.progress import Loop, Stages
 
 logger = logging.getLogger(__name__)
