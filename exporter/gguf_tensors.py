@@ -22,7 +22,7 @@ import numpy as np
 
 from specport.errors import InvalidModelError
 from specport.exporter.gguf_config import NORM_PLUS_ONE, PERMUTED_QK
-from specport.progress import bar, every_tenth
+from specport.progress import bar
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def write_safetensors(
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         desc = "converting GGUF tensors"
-        for i, g in enumerate(bar(order, desc, total=len(order), show=progress)):
+        for g in bar(order, desc, total=len(order), show=progress):
             t = tensors[g]
             arr, dtype, what = _convert(t, p.hf_names[g], p)
             entry = header[p.hf_names[g]]
@@ -194,7 +194,6 @@ def write_safetensors(
             f.write(arr.data)  # contiguous: written without another copy
             types[t.tensor_type.name] += 1
             how.setdefault(t.tensor_type.name, Counter())[what] += 1
-            every_tenth(i, len(order), desc, progress)
     return {
         "tensor_types": dict(sorted(types.items())),
         "conversion": {k: dict(v) for k, v in sorted(how.items())},
