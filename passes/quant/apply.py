@@ -85,6 +85,7 @@ def quantize_artifact(
     symmetric: bool = False,
     kv_granularity: str | None = None,
     kv_float_layers: Sequence[int] | str = (),
+    lm_head_group_size: int | None = None,
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
@@ -94,6 +95,8 @@ def quantize_artifact(
     with `kv_granularity` scales (None: the layout's default, see `default_kv_granularity`)
     and `kv_float_layers` kept float32 (shared layout), then checks chat answers (kv_check.py).
     `group_size` None: 32 for weight-only schemes, 128 for w8a8 (its MatMulNBits blocks).
+    `lm_head_group_size` None: the LM head's block size by `head_group_size`'s rule (an 8-bit
+    head with int8 activations takes a larger block than the body).
     """
     src_p, out_p = Path(src), Path(out)
     if group_size is None:
@@ -173,6 +176,7 @@ def quantize_artifact(
                     plan=plan,
                     float_zero=float_zero,
                     symmetric=symmetric,
+                    lm_head_group_size=lm_head_group_size,
                 )
                 if auto_head:
                     if progress:
@@ -213,6 +217,11 @@ def quantize_artifact(
             if f.is_file() and f.name not in (MANIFEST_NAME, manifest.model_file, DATA_NAME):
                 shutil.copyfile(f, tmp / f.name)
         manifest.passes = [*manifest.passes, *reports]
+        head_rows = [
+            v
+            for v in per_layer.values()
+            if isinstance(v, dict) and v.get("lm_head") and "group_size" in v
+        ]
         manifest.quant = {
             "scheme": scheme,
             "algorithm": algo,
@@ -220,6 +229,7 @@ def quantize_artifact(
             "form": form,
             "accuracy_level": 4 if scheme in ("w4a8", "w8a8") and form != "qdq" else 0,
             "lm_head_bits": lm_head_bits,
+            **({"lm_head_group_size": head_rows[0]["group_size"]} if head_rows else {}),
             **({"lm_head": manifest_head} if manifest_head else {}),
             "float_zero_points": float_zero,
             "symmetric": symmetric,

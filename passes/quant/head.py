@@ -17,6 +17,8 @@ error exists, which does not say what the logits do (hqq's 4-bit head costs Smol
 Rule: 4 bits when the head at the wider precision is more than `SHARE_MIN` of the bytes read
 per token AND the 4-bit head's cross-entropy increase is under `CE_REL_MAX` AND its top-1
 agreement is at least `TOP1_MIN`; otherwise the wider head (8 bits for w4a8, float for w4a16).
+Both widths are costed and measured at the block size the pass would emit: an 8-bit head with
+int8 activations takes a larger block than the body (`weight_only.head_group_size`).
 """
 
 from __future__ import annotations
@@ -88,12 +90,15 @@ def bytes_per_token(
     head_bits: int,
     plan: Mapping[str, int] | None = None,
     zero_points: bool = True,
+    head_group: int | None = None,
 ) -> tuple[int, int]:
-    """(all MatMul weight bytes one decoded token reads, of which the LM head's)."""
+    """(all MatMul weight bytes one decoded token reads, of which the LM head's); the head's
+    block size is `head_group` (None: `group_size`)."""
     total = head = 0
     for s in sites:
         b = head_bits if s.lm_head else (plan or {}).get(s.name, bits)
-        size = nbits_bytes(s.k, s.n, b, group_size, zero_points)
+        g = head_group if s.lm_head and head_group is not None else group_size
+        size = nbits_bytes(s.k, s.n, b, g, zero_points)
         total += size
         head += size if s.lm_head else 0
     return total, head
@@ -146,7 +151,8 @@ def choose_lm_head_bits(
     g, zp = quantizer.group_size, not quantizer.symmetric
     cost: dict[str, Any] = {}
     for b in (4, wide):
-        total, hb = bytes_per_token(sites, quantizer.bits, g, b, quantizer.plan, zp)
+        hg = quantizer.group_for(head, b)
+        total, hb = bytes_per_token(sites, quantizer.bits, g, b, quantizer.plan, zp, hg)
         cost[str(b or 32)] = {"bytes_per_token": total, "head_bytes": hb, "head_share": hb / total}
     share = cost[str(wide or 32)]["head_share"]
     st = stats.get(head.x.name or "") if stats else None
