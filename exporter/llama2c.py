@@ -288,6 +288,20 @@ def load_llama2c(
     return model, tok, llama_tokenizer_config(tok, model_max_length=header.seq_len)
 
 
+def _save_without_bar(model: Any, out_dir: Path) -> None:
+    """save_pretrained without transformers' "Writing model shards" bar: the conversion is part
+    of specport's "resolving source model" stage, and `-q` and log files must stay free of it."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out_dir, safe_serialization=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def save_llama2c_as_hf(checkpoint: Path, tokenizer: Path | None, out_dir: Path) -> Path:
     """Convert a llama2.c checkpoint into a regular Hugging Face model directory.
 
@@ -297,7 +311,7 @@ def save_llama2c_as_hf(checkpoint: Path, tokenizer: Path | None, out_dir: Path) 
     model, tok, tok_config = load_llama2c(checkpoint, tokenizer)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    _save_without_bar(model, out_dir)
     if not (out_dir / "generation_config.json").is_file():
         (out_dir / "generation_config.json").write_text(
             json.dumps({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID}, indent=2) + "\n"

@@ -209,6 +209,14 @@ def test_legacy_and_v1_formats_agree(tmp_path, untied):
     assert tok is None and model.config.tie_word_embeddings is (not untied)
 
 
+def test_conversion_draws_no_third_party_bar(tmp_path, capsys):
+    """`specport export x.bin -q` prints no progress: transformers' save bar stays off."""
+    t = _tensors(np.random.default_rng(0), untied=False)
+    out = save_llama2c_as_hf(_write_legacy(tmp_path / "a.bin", t, False), None, tmp_path / "hf")
+    assert (out / "model.safetensors").is_file()
+    assert "Writing model shards" not in capsys.readouterr().err
+
+
 def test_missing_checkpoint(tmp_path):
     with pytest.raises(ModelNotFoundError, match="not found"):
         load_llama2c(tmp_path / "nope.bin", None)
