@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"{args.artifact} -> {args.out} ({recipe})")
     if summary["scheme"] != "none":
-        print(f"  layers: {summary['layers']} {summary['layers_by_bits']}")
+        counts = ", ".join(f"{n} at {b}" for b, n in summary["layers_by_bits"].items())
+        print(f"  layers: {summary['layers']} matmuls ({counts} bits)")
     head = summary["lm_head"]
     if summary["scheme"] != "none" and head.get("bits") is not None:
         reason = f" ({head['choice']}: {head['reason']})" if head.get("choice") else ""
@@ -191,8 +192,10 @@ def run(args: argparse.Namespace) -> int:
                 f"  chat check: top-1 agreement {100 * check['agreement']:.2f}% over "
                 f"{check['positions']} positions (KL {check['kl']:.2e}){flag}"
             )
-    if summary["ort_cpu"]:
-        print(f"  onnxruntime CPU kernels: {summary['ort_cpu'].get('kernels')}")
+    kernels = (summary["ort_cpu"] or {}).get("kernels")
+    if kernels:  # none for a KV-only quantize: its weights stay float
+        names = ", ".join(f"{n} {op.rsplit('.', 1)[-1]}" for op, n in kernels.items())
+        print(f"  onnxruntime CPU kernels: {names}")
     return 0
 
 

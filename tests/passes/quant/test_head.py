@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -139,6 +141,8 @@ def test_cli_prints_the_head_decision(quant_src, calib_text, tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "LM head: 8 bits (auto: 4-bit head: cross-entropy +" in out
+    assert re.search(r"layers: \d+ matmuls \(\d+ at 4, \d+ at 8 bits\)", out), out
+    assert re.search(r"onnxruntime CPU kernels: \d+ MatMulNBits", out), out
     with pytest.raises(SystemExit) as e:  # argparse: a usage error naming the choices
         main(["quantize", str(quant_src), "--out", str(tmp_path / "x"), "--lm-head-bits", "3"])
     assert e.value.code == 2

@@ -329,6 +329,9 @@ def test_cli(quant_src, calib_text, eval_text, tmp_path, capsys):
     assert main([*args, "--calib", str(calib_text), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["scheme"] == "none" and summary["kv_cache"]["dtype"] == "int8"
+    assert main([*args, "--calib", str(calib_text)]) == 0  # an artifact: replaced
+    text = capsys.readouterr().out
+    assert "KV cache: int8" in text and "kernels" not in text  # no empty `{}` for float weights
     assert main(["quantize", str(quant_src), "--out", str(tmp_path / "x")]) == 2
     capsys.readouterr()
     assert main(["eval", "ppl", str(out), "--text", str(eval_text), "--chunk", "4", "--json"]) == 0
