@@ -23,6 +23,7 @@ import numpy as np
 from specport import artifact as art
 from specport.errors import InputError, SpecportError
 from specport.runtime.bench.peer_cache import Entry, content_key, evict
+from specport.runtime.hugepages import HugePages
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,9 @@ class GenaiPeer:
             "session.inter_op.allow_spinning": "1" if self.spin else "0",
         }
         cfg.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+        pages = HugePages()  # the same huge-page backing our sessions get (runtime/session.py)
         self.model = og.Model(cfg)
+        pages.apply()
 
     def info(self) -> dict[str, Any]:
         return {
