@@ -132,7 +132,9 @@ def chat_prompts(data: Path, artifact: Path, tokenizer: Any, limit: int) -> list
         if len(rows) >= limit:
             break
     if len(rows) < 8:
-        raise InputError(f"--data {data} has only {len(rows)} messages; need at least 8.")
+        if limit < 8:
+            raise InputError(f"a limit of {limit} messages is too few; use at least 8.")
+        raise InputError(f"{data} has only {len(rows)} messages; at least 8 are needed.")
     return rows
 
 

@@ -50,6 +50,7 @@ class Pass:
     """
 
     name: str = "pass"
+    activity: str = ""  # what a progress line says while it runs ("quantizing weights")
 
     def precondition(self, model: ir.Model) -> str | None:
         """Return None when the pass can run, else the reason it cannot (put in the report)."""

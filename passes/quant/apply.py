@@ -196,7 +196,7 @@ def quantize_artifact(
                 passes.append(QuantizeEmbeddingPass(bits=embedding_bits, group_size=group_size))
             for p in passes:
                 if progress:
-                    progress(p.name, 0, 1)
+                    progress(p.activity or p.name, 0, 1)
                 result: PassResult = p(model)
                 reports.append(result.report)
                 per_layer.update(result.report.get("layers", {}))

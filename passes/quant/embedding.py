@@ -41,6 +41,7 @@ class QuantizeEmbeddingPass(Pass):
     """Blockwise RTN (asymmetric) of constant Gather tables on axis 0."""
 
     name = "quantize_embedding"
+    activity = "quantizing the embedding table"
 
     def __init__(self, bits: int = 8, group_size: int = 32) -> None:
         self.bits, self.group_size = bits, group_size

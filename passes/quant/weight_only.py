@@ -169,6 +169,7 @@ class QuantizeWeightsNBitsPass(Pass):
     """
 
     name = "quantize_weights_nbits"
+    activity = "quantizing weights"
 
     def __init__(
         self,
