@@ -54,7 +54,46 @@ def summarize(manifest: Any) -> dict[str, Any]:
         "tokenizer": manifest.tokenizer.get("kind"),
         "files": {name: digest[:12] for name, digest in manifest.files.items()},
         "source": manifest.source,
+        "eval": manifest.extra.get("eval"),
     }
+
+
+def verify_line(verify: dict[str, Any]) -> str:
+    """ "matches PyTorch (max |logits diff| 1.9e-04)" rather than a dict."""
+    if verify.get("skipped"):
+        why = verify["skipped"]
+        return "not checked at export" + (
+            f" ({why})" if isinstance(why, str) else " (--skip-verify)"
+        )
+    diff = verify.get("max_abs_logits")
+    detail = f" (max |logits diff| {diff:.2g})" if isinstance(diff, (int, float)) else ""
+    return (
+        "export matched PyTorch" if verify.get("ok") else "export did NOT match PyTorch"
+    ) + detail
+
+
+def source_line(source: dict[str, Any]) -> str:
+    """Where the weights came from, in one line (--json has every detail)."""
+    kind, path = source.get("kind"), source.get("path") or source.get("name")
+    line = f"{kind} {path}" if path else str(kind)
+    gguf = source.get("gguf") or {}
+    if gguf.get("tensor_types"):
+        types = ", ".join(f"{n} {t}" for t, n in gguf["tensor_types"].items())
+        line += f" (GGUF tensors: {types})"
+    return line
+
+
+def eval_line(record: dict[str, Any]) -> str:
+    """The recorded perplexity (`eval ppl --record`), beside its float32 reference if known."""
+    line = (
+        f"perplexity {record['ppl']:.4f} of {record.get('of')} on {record.get('text')} "
+        f"({record.get('tokens')} tokens, {record.get('docs')} docs)"
+    )
+    ref = record.get("reference")
+    if ref and "ppl_delta_rel" in record:
+        line += f"; {100 * record['ppl_delta_rel']:+.2f}% vs {ref.get('label', 'reference')}"
+        line += f" {float(ref['ppl']):.4f}"
+    return line
 
 
 def lm_head_line(quant: dict[str, Any] | None) -> str | None:
@@ -190,9 +229,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(info)
         return 0
+    info = {k: v for k, v in info.items() if v is not None and v != {}}
     width = max(len(k) for k in info)
     for key, value in info.items():
-        if key == "files":
+        if key == "verify":
+            value = verify_line(value)
+        elif key == "source" and isinstance(value, dict):
+            value = source_line(value)
+        elif key == "eval" and isinstance(value, dict) and "ppl" in value:
+            value = eval_line(value)
+        elif key == "files":
             value = ", ".join(f"{n} ({d})" for n, d in value.items())
         elif key == "quant" and value:
             value = quant_line(value, manifest.kv.dtypes())

@@ -115,3 +115,35 @@ def test_an_export_without_query_seqlens_says_it_verifies_row_by_row(cli, tiny_z
     assert "one by one" in line and "re-export for batched verification" in line
     code, out, _ = cli("inspect", old, "--json")
     assert code == 0 and json.loads(out)["batched_verify"] is False
+
+
+def test_text_output_reads_as_sentences_not_python_values(cli, kv8):
+    """No `None` lines and no dict reprs: verify and source read as words."""
+    code, out, err = cli("inspect", kv8)
+    assert code == 0, err
+    assert "None" not in out and "{'" not in out
+    verify = next(t for t in out.splitlines() if t.startswith("verify "))
+    assert "not checked at export (--skip-verify)" in verify  # the fixture skips it
+
+
+def test_eval_line_with_its_reference():
+    from specport.commands.inspect import eval_line, source_line, verify_line
+
+    record = {
+        "ppl": 5.5398,
+        "of": "w4a16",
+        "text": "valid.txt",
+        "tokens": 2045,
+        "docs": 64,
+        "reference": {"ppl": 5.2647, "label": "float32"},
+        "ppl_delta_rel": 5.5398 / 5.2647 - 1,
+    }
+    assert eval_line(record) == (
+        "perplexity 5.5398 of w4a16 on valid.txt (2045 tokens, 64 docs); +5.23% vs float32 5.2647"
+    )
+    assert verify_line({"ok": True, "max_abs_logits": 1.9e-4}) == (
+        "export matched PyTorch (max |logits diff| 0.00019)"
+    )
+    assert verify_line({"ok": False, "max_abs_logits": 0.5}).startswith("export did NOT")
+    gguf = {"kind": "gguf", "path": "m.gguf", "gguf": {"tensor_types": {"F32": 3, "Q4_1": 7}}}
+    assert source_line(gguf) == "gguf m.gguf (GGUF tensors: 3 F32, 7 Q4_1)"
