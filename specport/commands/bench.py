@@ -186,6 +186,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--request-rate is how --requests N arrive; add --requests N.")
     if args.speculative or args.tree_width or args.ceiling:
         return _run_speculative(args)
+    if args.prompt or args.prompt_set:
+        given = "--prompt" if args.prompt else "--prompt-set"
+        raise UsageError(
+            f"{given} picks the prompts of --speculative, --ceiling or --requests runs; plain "
+            "decode benches a random prompt (--prompt-len N) or --prompt-ids. For chat prompts "
+            "add --speculative ngram (its plain row is plain decoding)."
+        )
 
     from specport.runtime.bench.peers import check_peer_name
     from specport.runtime.bench.spec_peers import SPECULATION_SUFFIX

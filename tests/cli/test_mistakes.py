@@ -293,6 +293,13 @@ def test_bench_ngram_peer_without_speculative_is_a_usage_error(cli, tmp_path, pe
     assert "own speculative decoding" in line and "--speculative ngram" in line
 
 
+@pytest.mark.parametrize("args", [["--prompt-set", "chat"], ["--prompt", "Hello"]])
+def test_plain_bench_refuses_prompts_it_would_not_use(cli, tmp_path, args):
+    code, _, err = cli("bench", tmp_path / "missing-artifact", *args)
+    assert code == 2  # refused before even looking for the artifact
+    assert "plain decode benches a random prompt" in _one_line_error(err)
+
+
 @pytest.mark.parametrize(
     "args, fix",
     [
