@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,123 +41,23 @@ from specport.passes.quant.graph import (
     remove_unused,
     replace_node,
 )
+from specport.passes.quant.weight_quant import (  # noqa: F401 - re-exported
+    ALGOS,
+    CHUNK_ELEMENTS,
+    HEAD_GROUPS,
+    NEEDS_CALIB,
+    PARALLEL_MIN_ELEMENTS,
+    WORKERS,
+    concat_rows,
+    error_terms,
+    head_group_size,
+    integer_zero_points,
+    output_rel_error,
+    quantize_weight,
+)
 from specport.progress import track
 
 logger = logging.getLogger(__name__)
-
-ALGOS = ("rtn", "hqq", "gptq", "clip", "default")
-NEEDS_CALIB = ("gptq", "clip", "default")
-HEAD_GROUPS = (128, 64)  # block sizes an 8-bit LM head may take, largest first
-
-
-def head_group_size(k: int, bits: int, group_size: int, int8_activations: bool = True) -> int:
-    """Block size of the LM head's MatMulNBits: for an 8-bit head with int8 activations
-    (accuracy_level 4) the largest of `HEAD_GROUPS` that divides K (no padding) and is not
-    below `group_size`; otherwise `group_size`.
-
-    Why: onnxruntime's 8-bit int8-activation kernel (accuracy_level 4) is compute-bound on
-    per-block work, not on bytes. Measured on SmolLM2-135M's head (K=576, N=49152, one
-    thread): block 64 runs 1.3x faster than block 32, and a K=1024 head 1.6x faster at
-    block 128, while the 8-bit weights stay far finer than the 4-bit body (SmolLM2 W4A8
-    perplexity 44.8068 at block 32, 44.7973 at block 64). MatMulNBits takes its block size
-    per node, so the body keeps `group_size` (its perplexity budget) and only the head grows.
-    A 4-bit head keeps `group_size`: there the block is the precision budget.
-    """
-    if bits != 8 or not int8_activations:
-        return group_size
-    for g in HEAD_GROUPS:
-        if g >= group_size and k % g == 0:
-            return g
-    return group_size
-
-
-def integer_zero_points(bq: A.BlockQuant, w: np.ndarray) -> A.BlockQuant:
-    """Round float zero points (HQQ, refit) and re-derive the codes so they stay consistent.
-
-    w [K, N]. Integer zero points are what QDQ requires and what onnxruntime's fast
-    MatMulNBits kernels expect.
-    """
-    top = (1 << bq.bits) - 1
-    zero = np.clip(np.round(bq.zero), 0, top)
-    n, g = w.shape[1], bq.group_size
-    wb = np.zeros((n, bq.n_blocks * g))
-    wb[:, : bq.k] = w.T
-    wb = wb.reshape(n, bq.n_blocks, g)
-    q = np.clip(np.round(wb / bq.scale[..., None] + zero[..., None]), 0, top).reshape(n, -1)
-    return dataclasses.replace(bq, q=q.astype(bq.q.dtype), zero=zero)
-
-
-def quantize_weight(
-    w: np.ndarray,
-    algo: str,
-    bits: int,
-    group_size: int,
-    symmetric: bool,
-    stats: ActStats | None,
-    float_zero: bool = True,
-    factor: A.GptqFactor | None = None,
-) -> A.BlockQuant:
-    """Dispatch one weight w [K, N] to an algorithm (`factor`: a shared GPTQ factorization).
-
-    `default` (the best measured combination on stories260K) = GPTQ in activation order with
-    static MSE-clipped group ranges, then a least-squares refit of every block's scale and
-    offset against the calibration Hessian (4 bits).
-    """
-    h = stats.hessian if stats is not None else None
-    if algo in NEEDS_CALIB and h is None:
-        raise QuantizationError(f"algorithm {algo!r} needs calibration data; pass --calib FILE")
-    if algo == "rtn":
-        return A.quantize_rtn(w, bits, group_size, symmetric)
-    if algo == "hqq":
-        return A.quantize_hqq(w, bits, group_size)
-    if algo == "clip":
-        return A.quantize_clip(w, h, bits, group_size, symmetric)
-    if algo == "gptq":
-        assert h is not None
-        return A.quantize_gptq(w, h, bits, group_size, symmetric, factor=factor)
-    if algo == "default":
-        assert h is not None
-        bq = A.quantize_gptq(
-            w, h, bits, group_size, symmetric, mse_clip=True, act_order=True, factor=factor
-        )
-        # Float zero points exist only for 4 bits in MatMulNBits (and not at all in QDQ).
-        return bq if symmetric or bits != 4 or not float_zero else A.refit_scales(bq, w, h)
-    raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
-
-
-def output_rel_error(w: np.ndarray, w_hat: np.ndarray, stats: ActStats | None) -> float:
-    """trace(dW^T H dW) / trace(W^T H W): relative output error on the calibration inputs
-    (weight-space relative error when there is no calibration)."""
-    num, den = _error_terms(w, w_hat, stats.hessian if stats is not None else None)
-    return float(num / max(den, 1e-30))
-
-
-def _error_terms(w: np.ndarray, w_hat: np.ndarray, h: np.ndarray | None) -> tuple[float, float]:
-    """(trace(dW^T H dW), trace(W^T H W)) for columns of a weight; sums over column chunks."""
-    dw = (w_hat - w).astype(np.float64)
-    w64 = w.astype(np.float64)
-    if h is None:
-        return float((dw**2).sum()), float((w64**2).sum())
-    return float(np.einsum("kn,kn->", dw, h @ dw)), float(np.einsum("kn,kn->", w64, h @ w64))
-
-
-# Weights are quantized in chunks of output rows of about this many elements: every algorithm
-# here treats rows independently (GPTQ given one shared factorization of H), and the float64
-# working copies of a 128k-vocabulary LM head would otherwise take several GB at once.
-CHUNK_ELEMENTS = 1 << 23
-PARALLEL_MIN_ELEMENTS = 1 << 20  # smaller weights are not worth a thread pool
-WORKERS = max(1, min(4, os.cpu_count() or 1))
-
-
-def concat_rows(parts: list[A.BlockQuant]) -> A.BlockQuant:
-    """Join BlockQuants of consecutive output-row chunks of one weight (same K, bits, group)."""
-    return dataclasses.replace(
-        parts[0],
-        q=np.concatenate([b.q for b in parts], axis=0),
-        scale=np.concatenate([b.scale for b in parts], axis=0),
-        zero=np.concatenate([b.zero for b in parts], axis=0),
-        symmetric=all(b.symmetric for b in parts),
-    )
 
 
 class QuantizeWeightsNBitsPass(Pass):
@@ -302,7 +201,7 @@ class QuantizeWeightsNBitsPass(Pass):
             bq = quantize_weight(wc, algo, bits, group, self.symmetric, stats, float_zero, factor)
             if not float_zero and not bq.integer_zero:
                 bq = integer_zero_points(bq, wc)
-            return (bq, *_error_terms(wc, A.dequantize(bq), h))
+            return (bq, *error_terms(wc, A.dequantize(bq), h))
 
         starts = range(0, n, step)
         if workers > 1 and len(starts) > 1:

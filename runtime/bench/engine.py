@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from specport.errors import InputError
+from specport.progress import Loop
 from specport.runtime.bench.arrivals import (
     arrival_offsets,
     latency_line,
@@ -130,6 +131,7 @@ def run_engine_bench(
     try:
         run_load(batching, prompts(2**32 - 1, config.requests), 8)  # warm-up
         run_load(serial, prompts(2**32 - 2, 2), 8)
+        rounds = Loop(config.rounds, "bench rounds (batching and serial engines)")
         for r in range(config.rounds):
             load_prompts = prompts(r, config.requests)
             b = run_load(batching, load_prompts, config.new_tokens, offsets)
@@ -148,6 +150,8 @@ def run_engine_bench(
             rows.append({"batching": b, "serial": s, "alone": alone, "prefix": prefix})
             if on_round is not None:
                 on_round({"round": r, **rows[-1]})
+            rounds.update()
+        rounds.close()
     finally:
         batching.close()
         uncached.close()

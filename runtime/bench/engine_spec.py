@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from specport.errors import ArtifactError, InputError
+from specport.progress import Loop
 from specport.runtime.bench.arrivals import (
     arrival_offsets,
     latency_line,
@@ -128,6 +129,7 @@ def run_spec_engine_bench(
         _load(plain, warm, 8)
         _load(spec, warm, 8)
         before = spec.stats()
+        rounds = Loop(config.rounds, "bench rounds (plain and speculative engines)")
         for r in range(config.rounds):
             prompts = fixed or copy_prompts(r, config.requests, config.prompt_tokens, vocab)
             order = [("plain", plain), ("speculative", spec)]
@@ -145,6 +147,8 @@ def run_spec_engine_bench(
             )
             if on_round is not None:
                 on_round({"round": r, **rows[-1]})
+            rounds.update()
+        rounds.close()
         after = spec.stats()
     finally:
         plain.close()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specport.errors import InputError
+from specport.progress import Loop
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +192,7 @@ def _run(
         name: {"seconds": 0.0, "tokens": 0, "equal": True, "drafted": 0, "accepted": 0, "steps": 0}
         for name in names
     }
+    loop = Loop(len(encoded) * config.runs, f"bench: {len(names)} engines, prompt x round")
     for ids in encoded:
         reference: list[int] | None = None
         per: dict[str, list[float]] = {name: [] for name in names}
@@ -237,11 +239,13 @@ def _run(
                         "steps": run.rounds,
                         "accepted": len(run.tokens) - run.rounds,
                     }
+            loop.update()
         for name in names:
             totals[name]["seconds"] += statistics.median(per[name]) * counts[name]
             totals[name]["tokens"] += counts[name]
             for key in ("drafted", "accepted", "steps"):
                 totals[name][key] += int(stats.get(name, {}).get(key, 0))
+    loop.close()
     plain_s = totals["plain"]["seconds"]
     rows = []
     for name in names:
