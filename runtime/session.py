@@ -14,6 +14,7 @@ Choices and why (measured on the 2-core benchmark machine, see `specport bench`)
 - huge_pages: the buffers onnxruntime allocated for the weights are collapsed into 2 MB
   transparent huge pages after the session is built (runtime/hugepages.py; Linux): decode
   streams every weight per token, and on 4 KB pages SmolLM2 W4A8 ran 8-20% slower.
+  `SPECPORT_HUGE_PAGES=0` in the environment turns it off (it adds ~2.5 s per GB at load).
 External weights (`model.onnx.data`) are read by onnxruntime itself (it memory-maps the file
 where offsets allow); there is no session option for it, so none is exposed.
 """
@@ -48,7 +49,8 @@ class SessionConfig:
     enable_mem_pattern: bool = True
     disable_prepacking: bool = False
     allow_spinning: bool | None = None
-    huge_pages: bool = True
+    # SPECPORT_HUGE_PAGES=0 turns it off: collapsing costs ~2.5 s per GB of weights at load
+    huge_pages: bool = field(default_factory=lambda: os.environ.get("SPECPORT_HUGE_PAGES") != "0")
     log_severity: int = 3
     # Extra onnxruntime session config entries an artifact needs to mean what it says, e.g.
     # a QDQ int4 graph that must not be run with int8 activations (manifest quant section).

@@ -64,3 +64,13 @@ def test_session_numbers_do_not_change(tiny_llama_artifact):
         out = Generator(session, manifest).generate([[1, 5, 9, 14]], 8, eos_ids=())
         tokens.append(out.tokens)
     assert tokens[0] == tokens[1]
+
+
+def test_environment_turns_huge_pages_off(monkeypatch):
+    from specport.runtime.session import SessionConfig
+
+    monkeypatch.delenv("SPECPORT_HUGE_PAGES", raising=False)
+    assert SessionConfig().huge_pages
+    monkeypatch.setenv("SPECPORT_HUGE_PAGES", "0")
+    assert not SessionConfig().huge_pages
+    assert SessionConfig(huge_pages=True).huge_pages  # an explicit choice wins
