@@ -18,7 +18,7 @@ import logging
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specport.errors import InputError
@@ -192,6 +192,32 @@ def _run(
         name: {"seconds": 0.0, "tokens": 0, "equal": True, "drafted": 0, "accepted": 0, "steps": 0}
         for name in names
     }
+
+    def run_engine(
+        method: str | None, adaptive: bool | None, width: int, ids: list[int], new_tokens: int
+    ) -> Any:
+        if method is None:
+            return plain_model.generate(prompt_ids=ids, max_new_tokens=new_tokens)
+        if width:
+            tree_model = plain_model if method == "ngram" else model
+            return _run_tree(
+                tree_model, ids, replace(config, max_new_tokens=new_tokens), method, width
+            )
+        # only chain MTP drafting needs the graph with the branch
+        return (model if method == "mtp" else plain_model).generate(
+            prompt_ids=ids,
+            max_new_tokens=new_tokens,
+            speculative=method,
+            num_draft=config.num_draft,
+            draft=draft if method == "draft" else None,
+            adaptive=adaptive,
+        )
+
+    # Warm-up, untimed: one-time work (an MTP tree's derived verify graph, a draft session's
+    # first run, onnxruntime's first-run allocations) must not land in the first prompt's time.
+    for _name, method, adaptive, width in engines:
+        if method != "ceiling":
+            run_engine(method, adaptive, width, encoded[0], 4)
     loop = Loop(len(encoded) * config.runs, f"bench: {len(names)} engines, prompt x round")
     for ids in encoded:
         reference: list[int] | None = None
@@ -200,25 +226,11 @@ def _run(
         counts: dict[str, int] = {}
         for _ in range(config.runs):
             for name, method, adaptive, width in engines:
-                if method is None:
-                    result = plain_model.generate(
-                        prompt_ids=ids, max_new_tokens=config.max_new_tokens
-                    )
-                elif method == "ceiling":
+                if method == "ceiling":
                     assert reference is not None  # plain runs first in every round
                     result = _run_ceiling(plain_model, ids, reference, config, ceilings[name])
-                elif width:
-                    tree_model = plain_model if method == "ngram" else model
-                    result = _run_tree(tree_model, ids, config, method, width)
-                else:  # only chain MTP drafting needs the graph with the branch
-                    result = (model if method == "mtp" else plain_model).generate(
-                        prompt_ids=ids,
-                        max_new_tokens=config.max_new_tokens,
-                        speculative=method,
-                        num_draft=config.num_draft,
-                        draft=draft if method == "draft" else None,
-                        adaptive=adaptive,
-                    )
+                else:
+                    result = run_engine(method, adaptive, width, ids, config.max_new_tokens)
                 if reference is None:
                     reference = result.tokens
                 totals[name]["equal"] &= result.tokens == reference
