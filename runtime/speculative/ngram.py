@@ -68,6 +68,26 @@ def copy_after(tokens: np.ndarray, end: int, num_draft: int) -> list[int]:
     return draft
 
 
+def suffix_match_ends(tokens: np.ndarray, max_n: int) -> list[np.ndarray]:
+    """Entry n-1: every position ``end < L-1`` where the context's final n tokens also end, for
+    n = 1, 2, ... up to ``max_n`` or the first n with no match (one vectorised pass per n)."""
+    length = tokens.shape[0]
+    if length < 2:
+        return []
+    # cand[e] is True while tokens[e-j] == tokens[L-1-j] for all j < n (e in [0, L-2]).
+    cand = tokens[: length - 1] == tokens[length - 1]
+    ends: list[np.ndarray] = []
+    for n in range(1, min(max_n, length - 1) + 1):
+        if n > 1:
+            cand[n - 1 :] &= tokens[: length - n] == tokens[length - n]
+            cand[n - 2] = False  # the n-gram would start before position 0
+        hits = np.flatnonzero(cand)
+        if hits.size == 0:
+            break
+        ends.append(hits)
+    return ends
+
+
 def find_suffix_match(
     tokens: np.ndarray,  # [L] int64
     min_n: int,
@@ -76,19 +96,9 @@ def find_suffix_match(
     """(end, n): the last position ``end < L-1`` where the context's final n tokens also end,
     for the largest n in [min_n, max_n] that occurs; None if no suffix of length min_n recurs.
     """
-    length = tokens.shape[0]
-    if length < min_n + 1:
+    if tokens.shape[0] < min_n + 1:
         return None
-    # cand[e] is True while tokens[e-j] == tokens[L-1-j] for all j < n (e in [0, L-2]).
-    cand = tokens[: length - 1] == tokens[length - 1]
-    best: tuple[int, int] | None = None
-    for n in range(1, min(max_n, length - 1) + 1):
-        if n > 1:
-            cand[n - 1 :] &= tokens[: length - n] == tokens[length - n]
-            cand[n - 2] = False  # the n-gram would start before position 0
-        hits = np.flatnonzero(cand)
-        if hits.size == 0:
-            break
-        if n >= min_n:
-            best = (int(hits[-1]), n)
-    return best
+    ends = suffix_match_ends(tokens, max_n)
+    if len(ends) < min_n:
+        return None
+    return int(ends[-1][-1]), len(ends)

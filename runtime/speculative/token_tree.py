@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specport.errors import InputError
+from specport.runtime.speculative.ngram import suffix_match_ends
 
 
 class TokenTree:
@@ -107,17 +108,7 @@ def ngram_candidates(
     total = arr.shape[0]
     if length < 1 or max_candidates < 1 or total < min_n + 1:
         return []
-    # cand[e] stays True while arr[e-j] == arr[L-1-j] for all j < n (e in [0, L-2]).
-    cand = arr[: total - 1] == arr[total - 1]
-    hits_by_n: list[np.ndarray] = []
-    for n in range(1, min(max_n, total - 1) + 1):
-        if n > 1:
-            cand[n - 1 :] &= arr[: total - n] == arr[total - n]
-            cand[n - 2] = False  # the n-gram would start before position 0
-        hits = np.flatnonzero(cand)
-        if hits.size == 0:
-            break
-        hits_by_n.append(hits)
+    hits_by_n = suffix_match_ends(arr, max_n)
     out: list[list[int]] = []
     seen: set[tuple[int, ...]] = set()
     for n in range(len(hits_by_n), min_n - 1, -1):
