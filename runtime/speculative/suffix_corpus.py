@@ -43,21 +43,33 @@ def read_corpus(path: str | Path, tokenizer: Any | None, vocab_size: int) -> lis
     return sequences
 
 
-def _sequence(line: str, tokenizer: Any | None, vocab_size: int, where: str) -> list[int]:
+def parse_line(line: str, where: str) -> list[int] | str:
+    """One corpus line: its token ids, or its text (tokenized by the caller that has the
+    model); an error naming the line (`where`) otherwise. No model needed, so a file can be
+    checked before anything loads (`suffix_record.check_record`)."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
         raise InputError(f"{where}: not a JSON object ({err.msg}).") from None
     if isinstance(record, dict) and isinstance(record.get("ids"), list):
         ids = record["ids"]
-        if not all(isinstance(t, int) and 0 <= t < vocab_size for t in ids):
-            raise InputError(f"{where}: ids must be token ids in 0..{vocab_size - 1}.")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise InputError(f"{where}: ids must be non-negative token ids.")
         return [int(t) for t in ids]
     if isinstance(record, dict) and isinstance(record.get("text"), str):
-        if tokenizer is None:
-            raise InputError(f"{where}: a text line needs the artifact's tokenizer; give ids.")
-        return [int(t) for t in tokenizer.encode(record["text"], add_special_tokens=False).ids]
+        return str(record["text"])
     raise InputError(f'{where}: each line needs "ids" (a list of token ids) or "text".')
+
+
+def _sequence(line: str, tokenizer: Any | None, vocab_size: int, where: str) -> list[int]:
+    parsed = parse_line(line, where)
+    if isinstance(parsed, list):
+        if any(t >= vocab_size for t in parsed):
+            raise InputError(f"{where}: ids must be token ids in 0..{vocab_size - 1}.")
+        return parsed
+    if tokenizer is None:
+        raise InputError(f"{where}: a text line needs the artifact's tokenizer; give ids.")
+    return [int(t) for t in tokenizer.encode(parsed, add_special_tokens=False).ids]
 
 
 def write_corpus(path: str | Path, sequences: list[list[int]], texts: list[str]) -> None:

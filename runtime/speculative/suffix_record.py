@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specport.errors import InputError
+from specport.runtime.speculative.suffix_corpus import parse_line
 
 logger = logging.getLogger(__name__)
 
@@ -56,20 +57,9 @@ def check_record(path: str | os.PathLike[str]) -> int:
 
 
 def _largest_id(line: str, where: str) -> int:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise InputError(
-            f"{where}: not a JSON object ({err.msg}); --suffix-record appends only to a corpus."
-        ) from None
-    if isinstance(record, dict) and isinstance(record.get("ids"), list):
-        ids = record["ids"]
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-            raise InputError(f"{where}: ids must be non-negative token ids.")
-        return max(ids, default=-1)
-    if isinstance(record, dict) and isinstance(record.get("text"), str):
-        return -1
-    raise InputError(f'{where}: each line needs "ids" (a list of token ids) or "text".')
+    """The largest id of a corpus line (-1 for a text line: the tokenizer's ids are in range)."""
+    parsed = parse_line(line, where)
+    return max(parsed, default=-1) if isinstance(parsed, list) else -1
 
 
 def corpus_to_read(corpus: str | None, record: str | None) -> str | None:
