@@ -64,23 +64,33 @@ def optimize(
 ) -> tuple[Path, dict[str, Any]]:
     """Fuse and lower any ONNX decoder graph `src` for `target`; write `out` (+ `out.data`).
 
-    Returns (out path, report; `report["io_contract"]` describes the graph's KV inputs). The input is checked first (readable, weights present, passes
-    onnx's checker), the output is checked before it is renamed into place, and `out` must be
-    new or an earlier `optimize` output, never one of the input's files.
+    Returns (out path, report; `report["io_contract"]` describes the graph's KV inputs,
+    `report["repairs"]` what was repaired on load, `report["parity"]` the numeric check). The
+    input is accepted as onnxruntime accepts it (see `specport.onnx_file`); the output is run
+    against the input on random inputs (`specport.onnx_parity`) before it is renamed into
+    place, and `out` must be new or an earlier `optimize` output, never one of the input's
+    files.
     """
     from specport.passes.io_contract import fused_io_contract
     from specport.passes.pipelines import optimize_model
     from specport.progress import Stages
 
     preflight.check_optimize(src, out, target, passes, options)
-    from specport.onnx_file import save_onnx_atomic
+    from specport.onnx_file import load_onnx_input, load_repaired_ir, save_onnx_atomic
+    from specport.onnx_parity import check_parity
 
+    proto, repairs = load_onnx_input(src)
     stages = Stages(total=2)
     stages.start("rewriting the graph")
-    model, report = optimize_model(Path(src), target, passes, **options)
+    model, report = optimize_model(load_repaired_ir(src, proto), target, passes, **options)
     report["io_contract"] = fused_io_contract(model)
-    stages.start("writing and checking the output")
-    path = save_onnx_atomic(model, Path(out), mark=target)
+    report["repairs"] = repairs
+    stages.start("writing the output and checking it against onnxruntime on the input")
+
+    def check(written: Path) -> None:
+        report["parity"] = check_parity(Path(src), written, proto)
+
+    path = save_onnx_atomic(model, Path(out), mark=target, check=check)
     stages.done()
     return path, report
 
@@ -93,5 +103,6 @@ def train_mtp(
     checked = {k: kwargs[k] for k in ("num_heads", "data", "steps", "num_sequences") if k in kwargs}
     preflight.check_train_mtp(artifact, out, **checked)
     from specport.exporter.mtp_train import train_mtp as _train
+    from specport.loading import load
 
-    return _train(artifact, out, **kwargs)
+    return _train(artifact, out, load_model=load, **kwargs)

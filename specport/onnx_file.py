@@ -1,18 +1,24 @@
-"""A bare ONNX file in (`specport optimize`) and out: checked first, written atomically.
+"""A bare ONNX file in (`specport optimize`) and out: accepted as onnxruntime accepts it,
+written atomically.
 
-Checked before any pass runs, each with a one-line message that says what to do: the file is
-not ONNX (or truncated), its external weights are missing or short, it fails onnx's checker,
-or its opset is newer than this onnx knows. The output is written to a temp folder beside
-`--out`, checked again (a graph whose old ops could not be upgraded fails here) and only then
-renamed into place, so a failure never leaves a partial file.
+Refused, each with a one-line message that says what to do: the file is not ONNX (or
+truncated), its external weights are missing or short, its opset is newer than this onnx knows,
+or onnxruntime itself cannot load it. Blemishes that onnx's checker objects to and onnxruntime
+ignores (value_info or outputs without a type, stale shape annotations) are repaired and
+reported, not refused: exports in the wild carry them. The output is written to a temp folder
+beside `--out`, checked there (for `optimize`: onnxruntime runs it and the input on the same
+random inputs, see `specport.onnx_parity`) and only then renamed into place, so a failure never
+leaves a partial file.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +35,9 @@ def _first_line(e: BaseException) -> str:
 
 
 def check_onnx_input(path: str | os.PathLike[str]) -> Any:
-    """Read `path`'s graph (weights stay on disk) and check it; returns the ModelProto."""
+    """Read `path`'s graph (weights stay on disk) and run the checks that protect users: the
+    file is ONNX and whole, its external weights are there and long enough, its opset is one
+    this onnx knows. Returns the ModelProto (no weights loaded)."""
     import onnx
     from onnx.external_data_helper import uses_external_data
 
@@ -72,13 +80,147 @@ def check_onnx_input(path: str | os.PathLike[str]) -> Any:
             f"{p} uses ONNX opset {opset}, newer than this onnx knows ({newest}); upgrade onnx "
             "(pip install -U onnx) or export with an older opset."
         )
-    try:  # by path: external data is looked up beside the file, not in the current folder
-        onnx.checker.check_model(str(p))
-    except Exception as e:  # noqa: BLE001 - ValidationError and friends
-        raise InvalidModelError(
-            f"{p} fails onnx's checker ({_first_line(e)}); fix or re-export the model."
-        ) from None
     return proto
+
+
+def load_onnx_input(path: str | os.PathLike[str]) -> tuple[Any, list[str]]:
+    """`check_onnx_input`, then repaired and judged by what onnxruntime accepts.
+
+    Returns (repaired ModelProto without its external weights, one note per repair). Exports
+    in the wild carry blemishes that onnx's checker refuses but onnxruntime ignores (graph
+    outputs without a type, stale shape annotations); they are repaired here, and only a graph
+    that onnx's checker and onnxruntime both refuse is refused, with onnxruntime's reason.
+    """
+    import onnx
+
+    p = Path(path)
+    proto = check_onnx_input(p)
+    notes = repair_proto(proto)
+    try:
+        onnx.checker.check_model(_without_weights(proto))
+    except Exception as e:  # noqa: BLE001 - ValidationError and friends
+        why = ort_load_error(p)
+        if why is not None:
+            raise InvalidModelError(
+                f"onnxruntime cannot load {p} ({why}); fix or re-export the model."
+            ) from None
+        notes.append(f"onnx's checker objects ({_first_line(e)}) but onnxruntime loads it")
+    for note in notes:
+        logger.info("%s: %s", p.name, note)
+    return proto, notes
+
+
+def _without_weights(proto: Any) -> Any:
+    """A copy for onnx's checker and shape inference, which cannot follow external data from
+    memory: each external initializer of the main graph becomes a graph input of its type and
+    shape (what the checker and inference need of it); others keep their references."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    graph = copy.graph
+    inputs = {i.name for i in graph.input}
+    keep = []
+    for tensor in graph.initializer:
+        if not uses_external_data(tensor):
+            keep.append(tensor)
+        elif tensor.name not in inputs:
+            graph.input.append(
+                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims)
+            )
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    return copy
+
+
+def ort_load_error(path: Path) -> str | None:
+    """onnxruntime's first line when it cannot open `path` (graph optimizations off), else None."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own Fail/InvalidGraph types
+        text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(e).strip())
+        text = re.sub(r"^Load model from .*? failed:", "", text).strip()
+        return text.splitlines()[0][:300] if text else type(e).__name__
+    return None
+
+
+def repair_proto(proto: Any) -> list[str]:
+    """Repair in place what onnx's checker refuses and onnxruntime ignores; one note per repair.
+
+    - `value_info` entries without a type are hints with nothing in them: dropped;
+    - graph outputs without a type get the type onnx's shape inference gives them;
+    - shape annotations that onnx's shape inference contradicts (stale after an edit) are
+      dropped, so the passes re-infer them instead of trusting wrong numbers.
+    """
+    import onnx
+
+    notes: list[str] = []
+    graph = proto.graph
+    typeless = [vi for vi in graph.value_info if not vi.type.HasField("tensor_type")]
+    typeless = [vi for vi in typeless if not vi.type.WhichOneof("value")]
+    if typeless:
+        keep = [vi for vi in graph.value_info if vi.type.WhichOneof("value")]
+        del graph.value_info[:]
+        graph.value_info.extend(keep)
+        notes.append(f"dropped {len(typeless)} value_info entries without a type")
+    try:
+        onnx.shape_inference.infer_shapes(_without_weights(proto), strict_mode=True)
+    except Exception as e:  # noqa: BLE001 - InferenceError; only contradictions are repaired
+        text = str(e)
+        if "existing" in text or "differ" in text:
+            stale = len(graph.value_info)
+            del graph.value_info[:]
+            for out in graph.output:
+                if out.type.HasField("tensor_type"):
+                    out.type.tensor_type.ClearField("shape")
+            notes.append(
+                f"dropped {stale} stale shape annotations (onnx's shape inference contradicts "
+                "them); shapes are re-inferred"
+            )
+    untyped = [o for o in graph.output if not o.type.WhichOneof("value")]
+    if untyped:
+        inferred = onnx.shape_inference.infer_shapes(_without_weights(proto))
+        known = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+        filled = 0
+        for out in untyped:
+            vi = known.get(out.name)
+            if vi is not None and vi.type.WhichOneof("value"):
+                out.type.CopyFrom(vi.type)
+                filled += 1
+        notes.append(
+            f"typed {filled} of {len(untyped)} graph outputs that had no type (from shape "
+            "inference)"
+        )
+    return notes
+
+
+def load_repaired_ir(path: str | os.PathLike[str], proto: Any) -> Any:
+    """The onnx_ir model of `proto` (from `load_onnx_input`) with `path`'s external weights
+    left on disk as references, as `onnx_ir.load` would give them."""
+    import onnx_ir as ir
+
+    model = ir.serde.deserialize_model(proto)
+    ir.external_data.set_base_dir(model.graph, Path(path).resolve().parent)
+    return model
+
+
+def _check_output(path: Path) -> None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise InvalidModelError(
+            f"the optimized graph fails onnx's checker ({_first_line(e)}); the input's ops "
+            f"could not all be upgraded. Nothing was written. Re-export the model with a "
+            f"recent opset, or run fewer passes ({option('passes')})."
+        ) from None
 
 
 def _all_tensors(proto: Any) -> list[Any]:
@@ -90,9 +232,14 @@ def _all_tensors(proto: Any) -> list[Any]:
         return list(proto.graph.initializer)
 
 
-def save_onnx_atomic(model: Any, out: Path, mark: str) -> Path:
-    """Write `model` (onnx_ir) to `out` + `out.data`, checked, in two renames; nothing on failure."""
-    import onnx
+def save_onnx_atomic(
+    model: Any, out: Path, mark: str, check: Callable[[Path], None] | None = None
+) -> Path:
+    """Write `model` (onnx_ir) to `out` + `out.data` in two renames; nothing on failure.
+
+    `check(path)` runs on the written temp copy before the renames (the numeric check of
+    `specport optimize`); without one, onnx's checker judges the output.
+    """
     import onnx_ir as ir
 
     out = Path(out).resolve()
@@ -104,14 +251,10 @@ def save_onnx_atomic(model: Any, out: Path, mark: str) -> Path:
     done = False
     try:
         ir.save(model, str(tmp / out.name), external_data=data.name)
-        try:
-            onnx.checker.check_model(str(tmp / out.name))
-        except Exception as e:  # noqa: BLE001
-            raise InvalidModelError(
-                f"the optimized graph fails onnx's checker ({_first_line(e)}); the input's ops "
-                f"could not all be upgraded. Nothing was written. Re-export the model with a "
-                f"recent opset, or run fewer passes ({option('passes')})."
-            ) from None
+        if check is not None:
+            check(tmp / out.name)
+        else:
+            _check_output(tmp / out.name)
         if (tmp / data.name).exists():
             os.replace(tmp / data.name, data)
         os.replace(tmp / out.name, out)

@@ -188,7 +188,7 @@ def _ranges(idx: list[int]) -> str:
 
 def runtimes(manifest: Any, directory: str) -> dict[str, dict[str, Any]]:
     """Which runtimes run the artifact (recorded at write time; worked out for older artifacts)."""
-    from specport.exporter.interop import runtimes_of
+    from specport.interop.files import runtimes_of
 
     return runtimes_of(manifest, Path(directory))
 
@@ -270,9 +270,9 @@ def summarize_onnx(path: str) -> dict[str, Any]:
 
     import onnx
 
-    from specport.onnx_file import check_onnx_input
+    from specport.onnx_file import load_onnx_input
 
-    proto = check_onnx_input(path)
+    proto, repairs = load_onnx_input(path)
 
     def describe(values: Any) -> list[str]:
         out = []
@@ -294,4 +294,5 @@ def summarize_onnx(path: str) -> dict[str, Any]:
         "nodes": len(proto.graph.node),
         "ops": dict(ops.most_common()),
         "initializers": len(proto.graph.initializer),
+        "repairs": repairs,
     }

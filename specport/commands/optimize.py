@@ -70,6 +70,18 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def parity_line(parity: dict[str, Any] | None) -> str:
+    """One line on the numeric check of the output against onnxruntime running the input."""
+    if not parity:
+        return "checked: not run"
+    if not parity.get("checked"):
+        return f"checked: not run ({parity.get('reason')})"
+    return (
+        f"checked against onnxruntime on the input: max |difference| "
+        f"{parity['max_abs_error']:.2g} ({'; '.join(parity['cases'])})"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from specport import api
     from specport.errors import UsageError
@@ -97,10 +109,14 @@ def run(args: argparse.Namespace) -> int:
     info = summarize(report)
     info["out"] = str(out)
     info["io_contract"] = report.get("io_contract")
+    info["repairs"] = report.get("repairs", [])
+    info["parity"] = report.get("parity")
     if args.json:
         emit_json(info)
         return 0
     print(f"{src} -> {out} (target {info['target']})")
+    for note in info["repairs"]:
+        print(f"  repaired: {note}")
     for p in info["passes"]:
         detail = p.get("matched", p.get("skipped", p.get("lowered", "")))
         if isinstance(detail, dict):
@@ -109,4 +125,5 @@ def run(args: argparse.Namespace) -> int:
         for r in p.get("rejected", [])[:5]:
             print(f"      not fused: {r.get('reason')} ({r.get('at') or r.get('node', '')})")
     print(f"  nodes: {info['nodes_before']} -> {info['nodes_after']}")
+    print(f"  {parity_line(info['parity'])}")
     return 0

@@ -171,7 +171,7 @@ BAD_ONNX = {
     "not-onnx": "not a readable ONNX model",
     "truncated": "not a readable ONNX model",
     "missing-weights": "keep the .onnx and its external data files together",
-    "checker": "fails onnx's checker",
+    "checker": "onnxruntime cannot load",
     "old-opset": "could not all be upgraded",
     "future-opset": "upgrade onnx",
 }

@@ -1,0 +1,242 @@
+"""Is the optimized graph the same function as the input? onnxruntime runs both on random
+inputs of the input model's own shapes, and the outputs are compared.
+
+Why: `specport optimize` takes graphs other tools exported, with blemishes it repairs and
+patterns it rewrites; onnxruntime running the *input file* is the reference a user trusts, so
+a rewrite that changes the numbers is refused before the output is renamed into place.
+
+Inputs are made from names and ranks, the way exported decoders spell them: token ids
+([B, S], below the embedding's row count), position ids, an all-ones attention mask ([B, T]),
+past key/values ([B, H, P, Dh] or stacked [2, B, H, P, Dh]); other symbolic dims are guessed
+from their names (batch, past, total, sequence). A case the *input* model itself cannot run is
+dropped; when no case runs, the check is reported as not done, with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specport.errors import InvalidModelError
+
+logger = logging.getLogger(__name__)
+
+# (batch, new tokens, past tokens): a decode step with a cache, then a prefill from nothing
+CASES = [(2, 3, 4), (1, 4, 0)]
+TOLERANCE = {"float": 1e-3, "float16": 3e-2, "bfloat16": 5e-2, "double": 1e-6}
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    seq: int
+    past: int
+
+    has_past: bool = True
+
+    def label(self) -> str:
+        past = f", past {self.past}" if self.has_past else ""
+        return f"B={self.batch}, S={self.seq}{past}"
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _np_dtype(ort_type: str) -> Any:
+    name = ort_type.removeprefix("tensor(").removesuffix(")")
+    return {
+        "float": np.float32,
+        "float16": np.float16,
+        "double": np.float64,
+        "int64": np.int64,
+        "int32": np.int32,
+        "int8": np.int8,
+        "uint8": np.uint8,
+        "bool": np.bool_,
+    }.get(name)
+
+
+def _role(name: str) -> str:
+    n = name.lower()
+    if "past" in n or "cache" in n:
+        return "past"
+    if "mask" in n:
+        return "mask"
+    if "position" in n:
+        return "positions"
+    if "ids" in n or n in ("input", "tokens"):
+        return "ids"
+    return "other"
+
+
+def _dim_by_name(symbol: str, case: Case, total: int) -> int | None:
+    s = symbol.lower()
+    if "batch" in s:
+        return case.batch
+    if "past" in s:
+        return case.past
+    if "total" in s or "all" in s or "kv" in s:
+        return total
+    if "seq" in s or "len" in s or "token" in s:
+        return case.seq
+    return None
+
+
+def _shape(inp: Any, case: Case, has_past: bool) -> list[int] | None:
+    """Concrete dims for one input, or None when a symbolic dim cannot be guessed."""
+    role, rank = _role(inp.name), len(inp.shape)
+    total = case.past + case.seq if has_past else case.seq
+    by_place: dict[int, int] = {}
+    if role == "past":
+        lead = 1 if rank == 5 else 0  # stacked [2, B, H, P, Dh]
+        by_place = {lead: case.batch, lead + 2: case.past}
+    elif role == "mask" and rank == 2:
+        by_place = {0: case.batch, 1: total}
+    elif role == "mask" and rank == 4:
+        by_place = {0: case.batch, 2: case.seq, 3: total}
+    elif role in ("ids", "positions") and rank == 2:
+        by_place = {0: case.batch, 1: case.seq}
+    dims: list[int] = []
+    for i, d in enumerate(inp.shape):
+        if isinstance(d, int) and d >= 0:
+            dims.append(d)
+            continue
+        guess = by_place.get(i)
+        if guess is None and isinstance(d, str):
+            guess = _dim_by_name(d, case, total)
+        if guess is None:
+            return None
+        dims.append(guess)
+    return dims
+
+
+def _vocab(proto: Any, ids_name: str) -> int:
+    """Rows of the embedding table that `ids_name` indexes (2 when it cannot be found)."""
+    sizes = {t.name: list(t.dims) for t in proto.graph.initializer}
+    for node in proto.graph.node:
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == ids_name:
+            dims = sizes.get(node.input[0])
+            if dims:
+                return int(dims[0])
+    return 2
+
+
+def make_feeds(sess: Any, proto: Any, case: Case, seed: int = 0) -> dict[str, np.ndarray] | None:
+    """Random feeds for `sess`'s inputs at `case`, or None when some input cannot be made."""
+    rng = np.random.default_rng(seed)
+    inputs = sess.get_inputs()
+    has_past = any(_role(i.name) == "past" for i in inputs)
+    feeds: dict[str, np.ndarray] = {}
+    for inp in inputs:
+        dtype, dims = _np_dtype(inp.type), _shape(inp, case, has_past)
+        if dtype is None or dims is None:
+            return None
+        role = _role(inp.name)
+        if np.issubdtype(dtype, np.floating):
+            feeds[inp.name] = rng.standard_normal(dims).astype(dtype)
+        elif dtype is np.bool_ or role == "mask":
+            feeds[inp.name] = np.ones(dims, dtype)
+        elif role == "positions":
+            pos = np.arange(case.past, case.past + dims[-1], dtype=dtype)
+            feeds[inp.name] = np.broadcast_to(pos, dims).copy()
+        else:
+            feeds[inp.name] = rng.integers(0, _vocab(proto, inp.name), dims).astype(dtype)
+    return feeds
+
+
+def _worst(want: np.ndarray, got: np.ndarray) -> tuple[float, float]:
+    """(max |difference| over finite reference values, the reference's scale)."""
+    want64, got64 = want.astype(np.float64), got.astype(np.float64)
+    finite = np.isfinite(want64)
+    if not finite.any():
+        return 0.0, 1.0
+    diff = np.abs(np.where(finite, want64 - got64, 0.0))
+    diff[finite & ~np.isfinite(got64)] = np.inf
+    return float(diff.max()), max(1.0, float(np.abs(want64[finite]).max()))
+
+
+def check_parity(src: Path, out: Path, proto: Any) -> dict[str, Any]:
+    """Run `src` and `out` on the same random feeds; raise when an output differs.
+
+    Returns a plain report (`checked`, `cases`, `max_abs_error`, or `reason` when not done).
+    """
+    try:
+        ref = _session(src)
+    except Exception as e:  # noqa: BLE001 - judged earlier; a late failure skips the check
+        return {"checked": False, "reason": f"onnxruntime cannot open the input: {e}"[:200]}
+    cases, expected = [], []
+    has_past = any(_role(i.name) == "past" for i in ref.get_inputs())
+    for b, s, p in CASES if has_past else [(2, 3, 0)]:
+        case = Case(b, s, p, has_past)
+        feeds = make_feeds(ref, proto, case)
+        if feeds is None:
+            continue
+        try:
+            outs = ref.run(None, feeds)
+        except Exception as e:  # noqa: BLE001 - a guess the model does not accept
+            logger.info("parity case %s skipped: %s", case.label(), str(e)[:200])
+            continue
+        cases.append((case, feeds))
+        expected.append(dict(zip([o.name for o in ref.get_outputs()], outs)))
+    ref_inputs = {i.name for i in ref.get_inputs()}
+    del ref
+    from specport.onnx_file import ort_load_error
+
+    why = ort_load_error(out)
+    if why is not None:
+        raise InvalidModelError(
+            f"the optimized graph does not load in onnxruntime ({why}); the input's ops could "
+            "not all be upgraded or lowered. Nothing was written."
+        )
+    if not cases:
+        return {
+            "checked": False,
+            "reason": "no random inputs of the model's shapes ran on the input model",
+        }
+    opt = _session(out)
+    opt_inputs = {i.name for i in opt.get_inputs()}
+    if opt_inputs != ref_inputs:
+        return {
+            "checked": False,
+            "reason": "the optimized graph takes other inputs (a new KV layout); compare with "
+            "`specport generate` instead",
+        }
+    names = [o.name for o in opt.get_outputs()]
+    worst, report_cases = 0.0, []
+    for (case, feeds), want in zip(cases, expected):
+        got = dict(zip(names, opt.run(None, feeds)))
+        for name, ref_value in want.items():
+            if name not in got:
+                raise InvalidModelError(
+                    f"the optimized graph lost the output {name}; nothing was written."
+                )
+            value = got[name]
+            if ref_value.shape != value.shape:
+                raise InvalidModelError(
+                    f"the optimized graph's output {name} has shape {list(value.shape)}, the "
+                    f"input's {list(ref_value.shape)} ({case.label()}); nothing was written."
+                )
+            if not np.issubdtype(ref_value.dtype, np.floating):
+                err, scale, tol = float(np.abs(ref_value - value).max(initial=0)), 1.0, 0.0
+            else:
+                err, scale = _worst(ref_value, value)
+                tol = TOLERANCE.get(str(ref_value.dtype).replace("float32", "float"), 1e-3)
+            if err > tol * scale:
+                raise InvalidModelError(
+                    f"the optimized graph's output {name} differs from onnxruntime running the "
+                    f"input by {err:.3g} (allowed {tol * scale:.3g}) on random inputs "
+                    f"({case.label()}); nothing was written. Run fewer passes (--passes)."
+                )
+            worst = max(worst, err)
+        report_cases.append(case.label())
+    return {"checked": True, "cases": report_cases, "max_abs_error": worst}
