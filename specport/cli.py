@@ -38,6 +38,7 @@ COMMANDS = [
     "quantize",
     "eval",
     "bench",
+    "loadtest",
     "train_mtp",
 ]
 

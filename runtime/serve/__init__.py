@@ -7,9 +7,8 @@
   format, in and out;
 - `bridge.py`: engine thread -> event loop; `guard.py`: limits and client timeouts;
 - `metrics.py`: Prometheus `/metrics` under vLLM's names; `server.py`: uvicorn;
-- `ray.py`: the same app as a Ray Serve deployment (`specport serve --replicas N`);
-- `loadtest.py` / `loadpeer.py`: load and fault tests against any OpenAI-compatible server,
-  and side by side with llama-cpp-python's server.
+- `ray.py`: the same app as a Ray Serve deployment (`specport serve --replicas N`).
+The load test (`specport loadtest`) lives in `specport.runtime.bench.loadtest`.
 """
 
 from __future__ import annotations

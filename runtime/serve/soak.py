@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from specport.runtime.serve.loadtest import client_for, one, prompts, references
+from specport.runtime.bench.loadtest import client_for, one, prompts, references
 
 logger = logging.getLogger(__name__)
 

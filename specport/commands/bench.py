@@ -133,8 +133,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     load.add_argument(
         "--requests",
         type=POSITIVE,
+        nargs="+",
+        metavar="N",
         help="N concurrent requests: continuous batching vs one at a time, one request alone vs "
-        "Model.generate, and the prefix cache on a shared system prompt (--runs rounds)",
+        "Model.generate, and the prefix cache on a shared system prompt (--runs rounds); "
+        "several N (e.g. --requests 1 4 8) run one after another and --plot draws them against "
+        "concurrency",
     )
     load.add_argument(
         "--request-rate",
@@ -166,6 +170,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "in one run at the width the measured step cost favours, rows x (1 + drafts) at most "
         "this (default: the engine's, 24)",
     )
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="also draw the table into FILE (.png or .svg): decode tok/s per engine (per batch "
+        "size), per speculative method, or with --requests tokens/s and TTFT p50/p99 against "
+        "the number of concurrent requests",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(run=run)
 
@@ -174,6 +185,10 @@ def run(args: argparse.Namespace) -> int:
     from specport.commands.generate import parse_ids
     from specport.runtime.bench.artifact import BenchConfig, format_table, run_bench
 
+    if args.plot:  # before the measurement: a bad name must not cost a run
+        from specport.runtime.bench.plot import check_plot_path
+
+        args.plot = check_plot_path(args.plot)
     if args.suffix_corpus and "suffix" not in (args.speculative or []):
         raise UsageError("--suffix-corpus is read only by --speculative suffix; add it or drop it.")
     if args.request_rate is not None:  # checked here, not by argparse: one line, no usage
@@ -240,6 +255,12 @@ def run(args: argparse.Namespace) -> int:
                 f"decode throughput vs batch {reports[0]['config']['batch']}: {scaling}",
                 file=sys.stdout,
             )
+    if args.plot:
+        from specport.runtime.bench.plot import bench_chart
+
+        bench_chart(reports, args.plot)
+        if not args.json:
+            print(f"chart: {args.plot}")
     if args.json:
         emit_json(reports[0] if len(reports) == 1 else {"batches": reports})
     return 0
@@ -272,15 +293,17 @@ def _run_speculative(args: argparse.Namespace) -> int:
         allow_spinning=args.spin,
     )
     report = run_speculative_bench(args.artifact, config)
-    return _emit(args, report, format_speculative_table)
+    if args.plot:
+        from specport.runtime.bench.plot import bench_chart
+
+        bench_chart([report], args.plot)
+    _emit(args, report, format_speculative_table)
+    if args.plot and not args.json:
+        print(f"chart: {args.plot}")
+    return 0
 
 
 def _run_engines(args: argparse.Namespace) -> int:
-    from specport.runtime.bench.engine import (
-        EngineBenchConfig,
-        format_engine_table,
-        run_engine_bench,
-    )
 
     if args.peer or args.prompt_ids or args.batch != [1] or args.tree_width:
         raise UsageError(
@@ -289,10 +312,70 @@ def _run_engines(args: argparse.Namespace) -> int:
             "METHOD, --num-draft, --draft, --spec-max-rows) only; drop --peer, --prompt-ids, "
             "--batch and --tree-width."
         )
+    if args.speculative and len(args.speculative) != 1:
+        raise UsageError("--requests takes one --speculative METHOD; run once per method.")
+    counts = list(dict.fromkeys(args.requests))
+    reports = []
+    for n in counts:
+        report = _run_engine_speculative(args, n) if args.speculative else _run_engine(args, n)
+        reports.append(report)
+        if not args.json:
+            print(_engine_table(args)(report), flush=True)
+            if len(counts) > 1:
+                print(flush=True)
+    if args.plot:
+        from specport.runtime.bench.plot import load_chart
+
+        load_chart(_load_series(reports), args.plot, _load_title(args, reports[0]))
+        if not args.json:
+            print(f"chart: {args.plot}")
+    if args.json:
+        emit_json(reports[0] if len(reports) == 1 else {"requests": reports})
+    return 0
+
+
+def _engine_table(args: argparse.Namespace) -> Callable[[Any], str]:
     if args.speculative:
-        return _run_engine_speculative(args)
+        from specport.runtime.bench.engine_spec import format_spec_engine_table
+
+        return format_spec_engine_table
+    from specport.runtime.bench.engine import format_engine_table
+
+    return format_engine_table
+
+
+def _load_series(reports: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each engine's output tokens/s and TTFT p50/p99 at each --requests N (`latency`)."""
+    series: dict[str, list[dict[str, Any]]] = {}
+    for report in reports:
+        for engine, summary in report["latency"].items():
+            series.setdefault(engine, []).append(
+                {
+                    "concurrency": report["config"]["requests"],
+                    "output_tok_per_s": summary["output_tok_per_s"],
+                    "ttft_ms_p50": summary["ttft_ms_p50"],
+                    "ttft_ms_p99": summary["ttft_ms_p99"],
+                }
+            )
+    return series
+
+
+def _load_title(args: argparse.Namespace, report: dict[str, Any]) -> str:
+    import os
+
+    cfg = report["config"]
+    what = f"speculative {args.speculative[0]} vs plain" if args.speculative else "engines"
+    return (
+        f"{what}: {cfg['new_tokens']} new tokens, {cfg['threads']} threads, "
+        f"{cfg['rounds']} rounds; load average {os.getloadavg()[0]:.1f}"
+    )
+
+
+def _run_engine(args: argparse.Namespace, requests: int) -> dict[str, Any]:
+    from specport.runtime.bench.engine import EngineBenchConfig, run_engine_bench
+
     config = EngineBenchConfig(
-        requests=args.requests,
+        requests=requests,
         new_tokens=args.new_tokens,
         prompt_tokens=args.prompt_len,
         rounds=args.runs,
@@ -301,21 +384,14 @@ def _run_engines(args: argparse.Namespace) -> int:
         request_rate=_finite(args.request_rate),
         seed=args.seed,
     )
-    report = run_engine_bench(args.artifact, config)
-    return _emit(args, report, format_engine_table)
+    return dict(run_engine_bench(args.artifact, config))
 
 
-def _run_engine_speculative(args: argparse.Namespace) -> int:
-    from specport.runtime.bench.engine_spec import (
-        SpecEngineBenchConfig,
-        format_spec_engine_table,
-        run_spec_engine_bench,
-    )
+def _run_engine_speculative(args: argparse.Namespace, requests: int) -> dict[str, Any]:
+    from specport.runtime.bench.engine_spec import SpecEngineBenchConfig, run_spec_engine_bench
 
-    if len(args.speculative) != 1:
-        raise UsageError("--requests takes one --speculative METHOD; run once per method.")
     config = SpecEngineBenchConfig(
-        requests=args.requests,
+        requests=requests,
         new_tokens=args.new_tokens,
         prompt_tokens=args.prompt_len,
         rounds=args.runs,
@@ -330,8 +406,7 @@ def _run_engine_speculative(args: argparse.Namespace) -> int:
         seed=args.seed,
         suffix_corpus=args.suffix_corpus,
     )
-    report = run_spec_engine_bench(args.artifact, config)
-    return _emit(args, report, format_spec_engine_table)
+    return dict(run_spec_engine_bench(args.artifact, config))
 
 
 def _emit(args: argparse.Namespace, report: Any, table: Callable[[Any], str]) -> int:

@@ -1,4 +1,9 @@
-"""`specport eval ppl ARTIFACT --text FILE` and `specport eval compare A B --text FILE`."""
+"""`specport eval ppl ARTIFACT --text FILE` and `specport eval compare A B [C ...] --text FILE`.
+
+`compare` scores every further artifact against the first (top-1 agreement, KL, both
+perplexities); `--plot FILE` draws perplexity against bits per weight, the usual picture of a
+quantization trade-off.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +24,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         )
         q.add_argument("artifact", help="artifact directory (or .onnx beside a tokenizer.json)")
         if name == "compare":
-            q.add_argument("other", help="second artifact, compared against the first")
+            q.add_argument(
+                "other",
+                nargs="+",
+                help="artifact(s) compared against the first, e.g. its quantizations",
+            )
         q.add_argument(
             "--text", required=True, help="text file, documents separated by blank lines"
         )
@@ -50,6 +59,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             )
             + "; off by default: evaluation leaves the artifact unchanged",
         )
+        if name == "compare":
+            q.add_argument(
+                "--plot",
+                metavar="FILE",
+                help="draw perplexity against bits per weight (each artifact's quantization "
+                "scheme, or its float dtype) into FILE (.png or .svg)",
+            )
         q.add_argument("--json", action="store_true", help="print one JSON object on stdout")
         q.set_defaults(run=run)
 
@@ -72,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = options_key(args.max_docs, args.last, args.context, args.chunk)
     if args.record:  # fail before the (long) scoring, not after
-        require_artifact_dir(args.other if args.eval_command == "compare" else args.artifact)
+        for target in args.other if args.eval_command == "compare" else [args.artifact]:
+            require_artifact_dir(target)
     if args.eval_command == "ppl":
         r = perplexity(
             args.artifact,
@@ -94,29 +111,81 @@ def run(args: argparse.Namespace) -> int:
             if args.record:
                 _print_recorded(args.artifact, r["recorded"])
         return 0
-    r = compare(
-        args.artifact,
-        args.other,
-        args.text,
-        args.max_docs,
-        args.context,
-        last=args.last,
-        chunk=args.chunk,
-    )
-    if args.record:
-        ref = {"ppl": r["ppl_a"], "label": artifact_label(args.artifact), "via": "eval compare"}
-        scored = {"ppl": r["ppl_b"], "tokens": r["positions"] - r["docs"], "docs": r["docs"]}
-        r["recorded"] = record_eval(args.other, scored, args.text, options, reference=ref)
-    if args.json:
-        emit_json(r)
-    else:
-        print(
-            f"top-1 agreement {100 * r['top1_agreement']:.2f}%  KL {r['kl']:.5f} nats/token  "
-            f"ppl {r['ppl_a']:.4f} -> {r['ppl_b']:.4f} ({r['positions']} positions, {r['docs']} docs)"
+    plot = None
+    if args.plot:  # before the scoring: a bad file name must not cost a run
+        from specport.runtime.bench.plot import check_plot_path
+
+        plot = check_plot_path(args.plot)
+    others = list(dict.fromkeys(args.other))
+    results = []
+    for other in others:
+        r = compare(
+            args.artifact,
+            other,
+            args.text,
+            args.max_docs,
+            args.context,
+            last=args.last,
+            chunk=args.chunk,
         )
-    if args.record and not args.json:
-        _print_recorded(args.other, r["recorded"])
+        r["artifact"], r["other"] = args.artifact, other
+        if args.record:
+            ref = {
+                "ppl": r["ppl_a"],
+                "label": artifact_label(args.artifact),
+                "via": "eval compare",
+            }
+            scored = {"ppl": r["ppl_b"], "tokens": r["positions"] - r["docs"], "docs": r["docs"]}
+            r["recorded"] = record_eval(other, scored, args.text, options, reference=ref)
+        results.append(r)
+        if not args.json:
+            print(
+                f"{other}: top-1 agreement {100 * r['top1_agreement']:.2f}%  KL {r['kl']:.5f} "
+                f"nats/token  ppl {r['ppl_a']:.4f} -> {r['ppl_b']:.4f} ({r['positions']} "
+                f"positions, {r['docs']} docs)"
+            )
+            if args.record:
+                _print_recorded(other, r["recorded"])
+    if plot is not None:
+        from specport.runtime.bench.plot import quality_chart
+
+        points = [_point(args.artifact, results[0]["ppl_a"])]
+        points += [_point(r["other"], r["ppl_b"]) for r in results]
+        quality_chart(points, plot, f"{args.text} ({results[0]['positions']} positions)")
+        if not args.json:
+            print(f"chart: {plot}")
+    if args.json:
+        emit_json(results[0] if len(results) == 1 else {"compared": results})
     return 0
+
+
+def _point(artifact: str, ppl: float) -> dict[str, Any]:
+    """A chart point: the artifact's name, its weights' bits and its perplexity."""
+    from pathlib import Path
+
+    bits, scheme = weight_bits(artifact)
+    return {"label": f"{Path(artifact).name} ({scheme})", "bits": bits, "ppl": ppl}
+
+
+def weight_bits(artifact: str) -> tuple[float, str]:
+    """Bits per MatMul weight from the manifest: a scheme's `wN` (w4a8 -> 4), a GGUF's kept
+    bits, else the float dtype's width; with the name to show."""
+    import re
+
+    from specport.artifact import read_manifest
+    from specport.errors import ArtifactError
+
+    try:
+        manifest = read_manifest(artifact, check_hashes=False)
+    except ArtifactError:  # a bare .onnx beside its tokenizer: no manifest to read bits from
+        return 32.0, "onnx"
+    scheme = str((manifest.quant or {}).get("scheme") or "none")
+    found = re.match(r"w(\d+)", scheme)
+    if found:
+        return float(found[1]), scheme
+    dtype = manifest.dtype
+    width = {"float16": 16.0, "fp16": 16.0, "bfloat16": 16.0, "bf16": 16.0}.get(dtype, 32.0)
+    return width, dtype
 
 
 def _print_recorded(artifact: str, rec: dict[str, Any]) -> None:

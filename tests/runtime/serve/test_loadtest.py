@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from specport.runtime.serve.loadtest import faults, run_load
+from specport.runtime.bench.loadtest import faults, run_load
 
 
 @pytest.mark.slow
@@ -38,16 +38,18 @@ def test_load_levels_and_faults(bytes_batching):
 
 
 def test_table_and_peer_arguments(capsys):
-    from specport.runtime.serve.loadtest import main, table
+    from specport.cli import main
+    from specport.runtime.bench.loadtest import table
 
     row = {"concurrency": 4, "requests_per_s": 1.5, "output_tokens_per_s": 20.0}
     row |= {"ttft_ms": [1, 2, 3], "itl_ms": [4, 5, 6], "errors": 0, "mismatches": 0}
-    text = table([{"server": "llama.cpp", **row}], server=True)
+    text = table([{"server": "llama.cpp", **row, "reconnects": 2}], server=True)
     assert text.splitlines()[0].startswith("| server | concurrency |")
-    assert text.splitlines()[2] == "| llama.cpp | 4 | 1.5 | 20.0 | 1 / 2 / 3 | 4 / 5 / 6 | 0 | 0 |"
-    with pytest.raises(SystemExit) as e:
-        main(["--peer", "llama.cpp", "--artifact", "x"])  # no --gguf
-    assert e.value.code == 2 and "--gguf" in capsys.readouterr().err
+    assert text.splitlines()[2] == (
+        "| llama.cpp | 4 | 1.5 | 20.0 | 1 / 2 / 3 | 4 / 5 / 6 | 0 | 0 | 2 |"
+    )
+    assert main(["loadtest", "--peer", "llama.cpp", "--artifact", "x"]) == 2  # no --gguf
+    assert "--gguf" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """specport serve beside llama-cpp-python's server: the same prompts and load on both, one table.
 
-    python -m specport.runtime.serve.loadtest --peer llama.cpp --artifact ART --gguf FILE.gguf \
+    specport loadtest --peer llama.cpp --artifact ART --gguf FILE.gguf \
         --concurrency 1,4,16,64 --requests 64 --max-tokens 64 --threads 2 [--out table.md]
 
 Starts `specport serve ART --threads T` and `python -m llama_cpp.server --model FILE.gguf
@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from specport.errors import InputError
-from specport.runtime.serve.loadtest import client_for, level, prompts, references, table
+from specport.runtime.bench.loadtest import client_for, level, prompts, references
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +129,9 @@ def side_by_side(
     max_tokens: int,
     threads: int = 2,
     serve_args: Sequence[str] = (),
-) -> str:
-    """Run the load on both servers (see the module docstring); the report as markdown."""
+) -> dict[str, Any]:
+    """Run the load on both servers (see the module docstring): `title` (what ran, with the
+    load average after the run) and `rows` (one per server and concurrency level)."""
     for path in (artifact, gguf):
         if not os.path.exists(path):
             raise InputError(f"{path} does not exist")
@@ -148,4 +149,4 @@ def side_by_side(
         f"{threads} threads each, {requests} requests per level, max_tokens {max_tokens}, "
         f"greedy, streamed; load average after the run {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
-    return head + "\n\n" + table(rows, server=True)
+    return {"title": head, "rows": rows}

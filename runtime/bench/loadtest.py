@@ -1,8 +1,8 @@
 """Load and fault test for an OpenAI-compatible server (specport's, or any peer's).
 
-    python -m specport.runtime.serve.loadtest http://127.0.0.1:8000 --model NAME \
-        --concurrency 1,4,16,64 --requests 64 --max-tokens 64 [--faults]
-    python -m specport.runtime.serve.loadtest --peer llama.cpp --artifact ART --gguf FILE.gguf \
+    specport loadtest http://127.0.0.1:8000 --model NAME --concurrency 1,4,16,64 \
+        --requests 64 --max-tokens 64 [--faults] [--plot load.svg]
+    specport loadtest --peer llama.cpp --artifact ART --gguf FILE.gguf \
         --concurrency 1,4,16,64 --requests 64 --max-tokens 64 [--out table.md]
 
 Built on the official `openai` async client (streaming, as users call it). First the greedy
@@ -13,11 +13,16 @@ output tokens/s, time to first token and inter-token latency at p50/p90/p99, err
 mismatches. `--faults` then hits the server with what misbehaving clients send (a stream dropped
 halfway, a truncated body, an oversized body, garbage bytes, an idle connection) and checks after
 each that it still answers correctly. Speed claims come from here, never from timed tests.
+
+A connection-level failure before the first streamed token (a refused or reset connection, a
+keep-alive connection the server closed, as llama.cpp's server does) is retried on a fresh
+connection, up to `RETRIES` times, and counted apart (`reconnects`): it says something about
+the server's connection handling, not about its answers. A failure after the first token is an
+error.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -61,6 +66,9 @@ def prompts(count: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(4, 12)))) for _ in range(count)]
 
 
+RETRIES = 3  # fresh connections tried after a connection-level failure before the first token
+
+
 @dataclass
 class Result:
     text: str = ""
@@ -68,9 +76,29 @@ class Result:
     gaps: list[float] = field(default_factory=list)
     tokens: int = 0
     error: str | None = None
+    reconnects: int = 0
+    connection_failed: bool = False  # the error was a connection failure before any token
 
 
 async def one(client: Any, model: str, prompt: str, max_tokens: int) -> Result:
+    """One streamed greedy request; connection failures before the first token are retried on
+    a fresh connection (a new client with its own pool) and counted in `reconnects`."""
+    out = await _attempt(client, model, prompt, max_tokens)
+    reconnects = 0
+    while out.connection_failed and reconnects < RETRIES:
+        reconnects += 1
+        fresh = client_for(str(client.base_url).rstrip("/").removesuffix("/v1"), client.api_key)
+        try:
+            out = await _attempt(fresh, model, prompt, max_tokens)
+        finally:
+            await fresh.close()
+    out.reconnects = reconnects
+    return out
+
+
+async def _attempt(client: Any, model: str, prompt: str, max_tokens: int) -> Result:
+    import openai
+
     out = Result()
     t0 = time.perf_counter()
     last = t0
@@ -99,6 +127,9 @@ async def one(client: Any, model: str, prompt: str, max_tokens: int) -> Result:
             out.text += chunk.choices[0].text
         if not out.tokens:  # no usage chunk (llama-cpp-python's server): one token per chunk
             out.tokens = chunks
+    except openai.APIConnectionError as e:  # includes timeouts; reset, refused, closed
+        out.error = f"{type(e).__name__}: {e}"
+        out.connection_failed = chunks == 0
     except Exception as e:  # noqa: BLE001 - counted and reported, the run goes on
         out.error = f"{type(e).__name__}: {e}"
     return out
@@ -132,6 +163,7 @@ async def level(
         "concurrency": concurrency,
         "requests": len(results),
         "errors": sum(r.error is not None for r in results),
+        "reconnects": sum(r.reconnects for r in results),
         "mismatches": sum(r.error is None and r.text != refs[p] for p, r in done),
         "requests_per_s": round(len(results) / wall, 2),
         "output_tokens_per_s": round(sum(r.tokens for r in results) / wall, 1),
@@ -215,7 +247,7 @@ def faults(url: str, model: str, api_key: str, check: Any) -> dict[str, str]:
 
 COLUMNS = (
     "| concurrency | req/s | output tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms "
-    "| errors | mismatches |"
+    "| errors | mismatches | reconnects |"
 )
 
 
@@ -228,65 +260,6 @@ def table(rows: list[dict[str, Any]], server: bool = False) -> str:
             (f"| {r['server']} " if server else "")
             + f"| {r['concurrency']} | {r['requests_per_s']} | {r['output_tokens_per_s']} | "
             f"{' / '.join(map(str, r['ttft_ms']))} | {' / '.join(map(str, r['itl_ms']))} | "
-            f"{r['errors']} | {r['mismatches']} |"
+            f"{r['errors']} | {r['mismatches']} | {r.get('reconnects', 0)} |"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("url", nargs="?", help="the server's base URL (http://host:port)")
-    p.add_argument("--model", help="the model name the server expects")
-    p.add_argument("--concurrency", default="1,4,16,64")
-    p.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--api-key", default="unused")
-    p.add_argument("--faults", action="store_true")
-    p.add_argument(
-        "--peer",
-        choices=["llama.cpp"],
-        help="start `specport serve --artifact` and llama-cpp-python's server on --gguf, and run "
-        "the same load on both, alternating (runtime/serve/loadpeer.py)",
-    )
-    p.add_argument("--artifact", help="--peer: the specport artifact to serve")
-    p.add_argument("--gguf", help="--peer: the GGUF file llama.cpp serves")
-    p.add_argument("--threads", type=int, default=2, help="--peer: threads for each server")
-    p.add_argument("--serve-arg", action="append", default=[], help="--peer: extra serve flag")
-    p.add_argument("--out", help="--peer: also write the table (markdown) to this new file")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.peer else logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
-    levels = [int(c) for c in args.concurrency.split(",")]
-    if args.peer:
-        from specport.runtime.serve.loadpeer import side_by_side
-
-        if not (args.artifact and args.gguf) or args.url:
-            p.error("--peer needs --artifact and --gguf, and no URL")
-        report = side_by_side(
-            args.artifact, args.gguf, levels, args.requests, args.max_tokens, args.threads,
-            args.serve_arg,
-        )  # fmt: skip
-        print(report)
-        if args.out:
-            with open(args.out, "x", encoding="utf-8") as f:  # never overwrite a user's file
-                f.write(report + "\n")
-        return
-    if not (args.url and args.model):
-        p.error("give the server's URL and --model (or --peer llama.cpp)")
-    rows = asyncio.run(
-        run_load(args.url, args.model, levels, args.requests, args.max_tokens, args.api_key)
-    )
-    print(table(rows))
-    if args.faults:
-        ref = asyncio.run(run_load(args.url, args.model, [1], 2, 8, args.api_key))
-
-        def check() -> bool:
-            again = asyncio.run(run_load(args.url, args.model, [2], 2, 8, args.api_key))
-            return again[0]["errors"] == 0 and again[0]["mismatches"] == 0 and bool(ref)
-
-        for name, outcome in faults(args.url, args.model, args.api_key, check).items():
-            print(f"fault {name}: {outcome}")
-
-
-if __name__ == "__main__":
-    main()
