@@ -10,6 +10,10 @@ Targets:
                becomes Add + LayerNormalization on cpu (faster, see `_skip_layer_norm`) and
                com.microsoft SkipLayerNormalization on cuda (`skip_layer_norm` overrides).
     cann       inline the function bodies (standard ops only), then `cann.check_ops`.
+    standard   ai.onnx ops only (opset 23: RMSNormalization, RotaryEmbedding, Attention with
+               past/present): runs in any onnxruntime provider (custom_ops/lowering_standard.py).
+    qnn        the standard lowering with a mask value fp16 and uint16 activations can hold;
+               exporter/static_graphs.py derives the static prefill/decode graphs from it.
     torch_npu  not a graph rewrite: see `torch_npu.kernel_table`.
 
 Caveat (not verified on a GPU here): onnxruntime's CUDA GroupQueryAttention kernel is registered
@@ -36,7 +40,9 @@ from specport.errors import PassError
 logger = logging.getLogger(__name__)
 
 MS = "com.microsoft"
-TARGETS = ("neutral", "cpu", "cuda", "cann")
+TARGETS = ("neutral", "cpu", "cuda", "cann", "standard", "qnn")
+# ai.onnx-only targets: no specport or com.microsoft op survives their lowering
+STANDARD_TARGETS = ("standard", "qnn")
 
 Builder = Callable[[ir.tape.Tape, ir.Node, dict[str, Any]], list[ir.Value] | None]
 
@@ -257,11 +263,17 @@ def lower_model(model: ir.Model, target: str, **opts: Any) -> dict[str, Any]:
     report: dict[str, Any] = {"target": target}
     if target in ("cpu", "cuda"):
         report.update(_lower_native(model, {"target": target, **opts}))
-    if target == "cann":
+    if target in STANDARD_TARGETS:
+        from specport.custom_ops.lowering_standard import lower_standard
+
+        qnn = {"mask_value": -1e4} if target == "qnn" else {}
+        report.update(lower_standard(model, {**qnn, **opts}))
+    if target in STANDARD_TARGETS or target == "cann":
         attach_functions(model)
         before = Counter(n.op_type for n in model.graph if n.domain == DOMAIN)
         InlinePass()(model)
         report["inlined"] = dict(before)
+    if target == "cann":
         from specport.custom_ops.cann import check_ops
 
         report["cann"] = check_ops(model)

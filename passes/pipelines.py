@@ -5,6 +5,10 @@
     cpu/cuda same fusions -> lower(com.microsoft contrib ops) -> cleanup -> fuse_bias (bias
              Adds into FastGelu/BiasGelu and SkipLayerNormalization's bias input)
     cann     same fusions but fuse_gelu -> lower(inline function bodies: standard ops) -> cleanup
+    standard same fusions -> lower(ai.onnx only: RMSNormalization, RotaryEmbedding, Attention-23
+             with past/present) -> cleanup: runs in any onnxruntime provider
+    qnn      as standard with an fp16-safe mask value (exporter/static_graphs.py derives the
+             static prefill/decode graphs)
     kv_layout="shared" (cpu/cuda) appends shared_kv: one preallocated KV buffer per layer,
              pack_projections (sibling MatMuls of one input, e.g. gate/up, as one MatMul + Split)
              and with select_logits=True select_logits (logits_index in, next_token out);
@@ -96,7 +100,7 @@ def all_pass_names() -> list[str]:
 
 
 def pipeline_for(target: str, passes: list[str] | None = None, **options: Any) -> Pipeline:
-    """The pipeline for `target` (neutral/cpu/cuda/cann); `passes` restricts it by name.
+    """The pipeline for `target` (see TARGETS); `passes` restricts it by name.
 
     Options: `sliding_window` (int or per-attention list), `rms_norm` ("standard"|"contrib"),
     `skip_layer_norm` ("standard": Add + LayerNormalization, the cpu default | "contrib"),

@@ -2,6 +2,12 @@
 
 `auto` prefers CANN (Ascend), then CUDA, then CPU. Asking for a provider that is not installed
 fails with the list of what is, rather than onnxruntime's silent fallback to CPU.
+
+`qnn` (Qualcomm NPUs, `onnxruntime-qnn`) and `openvino` (`onnxruntime-ep-openvino`, or the
+`onnxruntime-openvino` build) are plugin providers (specport/ep_plugins.py): a session reaches
+them through `add_provider_for_devices` (`plugin_devices`). `qnn` never falls back to the CPU:
+its sessions set `session.disable_cpu_ep_fallback`, so a graph the NPU cannot run in full fails
+to open instead of running slowly somewhere else. `auto` never picks a plugin.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from specport import ep_plugins
 from specport.errors import ProviderError
 
 logger = logging.getLogger(__name__)
@@ -17,21 +24,45 @@ PROVIDERS: dict[str, str] = {
     "cann": "CANNExecutionProvider",
     "cuda": "CUDAExecutionProvider",
     "cpu": "CPUExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
 }
 AUTO_ORDER = ("cann", "cuda", "cpu")
+# session config entries a provider always gets
+PROVIDER_ENTRIES: dict[str, dict[str, str]] = {
+    "qnn": {"session.disable_cpu_ep_fallback": "1"},
+}
 
 
 def available() -> list[str]:
-    """Short names of the providers this onnxruntime build offers."""
+    """Short names of the providers this onnxruntime build offers (plugins: installed)."""
     import onnxruntime as ort
 
     installed = set(ort.get_available_providers())
-    return [short for short, full in PROVIDERS.items() if full in installed]
+    return [
+        short
+        for short, full in PROVIDERS.items()
+        if full in installed or (short in ep_plugins.PLUGINS and ep_plugins.installed(short))
+    ]
+
+
+def plugin_devices(short: str) -> list[Any] | None:
+    """The EP devices to add to the session options for `short`, or None when `short` is a
+    provider onnxruntime itself lists (then it goes in the `providers` list)."""
+    if short not in ep_plugins.PLUGINS or not ep_plugins.installed(short):
+        return None  # e.g. the onnxruntime-openvino build, which lists the provider itself
+    return ep_plugins.devices(short)
 
 
 def resolve(name: str) -> list[str]:
-    """onnxruntime provider list for a short name (`auto`, `cpu`, `cuda`, `cann`)."""
+    """onnxruntime provider list for a short name (`auto` or a key of PROVIDERS)."""
+    import onnxruntime as ort
+
     key = (name or "auto").lower()
+    if key in ep_plugins.PLUGINS:
+        if ep_plugins.installed(key) or PROVIDERS[key] not in ort.get_available_providers():
+            ep_plugins.devices(key)  # raises the one-line reason (not installed / no device)
+        return _with_cpu_fallback(key)
     have = available()
     if key == "auto":
         for short in AUTO_ORDER:
@@ -58,7 +89,20 @@ def resolve(name: str) -> list[str]:
 
 def _with_cpu_fallback(short: str) -> list[str]:
     full = PROVIDERS[short]
-    return [full] if short == "cpu" else [full, PROVIDERS["cpu"]]
+    if short == "cpu" or short == "qnn":  # qnn: no fallback (PROVIDER_ENTRIES)
+        return [full]
+    return [full, PROVIDERS["cpu"]]
+
+
+def plugin_failure(short: str, error: Exception) -> ProviderError:
+    """One line for a plugin provider's refusal to open a graph (onnxruntime's is pages long)."""
+    text = " ".join(str(error).split())
+    hint = (
+        " With qnn, every node must run on the NPU (no CPU fallback): export with --target qnn."
+        if short == "qnn"
+        else ""
+    )
+    return ProviderError(f"the {short} provider could not open the graph: {text[:300]}.{hint}")
 
 
 def check_session(session: Any, requested: str) -> str:
