@@ -23,8 +23,8 @@ Call interface (also used by the `qnn` target's export):
     ranges = collect_ranges(model_path, feeds)           # feeds: iterable of input dicts
     QuantizeQDQPass(ranges, weight_bits=8)(model)        # model: onnx_ir.Model, in place
 
-`calibration_feeds(artifact_dir, manifest, calib_files)` gives prefill feeds for a concat
-artifact from text (default: the built-in synthetic tiny-stories corpus).
+`specport.passes.quant.npu` builds the pass for an artifact (calibration text -> feeds ->
+ranges; default text: the built-in synthetic tiny-stories corpus).
 """
 
 from __future__ import annotations
@@ -119,10 +119,12 @@ def collect_ranges(
         for name, x in zip(names, sess.run(names, dict(feed))):
             if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.size == 0:
                 continue
-            finite = x[np.isfinite(x)]
-            if finite.size == 0:
-                continue
-            lo, hi = float(finite.min()), float(finite.max())
+            lo, hi = float(x.min()), float(x.max())
+            if not (np.isfinite(lo) and np.isfinite(hi)):
+                finite = x[np.isfinite(x)]
+                if finite.size == 0:
+                    continue
+                lo, hi = float(finite.min()), float(finite.max())
             r = ranges.setdefault(name, [lo, hi])
             r[0], r[1] = min(r[0], lo), max(r[1], hi)
         runs += 1
@@ -140,42 +142,6 @@ def merge_ranges(*all_ranges: Mapping[str, Range]) -> dict[str, Range]:
             a, b = out.get(k, (lo, hi))
             out[k] = (min(a, lo), max(b, hi))
     return out
-
-
-def default_calibration_docs(n_docs: int = 64) -> list[str]:
-    """The built-in calibration text: the seeded synthetic tiny-stories corpus (offline)."""
-    from specport.samples.corpus import generate_corpus
-
-    return generate_corpus(n_docs, seed=11)
-
-
-def calibration_feeds(
-    artifact: str | os.PathLike[str],
-    calib_files: Sequence[str | os.PathLike[str]] = (),
-    max_docs: int = 64,
-    max_tokens: int = 256,
-) -> list[dict[str, np.ndarray]]:
-    """Prefill feeds (past length 0) of a concat-layout artifact, one per document of
-    `calib_files` (default: `default_calibration_docs`), truncated to `max_tokens`."""
-    import onnxruntime as ort
-
-    from specport.artifact import read_manifest
-    from specport.contract import prefill_feeds
-    from specport.passes.quant.calibration import read_documents, tokenize
-
-    src = Path(artifact)
-    manifest = read_manifest(src)
-    docs = read_documents(calib_files) if calib_files else default_calibration_docs(max_docs)
-    tok = src / "tokenizer.json"
-    if not tok.is_file():
-        raise QuantizationError(f"{src} has no tokenizer.json; calibration needs its tokenizer")
-    seqs = tokenize(docs[:max_docs], tok, manifest.config.get("bos_token_id"), max_tokens)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    # Only the input signature is needed: a session on the graph without its weights is not
-    # possible, so open the artifact as it is (small next to calibration itself).
-    sess = ort.InferenceSession(str(src / manifest.model_file), so, ["CPUExecutionProvider"])
-    return [prefill_feeds(sess, ids) for ids in seqs if ids.size]
 
 
 # ------------------------------------------------------------------------------- the rewrite

@@ -1,0 +1,92 @@
+"""The NPU form of `specport quantize` (`--form npu`): an artifact's calibration text in, a
+ready `QuantizeQDQPass` out.
+
+Calibration runs the fp32 artifact as prefills (past length 0) over the documents, so the
+past-KV inputs see no values there: they take the ranges of the matching present outputs,
+which hold the same tensors one step later. With no text given, the built-in seeded
+tiny-stories corpus (samples/corpus.py) is used, so the form works offline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from specport.artifact import Manifest
+from specport.errors import QuantizationError
+from specport.passes.quant.qdq import QuantizeQDQPass, Range, collect_ranges
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DOCS = 64
+
+
+def default_calibration_docs(n_docs: int = DEFAULT_DOCS) -> list[str]:
+    """The built-in calibration text: the seeded synthetic tiny-stories corpus (offline)."""
+    from specport.samples.corpus import generate_corpus
+
+    return generate_corpus(n_docs, seed=11)
+
+
+def calibration_feeds(
+    model_path: Path,
+    manifest: Manifest,
+    src: Path,
+    calib_files: Sequence[str | os.PathLike[str]] = (),
+    max_docs: int = DEFAULT_DOCS,
+    max_tokens: int = 256,
+) -> list[dict[str, np.ndarray]]:
+    """Prefill feeds (batch 1, empty cache) of artifact `src`, one per document of
+    `calib_files` (default: `default_calibration_docs`), each cut to `max_tokens`."""
+    import onnxruntime as ort
+
+    from specport.contract import prefill_feeds
+    from specport.passes.quant.calibration import read_documents, tokenize
+    from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
+
+    docs = read_documents(calib_files) if calib_files else default_calibration_docs(max_docs)
+    tok = src / "tokenizer.json"
+    if not tok.is_file():
+        raise QuantizationError(f"{src} has no tokenizer.json; calibration needs its tokenizer")
+    context = min(max_tokens, calibration_context(manifest))
+    seqs = tokenize(docs[:max_docs], tok, manifest.config.get("bos_token_id"), context)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    feeds = shared_prefill_feeds if manifest.kv.layout == "shared" else prefill_feeds
+    return [feeds(sess, ids) for ids in seqs if ids.size]
+
+
+def kv_input_ranges(manifest: Manifest, ranges: dict[str, Range]) -> dict[str, Range]:
+    """`ranges` plus each past-KV input with its present output's range."""
+    out = dict(ranges)
+    for past, present in zip(manifest.kv.inputs, manifest.kv.outputs):
+        for p, q in zip(past, present):
+            if q in ranges and p not in ranges:
+                out[p] = ranges[q]
+    return out
+
+
+def npu_qdq_pass(
+    model_path: Path,
+    manifest: Manifest,
+    src: Path,
+    calib_files: Sequence[str | os.PathLike[str]],
+    bits: int,
+    group_size: int,
+    max_docs: int = DEFAULT_DOCS,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> QuantizeQDQPass:
+    """The QDQ pass for artifact `src`: uint16 activations calibrated on the text, symmetric
+    int8 weights per output channel (bits 8) or int4 in blocks of `group_size` along K
+    (bits 4: per-channel int4 costs far more accuracy, and the HTP backend takes both)."""
+    if progress:
+        progress("calibrating activation ranges", 0, 1)
+    feeds = calibration_feeds(model_path, manifest, src, calib_files, max_docs)
+    ranges = kv_input_ranges(manifest, collect_ranges(model_path, feeds))
+    logger.info("npu form: %d ranges from %d sequences", len(ranges), len(feeds))
+    return QuantizeQDQPass(ranges, weight_bits=bits, block_size=group_size if bits == 4 else 0)
