@@ -45,10 +45,11 @@ from specport.exporter.onnx_graph import (
     trace_to_onnx,
     verification_session,
 )
-from specport.exporter.optimum_config import save_source_config
 from specport.exporter.registry import check_supported
 from specport.exporter.verify import compare, reference_cases
 from specport.exporter.wrapper import probe_kv_shapes
+from specport.interop.files import write_artifact_manifest
+from specport.interop.optimum_config import save_source_config
 from specport.progress import Stages
 
 __all__ = [
@@ -271,7 +272,7 @@ def export_model(
                 **runtime_io,
             },
         )
-        art.write_manifest(tmp, manifest)
+        write_artifact_manifest(tmp, manifest)
     logger.info("artifact written to %s", out)
     return manifest
 

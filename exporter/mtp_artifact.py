@@ -15,6 +15,7 @@ from specport import artifact as art
 from specport.errors import InputError
 from specport.exporter.mtp_heads import MTPHeads, export_branch
 from specport.exporter.mtp_weights import save_heads
+from specport.interop.files import write_artifact_manifest
 
 
 def write_mtp_artifact(
@@ -63,5 +64,5 @@ def write_mtp_artifact(
         }
         if heads_graph is not None:
             manifest.mtp["heads_graph"] = heads_graph
-        art.write_manifest(tmp, manifest)
+        write_artifact_manifest(tmp, manifest)
     return manifest

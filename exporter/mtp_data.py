@@ -19,16 +19,16 @@ from typing import Any
 
 import torch
 
+from specport.chat_template import load_chat_template
 from specport.errors import InputError
 from specport.progress import Loop
+from specport.tokenizer import encode_prompt
 
 logger = logging.getLogger(__name__)
 
 
 def read_prompts(data: Path, tokenizer: Any, prompt_len: int, limit: int) -> torch.Tensor:
     """[N, prompt_len] openings of the blank-line-separated documents in ``data``."""
-    from specport.runtime.tokenizer import encode_prompt
-
     if not Path(data).is_file():
         raise InputError(
             f"--data {data} is not a file; pass a text file with one document per paragraph."
@@ -113,8 +113,6 @@ def base_hidden(base: Any, seqs: torch.Tensor, batch: int = 64) -> torch.Tensor:
 
 def chat_prompts(data: Path, artifact: Path, tokenizer: Any, limit: int) -> list[list[int]]:
     """Token ids of each document of ``data`` as one user turn in the artifact's chat template."""
-    from specport.runtime.chat_template import load_chat_template
-
     if not Path(data).is_file():
         raise InputError(
             f"--data {data} is not a file; pass a text file with one message per paragraph."
@@ -139,11 +137,10 @@ def chat_prompts(data: Path, artifact: Path, tokenizer: Any, limit: int) -> list
 
 
 def self_generate_chat(
-    artifact: Path,
+    model: Any,
     base: Any,
     prompts: list[list[int]],
     new_tokens: int,
-    threads: int = 1,
     batch: int = 32,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The artifact's own greedy answers to chat prompts of different lengths.
@@ -153,10 +150,10 @@ def self_generate_chat(
     on a small CPU; the LM-head inputs are then computed by the torch base model in one pass
     over each prompt + answer. Returns ``(seqs [N, 1 + new_tokens], hidden [N, 1 + new_tokens,
     H], valid [N, 1 + new_tokens])``: the last prompt token and the answer (padded after its
-    end, where ``valid`` is False), with hidden states in the full prompt's context."""
-    from specport.api import load
+    end, where ``valid`` is False), with hidden states in the full prompt's context.
 
-    model = load(artifact, threads=threads)
+    ``model`` is the artifact loaded for generation (a `specport.Model`): loading one is the
+    API's job, so train-mtp's caller hands it in (`specport.build.train_mtp`)."""
     seqs, hidden, valid = [], [], []
     for chunk, answers in greedy_answers(model, prompts, new_tokens, batch):
         s, h, v = answer_hidden(base, chunk, answers, new_tokens)

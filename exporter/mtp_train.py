@@ -18,13 +18,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from specport import artifact as art
-from specport.errors import InputError
+from specport.errors import InputError, UsageError
 from specport.exporter.mtp_artifact import write_mtp_artifact
 from specport.exporter.mtp_data import (
     base_hidden,
@@ -37,6 +38,7 @@ from specport.exporter.mtp_heads import MTPHeads
 from specport.exporter.mtp_objective import acceptance, chain_loss, coverage, frequent_tokens
 from specport.exporter.mtp_weights import load_deepseek_mtp
 from specport.progress import Loop, Stages
+from specport.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -172,8 +174,13 @@ def train_mtp(
     chat: bool = False,
     window: int = 0,
     draft_vocab: int | None = None,
+    load_model: Callable[..., Any] | None = None,
 ) -> art.Manifest:
     """Heads for ``artifact`` (trained, or the checkpoint's own for DeepSeek-V3) -> artifact ``out``.
+
+    ``load_model(artifact, threads=...)`` loads the artifact for generation (`specport.load`);
+    ``chat`` needs it to decode the chat answers with onnxruntime. It is a parameter because
+    the exporter sits below the API that loads models (`specport.build.train_mtp` passes it).
 
     ``draft_vocab`` > 0 lets the heads score only that many of the answers' most frequent
     tokens (see `MTPHeads.set_draft_vocab`); 0 scores the whole vocabulary; None (default)
@@ -202,6 +209,7 @@ def train_mtp(
             window,
             draft_vocab,
             threads,
+            load_model,
         )
     finally:
         torch.set_num_threads(saved_threads)
@@ -223,9 +231,8 @@ def _train_mtp(
     window: int = 0,
     draft_vocab: int = 0,
     threads: int = 1,
+    load_model: Callable[..., Any] | None = None,
 ) -> art.Manifest:
-    from specport.runtime.tokenizer import load_tokenizer
-
     stages = Stages(total=3, show=progress)
     stages.start("loading the PyTorch base model")
     base = load_base(manifest)
@@ -248,9 +255,13 @@ def _train_mtp(
         t0 = time.perf_counter()
         hidden = valid = None
         if chat:
+            if load_model is None:
+                raise UsageError(
+                    "chat=True needs load_model (e.g. specport.load) to decode answers"
+                )
             turns = chat_prompts(Path(data), artifact, tokenizer, num_sequences)
             seqs, hidden, valid = self_generate_chat(
-                artifact, base, turns, new_tokens, threads=threads
+                load_model(artifact, threads=threads), base, turns, new_tokens
             )
         else:
             prompts = read_prompts(Path(data), tokenizer, prompt_len, num_sequences)

@@ -55,15 +55,13 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
         m = read_manifest(p, check_hashes=False)
         shared = m if m.kv.layout == "shared" else None
         onnx_path, tok_dir = p / m.model_file, p
-        from specport.runtime.session import artifact_graph
+        from specport.runtime.session import artifact_graph, artifact_session_entries
 
         graph, extra = artifact_graph(p, m, mtp_branch=False)  # scoring needs no MTP heads
         bos = m.config.get("bos_token_id")
         context = m.config.get("context_length")
         if shared is not None and m.kv.max_length:  # a document fits the KV buffer
             context = min(context or m.kv.max_length, m.kv.max_length)
-        from specport.api import artifact_session_entries
-
         entries = {**artifact_session_entries(m), **extra}
     elif p.suffix == ".onnx" and p.is_file():
         onnx_path, tok_dir = p, p.parent

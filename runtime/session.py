@@ -166,3 +166,9 @@ def artifact_graph(
 # onnxruntime's session config key for the folder of a graph's external weights when the
 # graph is opened from bytes.
 EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+
+
+def artifact_session_entries(manifest: Manifest) -> dict[str, str]:
+    """Session config entries the artifact's recipe requires (see the manifest's quant section)."""
+    quant = manifest.quant or {}
+    return {str(k): str(v) for k, v in (quant.get("ort_session_config") or {}).items()}

@@ -97,7 +97,7 @@ def run_specport(artifact: Path, prompts: list[list[int]], n: int) -> dict[str, 
 def check(python: Path, artifact: Path, prompts: list[list[int]], n: int) -> dict[str, Any]:
     """Greedy tokens (and the prompt's ids, with a tokenizer) from specport and from Optimum."""
     from specport.artifact import read_manifest
-    from specport.exporter.interop import runtimes_of
+    from specport.interop.files import runtimes_of
 
     support = runtimes_of(read_manifest(artifact))["optimum"]
     if support["status"] != "yes":  # the manifest says why; nothing to compare

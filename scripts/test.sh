@@ -8,4 +8,5 @@ python -m pip install -q --disable-pip-version-check -e ".[dev,docs,genai,gguf,s
 ruff check .
 ruff format --check .
 mypy specport exporter passes runtime custom_ops samples
+bash scripts/lint_imports.sh  # the layer contracts in pyproject.toml ([tool.importlinter])
 python -m pytest -n 2 --dist loadfile -q "$@"

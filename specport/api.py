@@ -17,7 +17,6 @@ This module is the public face only: `load` lives in `specport.loading`, `Model`
 from __future__ import annotations
 
 from specport.build import export, optimize, quantize, train_mtp
-from specport.loading import artifact_session_entries as artifact_session_entries
 from specport.loading import load
 from specport.model import Model
 from specport.results import GenerationResult

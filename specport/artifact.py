@@ -139,18 +139,17 @@ def hash_files(directory: Path) -> dict[str, str]:
     return out
 
 
-def write_manifest(directory: Path, manifest: Manifest, interop: bool = True) -> None:
-    """Write `specport.json` with the sha256 of every file in `directory`.
+def write_manifest(
+    directory: Path, manifest: Manifest, files: dict[str, str] | None = None
+) -> None:
+    """Write `specport.json` with the sha256 of every file in `directory` (``files``: those
+    hashes, when the caller has them already).
 
-    With `interop` (the default) it first writes what other runtimes read, consistent with this
-    manifest: genai_config.json, config.json, the README.md model card (exporter/interop.py).
+    This writes only the manifest: an artifact writer calls
+    `specport.interop.files.write_artifact_manifest`, which first writes what other runtimes
+    read (genai_config.json, config.json, the README.md model card) and then calls this.
     """
-    if interop:
-        from specport.exporter.interop import write_interop_files
-
-        manifest.files = write_interop_files(Path(directory), manifest)
-    else:
-        manifest.files = hash_files(directory)
+    manifest.files = hash_files(directory) if files is None else files
     (directory / MANIFEST_NAME).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
 
 

@@ -132,7 +132,7 @@ def source_eval_for_quantized(source: Manifest) -> dict[str, Any] | None:
 
 def _write(d: Path, manifest: Manifest) -> None:
     """Regenerate the card (if specport generated one) and write the manifest, each atomically."""
-    from specport.exporter.interop import refresh_card
+    from specport.interop.files import refresh_card
 
     try:
         card = refresh_card(d, manifest)

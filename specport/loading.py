@@ -36,8 +36,13 @@ def load(
     `suffix_corpus` (JSON lines of earlier answers, `runtime.speculative.suffix_corpus`) seeds
     what speculative="suffix" drafts from."""
     from specport.runtime.kv.layouts import align_kv_dtype, check_runtime_dtype
-    from specport.runtime.session import SessionConfig, artifact_graph, make_session
-    from specport.runtime.tokenizer import load_tokenizer
+    from specport.runtime.session import (
+        SessionConfig,
+        artifact_graph,
+        artifact_session_entries,
+        make_session,
+    )
+    from specport.tokenizer import load_tokenizer
 
     directory = Path(path)
     manifest = art.read_manifest(directory, check_hashes=check_hashes)
@@ -62,9 +67,3 @@ def load(
 
         model.suffix_index.extend(read_corpus(suffix_corpus, tokenizer, manifest.vocab_size))
     return model
-
-
-def artifact_session_entries(manifest: art.Manifest) -> dict[str, str]:
-    """Session config entries the artifact's recipe requires (see the manifest's quant section)."""
-    quant = manifest.quant or {}
-    return {str(k): str(v) for k, v in (quant.get("ort_session_config") or {}).items()}

@@ -80,9 +80,24 @@ class Model:
         self.session, self.provider = make_session(self.path / self.manifest.model_file, config)
         align_kv_dtype(self.session, self.manifest)
 
+    # ---- what speculation needs resolved before it starts --------------------------------
+    def draft_model(self, draft: Model | str | os.PathLike[str] | None) -> Model | None:
+        """The draft model for speculative="draft": a path is loaded once, on this model's
+        provider. The runtime's engines call this rather than load an artifact themselves."""
+        if not isinstance(draft, (str, os.PathLike)):
+            return draft
+        from specport.loading import load  # specport.loading imports this module
+
+        return load(draft, provider=self.provider)
+
+    def num_draft_for(self, speculative: str | None, num_draft: int | None) -> int:
+        """The draft length for `speculative`: as given (checked), else what fits the method
+        (all of an MTP artifact's heads)."""
+        return checks.resolve_num_draft(self, speculative, num_draft)
+
     # ---- tokens <-> text -------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        from specport.runtime.tokenizer import encode_prompt
+        from specport.tokenizer import encode_prompt
 
         return encode_prompt(self.tokenizer, text)
 

@@ -36,7 +36,7 @@ def speculative_one(
     from specport.runtime.speculative.loop import generate_speculative
     from specport.runtime.streaming import TextStreams
 
-    draft_model = _draft_model(model, draft)
+    draft_model = model.draft_model(draft)
     streams = TextStreams(
         model.tokenizer, 1, list(stop), (lambda row, piece: on_text(piece)) if on_text else None
     )
@@ -79,12 +79,6 @@ def speculative_one(
     return GenerationResult(list(tokens), text, reason, metrics, prompt_ids)
 
 
-def _draft_model(model: Model, draft: Model | str | os.PathLike[str] | None) -> Model | None:
-    from specport.api import load
-
-    return load(draft, provider=model.provider) if isinstance(draft, (str, os.PathLike)) else draft
-
-
 def speculative_batch(
     model: Model,
     rows: list[list[int]],
@@ -101,7 +95,7 @@ def speculative_batch(
     from specport.runtime.speculative.batch import generate_speculative_batch
     from specport.runtime.streaming import TextStreams
 
-    draft_model = _draft_model(model, draft)
+    draft_model = model.draft_model(draft)
     streams = TextStreams(model.tokenizer, len(rows), list(stop), on_text)
 
     def on_token(row: int, tok: int) -> bool:

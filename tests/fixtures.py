@@ -517,6 +517,7 @@ def add_chat_tokenizer(artifact: Path, out: Path) -> Path:
     import shutil
 
     from specport import artifact as art
+    from specport.interop.files import write_artifact_manifest
 
     shutil.copytree(artifact, out)
     write_chat_tokenizer(out)
@@ -526,5 +527,5 @@ def add_chat_tokenizer(artifact: Path, out: Path) -> Path:
         "file": "tokenizer.json",
         "files": ["tokenizer.json", "tokenizer_config.json"],
     }
-    art.write_manifest(out, manifest)
+    write_artifact_manifest(out, manifest)
     return out

@@ -37,9 +37,9 @@ from specport.artifact import (
     Manifest,
     atomic_artifact_dir,
     read_manifest,
-    write_manifest,
 )
 from specport.eval_record import EVAL_KEY, SOURCE_EVAL_KEY, source_eval_for_quantized
+from specport.interop.files import write_artifact_manifest
 from specport.passes.base import PassResult
 from specport.passes.quant import calibration as C
 from specport.passes.quant.checks import (
@@ -286,6 +286,6 @@ def quantize_artifact(
             check = check_artifact(src_p, tmp, manifest, calib_files)
             if check is not None:
                 manifest.quant["kv_cache"]["chat_check"] = check
-        write_manifest(tmp, manifest)
+        write_artifact_manifest(tmp, manifest)
     logger.info("quantized %s -> %s (%s, %s, kv %s)", src_p, out_p, scheme, algo, kv_cache)
     return manifest

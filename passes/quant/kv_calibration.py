@@ -177,7 +177,7 @@ def chat_sequences(src: Path, docs: Sequence[str], context: int) -> list[np.ndar
 
     from tokenizers import Tokenizer
 
-    from specport.runtime.chat_template import load_chat_template
+    from specport.chat_template import load_chat_template
 
     if not (src / "tokenizer.json").is_file():
         return []

@@ -37,7 +37,7 @@ def chat_exchanges(
 
     from tokenizers import Tokenizer
 
-    from specport.runtime.chat_template import load_chat_template
+    from specport.chat_template import load_chat_template
 
     if not (src / "tokenizer.json").is_file() or not docs:
         return []

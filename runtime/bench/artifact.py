@@ -245,8 +245,8 @@ def _kernel_floor(model_path: Path, manifest: art.Manifest, config: BenchConfig)
 
     Decode runs them once per step at batch `config.batch`; nothing built on onnxruntime can
     step faster than they run, which bounds every speedup over a peer on the same kernels."""
-    from specport.api import artifact_session_entries
     from specport.runtime.bench.kernel_floor import KernelFloor
+    from specport.runtime.session import artifact_session_entries
 
     if config.provider not in ("auto", "cpu"):
         return None

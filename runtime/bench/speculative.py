@@ -50,7 +50,7 @@ CHAT_SETS = ("chat", "chat-question", "chat-instruction", "chat-rewrite")
 
 def chat_prompt_ids(model: Any, prompt_set: str) -> list[list[int]]:
     """The 16 fixed chat prompts (or one kind of them) as the model's chat-template ids."""
-    from specport.runtime.chat_template import load_chat_template
+    from specport.chat_template import load_chat_template
     from specport.samples.chat_prompts import chat_prompts
 
     template = load_chat_template(model)

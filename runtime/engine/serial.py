@@ -12,7 +12,6 @@ Cancellation is checked before a request starts and whenever it produces text.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -45,10 +44,7 @@ class SerialEngine(QueueIntake):
         self.model = model
         self.speculative: dict[str, Any] = {}
         if speculative is not None:
-            from specport import api
-
-            if isinstance(draft, (str, os.PathLike)):  # load once, not per request
-                draft = api.load(draft, provider=model.provider)
+            draft = model.draft_model(draft)  # a path is loaded once, not per request
             self.speculative = {"speculative": speculative, "num_draft": num_draft, "draft": draft}
         self._intake: queue.Queue[Any] = queue.Queue()
         self._closed = False

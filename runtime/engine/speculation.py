@@ -86,12 +86,9 @@ class EngineSpeculation:
         adaptive: bool | None = None,
         max_tokens: int = SPEC_MAX_TOKENS,
     ) -> None:
-        from specport import generation_args
-        from specport.speculative_calls import _draft_model
-
         self.model, self.method = model, method
-        self.num_draft = generation_args.resolve_num_draft(model, method, num_draft)
-        self.draft = _draft_model(model, draft) if method == "draft" else None
+        self.num_draft = model.num_draft_for(method, num_draft)
+        self.draft = model.draft_model(draft) if method == "draft" else None
         first = make_proposer(method, model, self.num_draft, self.draft)  # clear errors early
         self.adaptive = default_adaptive(first) if adaptive is None else bool(adaptive)
         self.max_rows = int(max_rows)

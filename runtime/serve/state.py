@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import Request
 
-from specport.runtime.chat_template import ChatTemplate
+from specport.chat_template import ChatTemplate
 from specport.runtime.engine.base import Engine, RequestHandle
 from specport.runtime.serve.metrics import Metrics, RequestRecord
 from specport.runtime.serve.protocol import ServedModel

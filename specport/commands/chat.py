@@ -53,8 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specport import api
+    from specport.chat_template import load_chat_template
     from specport.commands._speculative import load_model, start_recording
-    from specport.runtime.chat_template import load_chat_template
 
     sampling = check_sampling(args)
     check_speculative(args)

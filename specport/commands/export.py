@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
     )
     if args.keep_gguf_quant:
-        from specport.passes.quant.keep_gguf import keep_gguf_quant_artifact
+        from specport.exporter.keep_gguf import keep_gguf_quant_artifact
 
         manifest = keep_gguf_quant_artifact(args.out, args.out, args.model)
     summary = {

@@ -104,7 +104,7 @@ def check_args(args: argparse.Namespace) -> bool:
 
 def chat_prompt_ids(model: Any, messages: list[dict[str, str]]) -> list[int]:
     """The prompt ids of `messages` under the artifact's chat template, or a clear error."""
-    from specport.runtime.chat_template import load_chat_template
+    from specport.chat_template import load_chat_template
 
     template = load_chat_template(model)
     if template is None:

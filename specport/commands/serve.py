@@ -181,9 +181,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_access_log:
         logging.getLogger("specport.serve.access").setLevel(logging.INFO)
     if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
-        from specport.runtime.serve.ray import serve_with_ray
+        from specport.ray_serve import serve_with_ray  # Ray is optional and slow to import
 
-        return serve_with_ray(args, settings)
+        return serve_with_ray(args, settings, emit_json)
     return _serve_local(args, settings)
 
 

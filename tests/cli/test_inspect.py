@@ -108,7 +108,7 @@ def test_an_export_without_query_seqlens_says_it_verifies_row_by_row(cli, tiny_z
     for node in attention:  # the graph as older exports wrote it: no input 16
         del node.input[16:]
     onnx.save(model, str(old / "model.onnx"))  # the external weights file is left as it is
-    art.write_manifest(old, art.read_manifest(old, check_hashes=False), interop=False)
+    art.write_manifest(old, art.read_manifest(old, check_hashes=False))
     code, out, err = cli("inspect", old)
     assert code == 0, err
     line = next(t for t in out.splitlines() if t.startswith("batched_verify"))

@@ -97,7 +97,7 @@ def test_manifest_round_trip(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "w.bin").write_bytes(b"weights")
     original = _manifest()
-    art.write_manifest(tmp_path, original, interop=False)  # the other runtimes' files: test_interop
+    art.write_manifest(tmp_path, original)  # the other runtimes' files: test_interop
     data = json.loads((tmp_path / art.MANIFEST_NAME).read_text())
     assert data["future_key"] == {"nested": [1, 2, 3]}  # extra keys live at the top level
     assert set(data["files"]) == {"model.onnx", "sub/w.bin"}

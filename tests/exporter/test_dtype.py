@@ -164,7 +164,7 @@ def fp16_manifest_dir(tmp_path):
     (d / "model.onnx").write_bytes(b"")
     m = Manifest("llama", {"num_layers": 1, "vocab_size": 8}, {}, KVLayout(dtype="float16"))
     m.dtype = "float16"
-    write_manifest(d, m, interop=False)
+    write_manifest(d, m)
     json.loads((d / "specport.json").read_text())
     return d
 

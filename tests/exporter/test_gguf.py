@@ -170,9 +170,9 @@ def test_cli_export_of_a_quantized_gguf_generates_like_transformers(
 ) -> None:
     """`specport export tiny.gguf`: ONNX logits and greedy tokens vs transformers on the file."""
     import specport
+    from specport.chat_template import load_chat_template
     from specport.cli import main
     from specport.exporter.gguf_import import file_sha256
-    from specport.runtime.chat_template import load_chat_template
 
     model = random_model(tiny_config("llama", len(gpt2_tok["tokens"])))
     path = write_gguf(model, gpt2_tok, tmp_path / "tiny-q4k.gguf", qtype="Q4_K")

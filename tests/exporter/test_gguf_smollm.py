@@ -59,7 +59,7 @@ def test_manifest_records_the_gguf_source(smollm: Any) -> None:
 
 
 def test_chat_reference_tokens(smollm: Any) -> None:
-    from specport.runtime.chat_template import load_chat_template
+    from specport.chat_template import load_chat_template
 
     template = load_chat_template(smollm)
     assert template is not None

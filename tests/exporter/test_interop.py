@@ -204,7 +204,7 @@ def test_genai_runs_variants(
 
 
 def test_model_card_and_hashes_are_consistent(tiny_llama_artifact: Path) -> None:
-    from specport.exporter.model_card import is_generated
+    from specport.interop.model_card import is_generated
 
     m = read_manifest(tiny_llama_artifact)  # checks every file's sha256, the card's included
     card = (tiny_llama_artifact / "README.md").read_text()
@@ -232,9 +232,9 @@ def test_user_files_are_never_overwritten(tiny_llama_artifact: Path, tmp_path: P
     (src / "README.md").write_text("my notes\n")
     m = read_manifest(src, check_hashes=False)
     m.extra["interop"]["generated"].remove("README.md")
-    from specport.artifact import write_manifest
+    from specport.interop.files import write_artifact_manifest
 
-    write_manifest(src, m)
+    write_artifact_manifest(src, m)
     assert (src / "README.md").read_text() == "my notes\n"
     assert "## Runs in" in (src / "MODEL_CARD.md").read_text()
     out = specport.quantize(src, tmp_path / "q", scheme="w4a16", algo="rtn")
@@ -264,11 +264,12 @@ def test_inspect_lists_runtimes(
 def test_write_manifest_never_fails_on_interop(tmp_path: Path) -> None:
     """A manifest with a bogus graph still writes; the runtimes it cannot serve say why."""
     from specport import artifact as art
+    from specport.interop.files import write_artifact_manifest
     from tests.exporter.test_artifact import _manifest
 
     (tmp_path / "model.onnx").write_bytes(b"not a graph")
     m = _manifest()
-    art.write_manifest(tmp_path, m)
+    write_artifact_manifest(tmp_path, m)
     loaded = art.read_manifest(tmp_path)
     runtimes = loaded.extra["interop"]["runtimes"]
     assert runtimes["onnxruntime-genai"]["status"] == "no"
@@ -329,7 +330,7 @@ def test_inspect_on_an_artifact_without_interop_files(
     m = read_manifest(old)
     for name in m.extra.pop("interop")["generated"]:
         (old / name).unlink()
-    write_manifest(old, m, interop=False)
+    write_manifest(old, m)
     assert main(["inspect", str(old), "--json"]) == 0
     runtimes = json.loads(capsys.readouterr().out)["runtimes"]
     assert runtimes["specport"]["status"] == "yes"
@@ -339,7 +340,7 @@ def test_inspect_on_an_artifact_without_interop_files(
 
 def test_tokenizer_config_compat_keeps_the_tokens() -> None:
     """transformers-5 tokenizer configs get the form transformers 4.x (Optimum's) reads too."""
-    from specport.exporter.optimum_config import tokenizer_config_compat
+    from specport.interop.optimum_config import tokenizer_config_compat
 
     v5 = {"tokenizer_class": "TokenizersBackend", "extra_special_tokens": ["<s>", "</s>"]}
     assert tokenizer_config_compat(v5) == {

@@ -101,7 +101,7 @@ def test_auto_picks_shared_and_sliding_windows_keep_the_concat_tree(tiny_zoo, tm
 
 
 def test_model_card_snippet_runs_in_a_bare_session(models, monkeypatch):
-    from specport.exporter.model_card import _bare_session
+    from specport.interop.model_card import _bare_session
 
     _, tree = models
     code = "\n".join(_bare_session(tree.manifest))

@@ -1,4 +1,4 @@
-"""Session-cached tiny exports for the fusion tests (spine contract, see passes/testing.py)."""
+"""Session-cached tiny exports for the fusion tests (spine contract, see tests/passes/graph_models.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specport.passes.testing import cached_export
+from tests.passes.graph_models import cached_export
 
 
 @pytest.fixture(scope="session")

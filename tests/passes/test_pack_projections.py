@@ -9,7 +9,7 @@ import pytest
 from specport.passes.base import op_counts
 from specport.passes.pack_projections import PackProjectionsPass
 from specport.passes.pipelines import optimize_model
-from specport.passes.testing import cpu_session, kv_dims
+from tests.passes.graph_models import cpu_session, kv_dims
 
 T = 24  # shared buffer length
 

@@ -8,7 +8,7 @@ import pytest
 from specport.errors import PassError
 from specport.passes.base import op_counts
 from specport.passes.pipelines import optimize_model, pipeline_for
-from specport.passes.testing import cpu_session, kv_dims, make_feeds
+from tests.passes.graph_models import cpu_session, kv_dims, make_feeds
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gpt2"]
 CASES = [(5, 0, [0, 2]), (1, 6, [0, 3]), (3, 4, [0, 1])]  # (S, P, left pads) with batch 2

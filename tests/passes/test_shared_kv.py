@@ -8,7 +8,7 @@ import pytest
 from specport.errors import PassError
 from specport.passes.io_contract import fused_io_contract, kv_layout_fields
 from specport.passes.pipelines import optimize_model, pipeline_for
-from specport.passes.testing import cpu_session, kv_dims, make_feeds
+from tests.passes.graph_models import cpu_session, kv_dims, make_feeds
 
 T = 24  # buffer length
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import specport
+from specport.interop.files import write_artifact_manifest
 from specport.runtime.bench.model import TINY, make_llama
 from specport.runtime.generator import Generator
 
@@ -221,7 +222,7 @@ def test_runs_the_fusion_passes_shared_layout(plain, tmp_path):
     ir.save(model, str(out / "model.onnx"), external_data="model.onnx.data")
     manifest = art.read_manifest(plain.path)
     manifest.kv.layout, manifest.kv.max_length = "shared", manifest.context_length
-    art.write_manifest(out, manifest)
+    write_artifact_manifest(out, manifest)
     shared = specport.load(out, provider="cpu", threads=1)
     assert shared.manifest.kv.layout == "shared"
     assert _greedy(shared, PROMPTS) == _greedy(plain, PROMPTS)

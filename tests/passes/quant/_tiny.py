@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-from specport.artifact import read_manifest, write_manifest
+from specport.artifact import read_manifest
+from specport.interop.files import write_artifact_manifest
 
 WORDS = [
     "once",
@@ -55,7 +56,7 @@ def with_tokenizer(src: Path, dst: Path) -> Path:
     char_tokenizer().save(str(dst / "tokenizer.json"))
     m = read_manifest(dst)
     m.config.setdefault("bos_token_id", 1)
-    write_manifest(dst, m)
+    write_artifact_manifest(dst, m)
     return dst
 
 

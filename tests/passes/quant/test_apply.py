@@ -122,13 +122,13 @@ def test_calib_file_missing_message(tmp_path):
 def test_unknown_layout_refused(quant_src, tmp_path):
     import shutil
 
-    from specport.artifact import write_manifest
+    from specport.interop.files import write_artifact_manifest
 
     art = tmp_path / "odd"
     shutil.copytree(quant_src, art)
     m = read_manifest(art)
     m.kv.layout = "paged"
-    write_manifest(art, m)
+    write_artifact_manifest(art, m)
     with pytest.raises(QuantizationError, match="concat"):
         quantize_artifact(art, tmp_path / "o", "w4a16", 32, "rtn", [])
 

@@ -270,8 +270,8 @@ def test_kv_calibration_adds_chat_turns_when_there_is_a_template(tiny_llama_arti
     """A chat template's tokens push keys and values past plain text's ranges (3x in some
     SmolLM2-135M channels), so KV calibration also runs documents as chat turns."""
     import specport
+    from specport.chat_template import load_chat_template
     from specport.passes.quant.kv_calibration import chat_sequences
-    from specport.runtime.chat_template import load_chat_template
     from tests.fixtures import add_chat_tokenizer
 
     docs = ["The cat sat.", "A dog ran far away."]

@@ -25,7 +25,7 @@ FLOAT_LAYERS = [1, 4, 6, 8, 10, 13, 14, 17, 18, 19, 20, 21, 22, 23, 24, 26]
 
 def test_int8_kv_smollm2_answers_paris(tmp_path_factory: pytest.TempPathFactory) -> None:
     import specport
-    from specport.runtime.chat_template import load_chat_template
+    from specport.chat_template import load_chat_template
 
     gguf, text = shared_dir().joinpath(*GGUF), shared_dir().joinpath(*TEXT)
     if not gguf.is_file() or not text.is_file():

@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def endpoint(tiny_llama_artifact):
-    from specport.runtime.serve.ray import deployment, run_deployment, start_local_ray
+    from specport.ray_serve import deployment, run_deployment, start_local_ray
 
     start_local_ray(num_cpus=4)
     app = deployment(

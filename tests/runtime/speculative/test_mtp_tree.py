@@ -18,6 +18,7 @@ import pytest
 
 import specport
 from specport.errors import InputError
+from specport.interop.files import write_artifact_manifest
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.tree import generate_tree
 
@@ -200,7 +201,7 @@ def test_old_artifact_and_wrong_artifacts_get_one_line_errors(arts, tmp_path, ca
     manifest.mtp = {k: v for k, v in manifest.mtp.items() if k != "heads_graph"}
     (old / "mtp_heads.onnx").unlink()
     (old / "mtp_heads.onnx.data").unlink()
-    art.write_manifest(old, manifest)
+    write_artifact_manifest(old, manifest)
     argv = ["generate", str(old), "--prompt-ids", "1,2,3", "--speculative", "mtp"]
     assert main([*argv, "--tree-width", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -24,10 +24,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from specport.exporter.genai_config import GENAI_CONFIG_NAME, genai_config, genai_support
-from specport.exporter.genai_graph import GENAI_MODEL_NAME, write_genai_graph
-from specport.exporter.model_card import CARD_NAME, is_generated, model_card
-from specport.exporter.optimum_config import (
+from specport.artifact import MANIFEST_NAME, Manifest, sha256_file, write_manifest
+from specport.interop.genai_config import GENAI_CONFIG_NAME, genai_config, genai_support
+from specport.interop.genai_graph import GENAI_MODEL_NAME, write_genai_graph
+from specport.interop.model_card import CARD_NAME, is_generated, model_card
+from specport.interop.optimum_config import (
     GENERATION_CONFIG_NAME,
     HF_CONFIG_NAME,
     generation_config,
@@ -139,14 +140,18 @@ def _write_genai(d: Path, manifest: Any, w: _Writer) -> dict[str, Any]:
     return support
 
 
+def write_artifact_manifest(directory: Path, manifest: Manifest) -> None:
+    """Write the other runtimes' files for `manifest`, then `specport.json` with every file's
+    sha256: how every artifact writer (export, quantize, train-mtp) finishes its directory."""
+    write_manifest(Path(directory), manifest, files=write_interop_files(Path(directory), manifest))
+
+
 def write_interop_files(directory: Path, manifest: Any) -> dict[str, str]:
     """Write the other runtimes' files for `manifest` into `directory`; record them in the manifest.
 
     Returns the sha256 of every file in the directory except the manifest (what
     `write_manifest` records), computed once: the card lists the others' hashes.
     """
-    from specport.artifact import MANIFEST_NAME, sha256_file
-
     d = Path(directory)
     previous = manifest.extra.get(INTEROP_KEY) or {}
     w = _Writer(d, list(previous.get("generated") or []))
@@ -165,7 +170,7 @@ def write_interop_files(directory: Path, manifest: Any) -> dict[str, str]:
     if compat is not None:  # the same tokens, in the form Optimum's transformers 4.x reads too
         tok_path.write_text(_dump(compat))
         adjusted = sorted({*adjusted, TOKENIZER_CONFIG_NAME})
-    runtimes = {
+    runtimes: dict[str, dict[str, Any]] = {
         "specport": {"status": "yes"},
         "onnxruntime": {"status": "yes", "notes": _ort_notes(manifest)},
         "onnxruntime-genai": genai,

@@ -1,7 +1,7 @@
 """Tiny decoder models exported to the spine ONNX contract, for pass tests and benches.
 
-Why here and not in tests/: the fusion bench (`passes/bench_fusion.py`) needs the same export,
-and the passes must be testable before `specport.exporter` exists. The graph follows the brief's
+Test helpers, not package code: the fusion bench (`benchmarks/bench_fusion.py`) imports them
+from here too, run from a checkout. The graph follows the brief's
 "concat" contract: inputs `input_ids`, `attention_mask`, `position_ids`,
 `past_key_values.{i}.key/value`; outputs `logits`, `present.{i}.key/value`.
 """

@@ -1,7 +1,7 @@
 """CPU timing of fused vs unfused graphs on a ~30M-parameter Llama (not a test).
 
-    python -m specport.passes.bench_fusion [--threads 2] [--repeat 30] [--json]
-    python -m specport.passes.bench_fusion --inputs exports [--only 8x512]   # vs peers on other
+    python -m benchmarks.bench_fusion [--threads 2] [--repeat 30] [--json]
+    python -m benchmarks.bench_fusion --inputs exports [--only 8x512]   # vs peers on other
                                                  # exporters' graphs
 
 Exports LlamaForCausalLM(8 layers, hidden 512, 8 heads / 4 KV heads, vocab 8192, intermediate
@@ -50,7 +50,7 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
 
 
 def _export(root: Path) -> Path:
-    from specport.passes.testing import export_tiny, tiny_model
+    from tests.passes.graph_models import export_tiny, tiny_model
 
     path = root / "bench_llama30m" / "model.onnx"
     if not path.exists():
@@ -86,7 +86,7 @@ def _interleaved(fns: dict[str, Any], repeat: int) -> dict[str, dict[str, float]
 
 
 def _feeds(dims, s: int, p: int, vocab: int) -> dict[str, np.ndarray]:
-    from specport.passes.testing import make_feeds
+    from tests.passes.graph_models import make_feeds
 
     return make_feeds(dims, 1, s, p, vocab, seed=1)
 
@@ -131,7 +131,7 @@ def _bound_run(sess, feeds: dict[str, np.ndarray], shared: bool):
 def run_bench(threads: int = 1, repeat: int = 30, root: Path | None = None) -> dict[str, Any]:
     from specport.passes.base import op_counts
     from specport.passes.pipelines import optimize_model
-    from specport.passes.testing import cpu_session
+    from tests.passes.graph_models import cpu_session
 
     root = Path(root or _cache_root())
     src = _export(root)
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     if args.inputs == "exports":
-        from specport.passes.bench_exports import print_table, run_exports_bench
+        from benchmarks.bench_exports import print_table, run_exports_bench
 
         out = run_exports_bench(_cache_root(), args.repeat, args.threads, only=args.only)
         print(json.dumps(out)) if args.json else print_table(out)

@@ -20,7 +20,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from specport.artifact import DATA_NAME, MANIFEST_NAME, atomic_artifact_dir, read_manifest
 from specport.errors import QuantizationError
+from specport.exporter.gguf_import import tensor_plan
+from specport.exporter.gguf_tensors import permuted_heads, unpermute
+from specport.interop.files import write_artifact_manifest
 from specport.passes.base import Pass
 from specport.passes.quant import algorithms as A
 from specport.passes.quant import gguf_blocks
@@ -54,9 +58,6 @@ class KeepGGUFQuantPass(Pass):
         return None if find_weight_matmuls(model) else "no MatMul with a constant 2-D float weight"
 
     def rewrite(self, model: ir.Model) -> tuple[bool, dict[str, Any]]:
-        from specport.exporter.gguf_import import tensor_plan
-        from specport.exporter.gguf_tensors import permuted_heads, unpermute
-
         reader, plan = tensor_plan(self.gguf_path)
         by_hf = {hf: g for g, hf in plan.hf_names.items()}
         if "lm_head.weight" not in by_hf and "model.embed_tokens.weight" in by_hf:
@@ -143,14 +144,6 @@ def keep_gguf_quant_artifact(
     src: str | Path, out: str | Path, gguf_path: str | Path, accuracy_level: int | None = None
 ) -> Any:
     """Artifact exported from `gguf_path` -> artifact whose MatMuls hold the file's own blocks."""
-    from specport.artifact import (
-        DATA_NAME,
-        MANIFEST_NAME,
-        atomic_artifact_dir,
-        read_manifest,
-        write_manifest,
-    )
-
     src_p, out_p = Path(src), Path(out)
     manifest = read_manifest(src_p)
     if manifest.kv.layout != "concat":
@@ -179,6 +172,6 @@ def keep_gguf_quant_artifact(
             "max_abs_weight_diff": report.get("max_abs_diff", 0.0),
             "layers": {k: v.get("bits") for k, v in report.get("layers", {}).items()},
         }
-        write_manifest(tmp, manifest)
+        write_artifact_manifest(tmp, manifest)
     logger.info("kept the GGUF blocks of %s in %s", gguf_path, out_p)
     return manifest

@@ -1,6 +1,6 @@
 """specport vs onnxruntime's and onnxscript's optimizers on graphs other tools exported.
 
-    python -m specport.passes.bench_fusion --inputs exports [--repeat 20] [--json]
+    python -m benchmarks.bench_fusion --inputs exports [--repeat 20] [--json]
 
 Inputs: the export fixtures under tests/passes/fixtures (Optimum's Llama / Qwen2 / Phi-3 /
 GPT-2, TorchScript GPT-2 in onnxruntime's gpt2_helper layout with and without past; 2 layers,
@@ -212,8 +212,8 @@ def run_exports_bench(
     `only`: keep the inputs whose name contains this string."""
     import onnx
 
-    from specport.passes.bench_fusion import BENCH_CONFIG, _bound_run, _export, _interleaved
-    from specport.passes.testing import cpu_session
+    from benchmarks.bench_fusion import BENCH_CONFIG, _bound_run, _export, _interleaved
+    from tests.passes.graph_models import cpu_session
 
     # name -> (path, vocab, heads, hidden); heads/hidden are given to onnxruntime's optimizer
     inputs: dict[str, tuple[Path, int, int, int]] = {
