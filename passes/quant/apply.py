@@ -41,6 +41,7 @@ from specport.artifact import (
 from specport.eval_record import EVAL_KEY, SOURCE_EVAL_KEY, source_eval_for_quantized
 from specport.interop.files import write_artifact_manifest
 from specport.passes.base import PassResult
+from specport.passes.mtp_graphs import write_mtp_graphs
 from specport.passes.quant import calibration as C
 from specport.passes.quant.checks import (
     ALGOS,
@@ -113,7 +114,7 @@ def quantize_artifact(
         # 4-bit artifacts gather from an 8-bit table instead of keeping it in fp32 (a 152k x 896
         # table is 545 MB of a 0.5B model's 4-bit artifact); measured on stories260K W4A8: 8-bit
         # table +0.01% ppl, 4-bit +0.26%. The table is gathered, not streamed per token.
-        embedding_bits = 8 if scheme in ("w4a16", "w4a8") else 0
+        embedding_bits = 8 if scheme in ("w4a16", "w4a8") and form != "npu" else 0
     if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
         algo = "hqq"  # the best calibration-free algorithm
         logger.info("no calibration text: using hqq")
@@ -132,7 +133,7 @@ def quantize_artifact(
     model_path = src_p / manifest.model_file
     prior_quant, kv_report = manifest.quant, {}  # scheme none keeps the source's weight recipe
     stats = None
-    if calib_files and not algo.startswith("ort-") and scheme != "none":
+    if calib_files and not algo.startswith("ort-") and scheme != "none" and form != "npu":
         stats = C.calibrate_artifact(model_path, manifest, src_p, calib_files, calib_docs, progress)
     bits = 8 if scheme == "w8a16" else 4
     accuracy_level = 4 if scheme == "w4a8" else None
@@ -156,6 +157,11 @@ def quantize_artifact(
                 reports.append(plan_report)
             if scheme == "none":
                 pass
+            elif form == "npu":  # QDQ, uint16 activations (passes/quant/npu.py)
+                from specport.passes.quant.npu import npu_qdq_pass
+
+                args = (model_path, manifest, src_p, calib_files, bits, group_size)
+                passes.append(npu_qdq_pass(*args, max_docs=calib_docs, progress=progress))
             elif scheme == "w8a8":
                 assert stats is not None
                 passes.append(
@@ -246,6 +252,13 @@ def quantize_artifact(
                 "docs": calib_docs,
             },
         }
+        if form == "npu":  # the CPU provider must not turn DQ->MatMul into int8 activations
+            manifest.quant["ort_session_config"] = {"session.qdq_matmulnbits_accuracy_level": "0"}
+            manifest.quant["activation_dtype"] = "uint16"
+            manifest.quant.update(algorithm="minmax", symmetric=True, lm_head_bits=bits)
+            manifest.quant["group_size"] = group_size if bits == 4 else 0  # 0: per channel
+            if not calib_files:
+                manifest.quant["calibration"] = {"builtin": "samples/corpus.py seed 11"}
         if form == "qdq" and scheme != "w8a8":
             # onnxruntime fuses DQ(int4)->MatMul into MatMulNBits with int8 activations unless
             # told otherwise; the runtime should pass this to SessionOptions for true W4A16.
@@ -273,6 +286,8 @@ def quantize_artifact(
                 },
             }
             int8_kv_manifest(manifest, kv_report, recipe)
+        if (manifest.mtp or {}).get("heads"):  # the quantized graph's own MTP-less graphs
+            write_mtp_graphs(tmp, manifest)
         if progress:
             progress("checking onnxruntime's kernels", 0, 1)
         try:

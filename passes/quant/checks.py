@@ -74,6 +74,8 @@ def check_weight_options(
     """The weight scheme, algorithm, group size, form and mixed precision, and whether they
     need calibration text."""
     forms = W8A8_FORMS if scheme == "w8a8" else ("matmulnbits", "qdq")
+    if scheme in ("w8a16", "w4a16"):
+        forms = (*forms, "npu")  # QDQ with uint16 activations (passes/quant/npu.py)
     if form not in forms:
         raise QuantizationError(
             f"{option('form', form)} is not a {scheme} form; choose {', '.join(forms)}"
@@ -92,7 +94,7 @@ def check_weight_options(
         raise QuantizationError(f"group size {group_size} is not supported; use 32, 64 or 128")
     if mixed not in ("auto", "off"):
         raise QuantizationError(f"{option('mixed_precision')} must be auto or off, not {mixed!r}")
-    needs = scheme == "w8a8" or algo in NEEDS_CALIB or mixed == "auto"
+    needs = (scheme == "w8a8" or algo in NEEDS_CALIB or mixed == "auto") and form != "npu"
     if needs and not calib_files:
         what = (
             "w8a8 (static activation ranges)"

@@ -57,8 +57,30 @@ def calibration_feeds(
     so = ort.SessionOptions()
     so.log_severity_level = 3
     sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-    feeds = shared_prefill_feeds if manifest.kv.layout == "shared" else prefill_feeds
-    return [feeds(sess, ids) for ids in seqs if ids.size]
+    make = shared_prefill_feeds if manifest.kv.layout == "shared" else prefill_feeds
+    feeds = [make(sess, ids) for ids in seqs if ids.size]
+    return feeds + late_position_feeds(feeds, calibration_context(manifest))
+
+
+def late_position_feeds(
+    feeds: Sequence[dict[str, np.ndarray]], context: int
+) -> list[dict[str, np.ndarray]]:
+    """The first feed again with its positions moved to the end of the context window.
+
+    Tensors computed from positions (rotary angles, cos / sin built in the graph) reach values
+    at position `context - 1` that short calibration documents never show; a range cut at
+    the longest document's length clips them, and every later token's rotary phase with
+    them (measured on stories260K: +2.5% perplexity on held-apart text instead of +0.3%).
+    """
+    if not feeds or "position_ids" not in feeds[0]:
+        return []
+    first = dict(feeds[0])
+    pos = first["position_ids"]
+    shift = max(context - 1 - int(pos.max()), 0)
+    if shift == 0:
+        return []
+    first["position_ids"] = pos + shift
+    return [first]
 
 
 def kv_input_ranges(manifest: Manifest, ranges: dict[str, Range]) -> dict[str, Range]:

@@ -86,9 +86,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--form",
         default="matmulnbits",
-        choices=["matmulnbits", "qdq", "dynamic"],
+        choices=["matmulnbits", "qdq", "dynamic", "npu"],
         help="graph form: matmulnbits (default), qdq (weight-only: blocked-int4 QDQ; w8a8: "
-        "static QDQ), dynamic (w8a8: DynamicQuantizeMatMul)",
+        "static QDQ), dynamic (w8a8: DynamicQuantizeMatMul), npu (w8a16/w4a16: QDQ with uint16 "
+        "activations calibrated on --calib or the built-in text, symmetric int8 per-channel or "
+        "int4 blocked weights: the NPU format, e.g. Qualcomm HTP)",
     )
     p.add_argument(
         "--kv-cache",
