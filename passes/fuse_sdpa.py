@@ -20,6 +20,10 @@ scale = c1 * c2 * c3 (or / c3); the scalars may be computed from Shape(q)[-1] at
 left-pad query) gives a uniform row instead of NaN (the NaN guard's job in the unfused graph).
 fuse_attention then turns an Attention-23 over a concatenated KV cache into GroupQueryAttention.
 
+Megatron's causal mask `s * m - c * (1 - m)` (0/1 constant m, c >= 1e4) is the same as
+`Where(m, s, -c)` and is taken as that. The additive mask is broadcast to [.., S, T] (a padding
+mask [B, 1, 1, T] is not enough for onnxruntime's CPU kernel).
+
 Not matched, with the reason in the report: softmax over another axis, a scale that is not a
 constant (or computable from static dims), a scale applied after the mask, probabilities used
 elsewhere, Q/K/V that are not 4-D with known head counts, Hk not dividing H.
@@ -50,7 +54,7 @@ def _prod(v: ir.Value | None, *ops: str) -> ir.Node | None:
 def _reaches_matmul(v: ir.Value | None, depth: int = MATMUL_DEPTH) -> bool:
     """True when `v` is (a scaled/masked form of) a MatMul output: the score side of an Add."""
     while depth > 0 and v is not None:
-        node = _prod(v, "MatMul", "Mul", "Div", "Add", "Where")
+        node = _prod(v, "MatMul", "Mul", "Div", "Add", "Where", "Sub")
         if node is None:
             return False
         if node.op_type == "MatMul":
@@ -83,6 +87,46 @@ def _peel_scale(v: ir.Value | None) -> tuple[ir.Value | None, float, str | None]
         else:
             scale *= float(ca)  # type: ignore[arg-type]
             v = b
+
+
+def _zero_one(m: ir.Value | None, depth: int = 8) -> bool:
+    """True when `m` is provably 0/1: a constant with only 0s and 1s, through Slice, Cast,
+    Reshape, Unsqueeze, Squeeze, Expand (Megatron's `ltor` causal-mask buffer)."""
+    for _ in range(depth):
+        if m is None:
+            return False
+        if m.const_value is not None:
+            return bool(np.isin(m.const_value.numpy(), (0, 1)).all())
+        node = _prod(m, "Slice", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Expand")
+        if node is None:
+            return False
+        m = node.inputs[0]
+    return False
+
+
+def _multiplicative_mask(node: ir.Node) -> tuple[ir.Value, ir.Value] | None:
+    """Megatron's causal mask `s * m - c * (1 - m)` with 0/1 `m` and c >= 1e4, which equals
+    `Where(m, s, -c)`: Sub(Mul(s, m), Mul(Sub(1, m), c)) in either operand order.
+    Returns (s, m), or None when `node` is not that."""
+    keep, drop = _prod(node.inputs[0], "Mul"), _prod(node.inputs[1], "Mul")
+    if node.op_type != "Sub" or keep is None or drop is None:
+        return None
+    a, b = keep.inputs
+    if _reaches_matmul(a) == _reaches_matmul(b):
+        return None
+    scores, m = (a, b) if _reaches_matmul(a) else (b, a)
+    for inverse, c in ((drop.inputs[0], drop.inputs[1]), (drop.inputs[1], drop.inputs[0])):
+        sub, fill = _prod(inverse, "Sub"), eval_scalar(c)
+        if (
+            sub is not None
+            and fill is not None
+            and fill >= 1e4
+            and sub.inputs[1] is m
+            and eval_scalar(sub.inputs[0]) == 1.0
+            and _zero_one(m)
+        ):
+            return scores, m  # type: ignore[return-value]
+    return None
 
 
 def _same_dim(a: ir.Value, i: int, b: ir.Value, j: int) -> bool:
@@ -163,15 +207,22 @@ def match_sdpa(softmax: ir.Node) -> dict[str, Any] | str:
     scaled = False  # walking back from the Softmax: a scale seen before a mask scales the mask
     v = x
     while True:
-        node = _prod(v, "Add", "Where", "Mul", "Div", "MatMul")
+        node = _prod(v, "Add", "Where", "Mul", "Div", "MatMul", "Sub")
         if node is None:
             src = v.producer() if v is not None else None
             what = src.op_type if src is not None else "a graph input"
             return f"scores come from {what}, not MatMul(Q, K^T)"
         if node.op_type == "MatMul":
             break
-        if node.op_type in ("Add", "Where") and scaled:
+        if node.op_type in ("Add", "Where", "Sub") and scaled:
             return "scores are scaled after the mask is added"
+        if node.op_type == "Sub":
+            megatron = _multiplicative_mask(node)
+            if megatron is None:
+                return "Sub before the Softmax is not a 0/1 mask (s * m - c * (1 - m))"
+            terms.append(("mask01", megatron[1], None))
+            v = megatron[0]
+            continue
         if node.op_type == "Add":
             a, b = node.inputs
             sa, sb = _reaches_matmul(a), _reaches_matmul(b)
@@ -234,6 +285,9 @@ def _bias(tape: ir.tape.Tape, terms: list[tuple[str, ir.Value, ir.Value | None]]
     lowest = float(np.finfo(np.float32).min)
     total: ir.Value | None = None
     for kind, value, _fill in terms:
+        if kind == "mask01":  # 1 keeps the score, 0 masks it
+            value = tape.op("Cast", [value], {"to": ir.DataType.BOOL})
+            kind = "where"
         if kind == "where":
             zero = tape.op("Constant", [], {"value": ir.tensor(np.asarray(0.0, np.float32))})
             low = tape.op("Constant", [], {"value": ir.tensor(np.asarray(lowest, np.float32))})
@@ -250,6 +304,16 @@ def _bias(tape: ir.tape.Tape, terms: list[tuple[str, ir.Value, ir.Value | None]]
     return total
 
 
+def _rows_per_query(tape: ir.tape.Tape, bias: ir.Value, q: ir.Value) -> ir.Value:
+    """Broadcast the mask's query axis to S: onnxruntime's CPU Attention-23 wants a mask
+    [.., S, T], while a padding-only mask (BERT-style blocks) is [B, 1, 1, T]."""
+    ones = tape.op("Constant", [], {"value": ir.tensor(np.asarray([1, 1], np.int64))})
+    one = tape.op("Constant", [], {"value": ir.tensor(np.asarray([1], np.int64))})
+    rows = tape.op("Shape", [q], {"start": 2, "end": 3})
+    shape = tape.op("Concat", [ones, rows, one], {"axis": 0})
+    return tape.op("Expand", [bias, shape])
+
+
 def fuse_sdpa(model: ir.Model) -> dict[str, Any]:
     """Rewrite every matching Softmax attention in the main graph; report fused and refused."""
     graph = model.graph
@@ -263,6 +327,8 @@ def fuse_sdpa(model: ir.Model) -> dict[str, Any]:
         mm: ir.Node = m["matmul"]
         tape = ir.tape.Tape()
         bias = _bias(tape, m["terms"])
+        if bias is not None:
+            bias = _rows_per_query(tape, bias, m["q"])
         k = tape.op("Transpose", [m["k"]], {"perm": [0, 2, 1, 3]}) if m["k_bshd"] else m["k"]
         attn = ir.node(
             "Attention",

@@ -96,6 +96,8 @@ def load_onnx_input(path: str | os.PathLike[str]) -> tuple[Any, list[str]]:
     p = Path(path)
     proto = check_onnx_input(p)
     notes = repair_proto(proto)
+    proto, upgraded = upgrade_opset(proto)
+    notes += upgraded + _type_outputs(proto)
     try:
         onnx.checker.check_model(_without_weights(proto))
     except Exception as e:  # noqa: BLE001 - ValidationError and friends
@@ -183,21 +185,112 @@ def repair_proto(proto: Any) -> list[str]:
                 f"dropped {stale} stale shape annotations (onnx's shape inference contradicts "
                 "them); shapes are re-inferred"
             )
-    untyped = [o for o in graph.output if not o.type.WhichOneof("value")]
-    if untyped:
-        inferred = onnx.shape_inference.infer_shapes(_without_weights(proto))
-        known = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
-        filled = 0
-        for out in untyped:
-            vi = known.get(out.name)
-            if vi is not None and vi.type.WhichOneof("value"):
-                out.type.CopyFrom(vi.type)
-                filled += 1
-        notes.append(
-            f"typed {filled} of {len(untyped)} graph outputs that had no type (from shape "
-            "inference)"
-        )
     return notes
+
+
+def _inferred(proto: Any) -> dict[str, Any]:
+    """name -> inferred ValueInfoProto: onnxruntime's symbolic inference (it follows the mask
+    arithmetic of TorchScript exports), else onnx's."""
+    import onnx
+
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inferred = SymbolicShapeInference.infer_shapes(
+            _without_weights(proto), auto_merge=True, guess_output_rank=True
+        )
+    except Exception as e:  # noqa: BLE001 - keep onnx's answers
+        logger.info("symbolic shape inference failed: %s", _first_line(e))
+        inferred = onnx.shape_inference.infer_shapes(_without_weights(proto))
+    graph = inferred.graph
+    return {vi.name: vi for vi in [*graph.value_info, *graph.input, *graph.output]}
+
+
+def _type_outputs(proto: Any) -> list[str]:
+    """Graph outputs without a type get the inferred one (onnx's checker wants it)."""
+    untyped = [
+        o
+        for o in proto.graph.output
+        if not o.type.WhichOneof("value")
+        or (o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape"))
+    ]
+    if not untyped:
+        return []
+    known = _inferred(proto)
+    filled = 0
+    for out in untyped:
+        vi = known.get(out.name)
+        if vi is not None and vi.type.tensor_type.HasField("shape"):
+            out.type.CopyFrom(vi.type)
+            filled += 1
+    return [
+        f"typed {filled} of {len(untyped)} graph outputs without a type or shape (from shape inference)"
+    ]
+
+
+UPGRADE_BELOW = 13  # opset 13 moved Split/Squeeze/Unsqueeze/Reduce* axes into inputs
+
+
+def upgrade_opset(proto: Any) -> tuple[Any, list[str]]:
+    """Below opset 13, upgrade with onnx's version converter (weights stay references): the
+    fusion passes' own converter handles 14+ but leaves some older axes attributes behind."""
+    import onnx
+
+    opset = {o.domain: o.version for o in proto.opset_import}.get("", 0)
+    if not 0 < opset < UPGRADE_BELOW:
+        return proto, []
+    try:
+        upgraded = onnx.version_converter.convert_version(proto, UPGRADE_BELOW)
+    except Exception as e:  # noqa: BLE001 - the passes' converter gets its own try
+        return proto, [f"opset {opset} could not be upgraded by onnx ({_first_line(e)})"]
+    _unflatten_softmax(upgraded)
+    return upgraded, [f"upgraded opset {opset} -> {UPGRADE_BELOW} (onnx's version converter)"]
+
+
+def _unflatten_softmax(proto: Any) -> int:
+    """Undo the converter's Reshape(Softmax(Flatten(x, axis=a)), Shape(x)) where a is x's last
+    axis (a last-axis softmax before opset 13): plain Softmax(x, axis=-1), which attention
+    fusion recognises. Returns how many were undone."""
+
+    graph = proto.graph
+    rank = {
+        name: len(vi.type.tensor_type.shape.dim)
+        for name, vi in _inferred(proto).items()
+        if vi.type.tensor_type.HasField("shape")
+    }
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    outputs = {o.name for o in graph.output}
+    dead, undone = [], 0
+    for node in graph.node:
+        if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
+            continue
+        flat = producer.get(node.input[0])
+        uses = consumers.get(node.output[0], [])
+        if flat is None or flat.op_type != "Flatten" or len(uses) != 1 or node.output[0] in outputs:
+            continue
+        back = uses[0]
+        shape = producer.get(back.input[1]) if back.op_type == "Reshape" else None
+        x = flat.input[0]
+        axis = next((a.i for a in flat.attribute if a.name == "axis"), 1)
+        if shape is None or shape.op_type != "Shape" or shape.input[0] != x:
+            continue
+        if rank.get(x) != axis + 1 or len(consumers.get(flat.output[0], [])) != 1:
+            continue
+        node.input[0] = x
+        del node.output[:]
+        node.output.append(back.output[0])  # the Reshape's output, so consumers stay as they are
+        for a in node.attribute:
+            if a.name == "axis":
+                a.i = -1
+        dead += [flat, back]
+        undone += 1
+    for n in dead:
+        graph.node.remove(n)
+    return undone
 
 
 def load_repaired_ir(path: str | os.PathLike[str], proto: Any) -> Any:

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import specport
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE
 
@@ -54,7 +55,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     out: list[dict[str, Any]] = []
     for p in passes:
         item = {"name": p["name"], "modified": p.get("modified", False)}
-        for key in ("matched", "skipped", "note", "rejected", "lowered", "cann"):
+        keys = ("matched", "skipped", "note", "rejected", "lowered", "cann", "attention_nodes")
+        for key in (*keys, "softmax_left"):
             if key in p:
                 item[key] = p[key]
         out.append(item)
@@ -83,7 +85,6 @@ def parity_line(parity: dict[str, Any] | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport import api
     from specport.errors import UsageError
     from specport.passes.pipelines import all_pass_names
 
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kv_layout == "shared":
         options["kv_layout"] = "shared"
         options["max_length"] = args.max_length
-    out, report = api.optimize(src, args.out, target=args.target, passes=passes, **options)
+    out, report = specport.optimize(src, args.out, target=args.target, passes=passes, **options)
     info = summarize(report)
     info["out"] = str(out)
     info["io_contract"] = report.get("io_contract")
@@ -119,6 +120,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  repaired: {note}")
     for p in info["passes"]:
         detail = p.get("matched", p.get("skipped", p.get("lowered", "")))
+        if "attention_nodes" in p:  # GroupQueryAttention over a cache, or Attention-23 without
+            detail = (
+                f"{p['attention_nodes']} fused attention nodes ({p.get('matched', 0)} over a KV "
+                f"cache), {p.get('softmax_left', 0)} unfused softmax left"
+            )
         if isinstance(detail, dict):
             detail = {k: v for k, v in detail.items() if v} or "nothing matched"
         print(f"  {p['name']:<16} {detail}")
