@@ -1,4 +1,5 @@
-"""The commands a user copies from README.md, as argv lists with the README line they start on.
+"""The commands a user copies from README.md and docs/**/*.md, as argv lists with the file and
+line they start on.
 
 Reads the ```bash blocks the way a shell would read them closely enough for checking: joins
 backslash continuations, drops `#` comments (kept apart, for the options they name), expands
@@ -10,10 +11,25 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+
+def documents() -> list[Path]:
+    """README.md and every page of the docs site, in a stable order."""
+    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def doc_name(path: Path) -> str:
+    """`path` as the failure messages name it (relative to the repository root)."""
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return path.name
+
 
 _FENCE_OPEN = re.compile(r"^\s*```bash\s*$")
 _FENCE_CLOSE = re.compile(r"^\s*```\s*$")
@@ -30,6 +46,11 @@ class Command:
     line: int
     program: str
     argv: tuple[str, ...]
+    doc: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc}:{self.line}"
 
     def __str__(self) -> str:
         return " ".join(shlex.quote(a) for a in (self.program, *self.argv))
@@ -42,6 +63,7 @@ class Block:
     start: int
     commands: list[Command] = field(default_factory=list)
     comments: list[tuple[int, str]] = field(default_factory=list)
+    doc: str = "README.md"
 
 
 def split_comment(line: str) -> tuple[str, str]:
@@ -169,6 +191,15 @@ def _read_block(start: int, lines: list[tuple[int, str]], env: dict[str, str]) -
 def bash_blocks(path: Path = README) -> list[Block]:
     """Every ```bash block of `path`, in order. Variables set in one block (`T=...`) carry
     into the later ones, as they would in the user's shell session."""
+    name = doc_name(path)
+    blocks = _bash_blocks(path)
+    for block in blocks:
+        block.doc = name
+        block.commands = [replace(c, doc=name) for c in block.commands]
+    return blocks
+
+
+def _bash_blocks(path: Path) -> list[Block]:
     blocks: list[Block] = []
     env: dict[str, str] = {}
     inside: list[tuple[int, str]] | None = None

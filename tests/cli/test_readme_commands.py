@@ -1,11 +1,13 @@
-"""Every command a user copies from README.md parses with the CLI it names.
+"""Every command a user copies from README.md or the docs site (docs/**/*.md) parses with the
+CLI it names, and none writes to /tmp (a user's copy must work as it is, anywhere).
 
 `specport ...` lines go through specport's own parser (`build_parser()`, as `specport.cli.main`
 builds it); `python -m specport.X` and `python scripts/X.py` lines through the parser their
 `main()` builds, stopped right after parsing (nothing runs). Abbreviated options are refused
 here although argparse accepts them: `--max-new` works only until another option shares the
 prefix. Options named in comments and in inline `specport ...` spans must exist too, and
-`--opt a|b|c` alternatives must be among the option's choices. A failure names the README line.
+`--opt a|b|c` alternatives must be among the option's choices. A failure names the file and
+line.
 """
 
 from __future__ import annotations
@@ -26,13 +28,21 @@ from typing import Any
 import pytest
 
 from specport.cli import build_parser
-from tests.cli.readme_commands import README, Block, Command, bash_blocks, inline_spans
+from tests.cli.readme_commands import (
+    ROOT,
+    Block,
+    Command,
+    bash_blocks,
+    doc_name,
+    documents,
+    inline_spans,
+)
 
-ROOT = README.parent
-BLOCKS = bash_blocks()
+BLOCKS = [b for path in documents() for b in bash_blocks(path)]
+SPANS = [(doc_name(path), line, text) for path in documents() for line, text in inline_spans(path)]
 COMMANDS = [c for b in BLOCKS for c in b.commands]
 SPECPORT = [c for c in COMMANDS if c.program == "specport"]
-MODULES = [c for c in COMMANDS if c.program.startswith("-m specport.")]
+MODULES = [c for c in COMMANDS if c.program.startswith(("-m specport.", "-m benchmarks."))]
 SCRIPTS = [c for c in COMMANDS if re.fullmatch(r"scripts/[\w-]+\.py", c.program)]
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)(?:[ =]+([\w.:/|-]+))?")
 
@@ -64,7 +74,10 @@ def _leaf(parser: argparse.ArgumentParser, argv: tuple[str, ...]) -> argparse.Ar
         subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
         if not subs:
             return parser
-        parser = subs[0].choices[next(words)]
+        word = next(words, None)
+        if word is None:  # `specport --version`: no subcommand
+            return parser
+        parser = subs[0].choices[word]
 
 
 def _parse_specport(cmd: Command) -> argparse.ArgumentParser:
@@ -74,7 +87,7 @@ def _parse_specport(cmd: Command) -> argparse.ArgumentParser:
             _specport_parser().parse_args(list(cmd.argv))
     except SystemExit as e:
         if e.code:
-            pytest.fail(f"README.md:{cmd.line}: `{cmd}` does not parse:\n{err.getvalue()}")
+            pytest.fail(f"{cmd.where}: `{cmd}` does not parse:\n{err.getvalue()}")
     return _leaf(_specport_parser(), cmd.argv)
 
 
@@ -83,11 +96,11 @@ def _load(cmd: Command) -> Any:
     if cmd.program.startswith("-m "):
         name = cmd.program[3:]
         if importlib.util.find_spec(name) is None:
-            pytest.fail(f"README.md:{cmd.line}: no module {name}")
+            pytest.fail(f"{cmd.where}: no module {name}")
         return importlib.import_module(name)
     path = ROOT / cmd.program
     if not path.is_file():
-        pytest.fail(f"README.md:{cmd.line}: no file {cmd.program}")
+        pytest.fail(f"{cmd.where}: no file {cmd.program}")
     spec = importlib.util.spec_from_file_location(f"readme_{path.stem}", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -128,10 +141,10 @@ def _parse_main(cmd: Command) -> argparse.ArgumentParser | None:
     except _Parsed as done:
         return done.parser
     except SystemExit as e:
-        pytest.fail(f"README.md:{cmd.line}: `{cmd}` does not parse:\n{err.getvalue() or e}")
+        pytest.fail(f"{cmd.where}: `{cmd}` does not parse:\n{err.getvalue() or e}")
     finally:
         sys.argv = argv
-    pytest.fail(f"README.md:{cmd.line}: {cmd.program}'s main() returned without parse_args")
+    pytest.fail(f"{cmd.where}: {cmd.program}'s main() returned without parse_args")
 
 
 def _parser_of(cmd: Command) -> argparse.ArgumentParser | None:
@@ -170,17 +183,25 @@ def _all_specport_parsers() -> list[argparse.ArgumentParser]:
 
 
 def test_readme_has_commands() -> None:
-    """The extraction still finds the README's commands (not silently zero)."""
+    """The extraction still finds the README's and the docs' commands (not silently zero)."""
     assert len(SPECPORT) > 50 and MODULES and SCRIPTS
+    assert any(c.doc == "README.md" for c in SPECPORT)
+    assert any(c.doc == "docs/getting-started.md" for c in SPECPORT)
 
 
-@pytest.mark.parametrize("cmd", SPECPORT, ids=lambda c: f"README.md:{c.line}:{c.argv[0]}")
+def test_no_command_writes_to_tmp() -> None:
+    """Commands are copied as they are: no /tmp paths (they vanish, and collide between users)."""
+    found = [f"{c.where}: {c}" for c in COMMANDS if "/tmp" in str(c)]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("cmd", SPECPORT, ids=lambda c: f"{c.where}:{c.argv[0]}")
 def test_specport_command_parses(cmd: Command) -> None:
     _parse_specport(cmd)
 
 
 @pytest.mark.parametrize(
-    "cmd", [c for c in SPECPORT if c.argv[0] == "bench"], ids=lambda c: f"README.md:{c.line}"
+    "cmd", [c for c in SPECPORT if c.argv[0] == "bench"], ids=lambda c: c.where
 )
 def test_bench_names_real_prompt_sets_and_peers(cmd: Command) -> None:
     """--prompt-set and --peer are checked when the bench starts, not by the parser."""
@@ -192,7 +213,7 @@ def test_bench_names_real_prompt_sets_and_peers(cmd: Command) -> None:
     args = _specport_parser().parse_args(list(cmd.argv))
     if args.prompt_set is not None:
         known = [*PROMPT_SETS, *CHAT_SETS]
-        assert args.prompt_set in known, f"README.md:{cmd.line}: no prompt set {args.prompt_set}"
+        assert args.prompt_set in known, f"{cmd.where}: no prompt set {args.prompt_set}"
     for peer in args.peer:
         try:
             if args.speculative:
@@ -200,10 +221,10 @@ def test_bench_names_real_prompt_sets_and_peers(cmd: Command) -> None:
             elif not peer.startswith(SPECPORT_PEER):  # its artifact is a README placeholder
                 check_peer_name(peer)
         except InputError as e:
-            pytest.fail(f"README.md:{cmd.line}: {e}")
+            pytest.fail(f"{cmd.where}: {e}")
 
 
-@pytest.mark.parametrize("cmd", MODULES + SCRIPTS, ids=lambda c: f"README.md:{c.line}:{c.program}")
+@pytest.mark.parametrize("cmd", MODULES + SCRIPTS, ids=lambda c: f"{c.where}:{c.program}")
 def test_python_command_parses(cmd: Command) -> None:
     _parse_main(cmd)
 
@@ -212,11 +233,11 @@ def test_python_command_parses(cmd: Command) -> None:
     "script", [c for c in COMMANDS if c.program.endswith(".sh")], ids=lambda c: c.program
 )
 def test_shell_script_exists(script: Command) -> None:
-    assert (ROOT / script.program).is_file(), f"README.md:{script.line}: no {script.program}"
+    assert (ROOT / script.program).is_file(), f"{script.where}: no {script.program}"
 
 
 @pytest.mark.parametrize(
-    "block", [b for b in BLOCKS if b.comments], ids=lambda b: f"README.md:{b.start}"
+    "block", [b for b in BLOCKS if b.comments], ids=lambda b: f"{b.doc}:{b.start}"
 )
 def test_options_in_comments_exist(block: Block) -> None:
     """An option a comment names (`# or --algo default`, a list of serve options) exists on a
@@ -224,24 +245,25 @@ def test_options_in_comments_exist(block: Block) -> None:
     parsers = [p for c in block.commands if (p := _parser_of(c)) is not None]
     parsers += _all_specport_parsers()
     for line, text in block.comments:
-        _check_flags(f"README.md:{line}", text, parsers)
+        _check_flags(f"{block.doc}:{line}", text, parsers)
 
 
-@pytest.mark.parametrize("span", inline_spans(), ids=lambda s: f"README.md:{s[0]}")
-def test_inline_commands_parse(span: tuple[int, str]) -> None:
+@pytest.mark.parametrize("span", SPANS, ids=lambda s: f"{s[0]}:{s[1]}")
+def test_inline_commands_parse(span: tuple[str, int, str]) -> None:
     """A command written in prose: `python -m specport.X ...` parses; `specport SUB --opt ...`
-    names a real command and real options, and parses unless it is a fragment (arguments left
-    out, an UPPERCASE placeholder for a number, [optional] parts); of `a|b` it parses `a`."""
-    line, text = span
+    names a real command and real options, and parses unless it is a fragment (arguments or an
+    option's value left out, an UPPERCASE placeholder for a number or a choice, [optional]
+    parts); of `a|b` it parses `a`."""
+    doc, line, text = span
     argv = shlex.split(text)
     if argv[0] == "python":
-        _parse_main(Command(line, f"-m {argv[2]}", tuple(argv[3:])))
+        _parse_main(Command(line, f"-m {argv[2]}", tuple(argv[3:]), doc))
         return
     parser, words = _specport_parser(), [a for a in argv[1:] if not a.startswith("-")]
     while subs := [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]:
-        assert words and words[0] in subs[0].choices, f"README.md:{line}: `{text}`: no such command"
+        assert words and words[0] in subs[0].choices, f"{doc}:{line}: `{text}`: no such command"
         parser = subs[0].choices[words.pop(0)]
-    _check_flags(f"README.md:{line}: `{text}`", text, [parser])
+    _check_flags(f"{doc}:{line}: `{text}`", text, [parser])
     if "[" in text:
         return
     err = io.StringIO()
@@ -249,10 +271,11 @@ def test_inline_commands_parse(span: tuple[int, str]) -> None:
         with contextlib.redirect_stderr(err):
             _specport_parser().parse_args([a.split("|")[0] for a in argv[1:]])
     except SystemExit as e:
-        fragment = re.search(r"arguments are required|(?:value:|got) '[A-Z_]+'", err.getvalue())
-        assert not e.code or fragment, (
-            f"README.md:{line}: `{text}` does not parse:\n{err.getvalue()}"
+        fragment = re.search(
+            r"arguments are required|expected one argument|(?:value:|got|choice:) '[A-Z_]+'",
+            err.getvalue(),
         )
+        assert not e.code or fragment, f"{doc}:{line}: `{text}` does not parse:\n{err.getvalue()}"
 
 
 def test_extraction_reads_shell_like_bash(tmp_path: Path) -> None:
