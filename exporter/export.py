@@ -26,9 +26,7 @@ from specport.exporter.dtype import (
 )
 from specport.exporter.export_passes import apply_passes
 from specport.exporter.kv_layout_choice import (
-    SHARED_MAX_LENGTH,
     TREE_MASK_INFO,
-    TREE_UNFUSABLE,
     auto_fallback,
     auto_layout,
     check_kv_layout,
@@ -51,17 +49,6 @@ from specport.exporter.wrapper import probe_kv_shapes
 from specport.interop.files import write_artifact_manifest
 from specport.interop.optimum_config import save_source_config
 from specport.progress import Stages
-
-__all__ = [
-    "OPSET",
-    "SHARED_MAX_LENGTH",
-    "TREE_MASK_INFO",
-    "TREE_UNFUSABLE",
-    "export_model",
-    "save_artifact_model",
-    "trace_to_onnx",
-    "verification_session",
-]
 
 logger = logging.getLogger(__name__)
 

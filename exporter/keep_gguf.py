@@ -26,8 +26,8 @@ from specport.exporter.gguf_import import tensor_plan
 from specport.exporter.gguf_tensors import permuted_heads, unpermute
 from specport.interop.files import write_artifact_manifest
 from specport.passes.base import Pass
-from specport.passes.quant import algorithms as A
 from specport.passes.quant import gguf_blocks
+from specport.passes.quant.blockquant import BlockQuant, dequantize
 from specport.passes.quant.graph import WeightSite, find_weight_matmuls, remove_unused
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 
@@ -64,7 +64,7 @@ class KeepGGUFQuantPass(Pass):
             by_hf["lm_head.weight"] = by_hf["model.embed_tokens.weight"]  # tied head
         tensors = {t.name: t for t in reader.tensors}
         layers: dict[str, Any] = {}
-        pending: list[tuple[WeightSite, A.BlockQuant]] = []
+        pending: list[tuple[WeightSite, BlockQuant]] = []
         for site in find_weight_matmuls(model):
             gname = by_hf.get(_hf_name(site))
             if gname is None:
@@ -91,7 +91,7 @@ class KeepGGUFQuantPass(Pass):
                     zero=unpermute(bq.zero, heads),
                 )
             w = site.weight_array()
-            diff = float(np.abs(A.dequantize(bq) - w).max())
+            diff = float(np.abs(dequantize(bq) - w).max())
             scale = float(np.abs(w).max()) or 1.0
             exact = qtype in gguf_blocks.EXACT
             if (exact and diff != 0.0) or diff > AFFINE_RTOL * scale:
@@ -109,7 +109,7 @@ class KeepGGUFQuantPass(Pass):
                 "max_abs_diff": diff,
             }
         emitter = QuantizeWeightsNBitsPass(accuracy_level=self.accuracy_level)
-        groups: dict[Any, list[tuple[WeightSite, A.BlockQuant]]] = {}
+        groups: dict[Any, list[tuple[WeightSite, BlockQuant]]] = {}
         for site, bq in pending:  # pack siblings (q/k/v, gate/up) that share a block layout
             key = (id(site.x), bq.bits, bq.integer_zero, bq.group_size, bq.symmetric)
             groups.setdefault(None if site.lm_head else key, []).append((site, bq))

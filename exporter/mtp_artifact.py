@@ -16,6 +16,7 @@ from specport.errors import InputError
 from specport.exporter.mtp_heads import MTPHeads, export_branch
 from specport.exporter.mtp_weights import save_heads
 from specport.interop.files import write_artifact_manifest
+from specport.passes.mtp_graphs import write_mtp_graphs
 
 
 def write_mtp_artifact(
@@ -64,5 +65,6 @@ def write_mtp_artifact(
         }
         if heads_graph is not None:
             manifest.mtp["heads_graph"] = heads_graph
+        write_mtp_graphs(tmp, manifest)  # the graphs without the branch: the runtime opens them
         write_artifact_manifest(tmp, manifest)
     return manifest

@@ -1,7 +1,7 @@
 """Structured outputs: a grammar (JSON schema, regex, choice, EBNF) as a per-token logits mask.
 
 Built on xgrammar. Measured against llguidance on SmolLM2's 49,152-token vocabulary (a JSON
-schema of 3 fields, 32 tokens of output, warm matchers; `python -m specport.runtime.bench.grammar`,
+schema of 3 fields, 32 tokens of output, warm matchers; `python -m benchmarks.grammar`,
 2 cores, load average 18): xgrammar's mask took a median 0.002 ms (p90 0.009, max 0.011) per
 token, llguidance's 0.020 ms (p90 0.068, max 9.6 ms at a string); a decode step of that model is
 ~10-20 ms on 2 cores, so xgrammar costs well under 1% and has no spikes. Applying the mask to

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from specport.artifact import Manifest
+from specport.errors import ArtifactError
 from specport.runtime import providers as prov
 from specport.runtime.hugepages import HugePages
 
@@ -142,30 +143,32 @@ def artifact_graph(
     The one place that decides whether a session carries an MTP artifact's branch. onnxruntime
     runs every node of a graph whatever outputs are fetched, so plain, n-gram and draft-model
     decoding on the MTP graph would pay for the heads at every step (SmolLM2-135M: 1.47x
-    slower per token). Without `mtp_branch` the branch is stripped in memory
-    (``passes.mtp.strip_mtp_branch``, ~0.1 s) and the serialized graph is opened with its
-    external weights read from the artifact directory: nothing is written anywhere.
+    slower per token). Without `mtp_branch` the session opens the artifact's stored graph
+    without the branch (`passes/mtp_graphs.py`, written when the artifact was made): the runtime
+    opens graphs, it never rewrites them.
     """
     path = directory / manifest.model_file
     if mtp_branch or not (manifest.mtp or {}).get("heads"):
         return str(path), {}
-    import onnx_ir as ir
-
-    from specport.passes.mtp import strip_mtp_branch
-
-    graph = ir.load(path)
-    removed = strip_mtp_branch(graph)
+    plain = mtp_graph_file(directory, manifest, "plain")
     logger.info(
-        "MTP branch left out of the session (%d nodes): onnxruntime runs every node, so "
-        "decoding other than --speculative mtp would pay for the heads at every step",
-        removed,
+        "MTP branch left out of the session (%s): onnxruntime runs every node, so decoding "
+        "other than --speculative mtp would pay for the heads at every step",
+        plain,
     )
-    return ir.to_proto(graph).SerializeToString(), {EXTERNAL_FOLDER: str(directory)}
+    return str(directory / plain), {}
 
 
-# onnxruntime's session config key for the folder of a graph's external weights when the
-# graph is opened from bytes.
-EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+def mtp_graph_file(directory: Path, manifest: Manifest, kind: str) -> str:
+    """The file of an MTP artifact's stored graph of ``kind`` (plain, tree_verify); an artifact
+    made before these were stored gets the one command that adds them."""
+    graphs = (manifest.mtp or {}).get("graphs") or {}
+    if kind not in graphs:
+        raise ArtifactError(
+            f"{directory} is an MTP artifact from an older specport (no stored {kind} graph); "
+            f"run `specport upgrade {directory}` once to add it."
+        )
+    return str(graphs[kind])
 
 
 def artifact_session_entries(manifest: Manifest) -> dict[str, str]:

@@ -31,7 +31,7 @@ def run_demo(
 
     `out` holds the artifacts `fp32`, `w4` and `mtp`; each is checked before anything starts
     (a new, empty or artifact directory; never a user's file or folder)."""
-    from specport import api
+    import specport as api  # the public API: load, export, quantize
     from specport.outputs import check_artifact_out
     from specport.progress import Stages
     from specport.samples.demo_model import DEMO_PROMPT, ensure_demo_model

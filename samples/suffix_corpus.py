@@ -26,9 +26,9 @@ def build_corpus(
 ) -> int:
     """Answer up to ``limit`` messages with the artifact and write them to ``out``; returns
     the number of answers."""
-    from specport.api import load
     from specport.errors import InputError
     from specport.exporter.mtp_data import chat_prompts, greedy_answers
+    from specport.loading import load
     from specport.runtime.speculative.suffix_corpus import write_corpus
 
     if out.exists():

@@ -1,9 +1,11 @@
 """specport: export decoder-only LLMs to ONNX, rewrite them for fast inference, run them with
 onnxruntime.
 
-The public API is small on purpose: `load`, `export`, `quantize`, `optimize`, and the error
-family (`SpecportError` and its subclasses, see `specport.errors`). Everything the CLI does
-goes through `specport.api`.
+The public API is small on purpose: `load`, `export`, `quantize`, `optimize`, `train_mtp`,
+`Model` and its results, and the error family (`SpecportError` and its subclasses, see
+`specport.errors`). Everything the CLI does goes through these names. They live in
+`specport.loading` (load), `specport.build` (export, quantize, optimize, train_mtp),
+`specport.model`, `specport.results` and `specport.text_stream`.
 """
 
 from __future__ import annotations
@@ -29,17 +31,31 @@ from specport.errors import (
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specport.api import GenerationResult, Model, TextStream, export, load, optimize, quantize
+    from specport.build import export, optimize, quantize, train_mtp
+    from specport.loading import load
+    from specport.model import Model
+    from specport.results import GenerationResult
+    from specport.text_stream import TextStream
 
-_API = {"load", "export", "quantize", "optimize", "Model", "GenerationResult", "TextStream"}
+# name -> the module that defines it
+_API = {
+    "load": "specport.loading",
+    "export": "specport.build",
+    "quantize": "specport.build",
+    "optimize": "specport.build",
+    "train_mtp": "specport.build",
+    "Model": "specport.model",
+    "GenerationResult": "specport.results",
+    "TextStream": "specport.text_stream",
+}
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: `import specport` must stay cheap (no torch import) for the CLI's --help.
     if name in _API:
-        from specport import api
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'specport' has no attribute {name!r}")
 
 
@@ -65,4 +81,5 @@ __all__ = [
     "load",
     "optimize",
     "quantize",
+    "train_mtp",
 ]

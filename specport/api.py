@@ -1,26 +1,27 @@
-"""The Python API: everything the CLI does, callable from code.
+"""Deprecated import path: use `specport` itself (`import specport; specport.load(...)`).
 
-import specport
-model = specport.load("out/llama")           # checks schema and hashes
-result = model.generate("Once upon a time", max_new_tokens=32)
-print(result.text, result.metrics["decode_tok_per_s"])
-for piece in model.generate("Once upon a time", stream=True):   # text as it is produced
-    print(piece, end="", flush=True)
-
-Errors are `specport.SpecportError` subclasses whose messages name these keyword arguments.
-
-This module is the public face only: `load` lives in `specport.loading`, `Model` in
-`specport.model`, the build steps in `specport.build`; their names are re-exported here so
-`from specport.api import ...` keeps one stable path.
+`from specport.api import load` keeps working, with a DeprecationWarning, until 2027-03-01,
+when this module will be removed. Each name is defined in one module (`specport.loading`,
+`specport.build`, `specport.model`, `specport.results`, `specport.text_stream`) and importable
+from `specport`.
 """
 
 from __future__ import annotations
+
+import warnings
 
 from specport.build import export, optimize, quantize, train_mtp
 from specport.loading import load
 from specport.model import Model
 from specport.results import GenerationResult
 from specport.text_stream import TextStream
+
+warnings.warn(
+    "specport.api is deprecated and will be removed on 2027-03-01; import the same names from "
+    "specport (e.g. `import specport; specport.load(...)`)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = [
     "GenerationResult",

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specport import api
 from specport.errors import InputError
+from specport.loading import load
 from specport.runtime.engine import make_engine
 from specport.runtime.serve.app import ServeSettings, make_app
 from specport.runtime.speculative.suffix_record import (
@@ -64,7 +64,7 @@ class SpecportReplica:
     ) -> None:
 
         # (Ray's ASGI wrapper owns `app`; ours go under other names)
-        self.specport_model = api.load(
+        self.specport_model = load(
             artifact,
             provider=provider,
             threads=threads,

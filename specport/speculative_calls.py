@@ -15,7 +15,7 @@ import numpy as np
 from specport.results import GenerationResult, row_metrics
 
 if TYPE_CHECKING:
-    from specport.api import Model
+    from specport.model import Model
 
 
 def speculative_one(

@@ -529,3 +529,69 @@ def add_chat_tokenizer(artifact: Path, out: Path) -> Path:
     }
     write_artifact_manifest(out, manifest)
     return out
+
+
+# ---- a random Llama from a config (the benchmark model's builder; TINY for tests) -------------
+BENCH_32M = {
+    "num_hidden_layers": 8,
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 1408,
+    "vocab_size": 8192,
+}
+TINY = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 259,
+}
+
+
+def make_llama(out: str | Path, *, seed: int = 0, context_length: int = 2048, **sizes: int) -> Path:
+    """Save a random LlamaForCausalLM (sizes default to the 32M benchmark model) plus a tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dims: dict[str, Any] = {**BENCH_32M, **sizes}
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        **dims,
+        max_position_embeddings=context_length,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    model = LlamaForCausalLM(config).eval()
+    out = Path(out)
+    model.save_pretrained(out)
+    write_byte_tokenizer(out)
+    return out
+
+
+def write_byte_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {ch: 3 + i for i, ch in enumerate(alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "pad_token": "<unk>",
+                "model_max_length": 2048,
+            },
+            indent=2,
+        )
+    )

@@ -4,7 +4,12 @@ A `BlockQuant` holds integer codes per output row and block of K with one scale 
 point per (row, block): the layout of onnxruntime's `com.microsoft.MatMulNBits`, so
 `pack_matmul_nbits` is a reshape and `dequantize` the numpy reference the graph must reproduce.
 The block helpers here (`to_blocks`, `block_params`, `block_codes`, `pack_blocks`) are shared by
-the algorithm modules (`rtn`, `hqq`, `gptq`); `algorithms` re-exports the public names.
+the algorithm modules, one per family: RTN and learned clipping in `rtn`, HQQ in `hqq`, GPTQ and
+the scale refit in `gptq`. Every algorithm takes an ONNX-layout weight `w` [K, N] (the graph
+computes `x @ w`) and returns a `BlockQuant`; ``w_hat[k, n] = (q[n, k] - zero[n, k // g]) *
+scale[n, k // g]``. Calibrated algorithms (GPTQ, learned clipping) need only the Gram matrix of
+the layer's input activations, H = sum_rows x^T x [K, K]: the output error of a weight change dW
+is trace(dW^T H dW), so no activation rows are kept per layer.
 """
 
 from __future__ import annotations

@@ -15,13 +15,14 @@ import numpy as np
 import onnx_ir as ir
 
 from specport.passes.base import Pass
-from specport.passes.quant import algorithms as A
+from specport.passes.quant.blockquant import dequantize
 from specport.passes.quant.graph import (
     add_initializer,
     release_weight,
     remove_unused,
     replace_node,
 )
+from specport.passes.quant.rtn import quantize_rtn
 from specport.passes.quant.weight_only import CHUNK_ELEMENTS, concat_rows
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,8 @@ class QuantizeEmbeddingPass(Pass):
             err = 0.0
             for a in range(0, v, step):
                 rows = e[a : a + step].astype(np.float32)
-                bq = A.quantize_rtn(rows.T, self.bits, self.group_size, symmetric=False)
-                err = max(err, float(np.abs(A.dequantize(bq).T - rows).max()))
+                bq = quantize_rtn(rows.T, self.bits, self.group_size, symmetric=False)
+                err = max(err, float(np.abs(dequantize(bq).T - rows).max()))
                 parts.append(bq)
             bq = parts[0] if len(parts) == 1 else concat_rows(parts)
             del e, rows

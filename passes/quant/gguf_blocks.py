@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specport.passes.quant.algorithms import BlockQuant
+from specport.passes.quant.blockquant import BlockQuant
 
 EXACT = {"Q4_0", "Q8_0", "Q5_0", "Q6_K"}
 APPROX = {"Q4_1", "Q4_K"}

@@ -32,7 +32,7 @@ import onnx_ir as ir
 
 from specport.errors import QuantizationError
 from specport.options import option
-from specport.passes.quant import algorithms as A
+from specport.passes.quant.blockquant import BlockQuant, dequantize
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.graph import WeightSite, find_weight_matmuls
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass, output_rel_error
@@ -158,7 +158,7 @@ def choose_lm_head_bits(
     st = stats.get(head.x.name or "") if stats else None
     w = head.weight_array()
     measured: dict[str, Any] = {}
-    kept: dict[int, tuple[dict[str, Any], A.BlockQuant]] = {}
+    kept: dict[int, tuple[dict[str, Any], BlockQuant]] = {}
     for b in (4, wide):
         if not b:
             continue
@@ -166,7 +166,7 @@ def choose_lm_head_bits(
         row_q, bq = quantizer._quantize_site(head)
         if bq is None:  # a form without this width (qdq: 4 bits only) keeps the head float
             continue
-        w_hat = A.dequantize(bq)
+        w_hat = dequantize(bq)
         row: dict[str, Any] = {"rel_weight_error": round(output_rel_error(w, w_hat, None), 8)}
         if st is not None:
             row.update(logit_effect(w, w_hat, st.rows_sample()))

@@ -41,12 +41,12 @@ def plan_mixed_precision(
         q1, q3 = np.percentile(w, [25, 75])
         outlier = float(np.abs(w).max() / max(q3 - q1, 1e-12))
         st = stats.get(site.x.name or "")
-        from specport.passes.quant import algorithms as A
+        from specport.passes.quant.blockquant import dequantize
 
         bq = quantize_weight(
             w, "rtn" if algo in ("default", "gptq") else algo, bits, group_size, False, st
         )
-        err = output_rel_error(w, A.dequantize(bq), st)
+        err = output_rel_error(w, dequantize(bq), st)
         rows.append(
             {"name": site.name, "params": w.size, "outlier_ratio": outlier, "rel_output_error": err}
         )

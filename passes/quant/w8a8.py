@@ -40,8 +40,8 @@ import onnx_ir as ir
 
 from specport.errors import QuantizationError
 from specport.passes.base import Pass
-from specport.passes.quant import algorithms as A
 from specport.passes.quant import smoothquant as SQ
+from specport.passes.quant.blockquant import BlockQuant
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.graph import (
     WeightSite,
@@ -51,6 +51,7 @@ from specport.passes.quant.graph import (
     remove_unused,
     replace_node,
 )
+from specport.passes.quant.rtn import quantize_rtn
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 from specport.progress import track
 
@@ -161,11 +162,11 @@ class QuantizeW8A8Pass(Pass):
                 how = "none"
                 lo, hi = float(st.lo.min()), float(st.hi.max())
             xq = self._quantize_input(graph, x, xname, sites[0], lo, hi)
-            packed: list[tuple[WeightSite, A.BlockQuant]] = []
+            packed: list[tuple[WeightSite, BlockQuant]] = []
             for site, w in zip(sites, weights):
                 ws = w if s is None else w * s[:, None]
                 if self.form == "matmulnbits":  # siblings packed into one MatMulNBits
-                    bq = A.quantize_rtn(ws, 8, self.group_size, symmetric=False)
+                    bq = quantize_rtn(ws, 8, self.group_size, symmetric=False)
                     packed.append((dataclasses.replace(site, x=x), bq))
                 else:
                     self._emit(graph, dataclasses.replace(site, x=x), xq, ws)

@@ -29,8 +29,14 @@ import onnx_ir as ir
 
 from specport.errors import QuantizationError
 from specport.passes.base import Pass
-from specport.passes.quant import algorithms as A
+from specport.passes.quant.blockquant import (
+    BlockQuant,
+    check_group_size,
+    dequantize,
+    pack_matmul_nbits,
+)
 from specport.passes.quant.calibration import ActStats
+from specport.passes.quant.gptq import gptq_factor
 from specport.passes.quant.graph import (
     WeightSite,
     add_initializer,
@@ -94,19 +100,19 @@ class QuantizeWeightsNBitsPass(Pass):
             raise QuantizationError(f"unknown weight-only form {form!r}; use matmulnbits or qdq")
         if algo in NEEDS_CALIB and not stats:
             raise QuantizationError(f"algorithm {algo!r} needs calibration data; pass --calib FILE")
-        A.check_group_size(1, group_size)
+        check_group_size(1, group_size)
         self.bits, self.group_size, self.algo, self.symmetric = bits, group_size, algo, symmetric
         self.stats = stats or {}
         self.form, self.accuracy_level = form, accuracy_level
         self.lm_head_bits, self.plan = lm_head_bits, plan or {}
         # None: `head_group_size`'s rule; an int: that block size for the head at any width
         if lm_head_group_size is not None:
-            A.check_group_size(1, lm_head_group_size)
+            check_group_size(1, lm_head_group_size)
         self.lm_head_group_size = lm_head_group_size
         self.float_zero = float_zero
         # site name -> (report row, weight) already quantized by this pass's own settings (the
         # LM head that `--lm-head-bits auto` measured): used instead of quantizing it again.
-        self.prequantized: dict[str, tuple[dict[str, Any], A.BlockQuant]] = {}
+        self.prequantized: dict[str, tuple[dict[str, Any], BlockQuant]] = {}
         # pack: sibling MatMuls that read the same input (q/k/v, gate/up) become one
         # MatMulNBits + Split. Blocks run along K, so this changes no number; it saves a kernel
         # launch and an activation quantization per sibling (decode is launch-bound at batch 1).
@@ -138,7 +144,7 @@ class QuantizeWeightsNBitsPass(Pass):
         for chunk in track(chunks, desc, every_step=True):
             # One decoder layer at a time: its weights are read, quantized and emitted, and
             # their memory-mapped fp32 pages released, before the next layer is touched.
-            pending: list[tuple[WeightSite, A.BlockQuant]] = []
+            pending: list[tuple[WeightSite, BlockQuant]] = []
             for site in chunk:
                 row, bq = self._quantize_site(site)
                 layers[site.name] = row
@@ -167,7 +173,7 @@ class QuantizeWeightsNBitsPass(Pass):
         }
         return modified, details
 
-    def _quantize_site(self, site: WeightSite) -> tuple[dict[str, Any], A.BlockQuant | None]:
+    def _quantize_site(self, site: WeightSite) -> tuple[dict[str, Any], BlockQuant | None]:
         """(report row, quantized weight or None when the site stays in float)."""
         bits = self.bits_for(site)
         group = self.group_for(site, bits)
@@ -193,15 +199,15 @@ class QuantizeWeightsNBitsPass(Pass):
             step = min(step, -(-n // workers))
         factor = None
         if n > step and stats is not None and gptq:
-            factor = A.gptq_factor(stats.hessian, act_order=algo == "default")
+            factor = gptq_factor(stats.hessian, act_order=algo == "default")
         h = stats.hessian if stats is not None else None
 
-        def chunk(a: int) -> tuple[A.BlockQuant, float, float]:
+        def chunk(a: int) -> tuple[BlockQuant, float, float]:
             wc = np.ascontiguousarray(w[:, a : a + step])
             bq = quantize_weight(wc, algo, bits, group, self.symmetric, stats, float_zero, factor)
             if not float_zero and not bq.integer_zero:
                 bq = integer_zero_points(bq, wc)
-            return (bq, *error_terms(wc, A.dequantize(bq), h))
+            return (bq, *error_terms(wc, dequantize(bq), h))
 
         starts = range(0, n, step)
         if workers > 1 and len(starts) > 1:
@@ -223,12 +229,10 @@ class QuantizeWeightsNBitsPass(Pass):
         }
         return row, bq
 
-    def emit_nbits_groups(
-        self, graph: ir.Graph, items: list[tuple[WeightSite, A.BlockQuant]]
-    ) -> int:
+    def emit_nbits_groups(self, graph: ir.Graph, items: list[tuple[WeightSite, BlockQuant]]) -> int:
         """Emit MatMulNBits for every (site, quantized weight); with `pack`, siblings sharing an
         input and a precision are packed along N (LM heads stay alone). Returns the packed count."""
-        groups: dict[tuple[int, int, bool], list[tuple[WeightSite, A.BlockQuant]]] = {}
+        groups: dict[tuple[int, int, bool], list[tuple[WeightSite, BlockQuant]]] = {}
         for site, bq in items:
             key = (id(site.x), bq.bits, bq.integer_zero) if self.pack and not site.lm_head else None
             groups.setdefault(key or (id(site), -1, False), []).append((site, bq))
@@ -239,7 +243,7 @@ class QuantizeWeightsNBitsPass(Pass):
                 self._emit_packed(graph, group)
         return sum(len(g) > 1 for g in groups.values())
 
-    def _emit_packed(self, graph: ir.Graph, group: list[tuple[WeightSite, A.BlockQuant]]) -> None:
+    def _emit_packed(self, graph: ir.Graph, group: list[tuple[WeightSite, BlockQuant]]) -> None:
         sites = [s for s, _ in group]
         bqs = [b for _, b in group]
         bq = dataclasses.replace(
@@ -270,10 +274,8 @@ class QuantizeWeightsNBitsPass(Pass):
             graph.remove(site.node, safe=True)
             old.name, out.name = f"{name}_replaced", name
 
-    def _nbits_node(
-        self, site: WeightSite, bq: A.BlockQuant, graph: ir.Graph, base: str
-    ) -> ir.Node:
-        packed = A.pack_matmul_nbits(bq)
+    def _nbits_node(self, site: WeightSite, bq: BlockQuant, graph: ir.Graph, base: str) -> ir.Node:
+        packed = pack_matmul_nbits(bq)
         b = add_initializer(graph, f"{base}.q{bq.bits}.B", packed["B"])
         s = add_initializer(graph, f"{base}.q{bq.bits}.scales", packed["scales"])
         inputs: list[ir.Value | None] = [site.x, b, s]
@@ -292,11 +294,11 @@ class QuantizeWeightsNBitsPass(Pass):
             "MatMulNBits", inputs, attrs, domain="com.microsoft", name=f"{base}/MatMulNBits"
         )
 
-    def _emit_nbits(self, graph: ir.Graph, site: WeightSite, bq: A.BlockQuant) -> None:
+    def _emit_nbits(self, graph: ir.Graph, site: WeightSite, bq: BlockQuant) -> None:
         node = self._nbits_node(site, bq, graph, site.name)
         replace_node(graph, site.node, [node], node.outputs[0])
 
-    def _emit_qdq(self, graph: ir.Graph, site: WeightSite, bq: A.BlockQuant) -> None:
+    def _emit_qdq(self, graph: ir.Graph, site: WeightSite, bq: BlockQuant) -> None:
         k, g = bq.k, bq.group_size
         if not bq.integer_zero:
             bq = integer_zero_points(bq, site.weight_array())

@@ -13,8 +13,11 @@ import os
 import numpy as np
 
 from specport.errors import QuantizationError
-from specport.passes.quant import algorithms as A
+from specport.passes.quant.blockquant import BlockQuant
 from specport.passes.quant.calibration import ActStats
+from specport.passes.quant.gptq import GptqFactor, quantize_gptq, refit_scales
+from specport.passes.quant.hqq import quantize_hqq
+from specport.passes.quant.rtn import quantize_clip, quantize_rtn
 
 ALGOS = ("rtn", "hqq", "gptq", "clip", "default")
 NEEDS_CALIB = ("gptq", "clip", "default")
@@ -42,7 +45,7 @@ def head_group_size(k: int, bits: int, group_size: int, int8_activations: bool =
     return group_size
 
 
-def integer_zero_points(bq: A.BlockQuant, w: np.ndarray) -> A.BlockQuant:
+def integer_zero_points(bq: BlockQuant, w: np.ndarray) -> BlockQuant:
     """Round float zero points (HQQ, refit) and re-derive the codes so they stay consistent.
 
     w [K, N]. Integer zero points are what QDQ requires and what onnxruntime's fast
@@ -66,8 +69,8 @@ def quantize_weight(
     symmetric: bool,
     stats: ActStats | None,
     float_zero: bool = True,
-    factor: A.GptqFactor | None = None,
-) -> A.BlockQuant:
+    factor: GptqFactor | None = None,
+) -> BlockQuant:
     """Dispatch one weight w [K, N] to an algorithm (`factor`: a shared GPTQ factorization).
 
     `default` (the best measured combination on stories260K) = GPTQ in activation order with
@@ -78,21 +81,21 @@ def quantize_weight(
     if algo in NEEDS_CALIB and h is None:
         raise QuantizationError(f"algorithm {algo!r} needs calibration data; pass --calib FILE")
     if algo == "rtn":
-        return A.quantize_rtn(w, bits, group_size, symmetric)
+        return quantize_rtn(w, bits, group_size, symmetric)
     if algo == "hqq":
-        return A.quantize_hqq(w, bits, group_size)
+        return quantize_hqq(w, bits, group_size)
     if algo == "clip":
-        return A.quantize_clip(w, h, bits, group_size, symmetric)
+        return quantize_clip(w, h, bits, group_size, symmetric)
     if algo == "gptq":
         assert h is not None
-        return A.quantize_gptq(w, h, bits, group_size, symmetric, factor=factor)
+        return quantize_gptq(w, h, bits, group_size, symmetric, factor=factor)
     if algo == "default":
         assert h is not None
-        bq = A.quantize_gptq(
+        bq = quantize_gptq(
             w, h, bits, group_size, symmetric, mse_clip=True, act_order=True, factor=factor
         )
         # Float zero points exist only for 4 bits in MatMulNBits (and not at all in QDQ).
-        return bq if symmetric or bits != 4 or not float_zero else A.refit_scales(bq, w, h)
+        return bq if symmetric or bits != 4 or not float_zero else refit_scales(bq, w, h)
     raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
 
 
@@ -120,7 +123,7 @@ PARALLEL_MIN_ELEMENTS = 1 << 20  # smaller weights are not worth a thread pool
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
-def concat_rows(parts: list[A.BlockQuant]) -> A.BlockQuant:
+def concat_rows(parts: list[BlockQuant]) -> BlockQuant:
     """Join BlockQuants of consecutive output-row chunks of one weight (same K, bits, group)."""
     return dataclasses.replace(
         parts[0],

@@ -99,7 +99,7 @@ def plain_reference(model: Any, threads: int = 0) -> Iterator[tuple[Any, str]]:
             "same artifact" if not model.manifest.mtp else "base graph (MTP branch left out)",
         )
         return
-    from specport.api import load
+    from specport.loading import load
 
     base = load(
         model.path,

@@ -128,35 +128,20 @@ class MTPTreeCandidates:
         return list(result)
 
 
-def _derive_verify_session(model: Any) -> Any:
-    """A session on the artifact's graph without the chain branch, returning the hidden state.
-
-    Opened from the serialized graph with its weights read from the artifact directory (as
-    ``runtime.session.artifact_graph`` does): nothing is written, and the session options of
-    a model loaded that way already name the folder."""
-    import onnx_ir as ir
+def _verify_session(model: Any) -> Any:
+    """A session on the artifact's stored tree-verify graph: the main graph without the chain
+    branch, returning the hidden state (`passes/mtp_graphs.py`, written when the artifact was
+    made). Same options and providers as the model's own session."""
     import onnxruntime as ort
 
-    from specport.passes.mtp import expose_lm_head_input, strip_mtp_branch
-    from specport.runtime.session import EXTERNAL_FOLDER
+    from specport.runtime.session import mtp_graph_file
 
-    graph = ir.load(str(Path(model.path) / model.manifest.model_file))
-    removed = strip_mtp_branch(graph)
-    expose_lm_head_input(graph)
-    options = model.session.get_session_options()
-    try:
-        folder = options.get_session_config_entry(EXTERNAL_FOLDER)
-    except RuntimeError:  # onnxruntime's answer for a key never set
-        folder = None
-    if folder != str(model.path):
-        options.add_session_config_entry(EXTERNAL_FOLDER, str(model.path))
-    session = ort.InferenceSession(
-        ir.to_proto(graph).SerializeToString(),
-        sess_options=options,
+    path = Path(model.path) / mtp_graph_file(model.path, model.manifest, "tree_verify")
+    return ort.InferenceSession(
+        str(path),
+        sess_options=model.session.get_session_options(),
         providers=model.session.get_providers(),
     )
-    logger.info("MTP tree verify graph: chain branch stripped (%d nodes), hidden out", removed)
-    return session
 
 
 def mtp_tree_sessions(model: Any) -> tuple[Any, Any]:
@@ -178,7 +163,7 @@ def mtp_tree_sessions(model: Any) -> tuple[Any, Any]:
         sess_options=model.session.get_session_options(),
         providers=model.session.get_providers(),
     )
-    sessions = (_derive_verify_session(model), heads)
+    sessions = (_verify_session(model), heads)
     _SESSIONS[model] = sessions
     return sessions
 

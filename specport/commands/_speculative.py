@@ -10,15 +10,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import specport
+
 
 def load_model(args: argparse.Namespace) -> tuple[Any, int | None]:
     """(the loaded model, the largest id in the --suffix-record file or None without one)."""
-    from specport import api
     from specport.runtime.speculative.suffix_record import check_record, corpus_to_read
 
     record = getattr(args, "suffix_record", None)
     largest = None if record is None else check_record(record)
-    model = api.load(
+    model = specport.load(
         args.artifact,
         provider=args.provider,
         threads=args.threads,

@@ -17,6 +17,7 @@ import argparse
 import sys
 from typing import Any
 
+import specport
 from specport.commands._args import (
     add_runtime_options,
     add_sampling_options,
@@ -52,7 +53,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport import api
     from specport.chat_template import load_chat_template
     from specport.commands._speculative import load_model, start_recording
 
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     history: list[dict[str, str]] = []
     options = generation_options(args, sampling)
     if args.draft:  # loaded once, not per turn
-        options["draft"] = api.load(args.draft, provider=model.provider, threads=args.threads)
+        options["draft"] = specport.load(args.draft, provider=model.provider, threads=args.threads)
     recorder = start_recording(model, args, record_largest)
     try:
         with line_reader() as reader:

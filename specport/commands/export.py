@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+import specport
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE
 
@@ -89,7 +90,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport import api
     from specport.errors import UsageError
 
     passes = (
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(
                 "--keep-gguf-quant needs a GGUF source file (model.gguf) and the concat KV layout."
             )
-    manifest = api.export(
+    manifest = specport.export(
         args.model,
         args.out,
         tokenizer=args.tokenizer,

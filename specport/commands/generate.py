@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+import specport
 from specport.cli import emit_json
 from specport.commands._args import (
     add_runtime_options,
@@ -116,11 +117,9 @@ def chat_prompt_ids(model: Any, messages: list[dict[str, str]]) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport import api
-
     sampling = check_args(args)
     ids_list = [parse_ids(t) for t in args.prompt_ids] if args.prompt_ids else None
-    model = api.load(
+    model = specport.load(
         args.artifact,
         provider=args.provider,
         threads=args.threads,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import specport
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE
 
@@ -124,13 +125,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport import api
     from specport.errors import UsageError
     from specport.progress import stage_callback
 
     if args.scheme is None and args.kv_cache == "float":
         raise UsageError("nothing to do: pass --scheme and/or --kv-cache int8.")
-    m = api.quantize(
+    m = specport.quantize(
         args.artifact,
         args.out,
         scheme=args.scheme or "none",

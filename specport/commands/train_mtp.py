@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+import specport
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE, int_at_least, int_between
 
@@ -76,9 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport import api
-
-    manifest = api.train_mtp(
+    manifest = specport.train_mtp(
         args.artifact,
         args.out,
         num_heads=args.heads,

@@ -15,7 +15,7 @@ def kv8(tmp_path_factory) -> Path:
     """The tiny shared-layout Llama with an int8 KV cache, layer 1 kept in float32."""
     from specport.exporter.export import export_model
     from specport.passes.quant.apply import quantize_artifact
-    from specport.runtime.bench.model import TINY, make_llama
+    from tests.fixtures import TINY, make_llama
     from tests.passes.quant._tiny import write_corpus
 
     tmp = tmp_path_factory.mktemp("inspect_kv8")

@@ -12,7 +12,7 @@ gguf = pytest.importorskip(
     "gguf", reason="the gguf extra is not installed (pip install 'specport[gguf]')"
 )
 
-from specport.passes.quant import algorithms as A
+from specport.passes.quant.blockquant import dequantize, pack_matmul_nbits
 from specport.passes.quant.gguf_blocks import AFFINE_8BIT, APPROX, EXACT, block_quant
 from tests.gguf_files import (
     K_QUANTS,
@@ -52,13 +52,13 @@ def test_blocks_dequantize_like_gguf(qtype: str) -> None:
         )
     want = gguf.quants.dequantize(raw, Q[qtype])  # [N, K]
     bq = block_quant(raw, qtype, n, k)
-    got = A.dequantize(bq).T
+    got = dequantize(bq).T
     if qtype in EXACT:
         assert np.array_equal(got, want)
     else:
         assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
     assert bq.bits == (4 if qtype in ("Q4_0", "Q4_1", "Q4_K") else 8)
-    packed = A.pack_matmul_nbits(bq)  # what the graph stores
+    packed = pack_matmul_nbits(bq)  # what the graph stores
     assert packed["B"].shape[0] == n
 
 
@@ -67,7 +67,7 @@ def test_constant_block_is_kept_exactly() -> None:
 
     raw = gguf.quants.quantize(np.full((2, 64), 0.25, np.float32), Q.Q4_1)  # scale 0, min 0.25
     bq = block_quant(raw, "Q4_1", 2, 64)
-    assert np.array_equal(A.dequantize(bq).T, gguf.quants.dequantize(raw, Q.Q4_1))
+    assert np.array_equal(dequantize(bq).T, gguf.quants.dequantize(raw, Q.Q4_1))
 
 
 @pytest.mark.slow

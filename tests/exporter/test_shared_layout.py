@@ -165,7 +165,7 @@ def test_refuses_what_shared_cannot_do(tiny_llama, tmp_path, kwargs, match):
 
 def test_refuses_head_dims_gqa_cannot_run(tmp_path):
     from specport.exporter.export import export_model
-    from specport.runtime.bench.model import TINY, make_llama
+    from tests.fixtures import TINY, make_llama
 
     hf = make_llama(tmp_path / "hf", context_length=64, **{**TINY, "num_attention_heads": 8})
     with pytest.raises(ExportError, match="multiple of 16.*--kv-layout concat"):
@@ -191,7 +191,7 @@ SHARED_FAMILIES = [
 def test_auto_layout_keeps_concat_for_head_dims_gqa_cannot_run(tmp_path):
     from specport.commands.inspect import summarize
     from specport.exporter.export import export_model
-    from specport.runtime.bench.model import TINY, make_llama
+    from tests.fixtures import TINY, make_llama
 
     hf = make_llama(tmp_path / "hf", context_length=64, **{**TINY, "num_attention_heads": 8})
     m = export_model(hf, tmp_path / "out", skip_verify=True, progress=False)  # auto

@@ -148,7 +148,7 @@ def test_bound_loop_greedy_tokens_identical(tmp_path, monkeypatch):
     import specport
     from specport.exporter.export import export_model
     from specport.passes import pipelines
-    from specport.runtime.bench.model import TINY, make_llama
+    from tests.fixtures import TINY, make_llama
 
     hf = make_llama(tmp_path / "hf", context_length=128, **TINY)
     export_model(hf, tmp_path / "packed", kv_layout="shared", progress=False)

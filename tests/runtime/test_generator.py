@@ -12,8 +12,8 @@ import pytest
 
 import specport
 from specport.interop.files import write_artifact_manifest
-from specport.runtime.bench.model import TINY, make_llama
 from specport.runtime.generator import Generator
+from tests.fixtures import TINY, make_llama
 
 PROMPTS = [[1, 74, 75, 76, 90], [1, 100], [1, 5, 6, 7, 8, 9, 10, 11, 12]]
 

@@ -1,8 +1,10 @@
 """Opening an artifact: an MTP artifact's session leaves the MTP branch out unless it is used.
 
 onnxruntime runs every node whatever outputs are fetched, so plain / n-gram / draft decoding on
-the graph with the heads would pay for them at every step; the branch is stripped in memory
-at load and `speculative="mtp"` reopens the full graph. Tokens must not change either way.
+the graph with the heads would pay for them at every step; the session opens the graph without
+the branch that the artifact stores (written by train-mtp, never derived at load), and
+`speculative="mtp"` reopens the full graph. Tokens must not change either way. An artifact from
+before the stored graphs gets a one-line message naming `specport upgrade`, which fixes it.
 """
 
 from __future__ import annotations
@@ -102,3 +104,37 @@ def test_cli_generate_keeps_the_branch_only_for_speculative_mtp(artifacts, capsy
         outs[name] = json.loads(out)["tokens"]
         assert ("MTP branch left out" in caplog.text) == (name in ("plain", "ngram"))
     assert outs["plain"] == outs["ngram"] == outs["mtp"] == outs["base"]
+
+
+def test_an_old_mtp_artifact_names_the_upgrade_command_and_upgrade_fixes_it(
+    artifacts, tmp_path, capsys
+):
+    import shutil
+
+    import specport
+    from specport import artifact as art
+    from specport.cli import main
+    from specport.errors import ArtifactError
+    from specport.interop.files import write_artifact_manifest
+
+    base_dir, mtp_dir = artifacts
+    old = tmp_path / "old"
+    shutil.copytree(mtp_dir, old)
+    manifest = art.read_manifest(old)
+    for name in manifest.mtp.pop("graphs").values():  # as train-mtp wrote it before
+        (old / name).unlink()
+    write_artifact_manifest(old, manifest)
+    with pytest.raises(ArtifactError, match="specport upgrade"):
+        specport.load(old)
+    argv = ["generate", str(old), "--prompt-ids", "1,2,3", "--max-new-tokens", "4"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"specport upgrade {old}" in err[0]
+    assert main(["upgrade", str(old), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["upgraded"]
+    assert main(["upgrade", str(old)]) == 0 and "up to date" in capsys.readouterr().out
+    ids = _prompts()[0]
+    want = specport.load(base_dir).generate(prompt_ids=ids, max_new_tokens=12, ignore_eos=True)
+    got = specport.load(old).generate(prompt_ids=ids, max_new_tokens=12, ignore_eos=True)
+    assert got.tokens == want.tokens
+    assert art.read_manifest(old).mtp["graphs"] == art.read_manifest(mtp_dir).mtp["graphs"]

@@ -8,8 +8,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from specport.errors import QuantizationError
-from specport.passes.quant import algorithms as A
 from specport.passes.quant import smoothquant as SQ
+from specport.passes.quant.blockquant import check_group_size, dequantize, pack_matmul_nbits
+from specport.passes.quant.gptq import quantize_gptq, refit_scales
+from specport.passes.quant.hqq import quantize_hqq
+from specport.passes.quant.rtn import quantize_clip, quantize_rtn
 
 
 def _w(k=128, n=48, seed=0):
@@ -36,8 +39,8 @@ def test_int8_per_channel_roundtrip():
 @pytest.mark.parametrize("g", [32, 64, 128])
 def test_rtn_roundtrip_bound(sym, g):
     w = _w()
-    bq = A.quantize_rtn(w, 4, g, sym)
-    w_hat = A.dequantize(bq)
+    bq = quantize_rtn(w, 4, g, sym)
+    w_hat = dequantize(bq)
     assert w_hat.shape == w.shape
     # Asymmetric: within half a step. Symmetric maps the signed extreme to -8, so the other
     # side may clip at +7: within one step.
@@ -48,35 +51,35 @@ def test_rtn_roundtrip_bound(sym, g):
 
 def test_rtn_pads_k_not_multiple():
     w = _w(k=172)
-    bq = A.quantize_rtn(w, 4, 32, False)
-    assert bq.n_blocks == 6 and A.dequantize(bq).shape == (172, 48)
+    bq = quantize_rtn(w, 4, 32, False)
+    assert bq.n_blocks == 6 and dequantize(bq).shape == (172, 48)
 
 
 def test_bad_group_size():
     with pytest.raises(QuantizationError, match="group size 48"):
-        A.quantize_rtn(_w(), 4, 48)
+        quantize_rtn(_w(), 4, 48)
     with pytest.raises(QuantizationError, match="does not divide"):
-        A.check_group_size(172, 32, allow_pad=False)
+        check_group_size(172, 32, allow_pad=False)
 
 
 def test_hqq_beats_rtn_weight_error():
     rng = np.random.default_rng(3)
     w = (rng.standard_t(3, (256, 64)) * 0.02).astype(np.float32)  # heavy tails
-    e_rtn = np.abs(A.dequantize(A.quantize_rtn(w, 4, 64)) - w).mean()
-    e_hqq = np.abs(A.dequantize(A.quantize_hqq(w, 4, 64)) - w).mean()
+    e_rtn = np.abs(dequantize(quantize_rtn(w, 4, 64)) - w).mean()
+    e_hqq = np.abs(dequantize(quantize_hqq(w, 4, 64)) - w).mean()
     assert e_hqq < e_rtn
 
 
 def _out_err(x, w, bq):
-    return float(np.sum((x @ w - x @ A.dequantize(bq)) ** 2) / np.sum((x @ w) ** 2))
+    return float(np.sum((x @ w - x @ dequantize(bq)) ** 2) / np.sum((x @ w) ** 2))
 
 
 def test_gptq_and_clip_beat_rtn_on_correlated_inputs():
     w, x = _w(), _correlated_x()
     h = x.astype(np.float64).T @ x
-    e_rtn = _out_err(x, w, A.quantize_rtn(w, 4, 32))
-    e_gptq = _out_err(x, w, A.quantize_gptq(w, h, 4, 32))
-    e_clip = _out_err(x, w, A.quantize_clip(w, h, 4, 32))
+    e_rtn = _out_err(x, w, quantize_rtn(w, 4, 32))
+    e_gptq = _out_err(x, w, quantize_gptq(w, h, 4, 32))
+    e_clip = _out_err(x, w, quantize_clip(w, h, 4, 32))
     assert e_gptq < 0.7 * e_rtn
     assert e_clip < e_rtn
 
@@ -139,22 +142,22 @@ def test_matmul_nbits_matches_numpy_dequant(algo, k, g, sym):
     x = np.random.default_rng(5).standard_normal((7, k)).astype(np.float32)
     bits = 8 if algo == "rtn8" else 4
     if algo == "hqq":
-        bq = A.quantize_hqq(w, 4, g)
+        bq = quantize_hqq(w, 4, g)
     elif algo == "gptq":
         xc = _correlated_x(k)
-        bq = A.quantize_gptq(w, xc.T.astype(np.float64) @ xc, 4, g)
+        bq = quantize_gptq(w, xc.T.astype(np.float64) @ xc, 4, g)
     else:
-        bq = A.quantize_rtn(w, bits, g, sym)
-    y = _run_matmul_nbits(x, A.pack_matmul_nbits(bq), k, w.shape[1], bits, g)
-    np.testing.assert_allclose(y, x @ A.dequantize(bq), rtol=1e-4, atol=1e-4)
+        bq = quantize_rtn(w, bits, g, sym)
+    y = _run_matmul_nbits(x, pack_matmul_nbits(bq), k, w.shape[1], bits, g)
+    np.testing.assert_allclose(y, x @ dequantize(bq), rtol=1e-4, atol=1e-4)
 
 
 def test_act_order_and_refit_reduce_output_error():
     w, x = _w(), _correlated_x()
     h = x.astype(np.float64).T @ x
-    plain = A.quantize_gptq(w, h, 4, 32)
-    ao = A.quantize_gptq(w, h, 4, 32, mse_clip=True, act_order=True)
-    refit = A.refit_scales(ao, w, h)
+    plain = quantize_gptq(w, h, 4, 32)
+    ao = quantize_gptq(w, h, 4, 32, mse_clip=True, act_order=True)
+    refit = refit_scales(ao, w, h)
     assert not refit.integer_zero
     assert _out_err(x, w, refit) < _out_err(x, w, ao)
     assert _out_err(x, w, refit) < _out_err(x, w, plain)

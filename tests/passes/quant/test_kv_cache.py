@@ -11,6 +11,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
+import specport
 from specport.artifact import read_manifest
 from specport.cli import main
 from specport.contract import prefill_feeds
@@ -259,8 +260,6 @@ def test_int8_decode_steps_vs_fp32(kv8, quant_src):
 def test_int8_runtime_paths(kv8, quant_src, eval_text):
     """Eval (one pass and chunked), the generator and speculative decoding run int8 KV; since
     logits do not depend on the split into runs, greedy speculative output equals plain greedy."""
-    from specport import api
-
     one = perplexity(kv8, eval_text)
     fp32 = perplexity(quant_src, eval_text)
     chunked = perplexity(kv8, eval_text, chunk=1)
@@ -270,7 +269,7 @@ def test_int8_runtime_paths(kv8, quant_src, eval_text):
     assert abs(chunked["ppl"] / fp32["ppl"] - 1) < 0.05
     cmp = compare(quant_src, kv8, eval_text, chunk=2)
     assert cmp["chunk"] == 2 and cmp["top1_agreement"] > 0.9
-    model = api.load(kv8)
+    model = specport.load(kv8)
     prompt = [1, 40, 41, 42]
     plain = model.generate(prompt_ids=prompt, max_new_tokens=16, greedy=True, ignore_eos=True)
     spec = model.generate(
@@ -342,7 +341,6 @@ def test_cli(quant_src, calib_text, eval_text, tmp_path, capsys):
 def test_fused_gqa_artifact(tiny_zoo, calib_text, eval_text, tmp_path):
     """The default (fused GroupQueryAttention, If fallback) export: the new keys/values are
     round-tripped through int8 before attention, so chunking does not change the logits."""
-    from specport import api
     from tests.passes.quant._tiny import with_tokenizer
 
     src = with_tokenizer(tiny_zoo.artifact("llama", fuse=True), tmp_path / "fused")
@@ -353,6 +351,6 @@ def test_fused_gqa_artifact(tiny_zoo, calib_text, eval_text, tmp_path):
     one = perplexity(out, eval_text)["ppl"]
     assert np.isclose(perplexity(out, eval_text, chunk=1)["ppl"], one, rtol=1e-5)
     assert abs(one / perplexity(src, eval_text)["ppl"] - 1) < 0.05
-    model = api.load(out)
+    model = specport.load(out)
     kw = {"prompt_ids": [1, 40, 41, 42], "max_new_tokens": 16, "greedy": True, "ignore_eos": True}
     assert model.generate(**kw, speculative="ngram").tokens == model.generate(**kw).tokens

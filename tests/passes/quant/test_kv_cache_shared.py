@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+import specport
 from specport.artifact import read_manifest
 from specport.errors import QuantizationError, UsageError
 from specport.passes.quant.apply import quantize_artifact
@@ -194,7 +195,7 @@ def test_scales_from_stats_granularities():
 @pytest.fixture(scope="module")
 def shared_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from specport.exporter.export import export_model
-    from specport.runtime.bench.model import TINY, make_llama
+    from tests.fixtures import TINY, make_llama
 
     tmp = tmp_path_factory.mktemp("kv8_shared")
     hf = make_llama(tmp / "hf", context_length=128, initializer_range=0.2, **TINY)  # type: ignore[arg-type]
@@ -246,16 +247,14 @@ def test_shared_artifact_manifest_graph_and_logits(shared_src, shared_kv8, eval_
 
 @pytest.mark.slow
 def test_shared_bad_inputs(shared_src, shared_kv8, calib_text, tmp_path):
-    from specport import api
-
     with pytest.raises(UsageError, match="already has a int8 KV cache"):
-        api.quantize(
+        specport.quantize(
             shared_kv8, tmp_path / "a", scheme="none", kv_cache="int8", calib_files=[calib_text]
         )
     with pytest.raises(UsageError, match="kv_granularity applies to kv_cache='int8'"):
-        api.quantize(shared_src, tmp_path / "b", scheme="w4a16", kv_granularity="per_tensor")
+        specport.quantize(shared_src, tmp_path / "b", scheme="w4a16", kv_granularity="per_tensor")
     with pytest.raises(UsageError, match="must be one of per_kv_head, per_channel, per_tensor"):
-        api.quantize(
+        specport.quantize(
             shared_src,
             tmp_path / "c",
             scheme="none",
@@ -289,7 +288,6 @@ def test_float_layers_and_the_chat_check(shared_src, calib_text, tmp_path):
     """`kv_float_layers` keeps those layers' caches float32 (manifest per-layer dtypes, graph
     io, attention attributes), and an artifact with a chat template gets the teacher-forced
     chat check in its manifest; a layer index the model lacks is refused."""
-    from specport import api
     from tests.fixtures import add_chat_tokenizer
 
     chat = add_chat_tokenizer(shared_src, tmp_path / "chat")
@@ -317,7 +315,7 @@ def test_float_layers_and_the_chat_check(shared_src, calib_text, tmp_path):
             kv_float_layers=[5],
         )  # fmt: skip
     with pytest.raises(UsageError, match="kv_float_layers applies to kv_cache='int8'"):
-        api.quantize(shared_src, tmp_path / "c", scheme="w4a16", kv_float_layers=[0])
+        specport.quantize(shared_src, tmp_path / "c", scheme="w4a16", kv_float_layers=[0])
 
 
 @pytest.mark.slow

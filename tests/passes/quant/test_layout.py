@@ -14,7 +14,7 @@ from specport.artifact import read_manifest
 from specport.contract import prefill_feeds
 from specport.passes.quant.apply import quantize_artifact
 from specport.passes.quant.layout import shared_prefill_feeds
-from specport.runtime.bench.model import TINY, make_llama
+from tests.fixtures import TINY, make_llama
 from tests.passes.quant._tiny import write_corpus
 
 IDS = np.array([1, 40, 50, 60, 70, 80, 90, 33, 44, 55, 66, 77], dtype=np.int64)

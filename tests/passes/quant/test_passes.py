@@ -10,11 +10,12 @@ import onnxruntime as ort
 import pytest
 
 from specport.passes.base import op_counts
-from specport.passes.quant import algorithms as A
 from specport.passes.quant import calibration as C
+from specport.passes.quant.blockquant import dequantize
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
 from specport.passes.quant.graph import find_weight_matmuls
 from specport.passes.quant.ort_check import integer_kernel_summary
+from specport.passes.quant.rtn import quantize_rtn
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 
@@ -70,7 +71,7 @@ def test_w4_pass_equals_numpy_dequant_model(quant_src, tmp_path, form):
     for site in find_weight_matmuls(ref):
         if site.lm_head:
             continue
-        w_hat = A.dequantize(A.quantize_rtn(site.weight_array(), 4, 32))
+        w_hat = dequantize(quantize_rtn(site.weight_array(), 4, 32))
         site.weight.const_value = ir.tensor(
             w_hat.T.copy() if site.transposed else w_hat, name=site.weight.name
         )
@@ -134,7 +135,7 @@ def test_embedding_gather_block_quantized(quant_src, tmp_path):
     for node in ref.graph:
         if node.op_type == "Gather" and node.inputs[0].const_value is not None:
             e = node.inputs[0].const_value.numpy()
-            e_hat = A.dequantize(A.quantize_rtn(e.T, 8, 32)).T
+            e_hat = dequantize(quantize_rtn(e.T, 8, 32)).T
             node.inputs[0].const_value = ir.tensor(
                 np.ascontiguousarray(e_hat), name=node.inputs[0].name
             )

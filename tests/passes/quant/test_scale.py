@@ -77,9 +77,9 @@ def test_cli_quantize_prints_a_line_per_layer(quant_src, calib_text, tmp_path, c
 def test_row_chunks_quantize_exactly_like_the_whole_weight(algo: str) -> None:
     """Large weights are quantized in chunks of output rows (one shared GPTQ factorization):
     the codes, scales and zero points equal those of quantizing the weight at once."""
-    from specport.passes.quant import algorithms as A
     from specport.passes.quant import weight_only as W
     from specport.passes.quant.calibration import ActStats
+    from specport.passes.quant.gptq import gptq_factor
 
     rng = np.random.default_rng(0)
     w = rng.normal(size=(64, 300)).astype(np.float32)
@@ -88,7 +88,7 @@ def test_row_chunks_quantize_exactly_like_the_whole_weight(algo: str) -> None:
     st.h, st.rows = (x.T @ x).astype(np.float64), 500
     whole = W.quantize_weight(w, algo, 4, 32, False, st, False)
     gptq = algo in ("gptq", "default")
-    factor = A.gptq_factor(st.hessian, act_order=algo == "default") if gptq else None
+    factor = gptq_factor(st.hessian, act_order=algo == "default") if gptq else None
     parts = [
         W.quantize_weight(
             np.ascontiguousarray(w[:, a : a + 64]), algo, 4, 32, False, st, False, factor

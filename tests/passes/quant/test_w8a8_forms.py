@@ -12,10 +12,11 @@ import pytest
 
 from specport.errors import QuantizationError
 from specport.passes.base import op_counts
-from specport.passes.quant import algorithms as A
 from specport.passes.quant import smoothquant as SQ
+from specport.passes.quant.blockquant import dequantize
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.ort_check import integer_kernel_summary
+from specport.passes.quant.rtn import quantize_rtn
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 
 K, N, G = 256, 96, 128
@@ -94,7 +95,7 @@ def test_dynamic_forms_match_integer_reference(form, data, tmp_path):
     got = _run(model, tmp_path, x)
     xs = x[0].astype(np.float64)
     if form == "matmulnbits":
-        w_hat = A.dequantize(A.quantize_rtn(w1, 8, G, symmetric=False))
+        w_hat = dequantize(quantize_rtn(w1, 8, G, symmetric=False))
         xq = _act_int8_blocks(xs, G)
     else:
         q, s = SQ.quantize_int8_per_channel(w1)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specport import artifact as art
-from specport.runtime.bench.model import TINY, make_llama
+from tests.fixtures import TINY, make_llama
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from specport.errors import InputError
-from specport.runtime.bench.model import TINY, make_llama
 from specport.runtime.bench.spec_peers import check_spec_peer_name
+from tests.fixtures import TINY, make_llama
 
 GGUF = Path("models") / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 # repeated text, where prompt lookup proposes drafts that greedy decoding keeps

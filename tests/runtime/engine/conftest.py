@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import specport
-from specport.runtime.bench.model import TINY, make_llama
+from tests.fixtures import TINY, make_llama
 
 
 @pytest.fixture(scope="session")

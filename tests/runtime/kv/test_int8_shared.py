@@ -43,7 +43,7 @@ def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     from specport.exporter.mtp_heads import MTPHeads
     from specport.exporter.mtp_train import load_base, write_mtp_artifact
     from specport.passes.quant.apply import quantize_artifact
-    from specport.runtime.bench.model import TINY, make_llama
+    from tests.fixtures import TINY, make_llama
     from tests.passes.quant._tiny import write_corpus
 
     tmp: Path = tmp_path_factory.mktemp("kv8_runtime")

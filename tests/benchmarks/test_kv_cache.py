@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specport.runtime.bench.kv_cache import VARIANTS, Shapes, main, measure
+from benchmarks.kv_cache import VARIANTS, Shapes, main, measure
 
 
 def test_measure_runs_every_variant(capsys):

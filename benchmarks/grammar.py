@@ -1,6 +1,6 @@
 """Per-token cost of a structured-output mask: xgrammar (what specport uses) vs llguidance.
 
-    python -m specport.runtime.bench.grammar ../shared/models/smollm2-135m-instruct \
+    python -m benchmarks.grammar ../shared/models/smollm2-135m-instruct \
         --gguf SmolLM2-135M-Instruct.Q4_1.gguf
 
 Loads the tokenizer with transformers (a GGUF file's, with --gguf), compiles one JSON schema

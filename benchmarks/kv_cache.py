@@ -9,7 +9,7 @@ per-tensor or per-channel scale (`quantize --kv-cache int8`). Variants alternate
 round; figures are medians, speedups medians of per-round ratios (a loaded machine moves all
 variants of a round alike).
 
-    python -m specport.runtime.bench.kv_cache --heads 9 --kv-heads 3 --head-dim 64 \
+    python -m benchmarks.kv_cache --heads 9 --kv-heads 3 --head-dim 64 \
         --layers 30 --contexts 512 2048 4096 --prefill 1024 --threads 2
 """
 
