@@ -182,7 +182,8 @@ def weight_bits(artifact: str) -> tuple[float, str]:
     scheme = str((manifest.quant or {}).get("scheme") or "none")
     found = re.match(r"w(\d+)", scheme)
     if found:
-        return float(found[1]), scheme
+        algo = (manifest.quant or {}).get("algorithm")
+        return float(found[1]), f"{scheme} {algo}" if algo else scheme
     dtype = manifest.dtype
     width = {"float16": 16.0, "fp16": 16.0, "bfloat16": 16.0, "bf16": 16.0}.get(dtype, 32.0)
     return width, dtype
