@@ -125,7 +125,10 @@ def read_config(path: Path) -> tuple[Any, type[ArchConfig]]:
 
 
 def _from_dir(path: Path, kind: str, original: str) -> Source:
+    from specport.exporter.config_check import check_config_against_weights
+
     config, arch = read_config(path)
+    check_config_against_weights(path, config, arch.layers_attr, dict(arch.load_kwargs))
     return Source(kind=kind, path=path, original=original, config=config, arch=arch)
 
 
