@@ -233,5 +233,8 @@ def step_metrics(
         "framework_overhead_pct": round(100 * (1 - decode_ort / decode_wall), 2)
         if decode_steps
         else None,
+        "step_overhead_ms": round((decode_wall - decode_ort) / decode_steps * 1e3, 4)
+        if decode_steps
+        else None,
         "total_s": round(t_end - t_start, 6),
     }

@@ -42,10 +42,13 @@ def speculative_one(
     )
     one = np.ones(1, dtype=bool)
 
-    def on_token(tok: int) -> bool:
+    def push(tok: int) -> bool:
         hit = streams.push(np.array([tok], dtype=np.int64), one)
         return bool(hit is not None and hit[0])
 
+    # text only during the loop when a callback or a stop string needs it (else ~35 us a token
+    # of detokenization between runs); otherwise all at once afterwards, the same text
+    on_token = push if streams.needs_steps else None
     eos = [] if ignore_eos else model.manifest.eos_token_ids
     if tree_width != 1:
         from specport.runtime.speculative.tree import generate_tree
@@ -74,6 +77,8 @@ def speculative_one(
             on_token,
             adaptive,
         )
+    if on_token is None:
+        streams.push_all([tokens])
     text = streams.finish()[0] if model.tokenizer is not None else ""
     metrics["provider"] = model.provider
     return GenerationResult(list(tokens), text, reason, metrics, prompt_ids)
@@ -98,13 +103,14 @@ def speculative_batch(
     draft_model = model.draft_model(draft)
     streams = TextStreams(model.tokenizer, len(rows), list(stop), on_text)
 
-    def on_token(row: int, tok: int) -> bool:
+    def push(row: int, tok: int) -> bool:
         new = np.zeros(len(rows), dtype=np.int64)
         active = np.zeros(len(rows), dtype=bool)
         new[row], active[row] = tok, True
         hit = streams.push(new, active)
         return bool(hit is not None and hit[row])
 
+    on_token = push if streams.needs_steps else None  # else all text at once afterwards
     eos = [] if ignore_eos else model.manifest.eos_token_ids
     tokens, reasons, metrics = generate_speculative_batch(
         model,
@@ -118,6 +124,8 @@ def speculative_batch(
         on_token,
         adaptive,
     )
+    if on_token is None:
+        streams.push_all(tokens)
     texts = streams.finish()
     metrics["provider"] = model.provider
     return [

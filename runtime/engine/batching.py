@@ -48,6 +48,7 @@ from specport.runtime.engine.speculative_rows import SpeculativeRows
 from specport.runtime.engine.step_cost import StepCost
 from specport.runtime.engine.textout import TextOut
 from specport.runtime.generator import spare_core
+from specport.runtime.speculative.metrics import overhead_ms
 
 logger = logging.getLogger(__name__)
 
@@ -120,11 +121,12 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
             (
                 "requests", "finished", "errors", "cancelled", "prompt_tokens",
                 "prefill_tokens", "generated_tokens", "decode_steps", "decode_rows",
-                "decode_batch_rows", "compactions",
+                "decode_batch_rows", "compactions", "busy_steps",
             ),
             0,
         )  # fmt: skip
         self.decode_seconds = 0.0
+        self.busy_seconds = 0.0  # wall time of worker rounds that had rows to serve
         self._worker = threading.Thread(target=self._loop, name="specport-batching", daemon=True)
         self._worker.start()
 
@@ -155,6 +157,10 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
             "mean_decode_batch": round(c["decode_batch_rows"] / steps, 3),
             "decode_seconds": round(self.decode_seconds, 6),
             "ort_seconds": round(self.slots.ort_seconds, 6),
+            # the engine step's own cost: busy wall time outside onnxruntime per step
+            "step_overhead_ms": overhead_ms(
+                self.busy_seconds, self.slots.ort_seconds, c["busy_steps"]
+            ),
             **(self.spec.stats() if self.spec is not None else {}),
         }
 
@@ -164,6 +170,7 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
             busy = any(job is not None for job in self.rows)
             if not self._take(block=not busy and not self.waiting):
                 break
+            t0 = time.perf_counter()
             try:
                 self._sweep()
                 self._admit()
@@ -174,6 +181,9 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
                 for job in self.rows:
                     if job is not None:
                         self._end(job, "error", f"{type(exc).__name__}: {exc}")
+            if busy or any(job is not None for job in self.rows):
+                self.busy_seconds += time.perf_counter() - t0
+                self.counters["busy_steps"] += 1
         for handle in self.waiting:
             self._reject(handle, "cancelled")
         for job in self.rows:
@@ -231,7 +241,7 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
             job = BatchJob(handle, stream, prompt, row, budget, sampler, self._eos(handle.request))
             job.done = hit
             if self.spec is not None:
-                job.spec = self.spec.attach(handle.request.sampling)
+                job.spec = self.spec.attach(handle.request.sampling, sampler)
             self.rows[row] = job
             self.counters["prompt_tokens"] += len(prompt)
 

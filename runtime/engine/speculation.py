@@ -38,14 +38,9 @@ from specport.runtime.engine.speculative_rows import SpeculativeRows, truncate_d
 from specport.runtime.engine.step_cost import StepCost, best_width
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts, Proposer
-from specport.runtime.speculative.loop import (
-    METHODS,
-    SpeculativeGenerator,
-    default_adaptive,
-    make_proposer,
-)
+from specport.runtime.speculative.loop import METHODS, default_adaptive, make_proposer
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
-from specport.runtime.speculative.verify import VerifyResult
+from specport.runtime.speculative.verify import GREEDY, Verifier, VerifyResult, make_verifier
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +65,7 @@ class RowSpec:
 
     proposer: Proposer
     controller: AdaptiveDraftLength | None
+    verifier: Verifier = GREEDY  # chosen once from the request's sampling (`verify.make_verifier`)
     stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)
 
 
@@ -99,7 +95,7 @@ class EngineSpeculation:
         # their own controller are expected to accept when they verify together
         self.shared = AdaptiveDraftLength(self.num_draft)
         self._pool: list[Proposer] = [first]
-        self.needs_outputs = method == "mtp"  # MTP drafts come out of every run of the row
+        self.needs_outputs = first.needs_outputs  # MTP drafts come out of every run of the row
         self.counters = {
             "spec_steps": 0,  # row verifications
             "spec_draft_tokens": 0,
@@ -109,7 +105,7 @@ class EngineSpeculation:
         self.totals = SpecDecodingStats()
 
     # ---- per request -----------------------------------------------------------------
-    def attach(self, sampling: SamplingConfig) -> RowSpec | None:
+    def attach(self, sampling: SamplingConfig, sampler: Sampler | None = None) -> RowSpec | None:
         """The state of a new request, or None when its sampling cannot be verified losslessly
         here (presence / frequency penalties, logit bias, a grammar: it decodes plainly)."""
         if (
@@ -124,22 +120,16 @@ class EngineSpeculation:
             if self._pool
             else make_proposer(self.method, self.model, self.num_draft, self.draft)
         )
-        configure = getattr(proposer, "configure", None)
-        if configure is not None:
-            configure(sampling)
-        reset = getattr(proposer, "reset", None)
-        if reset is not None:
-            reset()
+        proposer.start(sampling)
         controller = AdaptiveDraftLength(self.num_draft) if self.adaptive else None
-        return RowSpec(proposer, controller)
+        return RowSpec(proposer, controller, make_verifier(sampler))
 
     def detach(self, spec: RowSpec, answer: Sequence[int] = ()) -> None:
         """The request left its row: its proposer goes back to the pool (suffix drafting
         learns its answer)."""
         self.totals.merge(spec.stats)
         self._pool.append(spec.proposer)
-        if self.method == "suffix" and len(answer):
-            self.model.suffix_index.learn_answer(answer)
+        spec.proposer.finish(answer)
 
     # ---- per step --------------------------------------------------------------------
     def active(self, decoding_rows: int) -> bool:
@@ -196,7 +186,7 @@ class EngineSpeculation:
             return None
         pos = int(slots.lengths[row])
         logits, outputs = slots.verify(row, np.asarray([context[-1], *drafts.row(0)]))
-        result = self.verify(drafts, logits, sampler, context)
+        result = spec.verifier.chain(drafts, logits[None], (context,))
         slots.keep(row, pos + int(result.accepted[0]) + 1)  # rollback by length, no KV copy
         self.observe(spec, drafts, result, outputs)
         return logits, result.tokens[0]
@@ -208,24 +198,6 @@ class EngineSpeculation:
         if k <= 0:
             return Drafts.empty(1)
         return truncate_drafts(spec.proposer.propose([context], k), k)
-
-    def verify(
-        self,
-        drafts: Drafts,
-        logits: np.ndarray,  # [S = k+1, V] the row's scores of [last, drafts]
-        sampler: Sampler | None,  # None: plain greedy
-        context: list[int],
-    ) -> VerifyResult:
-        """Greedy: exact argmax match; sampling: lossless rejection sampling (the row's RNG)."""
-        row = drafts.row(0)
-        if sampler is None:
-            best = np.argmax(logits[: len(row) + 1], axis=-1).tolist()
-            a = 0
-            while a < len(row) and row[a] == best[a]:
-                a += 1
-            accepted = np.array([a], dtype=np.int64)
-            return VerifyResult(accepted, [[*row[:a], int(best[a])]], accepted == drafts.lengths)
-        return SpeculativeGenerator._verify(drafts, logits[None], sampler, context)
 
     def observe(
         self,
@@ -242,13 +214,12 @@ class EngineSpeculation:
         self.shared.observe(drafted, accepted)
         if spec.controller is not None:
             spec.controller.observe(drafted, accepted)
-        if hasattr(spec.proposer, "observe"):
-            spec.proposer.observe(outputs, result)
+        spec.proposer.observe(outputs, result)
 
     def observe_plain(self, spec: RowSpec, outputs: dict[str, np.ndarray], token: int) -> None:
         """The row decoded one token in a batched step: an MTP proposer reads its new drafts
         from that run (`outputs` sliced to the row); others need nothing."""
-        if self.needs_outputs and hasattr(spec.proposer, "observe"):
+        if self.needs_outputs:
             one = np.zeros(1, dtype=np.int64)
             spec.proposer.observe(outputs, VerifyResult(one, [[token]], np.ones(1, dtype=bool)))
 

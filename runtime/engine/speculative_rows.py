@@ -136,9 +136,8 @@ class SpeculativeRows:
                 continue
             drafts, context = plans[r]
             try:
-                result = spec.verify(
-                    drafts, logits[r, : int(drafts.lengths[0]) + 1], job.sampler, context
-                )
+                width = int(drafts.lengths[0]) + 1
+                result = job.spec.verifier.chain(drafts, logits[r : r + 1, :width], (context,))
             except Exception as exc:
                 logger.exception("request %s failed", job.handle.request.request_id)
                 self._end(job, "error", f"{type(exc).__name__}: {exc}")

@@ -125,6 +125,8 @@ class BoundSession:
                     "[batch, fixed...] or [batch, positions, fixed...]"
                 )
             self._bind_out(out.name, self.extra[out.name])
+        self._wides: dict[tuple[int, int, int], _Wide] = {}  # multi-token step buffers by width
+        self._bound_width: _Wide | None = None  # whose buffers are bound (None: one-token)
 
     def extra_outputs(self) -> dict[str, np.ndarray]:
         """The other outputs of the last run (views, overwritten by the next one)."""
@@ -164,6 +166,8 @@ class BoundSession:
             raise ArtifactError(
                 "prefill on a non-empty KV state; use extend() for chunked prompts."
             )
+        if self._bound_width is not None:
+            self._bind_decode_outputs()
         seqlens, total = self.kv.step_lengths(lengths)
         if total != ids.shape[1]:
             raise ArtifactError("prefill ids must be padded exactly to the longest prompt.")
@@ -232,62 +236,86 @@ class BoundSession:
         (batch 1, a --tree-mask artifact): token i at position length + depths[i], attending
         the cache and the tokens its mask row allows.
 
-        Returns logits [B, S, V] and greedy ids [B, S] for every position (fresh arrays, bound
-        for this call only); with `last_only` (a chunk of a prompt) only the last position's
-        are computed and returned ([B, 1, V], [B, 1]). Undo rejected positions with
-        `self.kv.rollback(n)`. onnxruntime's CPU GroupQueryAttention takes several new tokens
-        on a non-empty cache only at batch 1.
+        Returns logits [B, S, V] and greedy ids [B, S] for every position; with `last_only` (a
+        chunk of a prompt) only the last position's are computed and returned ([B, 1, V],
+        [B, 1]). Both are views of buffers bound for steps of this width, overwritten by the
+        next step of the same width (use them before the next run, as every loop does). Undo
+        rejected positions with `self.kv.rollback(n)`. onnxruntime's CPU GroupQueryAttention
+        takes several new tokens on a non-empty cache only at batch 1.
+
+        The buffers of a width are bound once and stay bound while steps keep that width (a
+        speculative loop's steps mostly do): binding an OrtValue costs ~10 us, and a step used
+        to bind eight and restore seven (about 0.15 ms per step, more than the whole budget of
+        a cheap model's step). ``decode`` and ``prefill`` rebind the one-token buffers.
         """
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        ids = np.asarray(ids, dtype=np.int64)
         batch, s = ids.shape
+        if tree is not None and (not self.has_tree or batch != 1):
+            raise InputError(
+                "token-tree verification needs batch 1 and an artifact exported with "
+                "--tree-mask; re-export with `specport export MODEL --out DIR --tree-mask`."
+            )
         seqlens, total = self.kv.step_lengths(s)
         self.seqlens[:] = seqlens
         self.total[...] = total
         kept = 1 if last_only and self.has_index else s
-        index = np.ascontiguousarray(
-            np.broadcast_to(np.arange(s - kept, s, dtype=np.int64), (batch, kept))
-        )
-        logits = np.zeros((batch, kept, self.logits.shape[-1]), dtype=np.float32)
-        next_token = np.zeros((batch, kept), dtype=np.int64)
-        self._bind_in("input_ids", ids)
+        wide = self._wide_buffers(batch, s, kept)
+        wide.ids[...] = ids
         if tree is not None:
-            if not self.has_tree or batch != 1:
-                raise InputError(
-                    "token-tree verification needs batch 1 and an artifact exported with "
-                    "--tree-mask; re-export with `specport export MODEL --out DIR --tree-mask`."
-                )
             depths, mask = tree
             offsets = np.asarray(depths, dtype=np.int64)
-            self._bind_in(TREE_MASK, np.ascontiguousarray(np.asarray(mask, dtype=np.int64)[None]))
+            wide.tree[0] = mask
+            wide.causal = False
         else:
-            offsets = np.arange(s, dtype=np.int64)
-            if self.has_tree:
-                self._bind_in(TREE_MASK, causal_tree_mask(batch, s))
+            offsets = wide.arange
+            if self.has_tree and not wide.causal:
+                wide.tree[...] = causal_tree_mask(batch, s)
+                wide.causal = True
         if self.has_positions:
-            self._bind_in("position_ids", self.kv.lengths[:, None] + offsets[None, :])
-        if self.has_index:
-            self._bind_in(self.io["logits_index_input"], index)
-        self._bind_out("logits", logits)
-        if self.has_next:
-            self._bind_out(self.io["next_token_output"], next_token)
-        for name, decode_buf in self.per_position.items():
-            self.extra[name] = np.zeros((batch, kept, *decode_buf.shape[2:]), decode_buf.dtype)
-            self._bind_out(name, self.extra[name])
-        try:
-            self._run()
-        finally:  # back to the one-token decode binding
-            self._bind_decode_inputs()
-            if self.has_index:
-                self._bind_in(self.io["logits_index_input"], self.logits_index)
-            self._bind_out("logits", self.logits)
-            if self.has_next:
-                self._bind_out(self.io["next_token_output"], self.next_token)
-            for name, decode_buf in self.per_position.items():
-                self._bind_out(name, decode_buf)
+            np.add(self.kv.lengths[:, None], offsets[None, :], out=wide.positions)
+        if self._bound_width is not wide:
+            self._bind_wide(wide)
+        self._run()
         self.kv.advance(s)
+        logits, next_token = wide.logits, wide.next_token
         if last_only and kept != 1:  # the graph scored every position: keep the last
             logits, next_token = logits[:, -1:], next_token[:, -1:]
         return logits, (next_token if self.has_next else None)
+
+    def _wide_buffers(self, batch: int, s: int, kept: int) -> _Wide:
+        """The bound buffers of steps of ``s`` tokens (``kept`` scored) per row, made once."""
+        key = (batch, s, kept)
+        wide = self._wides.get(key)
+        if wide is None:
+            if len(self._wides) >= MAX_WIDTHS:  # e.g. prompt chunks of many lengths
+                old = next(iter(self._wides))
+                if self._bound_width is self._wides[old]:
+                    self._bind_decode_outputs()
+                self._wides.pop(old)
+            wide = _Wide(self, batch, s, kept)
+            self._wides[key] = wide
+        return wide
+
+    def _bind_wide(self, wide: _Wide) -> None:
+        for name, (value, _) in wide.inputs.items():
+            self.binding.bind_ortvalue_input(name, value)
+        for name, (value, _) in wide.outputs.items():
+            self.binding.bind_ortvalue_output(name, value)
+        for name, buf in wide.extra.items():
+            self.extra[name] = buf
+        self._bound_width = wide
+
+    def _bind_decode_outputs(self) -> None:
+        """Back to the one-token binding (inputs and outputs) after steps of several tokens."""
+        self._bind_decode_inputs()
+        if self.has_index:
+            self._bind_in(self.io["logits_index_input"], self.logits_index)
+        self._bind_out("logits", self.logits)
+        if self.has_next:
+            self._bind_out(self.io["next_token_output"], self.next_token)
+        for name, decode_buf in self.per_position.items():
+            self._bind_out(name, decode_buf)
+        self._bound_width = None
 
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """ids [B]: one new token per row (finished rows may pass anything)."""
@@ -295,6 +323,8 @@ class BoundSession:
         total = int(lengths.max()) + 1
         if total > self.kv.max_length:
             self.kv.step_lengths(1)  # raises the context error with its message
+        if self._bound_width is not None:
+            self._bind_decode_outputs()
         self.decode_ids[:, 0] = ids
         self.decode_pos[:, 0] = lengths
         np.copyto(self.seqlens, lengths, casting="unsafe")  # seqlens_k = length after - 1
@@ -308,3 +338,43 @@ class BoundSession:
 def _numpy_dtype(ort_type: str) -> Any:
     """numpy dtype of an onnxruntime type string such as 'tensor(float16)'."""
     return {"tensor(int64)": np.int64, "tensor(float16)": np.float16}.get(ort_type, np.float32)
+
+
+MAX_WIDTHS = 8  # multi-token step widths whose bound buffers a session keeps
+
+
+class _Wide:
+    """The bound buffers of one multi-token step width: [B, S] inputs, [B, kept, ...] outputs.
+
+    Written in place each step; the OrtValues wrapping them are made once (and kept alive here
+    while the binding refers to them)."""
+
+    def __init__(self, bound: BoundSession, batch: int, s: int, kept: int) -> None:
+        ov = bound._ov
+        self.ids = np.zeros((batch, s), dtype=np.int64)
+        self.arange = np.arange(s, dtype=np.int64)
+        self.positions = np.zeros((batch, s), dtype=np.int64)
+        self.tree = causal_tree_mask(batch, s).astype(np.int64, copy=True)
+        self.causal = True
+        self.logits = np.zeros((batch, kept, bound.logits.shape[-1]), dtype=np.float32)
+        self.next_token = np.zeros((batch, kept), dtype=np.int64)
+        index = np.broadcast_to(np.arange(s - kept, s, dtype=np.int64), (batch, kept))
+        self.index = np.ascontiguousarray(index)
+        io = bound.io
+        ins: dict[str, np.ndarray] = {"input_ids": self.ids}
+        if bound.has_positions:
+            ins["position_ids"] = self.positions
+        if bound.has_tree:
+            ins[TREE_MASK] = self.tree
+        if bound.has_index:
+            ins[io["logits_index_input"]] = self.index
+        outs: dict[str, np.ndarray] = {"logits": self.logits}
+        if bound.has_next:
+            outs[io["next_token_output"]] = self.next_token
+        self.extra = {
+            name: np.zeros((batch, kept, *buf.shape[2:]), buf.dtype)
+            for name, buf in bound.per_position.items()
+        }
+        outs.update(self.extra)
+        self.inputs = {name: (ov(arr), arr) for name, arr in ins.items()}
+        self.outputs = {name: (ov(arr), arr) for name, arr in outs.items()}

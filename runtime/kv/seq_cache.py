@@ -45,6 +45,7 @@ class SequenceCache(Protocol):
     length: int  # positions cached (the context minus tokens not fed yet)
     ort_seconds: float  # time inside onnxruntime so far
     capacity: int | None  # positions the cache can hold (a shared buffer), None: unbounded
+    bound: Any  # the shared layout's bound session (reused by the next cache), or None
 
     def step(
         self, tokens: list[int], last_only: bool = False, tree: Any = None, logits: bool = True
@@ -71,6 +72,7 @@ class ConcatCache:
             self._past.append(np.zeros((1, heads, 0, vd), dt))
         self.ort_seconds = 0.0
         self.capacity: int | None = None
+        self.bound: Any = None  # nothing bound: the concat layout feeds arrays per run
         self._keep: int | None = None  # positions to keep of _past, applied at the next read
 
     @property

@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from specport.errors import ContextLengthError, InputError
+
+if TYPE_CHECKING:
+    from specport.runtime.sampler import SamplingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,16 @@ class Drafts:
         return cls(tokens, np.array([len(r) for r in rows], dtype=np.int64), probs)
 
     @classmethod
+    def one(cls, row: list[int]) -> Drafts:
+        """One row of drafts (ints), without the general constructor's checks: the batch-1
+        loops build one of these every step."""
+        drafts = cls.__new__(cls)
+        drafts.tokens = np.array([row], dtype=np.int64).reshape(1, len(row))
+        drafts.lengths = np.array([len(row)], dtype=np.int64)
+        drafts.probs = None
+        return drafts
+
+    @classmethod
     def empty(cls, batch_size: int) -> Drafts:
         """No drafts for anyone (a plain decode step)."""
         return cls(np.zeros((batch_size, 0), dtype=np.int64), np.zeros(batch_size, np.int64))
@@ -86,13 +99,107 @@ class Drafts:
 
 @runtime_checkable
 class Proposer(Protocol):
-    """Guesses the next tokens of each sequence; the generator verifies them."""
+    """Guesses the next tokens of a sequence; the loop verifies them and tells it the verdict.
+
+    Every loop (batch-1 chain, token tree, batched, the serving engine) drives a proposer only
+    through this protocol and never asks which proposer it has; what differs between proposers
+    is stated by their attributes:
+
+    * ``adaptive_default``: adaptive draft length is on by default (chosen by measurement);
+    * ``needs_outputs``: its next drafts come out of the target's run (MTP heads), so a row
+      that decodes plainly must still show it that run's outputs;
+    * ``graph_verifies``: the target graph verifies its drafts itself (an MTP branch computes
+      the greedy accepted prefix and bonus token), so greedy loops may trust that verdict.
+    """
 
     name: str
+    adaptive_default: bool
+    needs_outputs: bool
+    graph_verifies: bool
+
+    def start(self, sampling: SamplingConfig | None, stream: int | None = None) -> None:
+        """A new request begins: forget the last one, draft for these settings (``stream``
+        separates the random streams of a batch's rows)."""
+        ...
 
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         """Up to ``num_draft`` drafts per row, given every row's tokens so far."""
         ...
+
+    def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
+        """The verdict on the last drafts (a ``VerifyResult``) and the run's extra outputs."""
+        ...
+
+    def draft_cost(self, target: Any) -> float:
+        """What one draft costs relative to a target step (0 for free drafters), a prior for
+        the adaptive draft length (``target``: the target's manifest)."""
+        ...
+
+    def finish(self, answer: Sequence[int]) -> None:
+        """The request ended with ``answer`` (a corpus-backed drafter may learn it)."""
+        ...
+
+
+class ProposerBase:
+    """Defaults for the ``Proposer`` protocol: stateless, free, host-verified."""
+
+    name = "custom"
+    adaptive_default = False
+    needs_outputs = False
+    graph_verifies = False
+
+    def start(self, sampling: SamplingConfig | None, stream: int | None = None) -> None:
+        return None
+
+    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
+        raise NotImplementedError
+
+    def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
+        return None
+
+    def draft_cost(self, target: Any) -> float:
+        return 0.0
+
+    def finish(self, answer: Sequence[int]) -> None:
+        return None
+
+
+class _Adopted(ProposerBase):
+    """A caller's proposer with only part of the protocol (``propose``, maybe ``observe``,
+    ``reset``, ``configure``): the defaults fill in the rest."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = str(getattr(inner, "name", "custom"))
+        for attr in ("adaptive_default", "needs_outputs", "graph_verifies"):
+            setattr(self, attr, bool(getattr(inner, attr, False)))
+
+    def __getattr__(self, attr: str) -> Any:  # e.g. tests reading the caller's own fields
+        return getattr(self.inner, attr)
+
+    def start(self, sampling: SamplingConfig | None, stream: int | None = None) -> None:
+        configure = getattr(self.inner, "configure", None)
+        if configure is not None:
+            configure(sampling)
+        reset = getattr(self.inner, "reset", None)
+        if reset is not None:
+            reset()
+
+    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
+        return self.inner.propose(context, num_draft)  # type: ignore[no-any-return]
+
+    def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
+        observe = getattr(self.inner, "observe", None)
+        if observe is not None:
+            observe(outputs, result)
+
+
+def adopt(proposer: Any) -> Proposer:
+    """``proposer`` as a full ``Proposer``: the project's proposers as they are, a caller's
+    partial one (only ``propose``) wrapped once, so no loop checks what it was given."""
+    if isinstance(proposer, ProposerBase):
+        return proposer  # type: ignore[return-value]
+    return _Adopted(proposer)  # type: ignore[return-value]
 
 
 def stop_reason(

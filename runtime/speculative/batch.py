@@ -38,13 +38,16 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import with_causal_tree_mask
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.speculative.base import PAD, Drafts, Proposer, check_prompts
+from specport.runtime.speculative.base import PAD, Drafts, Proposer, adopt, check_prompts
 from specport.runtime.speculative.loop import check_num_draft, default_adaptive, make_proposer
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
-from specport.runtime.speculative.mtp import MTPProposer
-from specport.runtime.speculative.ngram import NgramProposer
-from specport.runtime.speculative.padded_kv import PaddedKV, greedy_rows
-from specport.runtime.speculative.verify import VerifyResult, greedy_verify, rejection_verify
+from specport.runtime.speculative.padded_kv import PaddedKV
+from specport.runtime.speculative.verify import (
+    VerifyResult,
+    graph_verdict,
+    greedy_rows,
+    make_verifier,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +113,7 @@ class BatchSpeculativeGenerator:
         n_rows = len(rows)
         sampling = sampling or SamplingConfig()
         sampler = Sampler(sampling, vocab)
+        verifier = make_verifier(sampler)  # chosen once for the batch's settings
         proposers = [self._row_proposer(b, sampling) for b in range(n_rows)]
         controllers = [
             AdaptiveDraftLength(self.num_draft) if self.adaptive else None for _ in range(n_rows)
@@ -162,7 +166,7 @@ class BatchSpeculativeGenerator:
             else:
                 presents = outputs[1 : 1 + self.n_kv]
                 ctxs = [contexts[b] for b in live.tolist()]
-                result = self._verify(drafts, outputs[0], sampler, ctxs)
+                result = verifier.chain(drafts, outputs[0], ctxs)
             keep = kv.lengths + result.accepted + 1
             observed = self._observed or named  # MTP rows read only the mtp_* outputs
             alive = np.ones(live.size, dtype=bool)
@@ -171,13 +175,11 @@ class BatchSpeculativeGenerator:
                 controller = controllers[b]
                 if controller is not None:
                     controller.observe(int(drafts.lengths[i]), int(result.accepted[i]))
-                proposer = proposers[b]
-                if hasattr(proposer, "observe"):
-                    row_out = {k: named[k][i : i + 1] for k in observed}
-                    row_res = VerifyResult(
-                        result.accepted[i : i + 1], [result.tokens[i]], result.bonus[i : i + 1]
-                    )
-                    proposer.observe(row_out, row_res)
+                row_out = {k: named[k][i : i + 1] for k in observed}
+                row_res = VerifyResult(
+                    result.accepted[i : i + 1], [result.tokens[i]], result.bonus[i : i + 1]
+                )
+                proposers[b].observe(row_out, row_res)
                 for tok in result.tokens[i]:
                     out[b].append(tok)
                     contexts[b].append(tok)
@@ -243,44 +245,20 @@ class BatchSpeculativeGenerator:
             and sampling.greedy
             and sampling.repetition_penalty == 1.0
             and len(self._observed) == 3
-            and all(isinstance(p, MTPProposer) for p in proposers)
+            and all(p.graph_verifies for p in proposers)
         )
 
     def _graph_verify(self, drafts: Drafts, named: dict[str, np.ndarray]) -> VerifyResult:
-        """The host's greedy verdict read from ``mtp_accepted`` / ``mtp_bonus`` [n].
-
-        The graph compares every fed slot, fillers included: when a filler equals the argmax
-        after a row's last real draft the graph accepts past it, while the host stops at the
-        row's drafts and emits that argmax (= the filler) as the extra token. The graph's new
-        drafts then belong to a later position; the MTP proposer sees the disagreement in
-        ``observe`` and drafts nothing for that row next step.
-        """
+        """The graph's own greedy verdict (``mtp_accepted`` / ``mtp_bonus`` [n]); a row whose
+        filler the graph accepted past its drafts gets the MTP proposer's mismatch path."""
         info = (self.manifest.mtp or {})["outputs"]
         acc = named[info["accepted"]].reshape(-1).tolist()  # [n] int64
         bonus = named[info["bonus"]].reshape(-1).tolist()  # [n] int64
-        accepted, tokens = [], []
-        for i, row in enumerate(drafts.tokens.tolist()):
-            n = int(drafts.lengths[i])
-            if acc[i] <= n:
-                a, extra = int(acc[i]), int(bonus[i])
-            else:
-                a, extra = n, FILLER
-            accepted.append(a)
-            tokens.append([*row[:a], extra])
-        arr = np.array(accepted, dtype=np.int64)
-        return VerifyResult(arr, tokens, arr == drafts.lengths)
+        return graph_verdict(drafts, acc, bonus, FILLER)
 
     def _row_proposer(self, b: int, sampling: SamplingConfig) -> Proposer:
-        proposer = self.make_row_proposer()
-        configure = getattr(proposer, "configure", None)
-        if configure is not None:
-            configure(sampling)
-            if sampling.seed is not None and hasattr(proposer, "rng"):
-                # rows draw their drafts from independent (still seeded) streams
-                proposer.rng = np.random.default_rng([sampling.seed, 7919, b])
-        reset = getattr(proposer, "reset", None)
-        if reset is not None:
-            reset()
+        proposer = adopt(self.make_row_proposer())
+        proposer.start(sampling, stream=b)  # rows draw from independent (still seeded) streams
         return proposer
 
     def _prefill(self, kv: PaddedKV, rows: list[list[int]]) -> float:
@@ -326,12 +304,7 @@ class BatchSpeculativeGenerator:
                 tokens.append([])
                 probs.append(None)
                 continue
-            proposer = proposers[b]
-            if isinstance(proposer, NgramProposer):  # skip the one-row Drafts round trip
-                tokens.append(proposer.propose_one(contexts[b], min(k, proposer.max_draft)))
-                probs.append(None)
-                continue
-            d = proposer.propose([contexts[b]], k)
+            d = proposers[b].propose([contexts[b]], k)
             row = d.row(0)[:k]
             tokens.append(row)
             probs.append(None if d.probs is None else d.probs[0, : len(row)])
@@ -343,27 +316,6 @@ class BatchSpeculativeGenerator:
                 if p is not None and len(p):
                     q[i, : len(p)] = p
         return Drafts.from_lists(tokens, q)
-
-    @staticmethod
-    def _verify(
-        drafts: Drafts, logits: np.ndarray, sampler: Sampler, contexts: list[list[int]]
-    ) -> VerifyResult:
-        """logits: [n, S, V]. Greedy: exact argmax match; sampling: rejection sampling per row."""
-        cfg = sampler.config
-        if cfg.greedy and cfg.repetition_penalty == 1.0:
-            return greedy_rows(drafts, logits)
-        history = None
-        s = logits.shape[1]
-        if cfg.repetition_penalty != 1.0:  # position j of row i has seen context + drafts[:j]
-            history = [
-                np.asarray(ctx + drafts.row(i)[:j], dtype=np.int64)
-                for i, ctx in enumerate(contexts)
-                for j in range(s)
-            ]
-        probs = sampler.probs(logits, history)  # [n, S, V]
-        if cfg.greedy:
-            return greedy_verify(drafts, probs)
-        return rejection_verify(drafts, probs, sampler.rng)
 
 
 def generate_speculative_batch(

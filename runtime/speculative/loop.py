@@ -26,16 +26,16 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK
 from specport.errors import InputError
-from specport.runtime.kv.seq_cache import SharedCache, context_limit, open_cache
+from specport.runtime.kv.seq_cache import context_limit, open_cache
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import (
     Drafts,
     Proposer,
+    adopt,
     check_int_range,
     check_prompts,
     stop_reason,
 )
-from specport.runtime.speculative.constrained import constrained_greedy_verify
 from specport.runtime.speculative.draft import DraftModelProposer
 from specport.runtime.speculative.metrics import (
     AdaptiveDraftLength,
@@ -43,20 +43,12 @@ from specport.runtime.speculative.metrics import (
     timing_metrics,
 )
 from specport.runtime.speculative.mtp import MTPProposer, decode_greedy
-from specport.runtime.speculative.verify import VerifyResult, greedy_verify, rejection_verify
+from specport.runtime.speculative.verify import make_verifier
 
 logger = logging.getLogger(__name__)
 
 MAX_DRAFT = 16
 METHODS = ("ngram", "suffix", "draft", "mtp")
-# Methods whose adaptive draft length is on by default. Measured on stories260K (README
-# "Speculative decoding", medians of 6 bench runs): it lifts a poor draft model from 0.46x to
-# 0.87x of plain (it stops paying for drafts that get rejected), and MTP by 0.01-0.09x in the
-# four settings measured (3/4 heads, story/copy prompts; a small effect, near the noise); for
-# n-gram it was no better than a fixed K (two settings worse, one better, one equal).
-ADAPTIVE_BY_DEFAULT: frozenset[str] = frozenset({"draft", "mtp"})
-# Proposers whose cost grows with every draft (one model run each), for the adaptive cost model.
-PER_DRAFT_COST = frozenset({"draft"})
 
 # on_token(token_id) -> True to stop generation here (e.g. a stop string matched)
 OnToken = Callable[[int], "bool | None"]
@@ -88,9 +80,10 @@ class SpeculativeGenerator:
     ) -> None:
         self.session = session
         self.manifest = manifest
-        self.proposer = proposer
+        self.proposer = adopt(proposer)
         self.num_draft = check_num_draft(num_draft)
         self.adaptive = default_adaptive(proposer) if adaptive is None else bool(adaptive)
+        self._bound: Any = None  # the shared layout's bound buffers, kept across generations
         self.fast = fast  # greedy MTP: trust the graph's verification (``mtp.decode_greedy``)
 
     def generate(
@@ -105,19 +98,15 @@ class SpeculativeGenerator:
         prompt = check_prompts([prompt], max_new_tokens, context_limit(self.manifest), vocab)[0]
         sampling = sampling or SamplingConfig()
         sampler = Sampler(sampling, vocab)
-        if hasattr(self.proposer, "configure"):
-            self.proposer.configure(sampling)
-        if hasattr(self.proposer, "reset"):
-            self.proposer.reset()
+        verifier = make_verifier(sampler)  # chosen once per request
+        proposer = self.proposer
+        proposer.start(sampling)
         ctx_len = context_limit(self.manifest)
         budget = min(max_new_tokens, ctx_len - len(prompt))
         eos = {int(e) for e in eos_ids}
         stats = SpecDecodingStats()
-        cache = open_cache(
-            self.session, self.manifest, len(prompt) + budget, getattr(self, "_bound", None)
-        )
-        if isinstance(cache, SharedCache):
-            self._bound = cache.bound  # reused by the next generate (buffers allocated once)
+        cache = open_cache(self.session, self.manifest, len(prompt) + budget, self._bound)
+        self._bound = cache.bound  # reused by the next generate (shared: buffers allocated once)
         propose_s = 0.0
 
         t_start = time.perf_counter()
@@ -137,10 +126,9 @@ class SpeculativeGenerator:
         t_first: float | None = None
         done = False
         if self.fast and self._fast_ok(sampler):
-            assert isinstance(self.proposer, MTPProposer)
             res = decode_greedy(
                 cache,
-                self.proposer,
+                proposer,  # type: ignore[arg-type]
                 prompt[-1],
                 budget,
                 max_new_tokens,
@@ -152,7 +140,7 @@ class SpeculativeGenerator:
                 controller,
             )
             out, reason, t_first, done = res.tokens, res.reason, res.t_first, True
-        per_draft = getattr(self.proposer, "name", "") in PER_DRAFT_COST
+        per_draft = proposer.draft_cost(self.manifest) > 0
         last_step: tuple[int, float, float] | None = None  # (k, start, propose seconds)
         while not done:
             pos = cache.length  # == len(context) - 1: the last token is not in the cache yet
@@ -162,7 +150,7 @@ class SpeculativeGenerator:
             if controller is not None and timed and last_step is not None:  # the previous step
                 k_prev, t_prev, propose_prev = last_step
                 controller.observe_cost(k_prev, propose_prev, t0 - t_prev - propose_prev, per_draft)
-            drafts = self.proposer.propose([context], k) if k > 0 else Drafts.empty(1)
+            drafts = proposer.propose([context], k) if k > 0 else Drafts.empty(1)
             if drafts.width > k:
                 drafts = Drafts(
                     drafts.tokens[:, :k],
@@ -175,10 +163,9 @@ class SpeculativeGenerator:
             step = cache.step(fed)
             last_step = (k, t0, t1 - t0)
             logits = step.logits[None, : len(fed)]  # [1, S, V]
-            result = self._verify(drafts, logits, sampler, context)
+            result = verifier.chain(drafts, logits, (context,))
             cache.keep(pos + int(result.accepted[0]) + 1)  # rollback: no KV is copied
-            if hasattr(self.proposer, "observe"):
-                self.proposer.observe(step.outputs, result)
+            proposer.observe(step.outputs, result)
             stats.observe(drafts, result)
             if controller is not None:
                 controller.observe(int(drafts.lengths[0]), int(result.accepted[0]))
@@ -207,7 +194,7 @@ class SpeculativeGenerator:
             ),
             "kv_layout": self.manifest.kv.layout,
             "speculative": {
-                "method": getattr(self.proposer, "name", "custom"),
+                "method": proposer.name,
                 "num_draft": self.num_draft,
                 "adaptive": self.adaptive,
                 **stats.as_dict(),
@@ -218,12 +205,10 @@ class SpeculativeGenerator:
     def _controller(self) -> AdaptiveDraftLength:
         """The adaptive-K controller with a static prior on what a draft costs."""
         ctl = AdaptiveDraftLength(self.num_draft)
-        if isinstance(self.proposer, DraftModelProposer):  # one draft-model run per draft
-            mine = (self.manifest.config or {}).get("num_layers")
-            theirs = (self.proposer.manifest.config or {}).get("num_layers")
-            if mine and theirs:
-                ctl.cost_per_draft += float(theirs) / float(mine)
-                ctl.prior_cost = ctl.cost_per_draft
+        cost = self.proposer.draft_cost(self.manifest)  # e.g. one draft-model run per draft
+        if cost > 0:
+            ctl.cost_per_draft += cost
+            ctl.prior_cost = ctl.cost_per_draft
         return ctl
 
     def _fast_ok(self, sampler: Sampler) -> bool:
@@ -231,43 +216,12 @@ class SpeculativeGenerator:
         cfg = sampler.config
         plain_inputs = TREE_MASK not in {i.name for i in self.session.get_inputs()}
         return (
-            isinstance(self.proposer, MTPProposer)
+            self.proposer.graph_verifies
             and cfg.greedy
             and cfg.repetition_penalty == 1.0
             and cfg.constraint is None
             and plain_inputs
         )
-
-    @staticmethod
-    def _verify(
-        drafts: Drafts, logits: np.ndarray, sampler: Sampler, context: list[int]
-    ) -> VerifyResult:
-        """logits: [1, S=K+1, V]. Greedy: exact argmax match; sampling: rejection sampling."""
-        cfg = sampler.config
-        if cfg.constraint is not None:  # a grammar (greedy only: Model.generate checks)
-            return constrained_greedy_verify(drafts, logits, sampler, context)
-        if cfg.greedy and cfg.repetition_penalty == 1.0:
-            if drafts.batch_size == 1:  # the common case, without the batch machinery
-                row = drafts.row(0)
-                best = np.argmax(logits[0, : len(row) + 1], axis=-1).tolist()
-                a = 0
-                while a < len(row) and row[a] == best[a]:
-                    a += 1
-                accepted = np.array([a], dtype=np.int64)
-                return VerifyResult(
-                    accepted, [[*row[:a], int(best[a])]], accepted == drafts.lengths
-                )
-            return greedy_verify(drafts, logits)
-        history = None
-        if cfg.repetition_penalty != 1.0:  # position i has seen the context and drafts[:i]
-            row = drafts.row(0)
-            history = [
-                np.asarray(context + row[:i], dtype=np.int64) for i in range(logits.shape[1])
-            ]
-        probs = sampler.probs(logits, history)  # [1, S, V]
-        if cfg.greedy:
-            return greedy_verify(drafts, probs)
-        return rejection_verify(drafts, probs, sampler.rng)
 
 
 def make_proposer(
@@ -311,7 +265,7 @@ def make_proposer(
 
 def default_adaptive(proposer: Proposer) -> bool:
     """Whether adaptive draft length is on by default for this proposer (chosen by measurement)."""
-    return getattr(proposer, "name", "") in ADAPTIVE_BY_DEFAULT
+    return adopt(proposer).adaptive_default
 
 
 def generate_speculative(
@@ -331,7 +285,7 @@ def generate_speculative(
     ``method``: ``ngram`` | ``draft`` (needs ``draft_model``, same vocabulary) | ``mtp`` (needs
     an artifact with MTP heads). ``adaptive``: choose the draft length per step (at most
     ``num_draft``) from recent acceptance per position (``metrics.AdaptiveDraftLength``); None
-    takes the measured default per method (``ADAPTIVE_BY_DEFAULT``). Returns (new tokens,
+    takes the proposer's measured default (``adaptive_default``: on for draft and MTP). Returns (new tokens,
     finish reason, metrics); metrics carry the plain generator's timing keys plus
     ``speculative`` (acceptance counters).
     """

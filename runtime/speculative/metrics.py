@@ -222,5 +222,30 @@ def timing_metrics(
         "decode_ort_s": round(ort_s - prefill_ort_s, 6),
         "decode_wall_s": round(decode_wall, 6),
         "propose_s": round(propose_s, 6),
+        "step_overhead_ms": overhead_ms(decode_wall, ort_s - prefill_ort_s, steps),
         "total_s": round(end - start, 6),
     }
+
+
+def overhead_ms(wall_s: float, ort_s: float, steps: int) -> float | None:
+    """The step's own cost: wall time outside onnxruntime per step, in ms (None without steps).
+
+    What a decode step costs beyond the model run itself (proposing, verifying, committing to
+    the KV cache, bookkeeping): the figure that decides whether speculation can pay where a
+    model run is cheap. Every loop and the engine report it under ``step_overhead_ms``."""
+    return round((wall_s - ort_s) / steps * 1e3, 4) if steps else None
+
+
+def step_overhead_ms(metrics: dict[str, Any]) -> float | None:
+    """``step_overhead_ms`` of any generation's metrics (plain, speculative, tree, batched),
+    computed from ``decode_wall_s``, ``decode_ort_s`` and ``decode_steps`` when absent."""
+    if metrics.get("step_overhead_ms") is not None:
+        return float(metrics["step_overhead_ms"])
+    try:
+        return overhead_ms(
+            float(metrics["decode_wall_s"]),
+            float(metrics["decode_ort_s"]),
+            int(metrics["decode_steps"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -15,12 +15,12 @@ import logging
 import numpy as np
 
 from specport.errors import InputError
-from specport.runtime.speculative.base import Drafts
+from specport.runtime.speculative.base import Drafts, ProposerBase
 
 logger = logging.getLogger(__name__)
 
 
-class NgramProposer:
+class NgramProposer(ProposerBase):
     """Drafts the continuation of the most recent earlier match of the longest suffix n-gram.
 
     The match is searched with n from ``max_n`` down to ``min_n``; the first n that matches
@@ -45,6 +45,8 @@ class NgramProposer:
         k = min(int(num_draft), self.max_draft)
         if k <= 0:
             return Drafts.empty(len(context))
+        if len(context) == 1:
+            return Drafts.one(self.propose_one(context[0], k))
         return Drafts.from_lists([self.propose_one(row, k) for row in context])
 
     def propose_one(self, tokens: list[int] | np.ndarray, num_draft: int) -> list[int]:

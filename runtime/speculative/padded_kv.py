@@ -1,9 +1,8 @@
-"""The concat-layout pieces of batched speculation: a left-padded KV cache and a lean verifier.
+"""The concat-layout KV of batched speculation: a left-padded cache rebuilt after each step.
 
 ``PaddedKV`` keeps every live row's cache left-padded and right-aligned in one
 [B, Hkv, W, D] tensor per layer and rebuilds it after each verify step from the presents
-(``compact``); ``greedy_rows`` is ``greedy_verify`` for the few rows of one step, with plain
-lists instead of batch-wide numpy masks. ``batch.BatchSpeculativeGenerator`` drives both.
+(``compact``). ``batch.BatchSpeculativeGenerator`` drives it.
 """
 
 from __future__ import annotations
@@ -13,8 +12,9 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.errors import InputError
 from specport.runtime.kv.layouts import ConcatKV
-from specport.runtime.speculative.base import Drafts
-from specport.runtime.speculative.verify import VerifyResult
+from specport.runtime.speculative.verify import greedy_rows
+
+__all__ = ["PaddedKV", "greedy_rows"]  # greedy_rows: verify's, imported here before
 
 
 class PaddedKV(ConcatKV):
@@ -73,18 +73,3 @@ class PaddedKV(ConcatKV):
                 out.append(q)
             self.past = out
         self.lengths = keep.astype(np.int64)
-
-
-def greedy_rows(drafts: Drafts, logits: np.ndarray) -> VerifyResult:
-    """``greedy_verify`` for small batches: one argmax, then plain lists (logits [n, S, V])."""
-    best = np.argmax(logits[:, : drafts.width + 1], axis=-1).tolist()  # [n, S]
-    accepted, tokens = [], []
-    for i, row in enumerate(drafts.tokens.tolist()):
-        n = int(drafts.lengths[i])
-        a = 0
-        while a < n and row[a] == best[i][a]:
-            a += 1
-        accepted.append(a)
-        tokens.append([*row[:a], best[i][a]])
-    acc = np.array(accepted, dtype=np.int64)
-    return VerifyResult(acc, tokens, acc == drafts.lengths)

@@ -19,11 +19,8 @@ proposer keeps only the most recent); or from an MTP artifact's heads
 hidden state of the node the previous run accepted (an ``observer`` sees every run's outputs).
 
 Greedy output is token-for-token the plain greedy output (up to float ties). Sampling is
-lossless: the drafts are deterministic (one-hot q), so at a node the children are tried in
-order, each accepted with the current p(child), and a rejected child's mass is removed and p
-renormalised (SpecInfer's multi-round speculative sampling with one-hot drafts, which is the
-chain rule of a single draw from p); when no child is accepted the token is drawn from what
-is left of p.
+lossless (multi-round speculative sampling with one-hot drafts). Both rules live with the
+other verifiers in ``runtime.speculative.verify`` (``Verifier.tree``).
 """
 
 from __future__ import annotations
@@ -38,12 +35,13 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK
 from specport.errors import InputError
-from specport.runtime.kv.seq_cache import SequenceCache, SharedCache, context_limit, open_cache
-from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
+from specport.runtime.kv.seq_cache import SequenceCache, context_limit, open_cache
+from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import check_int_range, check_prompts, stop_reason
 from specport.runtime.speculative.loop import OnToken, SpeculativeOutput, check_num_draft
 from specport.runtime.speculative.metrics import SpecDecodingStats, timing_metrics
 from specport.runtime.speculative.token_tree import TokenTree, ngram_candidates
+from specport.runtime.speculative.verify import make_verifier
 
 logger = logging.getLogger(__name__)
 
@@ -111,14 +109,14 @@ class TreeSpeculativeGenerator:
         ctx_len, vocab = context_limit(self.manifest), self.manifest.vocab_size
         prompt = check_prompts([prompt], max_new_tokens, ctx_len, vocab)[0]
         sampler = Sampler(sampling or SamplingConfig(), vocab)
+        verifier = make_verifier(sampler)  # chosen once per request
         budget = min(max_new_tokens, ctx_len - len(prompt))
         eos = {int(e) for e in eos_ids}
         stats = SpecDecodingStats()
         # a tree's nodes take cache slots past the emitted tokens: room for one more tree
         slots = len(prompt) + budget + self.num_draft * self.tree_width
         cache = open_cache(self.session, self.manifest, slots, self._bound)
-        if isinstance(cache, SharedCache):
-            self._bound = cache.bound  # reused by the next generate (buffers allocated once)
+        self._bound = cache.bound  # reused by the next generate (shared: buffers allocated once)
         propose_s = 0.0
         nodes_scored = 0
 
@@ -150,7 +148,7 @@ class TreeSpeculativeGenerator:
             tokens, depths, anc = tree.flatten()
             propose_s += time.perf_counter() - t0
             step = cache.step(tokens.tolist(), tree=(depths, anc))
-            path, extra = _verify(tree, step.logits, sampler, context)
+            path, extra = verifier.tree(tree, step.logits, context)
             if self.observer is not None:
                 self.observer(step.outputs, path[-1])
             _keep_path(cache, pos, path)
@@ -187,53 +185,6 @@ class TreeSpeculativeGenerator:
             },
         }
         return SpeculativeOutput(out, reason, metrics, stats)
-
-
-def _verify(
-    tree: TokenTree,
-    logits: np.ndarray,  # [N, V] one row per tree node
-    sampler: Sampler,
-    context: list[int],
-) -> tuple[list[int], int]:
-    """(accepted node path from the root, the extra token after it).
-
-    Greedy without penalty: follow the child equal to the argmax. Otherwise the node's
-    processed distribution (history = context + the path's tokens) decides: its argmax
-    (greedy) or multi-round rejection sampling over the children (one-hot drafts).
-    """
-    cfg = sampler.config
-    if cfg.greedy and cfg.repetition_penalty == 1.0:
-        best = np.argmax(logits, axis=-1).tolist()
-        path = [0]
-        while (child := tree.children[path[-1]].get(best[path[-1]])) is not None:
-            path.append(child)
-        return path, int(best[path[-1]])
-    path = [0]
-    while True:
-        node = path[-1]
-        history = np.asarray(context + [tree.tokens[i] for i in path[1:]], dtype=np.int64)
-        p = sampler.probs(logits[node][None], [history])[0]  # [V] float64
-        if cfg.greedy:
-            tok = int(np.argmax(p))
-            child = tree.children[node].get(tok)
-            if child is None:
-                return path, tok
-            path.append(child)
-            continue
-        nxt = None
-        for tok, child in tree.children[node].items():  # candidates in priority order
-            if sampler.rng.random() < p[tok]:
-                nxt = child
-                break
-            residual = p.copy()
-            residual[tok] = 0.0
-            mass = residual.sum()
-            if mass <= 0:  # p == one-hot up to rounding: rejection had probability ~0
-                break
-            p = residual / mass
-        if nxt is None:
-            return path, int(sample_from_probs(p[None], sampler.rng)[0])
-        path.append(nxt)
 
 
 def _keep_path(cache: SequenceCache, pos: int, path: list[int]) -> None:

@@ -1,7 +1,7 @@
-"""Decide which draft tokens the target model agrees with.
+"""Decide which draft tokens the target model agrees with: every verifier, in one module.
 
-The verifier never learns which proposer drafted: it sees the drafts, optional draft
-distributions and the target's scores at the K+1 positions (after each of the K drafts
+The verifier never learns which proposer drafted: it sees the drafts (``Drafts``: ids, optional
+draft distributions) and the target's scores at the K+1 positions (after each of the K drafts
 prefixes, plus one past the last draft). Per row it returns
 
 * **accepted** tokens: the longest prefix of the drafts that passed verification
@@ -15,18 +15,37 @@ prefixes, plus one past the last draft). Per row it returns
 So a row always gains ``accepted[b] + 1`` tokens, and with a target that is exactly the
 distribution the sampler would use, the output distribution equals plain sampling from the
 target (Leviathan et al. 2023; Chen et al. 2023).
+
+Which rule applies is decided ONCE per request from its sampling settings (``make_verifier``):
+
+* ``GreedyVerifier``: greedy without a penalty, exact argmax match (the common case, kept lean);
+* ``ProcessedGreedyVerifier``: greedy with a repetition penalty, argmax of the processed
+  scores, each position seeing the context plus the drafts before it;
+* ``RejectionVerifier``: sampling, lossless rejection sampling with the request's RNG;
+* ``GrammarVerifier``: greedy under a grammar (structured outputs), a draft the grammar
+  forbids is never accepted.
+
+Each verifies a chain (``chain``) or a token tree (``tree``: the accepted root path and the
+extra token). ``graph_verdict`` reads the verdict an MTP graph computed in-graph (its own
+greedy argmax check) into the same ``VerifyResult``. Loops, the batched generator and the
+serving engine all verify through here; none of them knows these rules.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from specport.errors import InputError
-from specport.runtime.sampler import sample_from_probs
+from specport.runtime.sampler import Sampler, sample_from_probs
 from specport.runtime.speculative.base import Drafts
+
+if TYPE_CHECKING:
+    from specport.runtime.speculative.token_tree import TokenTree
 
 logger = logging.getLogger(__name__)
 
@@ -131,3 +150,258 @@ def rejection_verify(
         dist[rejected[usable]] = residual[usable]
     extra = sample_from_probs(dist, rng)
     return _assemble(drafts, accepted, extra)
+
+
+def accept_prefix(row: Sequence[int], best: Sequence[int]) -> int:
+    """How many leading drafts of ``row`` equal the target's choices ``best`` (the one
+    "longest matching prefix" rule; ``best`` has at least ``len(row)`` entries)."""
+    a, n = 0, len(row)
+    while a < n and row[a] == best[a]:
+        a += 1
+    return a
+
+
+def greedy_rows(drafts: Drafts, logits: np.ndarray) -> VerifyResult:
+    """``greedy_verify`` for the few rows of one step: one argmax, then plain lists
+    (logits [n, S, V]; cheaper than batch-wide masks below a few dozen rows)."""
+    best = np.argmax(logits[:, : drafts.width + 1], axis=-1).tolist()  # [n, S]
+    lengths = drafts.lengths.tolist()
+    accepted, tokens = [], []
+    for i, row in enumerate(drafts.tokens.tolist()):
+        a = accept_prefix(row[: lengths[i]], best[i])
+        accepted.append(a)
+        tokens.append([*row[:a], best[i][a]])
+    acc = np.array(accepted, dtype=np.int64)
+    return VerifyResult(acc, tokens, acc == drafts.lengths)
+
+
+def greedy_one(row: list[int], logits: np.ndarray) -> VerifyResult:
+    """Exact greedy for one row: ``row`` drafts, ``logits`` [>= len(row)+1, V] (batch 1's fast
+    path: one argmax over the fed positions, no batch machinery)."""
+    best = np.argmax(logits[: len(row) + 1], axis=-1).tolist()
+    a = accept_prefix(row, best)
+    accepted = np.array([a], dtype=np.int64)
+    return VerifyResult(accepted, [[*row[:a], int(best[a])]], np.array([a == len(row)]))
+
+
+def graph_verdict(
+    drafts: Drafts, accepted: Sequence[int], bonus: Sequence[int], filler: int = 0
+) -> VerifyResult:
+    """The verdict an MTP graph computed in-graph (its greedy argmax check, ``passes.mtp``) as
+    a ``VerifyResult``: per row the accepted count and the bonus token.
+
+    A batched graph compares every fed slot, fillers included: when a ``filler`` fed after a
+    row's last real draft equals the argmax there, the graph accepts past it, while exact
+    greedy stops at the row's drafts and emits that argmax (= the filler) as the extra token.
+    """
+    acc: list[int] = []
+    tokens: list[list[int]] = []
+    lengths = drafts.lengths.tolist()
+    for i, row in enumerate(drafts.tokens.tolist()):
+        n = lengths[i]
+        a, extra = (int(accepted[i]), int(bonus[i])) if accepted[i] <= n else (n, filler)
+        acc.append(a)
+        tokens.append([*row[:a], extra])
+    arr = np.array(acc, dtype=np.int64)
+    return VerifyResult(arr, tokens, arr == drafts.lengths)
+
+
+def constrained_greedy_verify(
+    drafts: Drafts, logits: np.ndarray, sampler: Sampler, context: list[int]
+) -> VerifyResult:
+    """Greedy verification under a grammar, for one sequence (logits [1, K+1, V];
+    ``sampler.config`` is greedy with a ``constraint``).
+
+    Plain constrained greedy picks, at each position, the argmax of the logits masked by the
+    grammar's state there. Verification does exactly that along the draft: at position i the
+    mask is the grammar's state after the drafts accepted so far; draft i is accepted only when
+    it is that masked argmax (a forbidden token never is, whatever the model thinks of it), and
+    the first position where it is not gives the extra token. The grammar advances by exactly
+    the tokens returned, so nothing is rolled back, and the output is plain constrained
+    greedy's, token for token.
+    """
+    constraint = sampler.config.constraint
+    penalized = sampler.config.repetition_penalty != 1.0
+    row = drafts.row(0)
+    a = 0
+    while True:
+        history = [np.asarray(context + row[:a], dtype=np.int64)] if penalized else None
+        scores = constraint.mask(sampler.scores(logits[0, a : a + 1], history))
+        best = int(np.argmax(scores[0]))
+        constraint.accept(best)
+        if a < len(row) and row[a] == best:
+            a += 1
+            continue
+        break
+    accepted = np.array([a], dtype=np.int64)
+    return VerifyResult(accepted, [[*row[:a], best]], accepted == drafts.lengths)
+
+
+class Verifier(Protocol):
+    """Accepts drafts against target scores; one per request, chosen by ``make_verifier``."""
+
+    name: str
+
+    def chain(
+        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]]
+    ) -> VerifyResult:
+        """Drafts [B, K] against logits [B, >= K+1, V]; ``contexts[b]``: row b's tokens so far
+        (the last one fed with the drafts)."""
+        ...
+
+    def tree(
+        self, tree: TokenTree, logits: np.ndarray, context: list[int]
+    ) -> tuple[list[int], int]:
+        """(accepted node path from the root, the extra token) for a token tree scored in one
+        run (logits [N, V], one row per node)."""
+        ...
+
+
+class GreedyVerifier:
+    """Greedy without a penalty: accept drafts while they equal the target's argmax."""
+
+    name = "greedy"
+
+    def chain(
+        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]] = ()
+    ) -> VerifyResult:
+        if drafts.batch_size == 1:
+            return greedy_one(drafts.row(0), logits[0])
+        return greedy_rows(drafts, logits)
+
+    def tree(
+        self, tree: TokenTree, logits: np.ndarray, context: list[int]
+    ) -> tuple[list[int], int]:
+        best = np.argmax(logits, axis=-1).tolist()
+        path = [0]
+        while (child := tree.children[path[-1]].get(best[path[-1]])) is not None:
+            path.append(child)
+        return path, int(best[path[-1]])
+
+
+class _Processed:
+    """Verification on the sampler's processed distributions (penalties see each position's
+    own history: the context plus the drafts before it)."""
+
+    name = "processed"
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def _probs(
+        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]]
+    ) -> np.ndarray:
+        s = logits.shape[1]
+        history = None
+        if self.sampler.config.repetition_penalty != 1.0:
+            history = [
+                np.asarray(list(ctx) + drafts.row(b)[:j], dtype=np.int64)
+                for b, ctx in enumerate(contexts)
+                for j in range(s)
+            ]
+        return self.sampler.probs(logits, history)  # [B, S, V]
+
+    def _node_probs(
+        self, tree: TokenTree, logits: np.ndarray, context: list[int], path: list[int]
+    ) -> np.ndarray:
+        history = np.asarray(context + [tree.tokens[i] for i in path[1:]], dtype=np.int64)
+        return self.sampler.probs(logits[path[-1]][None], [history])[0]  # [V] float64
+
+
+class ProcessedGreedyVerifier(_Processed):
+    """Greedy with a repetition penalty: exact argmax of the processed scores."""
+
+    name = "greedy-processed"
+
+    def chain(
+        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]]
+    ) -> VerifyResult:
+        return greedy_verify(drafts, self._probs(drafts, logits, contexts))
+
+    def tree(
+        self, tree: TokenTree, logits: np.ndarray, context: list[int]
+    ) -> tuple[list[int], int]:
+        path = [0]
+        while True:
+            tok = int(np.argmax(self._node_probs(tree, logits, context, path)))
+            child = tree.children[path[-1]].get(tok)
+            if child is None:
+                return path, tok
+            path.append(child)
+
+
+class RejectionVerifier(_Processed):
+    """Sampling: lossless rejection sampling with the request's seeded RNG."""
+
+    name = "rejection"
+
+    def chain(
+        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]]
+    ) -> VerifyResult:
+        return rejection_verify(drafts, self._probs(drafts, logits, contexts), self.sampler.rng)
+
+    def tree(
+        self, tree: TokenTree, logits: np.ndarray, context: list[int]
+    ) -> tuple[list[int], int]:
+        """Multi-round speculative sampling with one-hot drafts (SpecInfer): at a node the
+        children are tried in order, each accepted with the current p(child); a rejected
+        child's mass is removed and p renormalised (the chain rule of a single draw from p);
+        when no child is accepted the token is drawn from what is left of p."""
+        rng = self.sampler.rng
+        path = [0]
+        while True:
+            p = self._node_probs(tree, logits, context, path)
+            nxt = None
+            for tok, child in tree.children[path[-1]].items():  # priority order
+                if rng.random() < p[tok]:
+                    nxt = child
+                    break
+                residual = p.copy()
+                residual[tok] = 0.0
+                mass = residual.sum()
+                if mass <= 0:  # p == one-hot up to rounding: rejection had probability ~0
+                    break
+                p = residual / mass
+            if nxt is None:
+                return path, int(sample_from_probs(p[None], rng)[0])
+            path.append(nxt)
+
+
+class GrammarVerifier:
+    """Greedy under a grammar (structured outputs); one sequence, chains only."""
+
+    name = "grammar"
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def chain(
+        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]]
+    ) -> VerifyResult:
+        if drafts.batch_size != 1:
+            raise InputError("grammar-constrained verification runs one sequence at a time")
+        return constrained_greedy_verify(drafts, logits, self.sampler, list(contexts[0]))
+
+    def tree(
+        self, tree: TokenTree, logits: np.ndarray, context: list[int]
+    ) -> tuple[list[int], int]:
+        raise InputError(
+            "structured outputs (a grammar) cannot verify token trees; use --tree-width 1."
+        )
+
+
+GREEDY = GreedyVerifier()
+
+
+def make_verifier(sampler: Sampler | None) -> Verifier:
+    """The verifier a request's sampling settings call for (None: plain greedy)."""
+    if sampler is None:
+        return GREEDY
+    cfg = sampler.config
+    if cfg.constraint is not None:
+        return GrammarVerifier(sampler)
+    if cfg.greedy and cfg.repetition_penalty == 1.0:
+        return GREEDY
+    if cfg.greedy:
+        return ProcessedGreedyVerifier(sampler)
+    return RejectionVerifier(sampler)

@@ -184,7 +184,7 @@ def test_a_draft_the_grammar_forbids_is_rejected(bytes_batching):
     from specport.runtime.grammar import GrammarCompiler
     from specport.runtime.sampler import Sampler, SamplingConfig
     from specport.runtime.speculative.base import Drafts
-    from specport.runtime.speculative.constrained import constrained_greedy_verify
+    from specport.runtime.speculative.verify import constrained_greedy_verify
 
     model, _ = bytes_batching
     m = model.manifest

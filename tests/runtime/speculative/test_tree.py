@@ -16,13 +16,18 @@ from specport.runtime.speculative.tree import (
     TokenTree,
     TreeSpeculativeGenerator,
     _keep_path,
-    _verify,
     check_tree_width,
     generate_tree,
     ngram_candidates,
 )
+from specport.runtime.speculative.verify import make_verifier
 
 # ---------------------------------------------------------------------- fast: pure numpy
+
+
+def _verify(tree, logits, sampler, context):
+    """The tree verdict of the verifier the sampler's settings choose."""
+    return make_verifier(sampler).tree(tree, logits, context)
 
 
 def test_token_tree_merges_prefixes_and_flattens():
