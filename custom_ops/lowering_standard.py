@@ -84,12 +84,18 @@ def rotary(tape: ir.tape.Tape, node: ir.Node, opts: dict[str, Any]) -> list[ir.V
     return [tape.op("RotaryEmbedding", [x, cos, sin], attrs)]
 
 
+def _dim(tape: ir.tape.Tape, x: ir.Value, axis: int) -> ir.Value:
+    """Shape(x)[axis] as a 1-D tensor (Gather, not Shape's start/end: OpenVINO's partitioner
+    handles the plain form)."""
+    return tape.op("Gather", [tape.op("Shape", [x]), _const(tape, [axis])], {"axis": 0})
+
+
 def attention_bias(
     tape: ir.tape.Tape, query: ir.Value, mask: ir.Value, window: int, value: float
 ) -> ir.Value:
     """Float bias [B, 1, S, T]: 0 where query i (slot T-S+i) may see key j, `value` elsewhere."""
-    qshape = tape.op("Shape", [query], {"start": 2, "end": 3})  # [1] = S
-    total = tape.op("Shape", [mask], {"start": 1, "end": 2})  # [1] = T
+    qshape = _dim(tape, query, 2)  # [1] = S
+    total = _dim(tape, mask, 1)  # [1] = T
     t0 = tape.op("Squeeze", [total])
     s0 = tape.op("Squeeze", [qshape])
     one = _const(tape, 1)
@@ -112,14 +118,7 @@ def attention(tape: ir.tape.Tape, node: ir.Node, opts: dict[str, Any]) -> list[i
     """specport.GroupQueryAttention (BNSH) -> ai.onnx Attention-23 (4-D, GQA by head counts)."""
     q, k, v, past_k, past_v, mask = node.inputs[:6]
     assert q is not None and mask is not None  # the custom op's schema requires both
-    window = int(_attr(node, "sliding_window", 0) or 0)
-    cache: dict[Any, ir.Value] = opts.setdefault("_bias", {})
-    key = (id(mask), window)
-    if key not in cache:  # one bias per window size, shared by every layer
-        cache[key] = attention_bias(
-            tape, q, mask, window, float(opts.get("mask_value", FLOAT_LOWEST))
-        )
-    bias = cache[key]
+    bias = _shared_bias(tape, node, opts, q, mask)
     attrs: dict[str, Any] = {}
     scale = _attr(node, "scale", 0.0)
     if scale:
@@ -129,6 +128,56 @@ def attention(tape: ir.tape.Tape, node: ir.Node, opts: dict[str, Any]) -> list[i
         attrs["softcap"] = float(softcap)
     outs = tape.op_multi_out("Attention", [q, k, v, bias, past_k, past_v], attrs, num_outputs=3)
     return [outs[0], outs[1], outs[2]]
+
+
+def attention_decomposed(
+    tape: ir.tape.Tape, node: ir.Node, opts: dict[str, Any]
+) -> list[ir.Value] | None:
+    """The same attention from MatMul/Softmax, for runtimes without Attention-23 (OpenVINO's
+    ONNX front end refuses it). Grouped heads without repeating K/V: Q [B, H, S, Dh] is read
+    as [B, Hkv, g*S, Dh] (query heads of one KV head are contiguous), and the scores as
+    [B, Hkv, g, S, T] when the shared bias [B, 1, 1, S, T] is added."""
+    q, k, v, past_k, past_v, mask = node.inputs[:6]
+    h, hkv = int(_attr(node, "num_heads", 0)), int(_attr(node, "kv_num_heads", 0))
+    dh = q.shape[-1] if q is not None and q.shape is not None and q.shape.rank() == 4 else None
+    dv = v.shape[-1] if v is not None and v.shape is not None and v.shape.rank() == 4 else None
+    if not h or not hkv or not isinstance(dh, int) or not isinstance(dv, int) or mask is None:
+        return None  # the function body (also standard ops) is inlined instead
+    assert q is not None
+    g = h // hkv
+    bias = _shared_bias(tape, node, opts, q, mask)
+    present_k = tape.op("Concat", [past_k, k], {"axis": 2})
+    present_v = tape.op("Concat", [past_v, v], {"axis": 2})
+    q4 = tape.op("Reshape", [q, _const(tape, [0, hkv, -1, dh])])  # [B, Hkv, g*S, Dh]
+    scores = tape.op("MatMul", [q4, tape.op("Transpose", [present_k], {"perm": [0, 1, 3, 2]})])
+    scale = _attr(node, "scale", 0.0) or 1.0 / float(np.sqrt(dh))
+    scores = tape.op("Mul", [scores, tape.op("CastLike", [_const(tape, scale, np.float32), q])])
+    softcap = _attr(node, "softcap", 0.0)
+    if softcap:
+        cap = tape.op("CastLike", [_const(tape, softcap, np.float32), q])
+        scores = tape.op("Mul", [tape.op("Tanh", [tape.op("Div", [scores, cap])]), cap])
+    total = _dim(tape, scores, 3)  # [T]
+    shape5 = tape.op("Concat", [_const(tape, [0, hkv, g, -1]), total], {"axis": 0})
+    scores5 = tape.op("Reshape", [scores, shape5])  # [B, Hkv, g, S, T]
+    scores5 = tape.op("Add", [scores5, tape.op("Unsqueeze", [bias, _const(tape, [1])])])
+    probs5 = tape.op("Softmax", [scores5], {"axis": -1})
+    shape4 = tape.op("Concat", [_const(tape, [0, hkv, -1]), total], {"axis": 0})
+    probs = tape.op("Reshape", [probs5, shape4])  # [B, Hkv, g*S, T]
+    out = tape.op("MatMul", [probs, present_v])  # [B, Hkv, g*S, Dv]
+    y = tape.op("Reshape", [out, _const(tape, [0, h, -1, dv])])
+    return [y, present_k, present_v]
+
+
+def _shared_bias(
+    tape: ir.tape.Tape, node: ir.Node, opts: dict[str, Any], q: ir.Value, mask: ir.Value
+) -> ir.Value:
+    window = int(_attr(node, "sliding_window", 0) or 0)
+    cache: dict[Any, ir.Value] = opts.setdefault("_bias", {})
+    key = (id(mask), window)
+    if key not in cache:  # one bias per window size, shared by every layer
+        value = float(opts.get("mask_value", FLOAT_LOWEST))
+        cache[key] = attention_bias(tape, q, mask, window, value)
+    return cache[key]
 
 
 BUILDERS = {
@@ -152,6 +201,11 @@ def lower_standard(model: ir.Model, opts: dict[str, Any]) -> dict[str, Any]:
         if node.domain != DOMAIN:
             continue
         builder = BUILDERS.get(node.op_type)
+        if node.op_type in opts.get("decompose", ()):
+            if node.op_type != "GroupQueryAttention":
+                kept[node.name or node.op_type] = "decomposed on request: function body inlined"
+                continue
+            builder = attention_decomposed
         tape = ir.tape.Tape()
         new_outputs = builder(tape, node, opts) if builder else None
         if new_outputs is None:

@@ -70,6 +70,9 @@ def export_model(
     quant: str | None = None,
     quant_algo: str = "hqq",
     dtype: str = "fp32",
+    soc: int | None = None,
+    context_length: int | None = None,
+    prefill_chunk: int | None = None,
 ) -> art.Manifest:
     """Export `model` (HF dir, cached hub id, GGUF file or llama2c .bin) to the artifact `out`.
 
@@ -93,8 +96,13 @@ def export_model(
     and the KV cache after the passes (logits stay float32) and verifies with a tolerance for
     that dtype; bf16 is refused for the cpu target (onnxruntime's CPU provider has no bfloat16
     MatMul) and is not verified on a machine without it.
+    `target="qnn"` (exporter/static_graphs.py) also writes static prefill/decode graphs of batch
+    1 for a fixed `context_length` (default min(model's, 1024)) and `prefill_chunk` (default
+    64) sharing model.onnx.data, and with `soc` (e.g. 60 = Snapdragon X Elite) compiles them
+    into QNN EPContext models for that SoC (needs onnxruntime-qnn).
     Raises ExportError when verification against PyTorch is over tolerance (unless skipped).
     """
+    _check_static(target, soc, context_length, prefill_chunk)
     dtype = resolve_dtype(dtype, target, quant)
     no_verify_reason: str | None = None
     if dtype != "float32":
@@ -131,6 +139,11 @@ def export_model(
         check_tree_mask(tree_mask, kv_layout, passes)
     if tree_mask:
         check_tree_model(config, kv_layout)
+    static = None
+    if target == "qnn":
+        from specport.exporter.static_graphs import plan
+
+        static = plan(context_length, prefill_chunk, int(norm.get("context_length") or 0))
 
     stages.start("exporting to ONNX (torch.onnx.export, dynamo)")
     # The shared layout traces the plain graph (its attention must fuse) and adds the tree
@@ -238,6 +251,10 @@ def export_model(
                     f"(tolerance {atol} + {rtol}·max|logits|). This is a bug in the "
                     "export or a pass; re-run with --no-fuse to isolate it, or --skip-verify to keep the artifact anyway."
                 )
+        if static is not None:
+            from specport.exporter.static_graphs import write_qnn_graphs
+
+            runtime_io["static"] = write_qnn_graphs(tmp, art.MODEL_NAME, static, soc)
         manifest = art.Manifest(
             architecture=norm["model_type"],
             config=norm,
@@ -262,6 +279,22 @@ def export_model(
         write_artifact_manifest(tmp, manifest)
     logger.info("artifact written to %s", out)
     return manifest
+
+
+def _check_static(
+    target: str, soc: int | None, context_length: int | None, prefill_chunk: int | None
+) -> None:
+    """Before any slow step: the static options belong to target qnn, and a SoC needs QNN."""
+    if target != "qnn":
+        options = {"--soc": soc, "--context-length": context_length}
+        options["--prefill-chunk"] = prefill_chunk
+        given = [name for name, value in options.items() if value is not None]
+        if given:
+            raise ExportError(f"{', '.join(given)} apply to --target qnn only.")
+        return
+    from specport.exporter.qnn_context import check_qnn
+
+    check_qnn(soc)
 
 
 def _copy_tokenizer(source_dir: Path, out: Path) -> dict[str, Any]:

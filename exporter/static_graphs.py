@@ -246,3 +246,21 @@ def _fold(model: ir.Model) -> None:
         input_size_limit=1 << 16,
         output_size_limit=1 << 22,
     )
+
+
+def write_qnn_graphs(
+    directory: Path, model_file: str, static: StaticPlan, soc: int | None
+) -> dict[str, Any]:
+    """The qnn target's files: static graphs, and with `soc` their EPContext models.
+
+    Returns the manifest's `static` section (what runtime/static_session.py reads)."""
+    section = static.describe()
+    section["report"] = write_static_graphs(directory, model_file, static)
+    section["soc"] = soc
+    if soc is not None:
+        from specport.exporter.qnn_context import compile_contexts
+
+        compiled = compile_contexts(directory, section["graphs"], soc)
+        section["epcontext"] = compiled.pop("files")
+        section["compile"] = compiled
+    return section

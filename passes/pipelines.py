@@ -64,7 +64,9 @@ def _make(name: str, target: str, options: dict[str, Any]) -> Pass:
     if name == "fuse_gelu":
         return FuseGeluPass()
     if name == "lower":
-        lower_opts = {k: options[k] for k in ("rms_norm", "skip_layer_norm") if k in options}
+        lower_opts = {
+            k: options[k] for k in ("rms_norm", "skip_layer_norm", "decompose") if k in options
+        }
         return LowerPass(target, **lower_opts)
     if name == "cleanup":
         return CleanupPass()

@@ -56,6 +56,8 @@ class SessionConfig:
     # Extra onnxruntime session config entries an artifact needs to mean what it says, e.g.
     # a QDQ int4 graph that must not be run with int8 activations (manifest quant section).
     config_entries: dict[str, str] = field(default_factory=dict)
+    # Options of a plugin provider (qnn: backend_type, soc_model; see runtime/providers.py).
+    provider_options: dict[str, str] = field(default_factory=dict)
 
     def resolved_spinning(self) -> bool:
         if self.allow_spinning is not None:
@@ -108,7 +110,8 @@ def session_options(config: SessionConfig) -> Any:
     spin = "1" if config.resolved_spinning() else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     so.add_session_config_entry("session.inter_op.allow_spinning", spin)
-    for key, value in config.config_entries.items():
+    entries = {**prov.PROVIDER_ENTRIES.get(config.provider.lower(), {}), **config.config_entries}
+    for key, value in entries.items():
         so.add_session_config_entry(key, str(value))
     return so
 
@@ -123,11 +126,20 @@ def make_session(
     import onnxruntime as ort
 
     config = config or SessionConfig()
-    providers = prov.resolve(config.provider)
+    providers: list[str] | None = prov.resolve(config.provider)
     so = session_options(config)
+    devices = prov.plugin_devices(config.provider.lower())
+    if devices is not None:  # a plugin provider (qnn, openvino) is added by device
+        so.add_provider_for_devices(devices, dict(config.provider_options))
+        providers = None
     source = model_path if isinstance(model_path, bytes) else str(Path(model_path))
     pages = HugePages() if config.huge_pages else None
-    session = ort.InferenceSession(source, sess_options=so, providers=providers)
+    try:
+        session = ort.InferenceSession(source, sess_options=so, providers=providers)
+    except Exception as e:
+        if devices is None:
+            raise
+        raise prov.plugin_failure(config.provider.lower(), e) from None
     if pages is not None:
         pages.apply()
     used = prov.check_session(session, config.provider.lower())

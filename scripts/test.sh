@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e ".[dev,docs,genai,gguf,structured,ray]"
+python -m pip install -q --disable-pip-version-check -e ".[dev,docs,genai,gguf,structured,ray,qnn,openvino]"
 ruff check .
 ruff format --check .
 mypy specport exporter passes runtime custom_ops samples

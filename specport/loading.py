@@ -42,6 +42,7 @@ def load(
         artifact_session_entries,
         make_session,
     )
+    from specport.runtime.static_session import open_static, static_info
     from specport.tokenizer import load_tokenizer
 
     directory = Path(path)
@@ -55,10 +56,13 @@ def load(
         disable_prepacking=not prepacking,
         config_entries=artifact_session_entries(manifest),
     )
-    graph, entries = artifact_graph(directory, manifest, mtp_branch)
-    session, used = make_session(
-        graph, replace(config, config_entries={**config.config_entries, **entries})
-    )
+    if provider.lower() == "qnn" and static_info(manifest):  # NPU: the static graph pair
+        session, used = open_static(directory, manifest, config)
+    else:
+        graph, entries = artifact_graph(directory, manifest, mtp_branch)
+        session, used = make_session(
+            graph, replace(config, config_entries={**config.config_entries, **entries})
+        )
     align_kv_dtype(session, manifest)
     tokenizer = load_tokenizer(directory, manifest.tokenizer)
     model = Model(directory, manifest, session, used, tokenizer, config)

@@ -20,7 +20,7 @@ from specport.errors import InputError, SpecportError, UsageError
 from specport.options import option
 from specport.outputs import check_artifact_out, check_onnx_out
 
-TARGETS = ("cpu", "cuda", "cann", "neutral")
+TARGETS = ("cpu", "cuda", "cann", "neutral", "standard", "qnn")
 KV_LAYOUTS = ("auto", "concat", "shared")  # auto: shared where the fused kernel runs
 QUANT_SCHEMES = ("w8a8", "w8a16", "w4a16", "w4a8")
 

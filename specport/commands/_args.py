@@ -77,8 +77,9 @@ def add_runtime_options(p: argparse.ArgumentParser) -> None:
         "--provider",
         default="auto",
         type=str.lower,
-        choices=["auto", "cpu", "cuda", "cann"],
-        help="execution provider (default auto: the best one installed)",
+        choices=["auto", "cpu", "cuda", "cann", "qnn", "openvino"],
+        help="execution provider (default auto: the best one installed; qnn and openvino are "
+        "onnxruntime plugins, never chosen by auto)",
     )
     p.add_argument(
         "--threads",

@@ -25,8 +25,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--target",
         default="cpu",
-        choices=["cpu", "cuda", "cann", "neutral"],
-        help="pass pipeline target (default cpu)",
+        choices=["cpu", "cuda", "cann", "neutral", "standard", "qnn"],
+        help="pass pipeline target (default cpu). standard: ai.onnx ops only, any onnxruntime "
+        "provider; qnn: Qualcomm NPUs (static prefill/decode graphs; --soc compiles them)",
+    )
+    p.add_argument(
+        "--soc",
+        type=POSITIVE,
+        help="(--target qnn) Snapdragon SoC model to compile the QNN context binary for, e.g. "
+        "60 = X Elite, 69 = 8 Gen 3 (needs onnxruntime-qnn; without it the float graphs ship "
+        "and compile when loaded)",
+    )
+    p.add_argument(
+        "--context-length",
+        type=POSITIVE,
+        help="(--target qnn) fixed context of the static graphs (default min(model's, 1024))",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=POSITIVE,
+        help="(--target qnn) new tokens per prefill graph run (default 64)",
     )
     p.add_argument(
         "--no-fuse", action="store_true", help="skip fusion passes (plain exported graph)"
@@ -123,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         quant=args.quant,
         quant_algo=args.quant_algo,
         dtype=args.dtype,
+        **_static_options(args),
     )
     if args.keep_gguf_quant:
         from specport.exporter.keep_gguf import keep_gguf_quant_artifact
@@ -153,3 +172,10 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"exported {manifest.architecture} to {args.out} ({err})")
     return 0
+
+
+def _static_options(args: argparse.Namespace) -> dict[str, int]:
+    """--soc / --context-length / --prefill-chunk, passed only when given (target qnn)."""
+    names = {"soc": args.soc, "context_length": args.context_length}
+    names["prefill_chunk"] = args.prefill_chunk
+    return {k: v for k, v in names.items() if v is not None}

@@ -1,0 +1,182 @@
+"""--target standard: a graph of ai.onnx ops only that decodes token-exactly like transformers.
+
+Every registry architecture (tiny random models, tests/fixtures.py) is exported for the
+standard target and must (1) hold no specport, com.microsoft or other custom-domain node and
+no local function, (2) verify against PyTorch at export, and (3) greedy-decode the same tokens
+as transformers' own `generate` on onnxruntime's CPU provider, alone and in a padded batch.
+Llama is in the quick set; the other families are `slow`. The shared SmolLM2 GGUF is checked
+against the transformers ids recorded in shared/README.md (slow).
+
+The OpenVINO provider runs the same artifacts when onnxruntime offers it (the
+`onnxruntime-ep-openvino` plugin with an Intel device, or the `onnxruntime-openvino` build);
+otherwise those tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+import specport
+from specport.exporter.registry import supported
+from tests.fixtures import LONG_PROMPT, SHORT_PROMPT, VARIANT_CONFIGS, hf_greedy
+
+NEW_TOKENS = 16
+QUICK = {"llama"}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _params() -> list:
+    names = [*supported(), *sorted(VARIANT_CONFIGS)]
+    return [pytest.param(n, marks=[] if n in QUICK else [pytest.mark.slow], id=n) for n in names]
+
+
+def export_standard(source: Path, out: Path, **kwargs) -> Path:
+    from specport.exporter.export import export_model
+
+    export_model(source, out, target="standard", progress=False, **kwargs)
+    return out
+
+
+def assert_ai_onnx_only(artifact: Path) -> None:
+    model = onnx.load(str(artifact / "model.onnx"), load_external_data=False)
+    custom = sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node if n.domain})
+    assert not custom, f"non-standard ops in a --target standard graph: {custom}"
+    assert not model.functions, [f.name for f in model.functions]
+    assert {o.domain for o in model.opset_import} <= {"", "ai.onnx"}
+
+
+@pytest.mark.parametrize("model_type", _params())
+def test_standard_target_is_ai_onnx_only_and_token_exact(tiny_zoo, tmp_path, model_type):
+    artifact = export_standard(tiny_zoo.source(model_type), tmp_path / "std")
+    manifest = json.loads((artifact / "specport.json").read_text())
+    assert manifest["target"] == "standard"
+    assert manifest["kv"]["layout"] == "concat"
+    assert manifest["verify"]["ok"], manifest["verify"]
+    assert_ai_onnx_only(artifact)
+
+    ref = tiny_zoo.reference(model_type)
+    expected = [hf_greedy(ref, p, NEW_TOKENS) for p in (SHORT_PROMPT, LONG_PROMPT)]
+    model = specport.load(artifact, provider="cpu")
+    single = [
+        model.generate(prompt_ids=p, max_new_tokens=NEW_TOKENS, ignore_eos=True).tokens
+        for p in (SHORT_PROMPT, LONG_PROMPT)
+    ]
+    assert single == expected
+    batch = model.generate_batch(
+        prompt_ids=[SHORT_PROMPT, LONG_PROMPT], max_new_tokens=NEW_TOKENS, ignore_eos=True
+    )
+    assert [r.tokens for r in batch] == expected
+
+
+def test_standard_lowering_uses_the_opset23_ops(tiny_zoo, tmp_path):
+    """Attention-23, RMSNormalization-23 and RotaryEmbedding-23 carry the fused ops."""
+    artifact = export_standard(tiny_zoo.source("llama"), tmp_path / "std")
+    ops = {n.op_type for n in onnx.load(str(artifact / "model.onnx")).graph.node}
+    assert {"Attention", "RMSNormalization", "RotaryEmbedding"} <= ops
+
+
+# transformers' greedy ids for SmolLM2's haiku chat (shared/README.md, fp32 from the GGUF)
+HAIKU_PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28,
+                7018, 411, 407, 19712, 8182, 2, 198, 1, 4093, 198, 19161, 253, 421, 30614, 563,
+                260, 3426, 30, 2, 198, 1, 520, 9531, 198]  # fmt: skip
+HAIKU_IDS = [504, 6147, 282, 260, 3426, 28, 253, 13879, 6122, 28, 198, 49, 9154, 303, 5082,
+             282, 260, 10393, 28, 198, 49, 13151, 282, 260, 6122, 338, 5721, 8823, 28, 198, 49,
+             13151, 282, 260, 5065, 506, 1149, 30, 2]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def smollm2_standard(shared_dir, tmp_path_factory) -> Path:
+    gguf = shared_dir / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not gguf.exists():
+        pytest.skip(f"{gguf} is absent")
+    return export_standard(gguf, tmp_path_factory.mktemp("smollm2") / "std", skip_verify=True)
+
+
+@pytest.mark.slow
+def test_smollm2_standard_matches_transformers(smollm2_standard):
+    assert_ai_onnx_only(smollm2_standard)
+    model = specport.load(smollm2_standard, provider="cpu")
+    out = model.generate(prompt_ids=HAIKU_PROMPT, max_new_tokens=len(HAIKU_IDS), ignore_eos=True)
+    assert out.tokens == HAIKU_IDS
+
+
+# ---- the OpenVINO execution provider ---------------------------------------------------------
+
+
+def openvino_runner() -> list[str] | None:
+    """How to run a standard artifact on OpenVINO here: in-process (plugin with a device, or an
+    onnxruntime build listing it) -> [], another Python with onnxruntime-openvino
+    (SPECPORT_OPENVINO_PYTHON) -> [that python], else None."""
+    from specport.runtime import providers
+
+    if "openvino" in providers.available():
+        try:
+            providers.resolve("openvino")
+            return []
+        except Exception:
+            pass
+    python = os.environ.get("SPECPORT_OPENVINO_PYTHON")
+    return [python] if python else None
+
+
+OPENVINO_SKIP = (
+    "no OpenVINO execution provider here: the onnxruntime-ep-openvino plugin offers Intel "
+    "devices only, and onnxruntime-openvino replaces onnxruntime (install it in a separate "
+    "virtual environment and point SPECPORT_OPENVINO_PYTHON at its python)"
+)
+
+
+def openvino_greedy(runner: list[str], artifact: Path, prompt: list[int], new: int) -> list[int]:
+    if not runner:
+        model = specport.load(artifact, provider="openvino")
+        return model.generate(prompt_ids=prompt, max_new_tokens=new, ignore_eos=True).tokens
+    cmd = [
+        *runner,
+        str(ROOT / "scripts" / "greedy_onnxruntime.py"),
+        str(artifact),
+        "--provider=OpenVINOExecutionProvider",
+        "--option=device_type=CPU",
+        "--option=precision=FP32",  # else bf16 on CPUs that have it (shared/PEERS.md)
+        f"--prompt-ids={','.join(map(str, prompt))}",
+        f"--new-tokens={new}",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["provider"] == "OpenVINOExecutionProvider", result
+    return result["tokens"]
+
+
+@pytest.mark.parametrize("model_type", _params())
+def test_standard_target_on_openvino(tiny_zoo, tmp_path, model_type):
+    runner = openvino_runner()
+    if runner is None:
+        pytest.skip(OPENVINO_SKIP)
+    artifact = export_standard(tiny_zoo.source(model_type), tmp_path / "std")
+    ref = tiny_zoo.reference(model_type)
+    for prompt in (SHORT_PROMPT, LONG_PROMPT):
+        expected = hf_greedy(ref, prompt, NEW_TOKENS)
+        assert openvino_greedy(runner, artifact, prompt, NEW_TOKENS) == expected
+
+
+@pytest.mark.slow
+def test_smollm2_standard_on_openvino(smollm2_standard):
+    runner = openvino_runner()
+    if runner is None:
+        pytest.skip(OPENVINO_SKIP)
+    tokens = openvino_greedy(runner, smollm2_standard, HAIKU_PROMPT, len(HAIKU_IDS))
+    assert tokens == HAIKU_IDS
+
+
+def test_python_runner_is_this_python_free():
+    """The out-of-process runner needs only onnxruntime and numpy (no specport import)."""
+    text = (ROOT / "scripts" / "greedy_onnxruntime.py").read_text()
+    assert "import specport" not in text and "from specport" not in text
+    assert sys.executable  # the in-process path uses this interpreter
