@@ -96,6 +96,17 @@ def _candidates(m: Mismatch, fields: dict[str, int]) -> list[tuple[str, int]]:
     return [(f, v) for _, f, v in found]
 
 
+def _confirmed(tensor: str, shape: tuple[int, ...], fields: dict[str, int]) -> set[str]:
+    """Fields that `tensor`'s matching shape shows directly (e.g. the embedding: vocab, hidden)."""
+    affinity = next(a for pattern, a in AFFINITY if re.search(pattern, tensor))
+    out = set()
+    for axis, dim in enumerate(shape):
+        for field in affinity[min(axis, len(affinity) - 1)]:
+            if fields.get(field) == dim:
+                out.add(field)
+    return out
+
+
 def _layers(tensors: dict[str, tuple[int, ...]]) -> int | None:
     indices = {int(m.group(1)) for k in tensors if (m := LAYER_INDEX.search(k))}
     return max(indices) + 1 if indices else None
@@ -136,18 +147,22 @@ def check_config_against_weights(
     except Exception as e:  # noqa: BLE001 - a config transformers cannot build: its own error
         logger.info("config check skipped: %s", e)
         return
-    mismatches = []
+    mismatches, confirmed = [], set()
     for name, shape in expected.items():
         key = _lookup(name, prefix, tensors)
         if key is not None and tensors[key] != shape:
             mismatches.append(Mismatch(key, shape, tensors[key]))
+        elif key is not None:  # a field this tensor's shape shows to be right is not the culprit
+            confirmed |= _confirmed(key, shape, fields)
     if not mismatches:
         return
     # the (field, implied value) that explains the most mismatched tensors, then the likeliest
     covered: Counter[tuple[str, int]] = Counter()
     rank: Counter[tuple[str, int]] = Counter()
     for m in mismatches:
-        for i, cand in enumerate(dict.fromkeys(_candidates(m, fields))):
+        cands = list(dict.fromkeys(_candidates(m, fields)))
+        cands = [c for c in cands if c[0] not in confirmed] or cands
+        for i, cand in enumerate(cands):
             covered[cand] += 1
             rank[cand] += i
     votes = sorted(covered, key=lambda c: (-covered[c], rank[c]))
@@ -179,3 +194,43 @@ def _raw_keys(cfg_path: Path) -> set[str]:
         if isinstance(raw, dict) and isinstance(raw.get(sub), dict):
             keys |= set(raw[sub])
     return keys
+
+
+# GGUF: (metadata key, its config value, tensor, ggml axis, divisor key) — ggml shapes list the
+# row length first: token_embd.weight is [hidden, vocab], blk.N.attn_k.weight [hidden, kv * Dh].
+GGUF_SHAPES = [
+    ("embedding_length", "hidden_size", "token_embd.weight", 0, None),
+    ("vocab_size", "vocab_size", "token_embd.weight", 1, None),
+    ("feed_forward_length", "intermediate_size", "blk.0.ffn_up.weight", 1, None),
+    ("attention.head_count", "num_attention_heads", "blk.0.attn_q.weight", 1, "head_dim"),
+    ("attention.head_count_kv", "num_key_value_heads", "blk.0.attn_k.weight", 1, "head_dim"),
+]
+GGUF_BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+def check_gguf_shapes(path: str, arch: str, cfg: dict[str, Any], tensors: dict[str, Any]) -> None:
+    """Raise when a GGUF file's metadata disagrees with its own tensor shapes, naming the key and
+    the value the tensors imply: then the file itself is inconsistent (its converter wrote a
+    wrong key), and re-converting it is the fix."""
+    blocks = {int(m.group(1)) for name in tensors if (m := GGUF_BLOCK.match(name))}
+    if blocks and max(blocks) + 1 != cfg["num_hidden_layers"]:
+        raise InvalidModelError(
+            f"GGUF file {path}: metadata {arch}.block_count is {cfg['num_hidden_layers']}, but "
+            f"its tensors hold {max(blocks) + 1} blocks; the file's metadata disagrees with its "
+            "weights: re-convert it (llama.cpp's convert_hf_to_gguf.py)."
+        )
+    for key, field, tensor, axis, per in GGUF_SHAPES:
+        t = tensors.get(tensor)
+        if t is None or field not in cfg:
+            continue
+        shape = [int(d) for d in t.shape]
+        if axis >= len(shape):
+            continue
+        have = shape[axis] // (int(cfg[per]) if per else 1)
+        if have != int(cfg[field]):
+            key_name = f"{arch}.{key}" if key != "vocab_size" else "tokenizer.ggml.tokens (count)"
+            raise InvalidModelError(
+                f"GGUF file {path}: metadata {key_name} is {cfg[field]}, but tensor {tensor} is "
+                f"{shape} (ggml order), which implies {have}; the file's metadata disagrees "
+                "with its weights: re-convert it (llama.cpp's convert_hf_to_gguf.py)."
+            )

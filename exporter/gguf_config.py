@@ -134,6 +134,9 @@ def hf_config(meta: Metadata, tensors: dict[str, Any], small: dict[str, np.ndarr
     scaling = _rope_scaling(meta, cfg, small)
     if scaling:
         cfg["rope_scaling"] = scaling
+    from specport.exporter.config_check import check_gguf_shapes
+
+    check_gguf_shapes(meta.path, meta.arch, cfg, tensors)
     return cfg
 
 
