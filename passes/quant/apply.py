@@ -38,6 +38,7 @@ from specport.artifact import (
     atomic_artifact_dir,
     read_manifest,
 )
+from specport.errors import QuantizationError
 from specport.eval_record import EVAL_KEY, SOURCE_EVAL_KEY, source_eval_for_quantized
 from specport.interop.files import write_artifact_manifest
 from specport.passes.base import PassResult
@@ -65,6 +66,24 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
 
 __all__ = ["ALGOS", "SCHEMES", "Progress", "check_kv_layout", "quantize_artifact"]
+
+
+FORMS_INT8_KERNEL = ("matmulnbits", "dynamic")  # onnxruntime kernels quantizing activations
+
+
+def cann_w8a8_form(manifest: Manifest, scheme: str, form: str) -> str:
+    """A `cann` artifact's W8A8 takes Ascend's layout (`ascend` form): the CANN provider has no
+    com.microsoft kernels, so the default MatMulNBits form becomes `ascend` and `dynamic` is
+    refused; `qdq` (uint8 activations, standard ops) is kept when asked for."""
+    if manifest.target != "cann" or scheme != "w8a8" or form in ("ascend", "qdq"):
+        return form
+    if form == "dynamic":
+        raise QuantizationError(
+            "the dynamic W8A8 form uses com.microsoft.DynamicQuantizeMatMul, which the CANN "
+            "provider cannot run; quantize this cann artifact with --form ascend"
+        )
+    logger.info("cann artifact: W8A8 in Ascend's layout (form ascend) instead of %s", form)
+    return "ascend"
 
 
 def quantize_artifact(
@@ -130,6 +149,7 @@ def quantize_artifact(
     if source_eval:
         manifest.extra[SOURCE_EVAL_KEY] = source_eval
     check_kv_layout(src_p, manifest, kv_cache, kv_granularity)
+    form = cann_w8a8_form(manifest, scheme, form)
     model_path = src_p / manifest.model_file
     prior_quant, kv_report = manifest.quant, {}  # scheme none keeps the source's weight recipe
     stats = None
@@ -233,7 +253,7 @@ def quantize_artifact(
             "algorithm": algo,
             "group_size": group_size,
             "form": form,
-            "accuracy_level": 4 if scheme in ("w4a8", "w8a8") and form != "qdq" else 0,
+            "accuracy_level": 4 if scheme in ("w4a8", "w8a8") and form in FORMS_INT8_KERNEL else 0,
             "lm_head_bits": lm_head_bits,
             **({"lm_head_group_size": head_rows[0]["group_size"]} if head_rows else {}),
             **({"lm_head": manifest_head} if manifest_head else {}),
@@ -259,6 +279,11 @@ def quantize_artifact(
             manifest.quant["group_size"] = group_size if bits == 4 else 0  # 0: per channel
             if not calib_files:
                 manifest.quant["calibration"] = {"builtin": "samples/corpus.py seed 11"}
+        if form == "ascend":
+            # What the graph says, on the CPU provider too: onnxruntime's QDQ fusions turn a
+            # quantized-output chain into QLinearMatMul with per-channel weight scales, which
+            # measured 6% of the largest logit away from the graph's own arithmetic.
+            manifest.quant["ort_session_config"] = {"session.disable_quant_qdq": "1"}
         if form == "qdq" and scheme != "w8a8":
             # onnxruntime fuses DQ(int4)->MatMul into MatMulNBits with int8 activations unless
             # told otherwise; the runtime should pass this to SessionOptions for true W4A16.

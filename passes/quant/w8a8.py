@@ -10,6 +10,12 @@ Three graph forms of the same smoothed weights (`form`):
   after fusion): int8 per-channel weights, uint8 per-tensor activations computed per run.
 - `qdq`: static per-tensor uint8 activations from the calibration ranges, in QDQ form
   (portable; onnxruntime fuses it into MatMulIntegerToFloat).
+- `ascend`: the layout of Ascend's own W8A8 (msModelSlim's `weight`, `deq_scale`,
+  `input_scale`, `input_offset`): symmetric int8 weights per output channel (no weight
+  offset), int8 activations with one scale and one offset per tensor, the LM head in the same
+  form; standard ops only (QuantizeLinear / DequantizeLinear / MatMul), no com.microsoft op,
+  so a `cann` artifact stays runnable by the CANN provider. SmoothQuant folded into the
+  norm scales is what Ascend's anti-outlier step does too.
 
 The QDQ form in detail:
 
@@ -63,7 +69,8 @@ NORM_OPS = {
     "SimplifiedLayerNormalization": 1,
     "SkipSimplifiedLayerNormalization": 2,
 }
-FORMS = ("matmulnbits", "dynamic", "qdq")
+FORMS = ("matmulnbits", "dynamic", "qdq", "ascend")
+QDQ_FORMS = ("qdq", "ascend")  # static activation ranges, standard ops
 
 
 def _norm_scale(x: ir.Value, sites: list[WeightSite]) -> tuple[ir.Node, int] | None:
@@ -181,7 +188,22 @@ class QuantizeW8A8Pass(Pass):
                 }
             packed_groups += self._nbits.emit_nbits_groups(graph, packed)
         head_report: dict[str, Any] = {}
-        if heads and self.lm_head_bits:
+        if heads and self.lm_head_bits and self.form == "ascend":
+            if self.lm_head_bits != 8:
+                raise QuantizationError("the ascend W8A8 form keeps an 8-bit or float LM head")
+            for head in heads:  # same layout as the body, no smoothing
+                st = self.stats[head.x.name or ""]
+                lo, hi = float(st.lo.min()), float(st.hi.max())
+                xq = self._quantize_input(graph, head.x, head.x.name or "", head, lo, hi)
+                self._emit(graph, head, xq, head.weight_array())
+                layers[head.name] = {
+                    "bits": 8,
+                    "activation_bits": 8,
+                    "form": self.form,
+                    "lm_head": True,
+                    "act_range": [round(lo, 6), round(hi, 6)],
+                }
+        elif heads and self.lm_head_bits:
             plan = {h.name: self.lm_head_bits for h in heads}
             sub = QuantizeWeightsNBitsPass(
                 8,
@@ -196,7 +218,8 @@ class QuantizeW8A8Pass(Pass):
         remove_unused(model)
         if model.opset_imports.get("", 0) < 21:
             model.opset_imports[""] = 21
-        if self.form != "qdq" and model.opset_imports.get("com.microsoft", 0) < 1:
+        uses_ms = any(n.domain == "com.microsoft" for n in graph)
+        if uses_ms and model.opset_imports.get("com.microsoft", 0) < 1:
             model.opset_imports["com.microsoft"] = 1
         return bool(layers), {
             "form": self.form,
@@ -209,13 +232,17 @@ class QuantizeW8A8Pass(Pass):
     def _quantize_input(
         self, graph: ir.Graph, x: ir.Value, xname: str, first: WeightSite, lo: float, hi: float
     ) -> ir.Value:
-        """QDQ form: x -> QuantizeLinear -> DequantizeLinear with the static range [lo, hi];
-        the dynamic forms quantize inside the kernel and take x as it is."""
-        if self.form != "qdq":
+        """QDQ forms: x -> QuantizeLinear -> DequantizeLinear with the static range [lo, hi]
+        (uint8, or int8 with an offset for ascend); the dynamic forms quantize inside the
+        kernel and take x as it is."""
+        if self.form not in QDQ_FORMS:
             return x
         sa, za = SQ.quantize_activation_uint8(lo, hi)
+        zero = np.array(za, dtype=np.uint8)
+        if self.form == "ascend":  # the same grid shifted by 128: int8 codes, offset in int8
+            zero = np.array(int(za) - 128, dtype=np.int8)
         sv = add_initializer(graph, f"{xname}.act_scale", np.array(sa, dtype=np.float32))
-        zv = add_initializer(graph, f"{xname}.act_zero", np.array(za, dtype=np.uint8))
+        zv = add_initializer(graph, f"{xname}.act_zero", zero)
         ql = ir.node("QuantizeLinear", [x, sv, zv], name=f"{first.name}/QuantizeLinear")
         dql = ir.node(
             "DequantizeLinear", [ql.outputs[0], sv, zv], name=f"{first.name}/DequantizeLinear"

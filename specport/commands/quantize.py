@@ -87,11 +87,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--form",
         default="matmulnbits",
-        choices=["matmulnbits", "qdq", "dynamic", "npu"],
+        choices=["matmulnbits", "qdq", "dynamic", "npu", "ascend"],
         help="graph form: matmulnbits (default), qdq (weight-only: blocked-int4 QDQ; w8a8: "
         "static QDQ), dynamic (w8a8: DynamicQuantizeMatMul), npu (w8a16/w4a16: QDQ with uint16 "
         "activations calibrated on --calib or the built-in text, symmetric int8 per-channel or "
-        "int4 blocked weights: the NPU format, e.g. Qualcomm HTP)",
+        "int4 blocked weights: the NPU format, e.g. Qualcomm HTP), ascend (w8a8 in Ascend's "
+        "layout: int8 symmetric per-channel weights, int8 activations with a per-tensor "
+        "offset; the default w8a8 form of a --target cann artifact)",
     )
     p.add_argument(
         "--kv-cache",
