@@ -60,7 +60,8 @@ def resolve(name: str) -> list[str]:
 
     key = (name or "auto").lower()
     if key in ep_plugins.PLUGINS:
-        if ep_plugins.installed(key) or PROVIDERS[key] not in ort.get_available_providers():
+        built_in = PROVIDERS[key] in ort.get_available_providers()
+        if not built_in or ep_plugins.registered(key) or ep_plugins.installed(key):
             ep_plugins.devices(key)  # raises the one-line reason (not installed / no device)
         return _with_cpu_fallback(key)
     have = available()

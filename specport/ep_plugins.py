@@ -49,6 +49,12 @@ def installed(short: str) -> bool:
     return True
 
 
+def registered(short: str) -> bool:
+    """Whether this process registered the plugin's library (it then shows in onnxruntime's
+    `get_available_providers()` like a built-in provider)."""
+    return PLUGINS[short].ep_name in _registered
+
+
 def devices(short: str) -> list[Any]:
     """The onnxruntime EP devices of plugin `short`, registering its library once.
 
