@@ -23,10 +23,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from specport.artifact import read_manifest
 from specport.contract import prefill_feeds, with_causal_tree_mask
 from specport.documents import read_text_documents
 from specport.errors import InputError
 from specport.progress import track
+from specport.runtime.kv.seq_cache import open_cache
+from specport.runtime.session import artifact_graph, artifact_session_entries
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +53,9 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
     entries: dict[str, str] = {}
     shared: Any = None
     if p.is_dir():
-        from specport.artifact import read_manifest
-
         m = read_manifest(p, check_hashes=False)
         shared = m if m.kv.layout == "shared" else None
         onnx_path, tok_dir = p / m.model_file, p
-        from specport.runtime.session import artifact_graph, artifact_session_entries
 
         graph, extra = artifact_graph(p, m, mtp_branch=False)  # scoring needs no MTP heads
         bos = m.config.get("bos_token_id")
@@ -124,8 +124,6 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 def _logits(model: _Model, ids: np.ndarray, chunk: int | None = None) -> np.ndarray:
     """ids [T] -> logits [T, V]; with `chunk`, N tokens per run on top of the carried KV."""
     if model.manifest is not None:  # shared layout: logits_index selects every position
-        from specport.runtime.kv.seq_cache import open_cache
-
         cache = open_cache(model.sess, model.manifest, len(ids))
         size = chunk or len(ids)
         return np.concatenate(

@@ -21,6 +21,7 @@ import numpy as np
 
 from specport import artifact as art
 from specport.errors import ArtifactError, ContextLengthError
+from specport.runtime.session import make_session
 
 logger = logging.getLogger(__name__)
 
@@ -167,8 +168,6 @@ def graph_files(directory: Path, static: dict[str, Any], provider: str) -> dict[
 def open_static(directory: Path, manifest: art.Manifest, config: Any) -> tuple[StaticSession, str]:
     """Open both static graphs with `config`'s provider (qnn: the manifest's SoC)."""
     from dataclasses import replace
-
-    from specport.runtime.session import make_session
 
     static = static_info(manifest)
     if static is None:

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from specport.runtime.detokenize import IncrementalDetokenizer
+
 
 class TextStreams:
     def __init__(
@@ -28,8 +30,6 @@ class TextStreams:
         self.stopped = np.zeros(rows, dtype=bool)
         self.detok: list[Any] = []
         if tokenizer is not None:
-            from specport.runtime.detokenize import IncrementalDetokenizer
-
             self.detok = [IncrementalDetokenizer(tokenizer) for _ in range(rows)]
 
     @property

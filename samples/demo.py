@@ -15,7 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import specport as api
 from specport import settings
+from specport.artifact import read_manifest
+from specport.errors import ArtifactError, OutputError
+from specport.outputs import check_artifact_out
+from specport.progress import Stages
+from specport.runtime.bench.speculative import plain_reference
+from specport.samples.corpus import generate_corpus
 
 logger = logging.getLogger(__name__)
 
@@ -31,15 +38,10 @@ def run_demo(
 
     `out` holds the artifacts `fp32`, `w4` and `mtp`; each is checked before anything starts
     (a new, empty or artifact directory; never a user's file or folder)."""
-    import specport as api  # the public API: load, export, quantize
-    from specport.outputs import check_artifact_out
-    from specport.progress import Stages
     from specport.samples.demo_model import DEMO_PROMPT, ensure_demo_model
 
     out = Path(out) if out else settings.cache_dir() / "demo-artifact"
     if out.exists() and not out.is_dir():
-        from specport.errors import OutputError
-
         raise OutputError(f"--out {out} is a file; give a directory for the demo's artifacts.")
     for name in ARTIFACTS:
         check_artifact_out(out / name)
@@ -211,10 +213,7 @@ def _mtp_rows(
     EOS is ignored here so both runs decode the same, longer stretch: short demo stories would
     otherwise end before speculation has anything to show.
     """
-    from specport.artifact import read_manifest
-    from specport.errors import ArtifactError
     from specport.exporter.mtp_train import train_mtp
-    from specport.samples.corpus import generate_corpus
     from specport.samples.demo_model import DEMO_PROMPT
 
     mtp_dir = out / "mtp"
@@ -233,7 +232,6 @@ def _mtp_rows(
                 num_sequences=384,
                 progress=progress,
             )
-    from specport.runtime.bench.speculative import plain_reference
 
     mtp_model = api.load(mtp_dir, mtp_branch=True)
     n = max(max_new_tokens, 96)

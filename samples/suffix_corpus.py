@@ -18,6 +18,10 @@ import logging
 import sys
 from pathlib import Path
 
+from specport.errors import InputError, SpecportError
+from specport.loading import load
+from specport.runtime.speculative.suffix_corpus import write_corpus
+
 logger = logging.getLogger(__name__)
 
 
@@ -26,10 +30,7 @@ def build_corpus(
 ) -> int:
     """Answer up to ``limit`` messages with the artifact and write them to ``out``; returns
     the number of answers."""
-    from specport.errors import InputError
     from specport.exporter.mtp_data import chat_prompts, greedy_answers
-    from specport.loading import load
-    from specport.runtime.speculative.suffix_corpus import write_corpus
 
     if out.exists():
         raise InputError(f"--out {out} exists; choose a new file (nothing is overwritten).")
@@ -44,8 +45,6 @@ def build_corpus(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specport.errors import SpecportError
-
     p = argparse.ArgumentParser(
         prog="python -m specport.samples.suffix_corpus", description=__doc__
     )

@@ -32,7 +32,7 @@ from specport.exporter.sp_tokenizer import (
     llama_tokenizer_config,
     save_tokenizer,
 )
-from specport.progress import Loop
+from specport.progress import Loop, bar_enabled
 from specport.samples.corpus import generate_corpus
 
 logger = logging.getLogger(__name__)
@@ -241,8 +241,6 @@ def train_demo_model(
 def save_hf_model_dir(model: LlamaForCausalLM, tok: Tokenizer, out_dir: Path) -> Path:
     """Write `model` and `tok` as a regular Hugging Face directory (safetensors weights)."""
     import transformers
-
-    from specport.progress import bar_enabled
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

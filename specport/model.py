@@ -20,8 +20,12 @@ from specport.errors import UsageError
 from specport.options import option
 from specport.plain_calls import plain_batch
 from specport.results import GenerationResult
+from specport.runtime.kv.layouts import align_kv_dtype
+from specport.runtime.session import SessionConfig, make_session
+from specport.runtime.speculative.suffix import SuffixIndex
 from specport.speculative_calls import speculative_batch, speculative_one
 from specport.text_stream import TextStream
+from specport.tokenizer import encode_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +56,6 @@ class Model:
         every request): empty until given a corpus (`load(..., suffix_corpus=)`); the serving
         engine adds each finished answer."""
         if self._suffix_index is None:
-            from specport.runtime.speculative.suffix import SuffixIndex
-
             self._suffix_index = SuffixIndex()
         return self._suffix_index
 
@@ -72,8 +74,6 @@ class Model:
         """Reopen the session with the MTP branch (for speculative="mtp" after a plain load)."""
         if self.has_mtp_branch or not (self.manifest.mtp or {}).get("heads"):
             return
-        from specport.runtime.kv.layouts import align_kv_dtype
-        from specport.runtime.session import SessionConfig, make_session
 
         logger.info("reopening %s with its MTP branch for speculative='mtp'", self.path)
         config = self.session_config or SessionConfig(provider=self.provider)
@@ -97,8 +97,6 @@ class Model:
 
     # ---- tokens <-> text -------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        from specport.tokenizer import encode_prompt
-
         return encode_prompt(self.tokenizer, text)
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from specport.errors import InvalidModelError
+from specport.onnx_file import ort_load_error
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +191,6 @@ def check_parity(src: Path, out: Path, proto: Any) -> dict[str, Any]:
         expected.append(dict(zip([o.name for o in ref.get_outputs()], outs)))
     ref_inputs = {i.name for i in ref.get_inputs()}
     del ref
-    from specport.onnx_file import ort_load_error
 
     why = ort_load_error(out)
     if why is not None:

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specport.results import GenerationResult, row_metrics
+from specport.runtime.generator import Generator, greedy_select
+from specport.runtime.sampler import Sampler
+from specport.runtime.streaming import TextStreams
 
 if TYPE_CHECKING:
     from specport.model import Model
@@ -30,9 +33,6 @@ def plain_batch(
     on_text: Callable[[int, str], None] | None,
 ) -> list[GenerationResult]:
     """Generate for `rows` (prompt token ids) together; one result per row."""
-    from specport.runtime.generator import Generator
-    from specport.runtime.sampler import Sampler
-    from specport.runtime.streaming import TextStreams
 
     sampler = Sampler(config, model.manifest.vocab_size)
     history = [np.asarray(r, dtype=np.int64) for r in rows]
@@ -45,8 +45,6 @@ def plain_batch(
         return sampler(logits, history, generated)
 
     if config.greedy and config.plain:
-        from specport.runtime.generator import greedy_select
-
         select = greedy_select  # lets a fused graph pick the token in-graph (argmax there)
 
     streams = TextStreams(model.tokenizer, len(rows), list(stop), on_text)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from specport.errors import InputError
+
 
 def cache_dir() -> Path:
     """Where specport keeps what it builds for itself (the demo model)."""
@@ -34,8 +36,6 @@ def peer_cache_limit_bytes() -> int:
     except ValueError:
         gb = -1.0
     if not gb >= 0:
-        from specport.errors import InputError
-
         raise InputError(
             f"SPECPORT_PEER_CACHE_GB={raw!r} is not a size in GB; set it to a number such as 20."
         )

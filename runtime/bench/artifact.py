@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from specport import artifact as art
+from specport.runtime.bench import peers as peer_mod
 
 # where `specport bench`, the tests and the other benchmarks import them from
 from specport.runtime.bench.hardware import (
@@ -33,6 +34,7 @@ from specport.runtime.bench.hardware import (
     peak_rss_mb,
     reset_peak_rss,
 )
+from specport.runtime.bench.kernel_floor import KernelFloor
 from specport.runtime.bench.report import ONNXRUNTIME_PEERS, format_table
 from specport.runtime.bench.results import (
     RATE_KEYS,
@@ -41,6 +43,14 @@ from specport.runtime.bench.results import (
     EngineResult,
     compare,
     paired_speedup,
+)
+from specport.runtime.generator import Generator
+from specport.runtime.kv.layouts import check_runtime_dtype
+from specport.runtime.session import (
+    SessionConfig,
+    artifact_graph,
+    artifact_session_entries,
+    make_session,
 )
 
 __all__ = [
@@ -108,10 +118,6 @@ def specport_loader(
     artifact: Path, prompts: Sequence[Sequence[int]], config: BenchConfig
 ) -> Callable[[], Any]:
     def load() -> tuple[Callable[[], dict[str, Any]], dict[str, Any]]:
-        from specport.runtime.generator import Generator
-        from specport.runtime.kv.layouts import check_runtime_dtype
-        from specport.runtime.session import SessionConfig, artifact_graph, make_session
-
         manifest = art.read_manifest(artifact)
         check_runtime_dtype(manifest, artifact)
         graph, entries = artifact_graph(artifact, manifest, mtp_branch=False)  # plain decoding
@@ -138,7 +144,6 @@ def _match_openmp_waiting(config: BenchConfig) -> None:
     OpenMP threads busy-wait by default; on an oversubscribed machine torch with 2 threads was
     8x slower than with 1 (measured). The policy is read when libgomp loads, hence before torch.
     """
-    from specport.runtime.session import SessionConfig
 
     if SessionConfig(allow_spinning=config.allow_spinning).resolved_spinning():
         return
@@ -162,8 +167,6 @@ def run_bench(
     round) with a bandwidth sample per round, so a shared machine's changing load and cache
     state hit all of them alike; speedups are medians of per-round ratios.
     """
-    from specport.runtime.bench import peers as peer_mod
-    from specport.runtime.session import SessionConfig
 
     path = Path(artifact)
     manifest = art.read_manifest(path)
@@ -245,8 +248,6 @@ def _kernel_floor(model_path: Path, manifest: art.Manifest, config: BenchConfig)
 
     Decode runs them once per step at batch `config.batch`; nothing built on onnxruntime can
     step faster than they run, which bounds every speedup over a peer on the same kernels."""
-    from specport.runtime.bench.kernel_floor import KernelFloor
-    from specport.runtime.session import artifact_session_entries
 
     if config.provider not in ("auto", "cpu"):
         return None

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+import specport
 from specport.errors import InputError
 from specport.progress import Loop
 from specport.runtime.bench.arrivals import (
@@ -35,6 +36,8 @@ from specport.runtime.bench.arrivals import (
     served_rows,
 )
 from specport.runtime.engine.base import Request
+from specport.runtime.engine.batching import BatchingEngine
+from specport.runtime.engine.serial import SerialEngine
 
 
 def run_load(
@@ -96,9 +99,6 @@ def run_engine_bench(
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Every figure `specport bench --requests N` prints, as one JSON-able dict."""
-    import specport
-    from specport.runtime.engine.batching import BatchingEngine
-    from specport.runtime.engine.serial import SerialEngine
 
     if config.requests < 1 or config.rounds < 1 or config.new_tokens < 2:
         raise InputError("--requests and --runs must be at least 1, --new-tokens at least 2.")

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+import specport
 from specport.errors import ArtifactError, InputError
 from specport.progress import Loop
 from specport.runtime.bench.arrivals import (
@@ -33,6 +34,9 @@ from specport.runtime.bench.arrivals import (
     served_rows,
 )
 from specport.runtime.bench.arrivals import serve_load as _load
+from specport.runtime.bench.speculative import CHAT_SETS, PROMPT_SETS, chat_prompt_ids
+from specport.runtime.engine.batching import BatchingEngine
+from specport.runtime.engine.speculation import SPEC_MAX_ROWS, SPEC_MAX_TOKENS
 
 
 @dataclass
@@ -66,7 +70,6 @@ def copy_prompts(seed: int, n: int, length: int, vocab: int) -> list[list[int]]:
 
 def set_prompts(model: Any, name: str, n: int) -> list[list[int]]:
     """`n` prompts from a built-in set (story, copy, chat...), cycled: the same every round."""
-    from specport.runtime.bench.speculative import CHAT_SETS, PROMPT_SETS, chat_prompt_ids
 
     if name in CHAT_SETS:
         encoded = chat_prompt_ids(model, name)
@@ -85,9 +88,6 @@ def run_spec_engine_bench(
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Every figure `specport bench --requests N --speculative METHOD` prints, as a dict."""
-    import specport
-    from specport.runtime.engine.batching import BatchingEngine
-    from specport.runtime.engine.speculation import SPEC_MAX_ROWS, SPEC_MAX_TOKENS
 
     if config.requests < 1 or config.rounds < 1 or config.new_tokens < 2:
         raise InputError("--requests and --runs must be at least 1, --new-tokens at least 2.")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specport import artifact as art
+from specport.passes.mtp import BRANCH_OUTPUTS
 
 if TYPE_CHECKING:
     from specport.runtime.bench.results import BenchConfig
@@ -111,7 +112,6 @@ def plain_decode_nodes(proto: Any) -> list[Any]:
     """The nodes a plain decode step runs: those the graph's outputs need, less an MTP artifact's
     branch (the runtime strips it at load unless decoding with `--speculative mtp`, see
     ``runtime.session.artifact_graph``), so its heads' weights are not counted as read."""
-    from specport.passes.mtp import BRANCH_OUTPUTS
 
     producer = {out: node for node in proto.graph.node for out in node.output if out}
     wanted = [o.name for o in proto.graph.output if o.name not in BRANCH_OUTPUTS]

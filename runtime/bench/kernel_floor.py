@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from specport.runtime.bench.hardware import plain_decode_nodes
+
 logger = logging.getLogger(__name__)
 
 # Ops whose first input is the activation [rows, K] and whose weight is an initializer.
@@ -52,8 +54,6 @@ def floor_graph(model_path: Path, rows: int = 1) -> tuple[bytes, dict[str, np.nd
     """(serialized ONNX model of the artifact's weight kernels, feeds, weight bytes covered)."""
     import onnx
     from onnx import helper, numpy_helper
-
-    from specport.runtime.bench.hardware import plain_decode_nodes
 
     proto = onnx.load(str(model_path), load_external_data=False)
     inits = {t.name: t for t in proto.graph.initializer}

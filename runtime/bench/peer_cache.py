@@ -32,6 +32,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from specport.artifact import sha256_file
+from specport.settings import cache_dir, peer_cache_limit_bytes
+
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; entries in use are only known in-process
@@ -46,7 +49,6 @@ _IN_USE: set[Path] = set()  # entries held by this process (the only guard witho
 
 def peers_root() -> Path:
     """The folder all peer conversions live in (inside specport's own cache directory)."""
-    from specport.settings import cache_dir
 
     return cache_dir() / "peers"
 
@@ -210,7 +212,6 @@ def evict(keep: Path | None = None, limit: int | None = None) -> list[Path]:
     `keep` (the entry just made or used) and entries in use are never removed. Returns the
     removed paths, oldest first; each removal is logged on one line.
     """
-    from specport.settings import peer_cache_limit_bytes
 
     limit = peer_cache_limit_bytes() if limit is None else limit
     root = peers_root()
@@ -272,7 +273,6 @@ def content_key(files: Iterable[Path], *extra: str) -> str:
 
 def file_sha256(path: Path) -> str:
     """sha256 of `path`, remembered by (path, size, mtime) so each file version is read once."""
-    from specport.artifact import sha256_file
 
     st = path.stat()
     real = str(path.resolve())

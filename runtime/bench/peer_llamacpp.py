@@ -24,6 +24,7 @@ from typing import Any
 from specport import artifact as art
 from specport.errors import InputError, SpecportError
 from specport.runtime.bench.peer_cache import Entry, content_key, evict, file_sha256
+from specport.runtime.bench.peers import _metrics
 
 logger = logging.getLogger(__name__)
 
@@ -177,8 +178,6 @@ class LlamaCppPeer:
         }
 
     def run(self, prompts: Sequence[Sequence[int]], new_tokens: int) -> dict[str, Any]:
-        from specport.runtime.bench.peers import _metrics
-
         if len(prompts) != 1:
             raise InputError("--peer llama.cpp runs batch 1 only (llama-cpp-python has no batch).")
         prompt = [int(t) for t in prompts[0]]

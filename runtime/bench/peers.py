@@ -22,8 +22,10 @@ import numpy as np
 
 from specport import artifact as art
 from specport.errors import InputError, SpecportError
+from specport.exporter import source as src_mod
 from specport.runtime.bench.peer_cache import Entry, content_key, evict
 from specport.runtime.hugepages import HugePages
+from specport.runtime.session import SessionConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,6 @@ _KEEP: list[Any] = []  # resolved sources whose temp dirs (llama2c conversions) 
 
 def source_dir(manifest: art.Manifest) -> Path:
     """The HF model directory the artifact was exported from (errors if it is gone)."""
-    from specport.exporter import source as src_mod
 
     original = manifest.source.get("path")
     if not original:
@@ -102,7 +103,6 @@ class GenaiPeer:
             raise SpecportError(
                 "--peer onnxruntime-genai needs `pip install onnxruntime-genai`."
             ) from e
-        from specport.runtime.session import SessionConfig
 
         self.og = og
         self.hf = source_dir(manifest)

@@ -21,6 +21,7 @@ import numpy as np
 
 from specport import artifact as art
 from specport.errors import InputError
+from specport.runtime.bench.peers import make_peer
 
 SPECULATION_SUFFIX = "+ngram"
 SPEC_PEERS = ("onnxruntime-genai", "llama.cpp")
@@ -58,7 +59,6 @@ class SpecPeer:
     def __init__(
         self, name: str, manifest: art.Manifest, config: Any, num_draft: int, progress: bool | None
     ) -> None:
-        from specport.runtime.bench.peers import make_peer
 
         base, self.speculate = check_spec_peer_name(name)
         self.name = name

@@ -21,8 +21,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import specport
+from specport.chat_template import load_chat_template
 from specport.errors import InputError
+from specport.loading import load
 from specport.progress import Loop
+from specport.results import GenerationResult
+from specport.runtime.bench.spec_peers import SpecPeer, check_spec_peer_name
+from specport.runtime.speculative.loop import SpeculativeGenerator
+from specport.runtime.speculative.replay import ReplayProposer
+from specport.runtime.speculative.tree import generate_tree
+from specport.samples.chat_prompts import chat_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +59,6 @@ CHAT_SETS = ("chat", "chat-question", "chat-instruction", "chat-rewrite")
 
 def chat_prompt_ids(model: Any, prompt_set: str) -> list[list[int]]:
     """The 16 fixed chat prompts (or one kind of them) as the model's chat-template ids."""
-    from specport.chat_template import load_chat_template
-    from specport.samples.chat_prompts import chat_prompts
 
     template = load_chat_template(model)
     if template is None:
@@ -99,7 +106,6 @@ def plain_reference(model: Any, threads: int = 0) -> Iterator[tuple[Any, str]]:
             "same artifact" if not model.manifest.mtp else "base graph (MTP branch left out)",
         )
         return
-    from specport.loading import load
 
     base = load(
         model.path,
@@ -129,8 +135,6 @@ def _adaptive_variants(setting: str) -> list[tuple[str, bool | None]]:
 
 def run_speculative_bench(artifact: str, config: SpecBenchConfig) -> dict[str, Any]:
     """Decode speed and acceptance of each method vs plain greedy; JSON-able report."""
-    import specport
-    from specport.runtime.bench.spec_peers import SpecPeer, check_spec_peer_name
 
     for name in config.peers:
         check_spec_peer_name(name)  # before any model loads
@@ -160,7 +164,6 @@ def _run(
     config: SpecBenchConfig,
     peers: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    import specport
 
     if config.prompt_ids:
         encoded = [list(p) for p in config.prompt_ids]
@@ -294,9 +297,6 @@ def _run_ceiling(
     model: Any, ids: list[int], reference: list[int], config: SpecBenchConfig, num_draft: int
 ) -> Any:
     """Greedy speculation whose K drafts are plain greedy's own next tokens (all accepted)."""
-    from specport.results import GenerationResult
-    from specport.runtime.speculative.loop import SpeculativeGenerator
-    from specport.runtime.speculative.replay import ReplayProposer
 
     proposer = ReplayProposer(ids, reference)
     gen = SpeculativeGenerator(model.session, model.manifest, proposer, num_draft, adaptive=False)
@@ -307,8 +307,6 @@ def _run_ceiling(
 
 def _run_tree(model: Any, ids: list[int], config: SpecBenchConfig, method: str, width: int) -> Any:
     """One greedy token-tree generation (any width, 1 included) as a GenerationResult."""
-    from specport.results import GenerationResult
-    from specport.runtime.speculative.tree import generate_tree
 
     eos = model.manifest.eos_token_ids  # as Model.generate stops
     tokens, reason, metrics = generate_tree(

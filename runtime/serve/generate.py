@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from specport.errors import ContextLengthError, InputError
 from specport.runtime.engine.base import Event, RequestHandle
 from specport.runtime.engine.base import Request as EngineRequest
 from specport.runtime.serve.api_error import APIError, error_body
@@ -61,7 +62,6 @@ def _submit(state: AppState, requests: list[EngineRequest]) -> list[RequestHandl
     except Exception as e:  # noqa: BLE001 - e.g. the engine is closed or refuses the request
         for handle in handles:
             handle.cancel()
-        from specport.errors import ContextLengthError, InputError
 
         status = 400 if isinstance(e, (InputError, ContextLengthError)) else 503
         raise APIError(status, f"the engine refused the request: {e}") from None

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from specport.chat_template import ChatTemplate
 from specport.errors import InputError
 from specport.runtime.engine.base import Request
+from specport.runtime.grammar import GrammarCompiler
 from specport.runtime.serve.api_error import APIError
 from specport.runtime.serve.fields import (
     grammar,
@@ -61,8 +62,6 @@ class ServedModel:
     def grammars(self) -> Any:
         """The structured-output compiler for this tokenizer (built at first use, ~1 s)."""
         if self._grammars is None:
-            from specport.runtime.grammar import GrammarCompiler
-
             m = self.model.manifest
             self._grammars = GrammarCompiler(self.model.tokenizer, m.vocab_size, m.eos_token_ids)
         return self._grammars
