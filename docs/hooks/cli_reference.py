@@ -76,7 +76,9 @@ def _row(action: argparse.Action) -> str:
         shown = f"`{default}`"
     text = action.help or ""
     if action.choices and not isinstance(action.choices, dict):
-        text += (" " if text else "") + "(one of: " + ", ".join(f"`{c}`" for c in action.choices) + ")"
+        text += (
+            (" " if text else "") + "(one of: " + ", ".join(f"`{c}`" for c in action.choices) + ")"
+        )
     if action.required and action.option_strings:
         text = "**required.** " + text
     return f"| {flags} | {shown} | {_cell(text)} |"
