@@ -22,7 +22,7 @@ import numpy as np
 
 from specport.errors import InvalidModelError
 from specport.exporter.gguf_config import NORM_PLUS_ONE, PERMUTED_QK
-from specport.progress import bar
+from specport.progress import track
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def write_safetensors(
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         desc = "converting GGUF tensors"
-        for g in bar(order, desc, total=len(order), show=progress):
+        for g in track(order, desc, total=len(order), show=progress):
             t = tensors[g]
             arr, dtype, what = _convert(t, p.hf_names[g], p)
             entry = header[p.hf_names[g]]

@@ -29,9 +29,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from specport.errors import InputError
-from specport.exporter.mtp_weights import load_deepseek_mtp as load_deepseek_mtp
-from specport.exporter.mtp_weights import load_heads as load_heads
-from specport.exporter.mtp_weights import save_heads as save_heads
 
 logger = logging.getLogger(__name__)
 

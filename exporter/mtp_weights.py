@@ -3,21 +3,18 @@
 Kept apart from `mtp_heads` (the torch modules and the graph branch) because it is only
 about names and layouts of tensors: `save_heads` / `load_heads` round-trip the trained heads,
 `load_deepseek_mtp` maps a checkpoint's real MTP layers (per-expert tensors fused as
-transformers expects) onto the same module. `mtp_heads` re-exports all three; the module class
-is imported where it is built, since `mtp_heads` imports this module.
+transformers expects) onto the same module.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from specport.errors import InputError
-
-if TYPE_CHECKING:
-    from specport.exporter.mtp_heads import MTPHeads
+from specport.exporter.mtp_heads import MTPHeads
 
 
 def save_heads(heads: MTPHeads, directory: Path) -> Path:
@@ -33,8 +30,6 @@ def load_heads(base: Any, path: Path) -> MTPHeads:
     """Heads over ``base`` from a file `save_heads` wrote (the head count from its keys)."""
     from safetensors.torch import load_file
 
-    from specport.exporter.mtp_heads import MTPHeads
-
     state = load_file(str(path))
     n = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("heads."))
     heads = MTPHeads(base, n, draft_vocab=state.get("draft_vocab"))
@@ -49,7 +44,6 @@ def load_deepseek_mtp(base: Any, weights: dict[str, torch.Tensor]) -> MTPHeads:
     is the decoder block. The embedding and LM head copies in the checkpoint equal the main
     model's and are not duplicated.
     """
-    from specport.exporter.mtp_heads import MTPHeads
 
     first = int(base.config.num_hidden_layers)
     depths = sorted({int(k.split(".")[2]) for k in weights})

@@ -166,9 +166,6 @@ def track(
             loop.update()
 
 
-bar = track  # the older name
-
-
 class Stages:
     """Numbered stage lines ("[2/5] exporting to ONNX ... 4.1s") for multi-step commands."""
 

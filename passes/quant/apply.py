@@ -45,8 +45,6 @@ from specport.passes.base import PassResult
 from specport.passes.mtp_graphs import write_mtp_graphs
 from specport.passes.quant import calibration as C
 from specport.passes.quant.checks import (
-    ALGOS,
-    SCHEMES,
     check_kv_layout,
     check_kv_options,
     check_weight_options,
@@ -65,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
 
-__all__ = ["ALGOS", "SCHEMES", "Progress", "check_kv_layout", "quantize_artifact"]
+__all__ = ["Progress", "quantize_artifact"]
 
 
 FORMS_INT8_KERNEL = ("matmulnbits", "dynamic")  # onnxruntime kernels quantizing activations

@@ -28,7 +28,7 @@ def test_bar_only_on_a_terminal(monkeypatch, tty):
     assert progress.bar_enabled(True) is tty
     assert progress.bar_enabled(None) is tty
     assert progress.bar_enabled(False) is False
-    assert list(progress.bar(range(3), "work", show=True)) == [0, 1, 2]
+    assert list(progress.track(range(3), "work", show=True)) == [0, 1, 2]
     assert ("\r" in stream.getvalue()) is tty
 
 

@@ -6,14 +6,9 @@ import pytest
 import torch
 
 from specport.errors import InputError
-from specport.exporter.mtp_heads import (
-    MTPBranch,
-    MTPHeads,
-    load_deepseek_mtp,
-    load_heads,
-    save_heads,
-)
+from specport.exporter.mtp_heads import MTPBranch, MTPHeads
 from specport.exporter.mtp_train import acceptance, chain_loss, train_heads
+from specport.exporter.mtp_weights import load_deepseek_mtp, load_heads, save_heads
 
 
 @pytest.fixture(scope="module")
