@@ -118,7 +118,9 @@ def test_cann_w8a8_is_ascend_layout(cann_w8a8: Path) -> None:
     assert all(n.domain in ("", "ai.onnx") for n in proto.graph.node)
     import onnx_ir as ir
 
-    assert check_ops(ir.from_proto(proto))["forbidden"] == {}
+    report = check_ops(ir.from_proto(proto))
+    assert report["forbidden"] == {}
+    assert set(report["quant_ops"]) == {"QuantizeLinear", "DequantizeLinear"}
     inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
     weights = acts = 0
     for node in proto.graph.node:
