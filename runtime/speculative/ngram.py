@@ -97,10 +97,22 @@ def find_suffix_match(
 ) -> tuple[int, int] | None:
     """(end, n): the last position ``end < L-1`` where the context's final n tokens also end,
     for the largest n in [min_n, max_n] that occurs; None if no suffix of length min_n recurs.
-    """
-    if tokens.shape[0] < min_n + 1:
+
+    ``suffix_match_ends`` narrowed to what a chain draft needs (one end, not every end per n):
+    the proposer runs it every step, so it skips the per-n index lists."""
+    length = tokens.shape[0]
+    if length < min_n + 1:
         return None
-    ends = suffix_match_ends(tokens, max_n)
-    if len(ends) < min_n:
+    cand = tokens[: length - 1] == tokens[length - 1]  # as in suffix_match_ends
+    found, last = 0, -1
+    for n in range(1, min(max_n, length - 1) + 1):
+        if n > 1:
+            cand[n - 1 :] &= tokens[: length - n] == tokens[length - n]
+            cand[n - 2] = False
+        if not cand.any():
+            break
+        found = n
+        last = length - 2 - int(np.argmax(cand[::-1]))
+    if found < min_n:
         return None
-    return int(ends[-1][-1]), len(ends)
+    return last, found
