@@ -6,12 +6,13 @@ then starts the long work, which the CLI and the API share. `specport.api` re-ex
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 from specport import artifact as art
-from specport import preflight
+from specport import history, preflight
 
 
 def export(
@@ -30,15 +31,17 @@ def export(
     from specport.exporter.export import export_model
     from specport.passes.quant.inline import INLINE_SCHEMES
 
-    if quant in INLINE_SCHEMES:  # quantized while the weights stream: no float model held
-        return export_model(model, out, quant=quant, **kwargs)
-    kwargs.pop("quant_algo", None)
-    manifest = export_model(model, out, **kwargs)
-    if quant is not None:
-        from specport.passes.quant.apply import quantize_artifact
+    defaults = history.defaults_of(export_model)
+    with history.operation("export", model, defaults, out=out, quant=quant, **kwargs):
+        if quant in INLINE_SCHEMES:  # quantized while the weights stream: no float model held
+            return export_model(model, out, quant=quant, **kwargs)
+        kwargs.pop("quant_algo", None)
+        manifest = export_model(model, out, **kwargs)
+        if quant is not None:  # part of this export: one history entry
+            from specport.passes.quant.apply import quantize_artifact
 
-        manifest = quantize_artifact(out, out, scheme=quant)
-    return manifest
+            manifest = quantize_artifact(out, out, scheme=quant)
+        return manifest
 
 
 def quantize(
@@ -51,7 +54,10 @@ def quantize(
     if not callable(kwargs.get("progress")):
         kwargs.pop("progress", None)  # a bool asks for the default display, which is stderr
     preflight.check_quantize(src, out, **kwargs)
-    return quantize_artifact(src, out, **kwargs)
+    defaults = history.defaults_of(quantize_artifact)
+    defaults.pop("scheme", None)  # always recorded: the one thing a reader looks for
+    with history.operation("quantize", src, defaults, out=out, **kwargs):
+        return quantize_artifact(src, out, **kwargs)
 
 
 def optimize(
@@ -80,11 +86,15 @@ def optimize(
     from specport.onnx_parity import check_parity
 
     proto, repairs = load_onnx_input(src)
+    opts = {"target": target, "passes": passes, **options}
+    past = history.onnx_history({p.key: p.value for p in proto.metadata_props})
+    entry = history.make_entry("optimize", {"out": out, **opts}, src, {"target": "cpu"})
     stages = Stages(total=2)
     stages.start("rewriting the graph")
     model, report = optimize_model(load_repaired_ir(src, proto), target, passes, **options)
     report["io_contract"] = fused_io_contract(model)
     report["repairs"] = repairs
+    model.metadata_props[history.ONNX_KEY] = json.dumps([*past, entry])
     stages.start("writing the output and checking it against onnxruntime on the input")
 
     def check(written: Path) -> None:
@@ -105,4 +115,6 @@ def train_mtp(
     from specport.exporter.mtp_train import train_mtp as _train
     from specport.loading import load
 
-    return _train(artifact, out, load_model=load, **kwargs)
+    defaults = history.defaults_of(_train)
+    with history.operation("train-mtp", artifact, defaults, out=out, **kwargs):
+        return _train(artifact, out, load_model=load, **kwargs)

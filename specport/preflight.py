@@ -253,6 +253,7 @@ def check_quantize(
     manifest = read_manifest(src, check_hashes=False)  # the quantizer checks hashes itself
     try:
         checks.check_kv_layout(Path(src), manifest, kv_cache, kv_granularity)
+        checks.check_chain(Path(src), out, manifest, scheme, algo, kv_cache)
     except SpecportError as e:  # the input cannot take these options
         raise UsageError(str(e)) from None
     check_artifact_out(out, [src, *calib_files])

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from specport import artifact as art
+from specport import history
 from specport.interop.files import write_artifact_manifest
 from specport.passes.mtp_graphs import needs_mtp_graphs, write_mtp_graphs
 
@@ -28,5 +29,6 @@ def upgrade(artifact: str | os.PathLike[str]) -> list[str]:
         graphs = write_mtp_graphs(directory, manifest)
         done.append("stored the MTP graphs " + ", ".join(sorted(graphs.values())))
     if done:
-        write_artifact_manifest(directory, manifest)
+        with history.operation("upgrade", directory):
+            write_artifact_manifest(directory, manifest)
     return done

@@ -136,3 +136,49 @@ def check_kv_layout(
             f"the concat layout's int8 KV cache has one scale per KV head; drop "
             f"{option('kv_granularity', kv_granularity)} or quantize a shared-layout export"
         )
+
+
+def check_chain(
+    src: Path, out: Any, manifest: Manifest, scheme: str, algo: str, kv_cache: str
+) -> None:
+    """A second weight quantization of a quantized artifact is refused, with the command to run
+    on its float source instead: it would quantize already-quantized weights while the manifest
+    described only one recipe. What the first step did not cover (an int8 KV cache with
+    `--scheme none` after weight quantization) is allowed, and the history keeps both steps."""
+    from specport.history import entries
+
+    quant = manifest.quant or {}
+    done = quant.get("scheme")
+    if scheme == "none" or done in (None, "none"):
+        return
+    steps = entries(manifest)
+    made = next(
+        (
+            e
+            for e in reversed(steps)
+            if e.get("command") == "quantize"
+            or (e.get("command") == "export" and (e.get("options") or {}).get("quant"))
+        ),
+        None,
+    )
+    recipe = f"--scheme {scheme}" + (f" --algo {algo}" if algo != "default" else "")
+    if made is not None and made.get("command") == "quantize":
+        float_src = (made.get("input") or {}).get("path", "FLOAT_ARTIFACT")
+        fix = f"run `specport quantize {float_src} --out {out} {recipe}` on the float artifact"
+    elif made is not None:
+        source = (made.get("input") or {}).get("path", "MODEL")
+        fix = (
+            f"export it without --quant (`specport export {source} --out FLOAT`) and run "
+            f"`specport quantize FLOAT --out {out} {recipe}`"
+        )
+    else:
+        fix = f"run `specport quantize FLOAT_ARTIFACT --out {out} {recipe}` on the float artifact it was made from"
+    kv_hint = (
+        "; to add only an int8 KV cache, use --scheme none --kv-cache int8"
+        if kv_cache != "int8" and manifest.kv.dtype == "float32"
+        else ""
+    )
+    raise QuantizationError(
+        f"{src} already holds {done} {quant.get('algorithm') or ''} weights; quantizing them "
+        f"again would quantize quantized weights. Instead, {fix}{kv_hint}.".replace("  ", " ")
+    )

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from specport import history
 from specport.cli import emit_json
 
 
@@ -55,6 +56,7 @@ def summarize(manifest: Any) -> dict[str, Any]:
         "files": {name: digest[:12] for name, digest in manifest.files.items()},
         "source": manifest.source,
         "eval": manifest.extra.get("eval"),
+        "history": history.entries(manifest),
     }
 
 
@@ -218,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
 
     if Path(args.artifact).is_file() and Path(args.artifact).suffix == ".onnx":
         info = summarize_onnx(args.artifact)
-        checked = "graph passes onnx's checker; external data present"
+        checked = "onnxruntime loads the graph; external data present"
     else:
         manifest = read_manifest(args.artifact)
         info = {**summarize(manifest), "runtimes": runtimes(manifest, args.artifact)}
@@ -244,6 +246,15 @@ def run(args: argparse.Namespace) -> int:
             value = quant_line(value, manifest.kv.dtypes())
         elif key == "mtp" and value:
             value = mtp_line(value)
+        elif key == "history":
+            print(f"{key:<{width}}  " + (f"{len(value)} steps, oldest first" if value else "none"))
+            for i, entry in enumerate(value, 1):
+                print(f"{'':<{width}}    {i}. {history.describe(entry)}")
+            continue
+        elif key == "repairs":
+            value = "; ".join(value) if value else None
+            if value is None:
+                continue
         elif key == "batched_verify":
             value = BATCHED_YES if value else BATCHED_NO
         elif key == "runtimes":
@@ -295,4 +306,5 @@ def summarize_onnx(path: str) -> dict[str, Any]:
         "ops": dict(ops.most_common()),
         "initializers": len(proto.graph.initializer),
         "repairs": repairs,
+        "history": history.onnx_history({p.key: p.value for p in proto.metadata_props}),
     }

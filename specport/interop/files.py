@@ -24,6 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from specport import history
 from specport.artifact import MANIFEST_NAME, Manifest, sha256_file, write_manifest
 from specport.interop.genai_config import GENAI_CONFIG_NAME, genai_config, genai_support
 from specport.interop.genai_graph import GENAI_MODEL_NAME, write_genai_graph
@@ -142,7 +143,9 @@ def _write_genai(d: Path, manifest: Any, w: _Writer) -> dict[str, Any]:
 
 def write_artifact_manifest(directory: Path, manifest: Manifest) -> None:
     """Write the other runtimes' files for `manifest`, then `specport.json` with every file's
-    sha256: how every artifact writer (export, quantize, train-mtp) finishes its directory."""
+    sha256: how every artifact writer (export, quantize, train-mtp) finishes its directory.
+    The running operation's history entry is appended first, so the model card shows it."""
+    history.stamp(manifest)
     write_manifest(Path(directory), manifest, files=write_interop_files(Path(directory), manifest))
 
 

@@ -73,7 +73,8 @@ def model_card(
         lines.append(f"| {RUNTIME_TITLES.get(name, name)} | {info['status']} | {notes} |")
     lines += ["", "## What the passes did", ""]
     lines += [f"- {_pass_line(p)}" for p in manifest.passes] or ["- none (graph as traced)"]
-    lines += ["", *_quant_section(manifest, quant), "", *_eval_section(manifest, quant)]
+    lines += ["", *_quant_section(manifest, quant), "", *_history_section(manifest)]
+    lines += ["", *_eval_section(manifest, quant)]
     lines += ["", *_verify_section(manifest)]
     lines += ["", "## Files", "", "| file | bytes | sha256 |", "|---|---:|---|"]
     lines += [f"| `{n}` | {size:,} | `{digest}` |" for n, (size, digest) in sorted(files.items())]
@@ -103,6 +104,20 @@ def _pass_line(report: dict[str, Any]) -> str:
     if isinstance(before, dict) and isinstance(after, dict):
         parts.append(f"nodes {sum(before.values())} → {sum(after.values())}")
     return f"`{name}`" + (": " + "; ".join(parts) if parts else "")
+
+
+def _history_section(manifest: Any) -> list[str]:
+    """The operations that made this artifact, oldest first (the manifest's `history`)."""
+    from specport import history
+
+    steps = history.entries(manifest)
+    lines = ["## How it was made", ""]
+    if not steps:
+        return [*lines, "Not recorded (an artifact written before specport kept a history)."]
+    for i, entry in enumerate(steps, 1):
+        cmd = history.command_line(entry, names_only=True)
+        lines.append(f"{i}. `specport {cmd}` ({history.context(entry, names_only=True)})")
+    return lines
 
 
 def _quant_section(manifest: Any, quant: dict[str, Any]) -> list[str]:
