@@ -18,10 +18,10 @@ from typing import Any
 import specport as api
 from specport import settings
 from specport.artifact import read_manifest
+from specport.bench.speculative import plain_reference
 from specport.errors import ArtifactError, OutputError
 from specport.outputs import check_artifact_out
 from specport.progress import Stages
-from specport.runtime.bench.speculative import plain_reference
 from specport.samples.corpus import generate_corpus
 
 logger = logging.getLogger(__name__)

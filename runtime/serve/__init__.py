@@ -8,7 +8,7 @@
 - `bridge.py`: engine thread -> event loop; `guard.py`: limits and client timeouts;
 - `metrics.py`: Prometheus `/metrics` under vLLM's names; `server.py`: uvicorn;
 - `ray.py`: the same app as a Ray Serve deployment (`specport serve --replicas N`).
-The load test (`specport loadtest`) lives in `specport.runtime.bench.loadtest`.
+The load test (`specport loadtest`) lives in `specport.bench.loadtest`.
 """
 
 from __future__ import annotations

@@ -182,11 +182,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specport.bench.artifact import run_bench
+    from specport.bench.report import format_table
+    from specport.bench.results import BenchConfig
     from specport.commands.generate import parse_ids
-    from specport.runtime.bench.artifact import BenchConfig, format_table, run_bench
 
     if args.plot:  # before the measurement: a bad name must not cost a run
-        from specport.runtime.bench.plot import check_plot_path
+        from specport.bench.plot import check_plot_path
 
         args.plot = check_plot_path(args.plot)
     if args.suffix_corpus and "suffix" not in (args.speculative or []):
@@ -209,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
             "add --speculative ngram (its plain row is plain decoding)."
         )
 
-    from specport.runtime.bench.peers import check_peer_name
-    from specport.runtime.bench.spec_peers import SPECULATION_SUFFIX
+    from specport.bench.peers import check_peer_name
+    from specport.bench.spec_peers import SPECULATION_SUFFIX
 
     for name in args.peer:
         if name.endswith(SPECULATION_SUFFIX):
@@ -256,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stdout,
             )
     if args.plot:
-        from specport.runtime.bench.plot import bench_chart
+        from specport.bench.plot import bench_chart
 
         bench_chart(reports, args.plot)
         if not args.json:
@@ -267,12 +269,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_speculative(args: argparse.Namespace) -> int:
-    from specport.commands.generate import parse_ids
-    from specport.runtime.bench.speculative import (
+    from specport.bench.speculative import (
         SpecBenchConfig,
         format_speculative_table,
         run_speculative_bench,
     )
+    from specport.commands.generate import parse_ids
 
     config = SpecBenchConfig(
         methods=list(dict.fromkeys(args.speculative or [])),
@@ -294,7 +296,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
     )
     report = run_speculative_bench(args.artifact, config)
     if args.plot:
-        from specport.runtime.bench.plot import bench_chart
+        from specport.bench.plot import bench_chart
 
         bench_chart([report], args.plot)
     _emit(args, report, format_speculative_table)
@@ -324,7 +326,7 @@ def _run_engines(args: argparse.Namespace) -> int:
             if len(counts) > 1:
                 print(flush=True)
     if args.plot:
-        from specport.runtime.bench.plot import load_chart
+        from specport.bench.plot import load_chart
 
         load_chart(_load_series(reports), args.plot, _load_title(args, reports[0]))
         if not args.json:
@@ -336,10 +338,10 @@ def _run_engines(args: argparse.Namespace) -> int:
 
 def _engine_table(args: argparse.Namespace) -> Callable[[Any], str]:
     if args.speculative:
-        from specport.runtime.bench.engine_spec import format_spec_engine_table
+        from specport.bench.engine_spec import format_spec_engine_table
 
         return format_spec_engine_table
-    from specport.runtime.bench.engine import format_engine_table
+    from specport.bench.engine import format_engine_table
 
     return format_engine_table
 
@@ -372,7 +374,7 @@ def _load_title(args: argparse.Namespace, report: dict[str, Any]) -> str:
 
 
 def _run_engine(args: argparse.Namespace, requests: int) -> dict[str, Any]:
-    from specport.runtime.bench.engine import EngineBenchConfig, run_engine_bench
+    from specport.bench.engine import EngineBenchConfig, run_engine_bench
 
     config = EngineBenchConfig(
         requests=requests,
@@ -388,7 +390,7 @@ def _run_engine(args: argparse.Namespace, requests: int) -> dict[str, Any]:
 
 
 def _run_engine_speculative(args: argparse.Namespace, requests: int) -> dict[str, Any]:
-    from specport.runtime.bench.engine_spec import SpecEngineBenchConfig, run_spec_engine_bench
+    from specport.bench.engine_spec import SpecEngineBenchConfig, run_spec_engine_bench
 
     config = SpecEngineBenchConfig(
         requests=requests,

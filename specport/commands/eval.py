@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plot = None
     if args.plot:  # before the scoring: a bad file name must not cost a run
-        from specport.runtime.bench.plot import check_plot_path
+        from specport.bench.plot import check_plot_path
 
         plot = check_plot_path(args.plot)
     others = list(dict.fromkeys(args.other))
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             if args.record:
                 _print_recorded(other, r["recorded"])
     if plot is not None:
-        from specport.runtime.bench.plot import quality_chart
+        from specport.bench.plot import quality_chart
 
         points = [_point(args.artifact, results[0]["ppl_a"])]
         points += [_point(r["other"], r["ppl_b"]) for r in results]

@@ -103,19 +103,19 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.runtime.bench import loadtest
+    from specport.bench import loadtest
 
     levels = _levels(args.concurrency)
     _check(args)
     plot = None
     if args.plot:
-        from specport.runtime.bench.plot import check_plot_path
+        from specport.bench.plot import check_plot_path
 
         plot = check_plot_path(args.plot)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     report: dict[str, Any]
     if args.peer:
-        from specport.runtime.bench.loadpeer import side_by_side
+        from specport.bench.loadpeer import side_by_side
 
         report = side_by_side(
             args.artifact, args.gguf, levels, args.requests, args.max_tokens, args.threads,
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         with open(args.out, "x", encoding="utf-8") as f:  # never overwrite a user's file
             f.write(text + "\n")
     if plot is not None:
-        from specport.runtime.bench.plot import load_chart, load_points
+        from specport.bench.plot import load_chart, load_points
 
         title = f"{args.requests} requests per level, {args.max_tokens} new tokens, greedy"
         report["plot"] = str(load_chart(load_points(report["rows"]), plot, title))
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _faults(args: argparse.Namespace) -> dict[str, str]:
-    from specport.runtime.bench.loadtest import faults, run_load
+    from specport.bench.loadtest import faults, run_load
 
     def clean(rows: list[dict[str, Any]]) -> bool:
         return rows[0]["errors"] == 0 and rows[0]["mismatches"] == 0

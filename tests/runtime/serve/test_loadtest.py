@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from specport.runtime.bench.loadtest import faults, run_load
+from specport.bench.loadtest import faults, run_load
 
 
 @pytest.mark.slow
@@ -38,8 +38,8 @@ def test_load_levels_and_faults(bytes_batching):
 
 
 def test_table_and_peer_arguments(capsys):
+    from specport.bench.loadtest import table
     from specport.cli import main
-    from specport.runtime.bench.loadtest import table
 
     row = {"concurrency": 4, "requests_per_s": 1.5, "output_tokens_per_s": 20.0}
     row |= {"ttft_ms": [1, 2, 3], "itl_ms": [4, 5, 6], "errors": 0, "mismatches": 0}
@@ -57,7 +57,7 @@ def test_soak_short(bytes_batching):
     """The soak script, bounded to a few seconds: every answer equals its reference, the
     server's finished-request counter moved by exactly the client's count, and its resident
     memory is read from /metrics (process collector)."""
-    from specport.runtime.serve.soak import soak
+    from benchmarks.soak import soak
 
     model, server = bytes_batching
     name = server.app.state.specport.served.name

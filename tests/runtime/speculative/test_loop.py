@@ -365,7 +365,7 @@ def test_adaptive_draft_length_equals_plain(tiny, method, k):
 
 def test_bench_plain_reference_strips_the_mtp_branch(tiny, tiny_mtp):
     """Plain decoding in the bench runs the base graph, not the graph with the heads."""
-    from specport.runtime.bench.speculative import (
+    from specport.bench.speculative import (
         SpecBenchConfig,
         plain_reference,
         run_speculative_bench,

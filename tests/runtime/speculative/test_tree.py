@@ -270,7 +270,7 @@ def stories(shared_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_stories260k_greedy_equal_and_tree_accepts_more(stories):
-    from specport.runtime.bench.speculative import PROMPT_SETS
+    from specport.bench.speculative import PROMPT_SETS
     from specport.runtime.speculative.loop import generate_speculative
 
     tree = stories  # plain greedy on it runs a causal tree_mask (equal to a plain export:
@@ -291,7 +291,7 @@ def test_stories260k_greedy_equal_and_tree_accepts_more(stories):
 
 @pytest.mark.slow
 def test_api_and_bench_run_tree_width(tiny):
-    from specport.runtime.bench.speculative import SpecBenchConfig, _run
+    from specport.bench.speculative import SpecBenchConfig, _run
 
     plain, tree = tiny
     prompt = [1, 5, 9, 5, 9, 5, 9, 5]

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.runtime.bench.hardware import plain_decode_nodes
+from specport.bench.hardware import plain_decode_nodes
 
 logger = logging.getLogger(__name__)
 

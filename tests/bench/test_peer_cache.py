@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from specport.bench import peer_cache
+from specport.bench.peer_cache import Entry, content_key, evict
 from specport.errors import InputError
-from specport.runtime.bench import peer_cache
-from specport.runtime.bench.peer_cache import Entry, content_key, evict
 from specport.settings import peer_cache_limit_bytes
 
 MB = 1_000_000
@@ -59,7 +59,7 @@ def test_least_recently_used_entries_go_first_until_under_the_limit(
     cache: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     e = _fill(cache)
-    with caplog.at_level(logging.INFO, logger="specport.runtime.bench.peer_cache"):
+    with caplog.at_level(logging.INFO, logger="specport.bench.peer_cache"):
         removed = evict(limit=4 * MB)
     # 8 MB -> drop the oldest (3 MB: 5 MB left), then the next oldest (2 MB: 3 MB left)
     assert removed == [e["old_gguf"], e["old_genai"]]
@@ -94,7 +94,7 @@ def test_an_entry_held_by_another_process_is_kept(cache: Path) -> None:
     pytest.importorskip("fcntl", reason="advisory locks are POSIX-only")
     e = _fill(cache)
     code = (
-        "import sys; from specport.runtime.bench.peer_cache import Entry\n"
+        "import sys; from specport.bench.peer_cache import Entry\n"
         "h = Entry('llama.cpp', 'a-F32.gguf'); print('held', flush=True); sys.stdin.read()"
     )
     child = subprocess.Popen(

@@ -3,7 +3,7 @@
     specport bench ARTIFACT --requests 4 --speculative ngram [--spec-max-rows 4]
 
 N requests are submitted at once (or arrive over time at `request_rate`, the same seeded
-Poisson schedule for both engines: runtime/bench/arrivals.py) to two batching engines over one loaded model, one plain and
+Poisson schedule for both engines: specport/bench/arrivals.py) to two batching engines over one loaded model, one plain and
 one speculating (`BatchingEngine(speculative=...)`), alternating which goes first each round,
 on the same fresh prompts. The prompts are a "copy" workload: a random segment said twice, so
 n-gram drafts find matches (its favourable case; MTP and draft models do not need it). Reported
@@ -24,17 +24,17 @@ from typing import Any
 import numpy as np
 
 import specport
-from specport.errors import ArtifactError, InputError
-from specport.progress import Loop
-from specport.runtime.bench.arrivals import (
+from specport.bench.arrivals import (
     arrival_offsets,
     latency_line,
     latency_summary,
     load_line,
     served_rows,
 )
-from specport.runtime.bench.arrivals import serve_load as _load
-from specport.runtime.bench.speculative import CHAT_SETS, PROMPT_SETS, chat_prompt_ids
+from specport.bench.arrivals import serve_load as _load
+from specport.bench.speculative import CHAT_SETS, PROMPT_SETS, chat_prompt_ids
+from specport.errors import ArtifactError, InputError
+from specport.progress import Loop
 from specport.runtime.engine.batching import BatchingEngine
 from specport.runtime.engine.speculation import SPEC_MAX_ROWS, SPEC_MAX_TOKENS
 

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from specport import artifact as art
+from specport.bench.peer_cache import Entry, content_key, evict
 from specport.errors import InputError, SpecportError
 from specport.exporter import source as src_mod
-from specport.runtime.bench.peer_cache import Entry, content_key, evict
 from specport.runtime.hugepages import HugePages
 from specport.runtime.session import SessionConfig
 
@@ -72,7 +72,7 @@ def make_peer(name: str, manifest: art.Manifest, config: Any, progress: bool | N
         return TransformersPeer(manifest, config)
     base, _, variant = check_peer_name(name).partition(":")
     if base == "llama.cpp":
-        from specport.runtime.bench.peer_llamacpp import LlamaCppPeer
+        from specport.bench.peer_llamacpp import LlamaCppPeer
 
         return LlamaCppPeer(manifest, config, variant or None, getattr(config, "peer_gguf", None))
     raise InputError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}.")

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from specport import artifact as art
+from specport.bench.peer_cache import Entry, content_key, evict, file_sha256
+from specport.bench.peers import _metrics
 from specport.errors import InputError, SpecportError
-from specport.runtime.bench.peer_cache import Entry, content_key, evict, file_sha256
-from specport.runtime.bench.peers import _metrics
 
 logger = logging.getLogger(__name__)
 

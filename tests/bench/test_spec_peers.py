@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from specport.bench.spec_peers import check_spec_peer_name
 from specport.errors import InputError
-from specport.runtime.bench.spec_peers import check_spec_peer_name
 from tests.fixtures import TINY, make_llama
 
 GGUF = Path("models") / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,7 +49,7 @@ def test_speculative_bench_runs_genai_with_and_without_its_ngram(tmp_path, capsy
     assert report["peers"]["onnxruntime-genai+ngram"]["speculation"]["max_draft_tokens"] == 4
     # genai's own n-gram speculation verifies greedily: its tokens are genai's plain tokens
     from specport import artifact as art
-    from specport.runtime.bench.spec_peers import SpecPeer
+    from specport.bench.spec_peers import SpecPeer
 
     manifest = art.read_manifest(tmp_path / "art")
     config = SimpleNamespace(threads=1, allow_spinning=False)
@@ -71,7 +71,7 @@ def test_llamacpp_prompt_lookup_keeps_its_greedy_tokens(shared_dir: Path) -> Non
     gguf = shared_dir / GGUF
     if not gguf.exists():
         pytest.skip(f"{gguf} is absent")
-    from specport.runtime.bench.spec_peers import SpecPeer
+    from specport.bench.spec_peers import SpecPeer
 
     manifest = SimpleNamespace(source={"path": str(gguf)}, quant=None)
     config = SimpleNamespace(threads=2, peer_gguf=None)

@@ -1,7 +1,7 @@
 import json
 
+from specport.bench.speculative import SpecBenchConfig, run_speculative_bench
 from specport.cli import main
-from specport.runtime.bench.speculative import SpecBenchConfig, run_speculative_bench
 
 
 def test_ngram_bench_reports_equal_tokens_and_acceptance(tiny_llama_artifact):

@@ -114,7 +114,7 @@ def test_bench_another_artifact_as_peer(tiny_fused, capsys, tmp_path):
 
 
 def test_bytes_per_token_counts_the_embedding_as_one_row(tiny_fused):
-    from specport.runtime.bench.artifact import bytes_per_token
+    from specport.bench.hardware import bytes_per_token
 
     manifest = art.read_manifest(tiny_fused)
     b = bytes_per_token(tiny_fused / manifest.model_file)
@@ -128,7 +128,7 @@ def test_bytes_per_token_counts_a_quantized_embedding_as_one_row(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    from specport.runtime.bench.artifact import bytes_per_token
+    from specport.bench.hardware import bytes_per_token
 
     vocab, dim, block = 64, 32, 16
     inits = [
@@ -151,7 +151,9 @@ def test_bytes_per_token_counts_a_quantized_embedding_as_one_row(tmp_path):
 
 
 def test_table_has_a_ratio_column_per_peer(tiny_fused):
-    from specport.runtime.bench.artifact import BenchConfig, format_table, run_bench
+    from specport.bench.artifact import run_bench
+    from specport.bench.report import format_table
+    from specport.bench.results import BenchConfig
 
     report = run_bench(tiny_fused, BenchConfig(prompt_len=4, new_tokens=3, runs=1, threads=1))
     text = format_table(report)
@@ -184,8 +186,8 @@ def test_kernel_floor_rebuilds_every_weight_kernel(tiny_fused):
     embedding is gathered, not streamed), and runs; the bench reports it next to each engine."""
     import onnx
 
-    from specport.runtime.bench.artifact import bytes_per_token
-    from specport.runtime.bench.kernel_floor import KernelFloor, floor_graph
+    from specport.bench.hardware import bytes_per_token
+    from specport.bench.kernel_floor import KernelFloor, floor_graph
 
     model = tiny_fused / "model.onnx"
     blob, feeds, covered = floor_graph(model, rows=2)
@@ -283,10 +285,10 @@ def test_plain_decode_bytes_leave_out_an_mtp_branch(tiny_fused, tmp_path):
     import onnx
     import torch
 
+    from specport.bench.hardware import bytes_per_token
+    from specport.bench.kernel_floor import floor_graph
     from specport.exporter.mtp_heads import MTPHeads
     from specport.exporter.mtp_train import load_base, write_mtp_artifact
-    from specport.runtime.bench.artifact import bytes_per_token
-    from specport.runtime.bench.kernel_floor import floor_graph
 
     torch.manual_seed(0)
     heads = MTPHeads(load_base(art.read_manifest(tiny_fused)), 2).eval()

@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
+from specport.bench.loadtest import client_for, level, prompts, references
 from specport.errors import InputError
-from specport.runtime.bench.loadtest import client_for, level, prompts, references
 
 logger = logging.getLogger(__name__)
 

@@ -1,13 +1,13 @@
 """Measure the request engines: throughput under concurrent load, and one request alone.
 
     specport bench ARTIFACT --requests 8 --new-tokens 64
-    python -m specport.runtime.bench.engine ARTIFACT --requests 8 --new-tokens 64
+    python -m specport.bench.engine ARTIFACT --requests 8 --new-tokens 64
 
 Rounds alternate (batching, serial, batching, ...) on fresh random prompts (the same prompts
 for both engines within a round, so no engine profits from the prefix cache of an earlier
 round); ratios are per round, then the median. "alone" compares one request through the
 batching engine with `Model.generate` on the same prompt. With a request rate the load's
-requests arrive over time (runtime/bench/arrivals.py: seeded Poisson, the same schedule for
+requests arrive over time (specport/bench/arrivals.py: seeded Poisson, the same schedule for
 both engines and every round) and each request's TTFT / TPOT / end-to-end latency is reported
 from its own arrival.
 """
@@ -25,9 +25,7 @@ from typing import Any
 import numpy as np
 
 import specport
-from specport.errors import InputError
-from specport.progress import Loop
-from specport.runtime.bench.arrivals import (
+from specport.bench.arrivals import (
     arrival_offsets,
     latency_line,
     latency_summary,
@@ -35,6 +33,8 @@ from specport.runtime.bench.arrivals import (
     serve_load,
     served_rows,
 )
+from specport.errors import InputError
+from specport.progress import Loop
 from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine
 from specport.runtime.engine.serial import SerialEngine

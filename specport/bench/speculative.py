@@ -22,12 +22,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import specport
+from specport.bench.spec_peers import SpecPeer, check_spec_peer_name
 from specport.chat_template import load_chat_template
 from specport.errors import InputError
 from specport.loading import load
 from specport.progress import Loop
 from specport.results import GenerationResult
-from specport.runtime.bench.spec_peers import SpecPeer, check_spec_peer_name
 from specport.runtime.speculative.loop import SpeculativeGenerator
 from specport.runtime.speculative.replay import ReplayProposer
 from specport.runtime.speculative.tree import generate_tree

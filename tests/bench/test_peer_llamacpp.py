@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from specport.bench import peers
 from specport.errors import InputError
-from specport.runtime.bench import peers
 
 GGUF = Path("models") / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 # the shared folder's README: greedy from "Once upon a time" (no BOS) with the fp32 weights
@@ -28,7 +28,7 @@ def test_peer_names_are_checked_before_any_work() -> None:
 
 
 def test_bit_width_picks_the_matching_gguf_type() -> None:
-    from specport.runtime.bench.peer_llamacpp import matching_type
+    from specport.bench.peer_llamacpp import matching_type
 
     assert matching_type(_manifest("m")) == "F32"  # type: ignore[arg-type]
     assert matching_type(_manifest("m", "w8a8")) == "Q8_0"  # type: ignore[arg-type]
@@ -36,7 +36,7 @@ def test_bit_width_picks_the_matching_gguf_type() -> None:
 
 
 def test_a_non_gguf_source_asks_for_peer_gguf(tmp_path: Path) -> None:
-    from specport.runtime.bench.peer_llamacpp import source_gguf
+    from specport.bench.peer_llamacpp import source_gguf
 
     with pytest.raises(InputError, match="--peer-gguf"):
         source_gguf(_manifest(str(tmp_path)), None)  # type: ignore[arg-type]
@@ -51,7 +51,7 @@ def test_llamacpp_peer_decodes_the_reference_tokens(shared_dir: Path) -> None:
     gguf = shared_dir / GGUF
     if not gguf.exists():
         pytest.skip(f"{gguf} is absent")
-    from specport.runtime.bench.peer_llamacpp import LlamaCppPeer
+    from specport.bench.peer_llamacpp import LlamaCppPeer
 
     peer = LlamaCppPeer(_manifest(str(gguf)), SimpleNamespace(threads=2), "F32", None)  # type: ignore[arg-type]
     try:

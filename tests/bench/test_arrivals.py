@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
+from specport.bench.arrivals import arrival_offsets, latency_summary, serve_load
 from specport.errors import InputError
-from specport.runtime.bench.arrivals import arrival_offsets, latency_summary, serve_load
 
 GAP = 0.5  # seconds between arrivals: far above a tiny model's TTFT, far below a timeout
 

@@ -1,6 +1,6 @@
 """Soak test: many concurrent streams for minutes against one OpenAI-compatible server.
 
-    python -m specport.runtime.serve.soak http://127.0.0.1:8000 --model NAME \
+    python -m benchmarks.soak http://127.0.0.1:8000 --model NAME \
         --concurrency 64 --minutes 10 --max-tokens 32
 
 Takes each seeded prompt's greedy answer alone first (the reference), then keeps `concurrency`
@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from specport.runtime.bench.loadtest import client_for, one, prompts, references
+from specport.bench.loadtest import client_for, one, prompts, references
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from specport import artifact as art
 from specport.passes.mtp import BRANCH_OUTPUTS
 
 if TYPE_CHECKING:
-    from specport.runtime.bench.results import BenchConfig
+    from specport.bench.results import BenchConfig
 
 
 def reset_peak_rss() -> None:

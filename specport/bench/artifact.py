@@ -21,27 +21,20 @@ from typing import Any
 import numpy as np
 
 from specport import artifact as art
-from specport.runtime.bench import peers as peer_mod
-
-# where `specport bench`, the tests and the other benchmarks import them from
-from specport.runtime.bench.hardware import (
-    GATHERED,
+from specport.bench import peers as peer_mod
+from specport.bench.hardware import (
     bytes_per_token,
     hardware_floor,
-    kv_bytes_per_token,
-    last_level_cache_bytes,
     measure_bandwidth,
     peak_rss_mb,
     reset_peak_rss,
 )
-from specport.runtime.bench.kernel_floor import KernelFloor
-from specport.runtime.bench.report import ONNXRUNTIME_PEERS, format_table
-from specport.runtime.bench.results import (
+from specport.bench.kernel_floor import KernelFloor
+from specport.bench.results import (
     RATE_KEYS,
     TIME_KEYS,
     BenchConfig,
     EngineResult,
-    compare,
     paired_speedup,
 )
 from specport.runtime.generator import Generator
@@ -53,29 +46,7 @@ from specport.runtime.session import (
     make_session,
 )
 
-__all__ = [
-    "GATHERED",
-    "ONNXRUNTIME_PEERS",
-    "RATE_KEYS",
-    "TIME_KEYS",
-    "BenchConfig",
-    "Engine",
-    "EngineResult",
-    "bytes_per_token",
-    "compare",
-    "format_table",
-    "hardware_floor",
-    "kv_bytes_per_token",
-    "last_level_cache_bytes",
-    "make_prompts",
-    "measure_bandwidth",
-    "paired_speedup",
-    "peak_rss_mb",
-    "reset_peak_rss",
-    "run_bench",
-    "specport_loader",
-    "warm_engine",
-]
+__all__ = ["Engine", "make_prompts", "run_bench", "specport_loader", "warm_engine"]
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +215,7 @@ def run_bench(
 
 
 def _kernel_floor(model_path: Path, manifest: art.Manifest, config: BenchConfig) -> Any:
-    """The artifact's weight kernels alone (runtime/bench/kernel_floor.py), CPU only; None elsewhere.
+    """The artifact's weight kernels alone (specport/bench/kernel_floor.py), CPU only; None elsewhere.
 
     Decode runs them once per step at batch `config.batch`; nothing built on onnxruntime can
     step faster than they run, which bounds every speedup over a peer on the same kernels."""

@@ -1,4 +1,4 @@
-"""Charts (runtime/bench/plot.py) draw what the tables say: each chart is checked by reading
+"""Charts (specport/bench/plot.py) draw what the tables say: each chart is checked by reading
 the numbers back out of its SVG (bar heights and line points are in the file), and a bad
 --plot name is refused before any measurement starts."""
 
@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from specport.bench import plot  # noqa: E402
 from specport.cli import main  # noqa: E402
 from specport.errors import UsageError  # noqa: E402
-from specport.runtime.bench import plot  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

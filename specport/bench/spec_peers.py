@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from specport import artifact as art
+from specport.bench.peers import make_peer
 from specport.errors import InputError
-from specport.runtime.bench.peers import make_peer
 
 SPECULATION_SUFFIX = "+ngram"
 SPEC_PEERS = ("onnxruntime-genai", "llama.cpp")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from specport.runtime.bench import loadtest
+from specport.bench import loadtest
 
 
 class _Client:
