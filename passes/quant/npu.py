@@ -104,11 +104,17 @@ def npu_qdq_pass(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> QuantizeQDQPass:
     """The QDQ pass for artifact `src`: uint16 activations calibrated on the text, symmetric
-    int8 weights per output channel (bits 8) or int4 in blocks of `group_size` along K
-    (bits 4: per-channel int4 costs far more accuracy, and the HTP backend takes both)."""
+    weights per output channel, int8 (bits 8) or int4 (bits 4).
+
+    Why per-channel int4 and not blocks of `group_size` (more accurate on the CPU): on the QNN
+    HTP emulator (onnxruntime-qnn 2.7.0, SoC 60) a blocked int4 DequantizeLinear loads with no
+    CPU fallback but computes wrong numbers (stories260K prefill: logits 130-150% of the
+    largest logit away from the same graph on the CPU provider, per-channel int4 0.7%), and
+    MatMulNBits is refused where K is not a multiple of its block. `group_size` is kept for
+    the record and unused."""
     if progress:
         progress("calibrating activation ranges", 0, 1)
     feeds = calibration_feeds(model_path, manifest, src, calib_files, max_docs)
     ranges = kv_input_ranges(manifest, collect_ranges(model_path, feeds))
     logger.info("npu form: %d ranges from %d sequences", len(ranges), len(feeds))
-    return QuantizeQDQPass(ranges, weight_bits=bits, block_size=group_size if bits == 4 else 0)
+    return QuantizeQDQPass(ranges, weight_bits=bits, block_size=0)

@@ -11,9 +11,11 @@ would run in fp16 or fall back to the CPU.
   representable). Data-movement ops (Reshape, Transpose, Gather, ...) keep their input's
   parameters on their output: a requantize there would be a wasted op on the NPU.
 - MatMul weights W [K, N]: symmetric int8 per output channel (DequantizeLinear axis=1); or
-  4-bit, either int4 per output channel (`weight_form="qdq"`, block_size 0) or int4 blocked
-  along K (`block_size` > 0, opset-21 blocked DequantizeLinear), or com.microsoft.MatMulNBits
-  (`weight_form="matmulnbits"`, symmetric 4-bit blocks: the HTP backend takes it).
+  4-bit, either int4 per output channel (`weight_form="qdq"`, block_size 0: what the QNN HTP
+  backend computes right), int4 blocked along K (`block_size` > 0, opset-21 blocked
+  DequantizeLinear: right on the CPU provider, wrong numbers on the HTP emulator), or
+  com.microsoft.MatMulNBits (`weight_form="matmulnbits"`, symmetric 4-bit blocks: HTP takes
+  it only where K is a multiple of the block).
 - Other float constants (norm scales, rotary caches, scalars) are quantized like activations
   (asymmetric per tensor, in the activation type): they are small and the NPU wants every
   input of a quantized op quantized.

@@ -190,7 +190,7 @@ def _htp_session(proto: onnx.ModelProto) -> ort.InferenceSession:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ["w8a16", "w4a16-channel"])  # what `--form npu` emits
 def test_runs_on_the_htp_emulator_without_cpu_fallback(block: dict[str, Any], variant: str) -> None:
     pytest.importorskip(
         "onnxruntime_qnn", reason="onnxruntime-qnn (the QNN HTP emulator) is not installed"

@@ -14,14 +14,14 @@ from specport.runtime.eval import perplexity
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("scheme", "tolerance"), [("w8a16", 0.02), ("w4a16", 0.15)])
+@pytest.mark.parametrize(("scheme", "tolerance"), [("w8a16", 0.02), ("w4a16", 0.3)])
 def test_npu_form_artifact(quant_src, calib_text, eval_text, tmp_path, scheme, tolerance):
     out = tmp_path / scheme
     m = quantize_artifact(quant_src, out, scheme, 32, "default", [calib_text], form="npu")
     q = m.quant or {}
     assert q["form"] == "npu" and q["activation_dtype"] == "uint16" and q["symmetric"]
     assert q["ort_session_config"] == {"session.qdq_matmulnbits_accuracy_level": "0"}
-    assert q["group_size"] == (0 if scheme == "w8a16" else 32)
+    assert q["group_size"] == 0  # per output channel: what the HTP backend computes right
     proto = onnx.load(str(out / m.model_file), load_external_data=False)
     ops = {n.op_type for n in proto.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
