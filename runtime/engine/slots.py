@@ -85,13 +85,13 @@ class KVSlots:
         logits, next_ids = bound.extend(np.asarray(ids, dtype=np.int64)[None, :], last_only=True)
         self.ort_seconds += bound.ort_seconds - before
         self.lengths[row] += len(ids)
-        return logits[0, -1], (int(next_ids[0, -1]) if next_ids is not None else None)
+        return logits[0, -1].copy(), (int(next_ids[0, -1]) if next_ids is not None else None)
 
     def verify(self, row: int, ids: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Feed ids [S] (last token + drafts) to row `row` at batch 1 and score every position.
 
-        Returns logits [S, V] (a fresh array) and the run's other outputs (the MTP branch, [1,
-        ...] views overwritten by the row's next run). The row's length moves past all S
+        Returns logits [S, V] and the run's other outputs (the MTP branch, [1, ...]): views
+        overwritten by the row's next run of the same width (`BoundSession.extend`). The row's length moves past all S
         positions; `keep` moves it back to the accepted prefix (no KV is copied).
         """
         bound = self.prefill_session(row)
@@ -104,7 +104,8 @@ class KVSlots:
 
     def verify_rows(self, ids: np.ndarray, live: np.ndarray) -> np.ndarray:
         """Feed ids [b, S] after the valid positions of each of rows [0, b) in one run and
-        score every position: logits [b, S, V] (a fresh array).
+        score every position: logits [b, S, V] (a view overwritten by the next run of this
+        width).
 
         Live rows' lengths move past all S positions (`keep` moves each back to what it
         accepted); the other rows (free, halfway through a prefill) get their S tokens past
