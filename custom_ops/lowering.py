@@ -10,9 +10,11 @@ Targets:
                becomes Add + LayerNormalization on cpu (faster, see `_skip_layer_norm`) and
                com.microsoft SkipLayerNormalization on cuda (`skip_layer_norm` overrides).
     cann       inline the function bodies (standard ops only), then `cann.check_ops`.
-    standard   ai.onnx ops only (opset 23: RMSNormalization, RotaryEmbedding, Attention with
-               past/present): runs in any onnxruntime provider (custom_ops/lowering_standard.py).
-    qnn        the standard lowering with a mask value fp16 and uint16 activations can hold;
+    standard   ai.onnx ops only (opset 23: RMSNormalization, RotaryEmbedding; attention as
+               MatMul/Softmax, or Attention-23 with `decompose=()`): runs in any onnxruntime
+               provider and in OpenVINO (custom_ops/lowering_standard.py).
+    qnn        the standard lowering with Attention-23 (QNN's HTP accepts it) and a mask value
+               fp16 and uint16 activations can hold;
                exporter/static_graphs.py derives the static prefill/decode graphs from it.
     torch_npu  not a graph rewrite: see `torch_npu.kernel_table`.
 
@@ -43,6 +45,10 @@ MS = "com.microsoft"
 TARGETS = ("neutral", "cpu", "cuda", "cann", "standard", "qnn")
 # ai.onnx-only targets: no specport or com.microsoft op survives their lowering
 STANDARD_TARGETS = ("standard", "qnn")
+# `standard` writes attention as MatMul/Softmax by default: OpenVINO 2026.4 reads Attention-23
+# but fails on grouped heads ("Incompatible MatMul batch dimension"), and onnxruntime-openvino
+# 1.24's front end refuses the op. `decompose=()` keeps the Attention-23 node (qnn does).
+STANDARD_DECOMPOSE = ("GroupQueryAttention",)
 
 Builder = Callable[[ir.tape.Tape, ir.Node, dict[str, Any]], list[ir.Value] | None]
 
@@ -266,8 +272,10 @@ def lower_model(model: ir.Model, target: str, **opts: Any) -> dict[str, Any]:
     if target in STANDARD_TARGETS:
         from specport.custom_ops.lowering_standard import lower_standard
 
-        qnn = {"mask_value": -1e4} if target == "qnn" else {}
-        report.update(lower_standard(model, {**qnn, **opts}))
+        defaults: dict[str, Any] = (
+            {"mask_value": -1e4} if target == "qnn" else {"decompose": STANDARD_DECOMPOSE}
+        )
+        report.update(lower_standard(model, {**defaults, **opts}))
     if target in STANDARD_TARGETS or target == "cann":
         attach_functions(model)
         before = Counter(n.op_type for n in model.graph if n.domain == DOMAIN)

@@ -4,7 +4,9 @@
     SkipRMSNorm        -> Add + RMSNormalization-23          (outputs: normed, sum)
     SkipLayerNorm      -> Add + LayerNormalization
     RotaryEmbedding    -> RotaryEmbedding-23                 (4-D input, cos/sin [B, S, R/2])
-    GroupQueryAttention-> Attention-23 with an explicit float mask [B, 1, S, T]
+    GroupQueryAttention-> Attention-23 with an explicit float mask [B, 1, S, T] (qnn), or the
+                          same attention from MatMul/Softmax (`standard`'s default, see
+                          custom_ops/lowering.py: OpenVINO cannot run grouped Attention-23)
 
 Why an explicit mask and not `is_causal`: Attention-23 aligns its causal triangle to the top
 left, which is wrong as soon as there is a past (query i sits at slot P+i). The mask below is

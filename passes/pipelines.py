@@ -5,10 +5,11 @@
     cpu/cuda same fusions -> lower(com.microsoft contrib ops) -> cleanup -> fuse_bias (bias
              Adds into FastGelu/BiasGelu and SkipLayerNormalization's bias input)
     cann     same fusions but fuse_gelu -> lower(inline function bodies: standard ops) -> cleanup
-    standard same fusions -> lower(ai.onnx only: RMSNormalization, RotaryEmbedding, Attention-23
-             with past/present) -> cleanup: runs in any onnxruntime provider
-    qnn      as standard with an fp16-safe mask value (exporter/static_graphs.py derives the
-             static prefill/decode graphs)
+    standard same fusions -> lower(ai.onnx only: RMSNormalization, RotaryEmbedding, attention
+             as MatMul/Softmax with past/present; `decompose=()` keeps Attention-23) -> cleanup:
+             runs in any onnxruntime provider and in OpenVINO
+    qnn      as standard with Attention-23 and an fp16-safe mask value
+             (exporter/static_graphs.py derives the static prefill/decode graphs)
     kv_layout="shared" (cpu/cuda) appends shared_kv: one preallocated KV buffer per layer,
              pack_projections (sibling MatMuls of one input, e.g. gate/up, as one MatMul + Split)
              and with select_logits=True select_logits (logits_index in, next_token out);

@@ -1,4 +1,4 @@
-"""Greedy-decode a specport concat-layout artifact with nothing but onnxruntime and numpy.
+"""Greedy-decode a specport concat-layout artifact with onnxruntime (or OpenVINO) and numpy only.
 
 For execution providers that come as a separate onnxruntime build (`onnxruntime-openvino`
 replaces the `onnxruntime` package, so it lives in its own virtual environment without
@@ -7,6 +7,9 @@ transformers' or specport's. It reads only the artifact's specport.json and mode
 
     python scripts/greedy_onnxruntime.py ARTIFACT --provider OpenVINOExecutionProvider \
         --prompt-ids 1,403,407,261,378 --new-tokens 32
+
+`--runtime openvino` runs the graph with OpenVINO's own runtime (`pip install openvino`;
+f32 inference and KV precision) instead of onnxruntime.
 
 Prints one JSON object: {"provider": ..., "tokens": [...], "nodes_on": {...} | null}.
 Provider options: `--option key=value` (repeatable), e.g. `--option precision=FP32` for
@@ -19,12 +22,34 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 
-def greedy(session: ort.InferenceSession, manifest: dict, prompt: list[int], new: int) -> list:
+class OpenVINOSession:
+    """The two onnxruntime session calls `greedy` makes, answered by OpenVINO's runtime."""
+
+    def __init__(self, path: Path) -> None:
+        import openvino as ov
+
+        core = ov.Core()
+        hints = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", hints)
+        self.version = ov.__version__
+
+    def get_inputs(self) -> list[Any]:
+        return [argparse.Namespace(name=i.get_any_name()) for i in self.compiled.inputs]
+
+    def get_outputs(self) -> list[Any]:
+        return [argparse.Namespace(name=o.get_any_name()) for o in self.compiled.outputs]
+
+    def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        result = {k.get_any_name(): v for k, v in self.compiled(feeds).items()}
+        return [result[n] for n in names]
+
+
+def greedy(session: Any, manifest: dict, prompt: list[int], new: int) -> list:
     kv = manifest["kv"]
     dtype = np.dtype(kv.get("dtype") or "float32")
     names = [n for pair in kv["inputs"] for n in pair]
@@ -51,6 +76,7 @@ def greedy(session: ort.InferenceSession, manifest: dict, prompt: list[int], new
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("artifact", type=Path)
+    ap.add_argument("--runtime", choices=["onnxruntime", "openvino"], default="onnxruntime")
     ap.add_argument("--provider", default="CPUExecutionProvider")
     ap.add_argument("--option", action="append", default=[], help="provider option key=value")
     ap.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
@@ -60,13 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     if manifest["kv"]["layout"] != "concat":
         print("only concat-layout artifacts (past in, present out) are supported", file=sys.stderr)
         return 1
+    prompt = [int(t) for t in args.prompt_ids.split(",")]
+    graph = args.artifact / manifest.get("model_file", "model.onnx")
+    if args.runtime == "openvino":
+        ov_session = OpenVINOSession(graph)
+        tokens = greedy(ov_session, manifest, prompt, args.new_tokens)
+        result = {"provider": f"openvino {ov_session.version}", "tokens": tokens, "nodes_on": None}
+        print(json.dumps(result))
+        return 0
+    import onnxruntime as ort
+
     options = dict(o.split("=", 1) for o in args.option)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     providers = [(args.provider, options)] if args.provider != "CPUExecutionProvider" else []
     session = ort.InferenceSession(
-        str(args.artifact / manifest.get("model_file", "model.onnx")),
+        str(graph),
         sess_options=so,
         providers=[*providers, "CPUExecutionProvider"],
     )
@@ -74,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(session, "get_provider_graph_assignment_info"):
         info = session.get_provider_graph_assignment_info()
         nodes_on = {i.ep_name: len(i.get_nodes()) for i in info} if info else None
-    prompt = [int(t) for t in args.prompt_ids.split(",")]
     tokens = greedy(session, manifest, prompt, args.new_tokens)
     used = session.get_providers()
     print(json.dumps({"provider": used[0], "tokens": tokens, "nodes_on": nodes_on}))

@@ -7,9 +7,9 @@ as transformers' own `generate` on onnxruntime's CPU provider, alone and in a pa
 Llama is in the quick set; the other families are `slow`. The shared SmolLM2 GGUF is checked
 against the transformers ids recorded in shared/README.md (slow).
 
-The OpenVINO provider runs the same artifacts when onnxruntime offers it (the
-`onnxruntime-ep-openvino` plugin with an Intel device, or the `onnxruntime-openvino` build);
-otherwise those tests skip and say why.
+OpenVINO runs the same artifacts: its onnxruntime execution provider when a plugin device
+exists (Intel hardware), and its own runtime reading the ONNX file when `openvino` is
+importable here or in SPECPORT_OPENVINO_PYTHON; otherwise those tests skip and say why.
 """
 
 from __future__ import annotations
@@ -75,11 +75,26 @@ def test_standard_target_is_ai_onnx_only_and_token_exact(tiny_zoo, tmp_path, mod
     assert [r.tokens for r in batch] == expected
 
 
-def test_standard_lowering_uses_the_opset23_ops(tiny_zoo, tmp_path):
-    """Attention-23, RMSNormalization-23 and RotaryEmbedding-23 carry the fused ops."""
+def test_standard_lowering_ops(tiny_zoo, tmp_path):
+    """RMSNormalization-23 and RotaryEmbedding-23 carry the norms and rotary; attention is
+    MatMul/Softmax by default (OpenVINO cannot run grouped Attention-23) and Attention-23 with
+    decompose=() (what --target qnn ships)."""
+    from specport.passes.pipelines import optimize_model
+
     artifact = export_standard(tiny_zoo.source("llama"), tmp_path / "std")
     ops = {n.op_type for n in onnx.load(str(artifact / "model.onnx")).graph.node}
-    assert {"Attention", "RMSNormalization", "RotaryEmbedding"} <= ops
+    assert {"RMSNormalization", "RotaryEmbedding", "Softmax"} <= ops and "Attention" not in ops
+    neutral = export_neutral(tiny_zoo.source("llama"), tmp_path / "neutral")
+    model, _ = optimize_model(neutral / "model.onnx", target="standard", decompose=())
+    assert "Attention" in {n.op_type for n in model.graph}
+    assert all(not n.domain for n in model.graph)
+
+
+def export_neutral(source: Path, out: Path) -> Path:
+    from specport.exporter.export import export_model
+
+    export_model(source, out, target="neutral", kv_layout="concat", progress=False)
+    return out
 
 
 # transformers' greedy ids for SmolLM2's haiku chat (shared/README.md, fp32 from the GGUF)
@@ -107,76 +122,93 @@ def test_smollm2_standard_matches_transformers(smollm2_standard):
     assert out.tokens == HAIKU_IDS
 
 
-# ---- the OpenVINO execution provider ---------------------------------------------------------
+# ---- OpenVINO ----------------------------------------------------------------------------
+# Two ways in: onnxruntime's OpenVINO execution provider (the onnxruntime-ep-openvino plugin,
+# which offers Intel devices only, or the onnxruntime-openvino build, which replaces onnxruntime
+# and so lives in another environment), and OpenVINO's own runtime reading the ONNX file. The
+# runtime test uses `import openvino` here, or the interpreter named by SPECPORT_OPENVINO_PYTHON
+# (running scripts/greedy_onnxruntime.py, which needs no specport).
 
 
-def openvino_runner() -> list[str] | None:
-    """How to run a standard artifact on OpenVINO here: in-process (plugin with a device, or an
-    onnxruntime build listing it) -> [], another Python with onnxruntime-openvino
-    (SPECPORT_OPENVINO_PYTHON) -> [that python], else None."""
+def openvino_ep_in_process() -> bool:
     from specport.runtime import providers
 
-    if "openvino" in providers.available():
-        try:
-            providers.resolve("openvino")
-            return []
-        except Exception:
-            pass
-    python = os.environ.get("SPECPORT_OPENVINO_PYTHON")
-    return [python] if python else None
+    try:
+        providers.resolve("openvino")
+    except Exception:
+        return False
+    return True
 
 
-OPENVINO_SKIP = (
-    "no OpenVINO execution provider here: the onnxruntime-ep-openvino plugin offers Intel "
-    "devices only, and onnxruntime-openvino replaces onnxruntime (install it in a separate "
-    "virtual environment and point SPECPORT_OPENVINO_PYTHON at its python)"
+def openvino_runtime_runner() -> list[str] | None:
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        python = os.environ.get("SPECPORT_OPENVINO_PYTHON")
+        return [python] if python else None
+    return [sys.executable]
+
+
+EP_SKIP = (
+    "no OpenVINO execution provider device here: the onnxruntime-ep-openvino plugin offers "
+    "Intel CPUs/GPUs/NPUs only (pip install specport[openvino] on an Intel machine)"
+)
+RUNTIME_SKIP = (
+    "OpenVINO is not installed: pip install openvino, or point SPECPORT_OPENVINO_PYTHON at a "
+    "python that has it (with numpy)"
 )
 
 
-def openvino_greedy(runner: list[str], artifact: Path, prompt: list[int], new: int) -> list[int]:
-    if not runner:
-        model = specport.load(artifact, provider="openvino")
-        return model.generate(prompt_ids=prompt, max_new_tokens=new, ignore_eos=True).tokens
+def openvino_runtime_greedy(runner, artifact: Path, prompt: list[int], new: int) -> list[int]:
     cmd = [
         *runner,
         str(ROOT / "scripts" / "greedy_onnxruntime.py"),
         str(artifact),
-        "--provider=OpenVINOExecutionProvider",
-        "--option=device_type=CPU",
-        "--option=precision=FP32",  # else bf16 on CPUs that have it (shared/PEERS.md)
+        "--runtime=openvino",
         f"--prompt-ids={','.join(map(str, prompt))}",
         f"--new-tokens={new}",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["provider"] == "OpenVINOExecutionProvider", result
+    assert result["provider"].startswith("openvino"), result
     return result["tokens"]
 
 
 @pytest.mark.parametrize("model_type", _params())
-def test_standard_target_on_openvino(tiny_zoo, tmp_path, model_type):
-    runner = openvino_runner()
+def test_standard_target_on_the_openvino_provider(tiny_zoo, tmp_path, model_type):
+    if not openvino_ep_in_process():
+        pytest.skip(EP_SKIP)
+    artifact = export_standard(tiny_zoo.source(model_type), tmp_path / "std")
+    model = specport.load(artifact, provider="openvino")
+    ref = tiny_zoo.reference(model_type)
+    for prompt in (SHORT_PROMPT, LONG_PROMPT):
+        expected = hf_greedy(ref, prompt, NEW_TOKENS)
+        got = model.generate(prompt_ids=prompt, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        assert got.tokens == expected
+
+
+@pytest.mark.parametrize("model_type", _params())
+def test_standard_target_on_the_openvino_runtime(tiny_zoo, tmp_path, model_type):
+    runner = openvino_runtime_runner()
     if runner is None:
-        pytest.skip(OPENVINO_SKIP)
+        pytest.skip(RUNTIME_SKIP)
     artifact = export_standard(tiny_zoo.source(model_type), tmp_path / "std")
     ref = tiny_zoo.reference(model_type)
     for prompt in (SHORT_PROMPT, LONG_PROMPT):
         expected = hf_greedy(ref, prompt, NEW_TOKENS)
-        assert openvino_greedy(runner, artifact, prompt, NEW_TOKENS) == expected
+        assert openvino_runtime_greedy(runner, artifact, prompt, NEW_TOKENS) == expected
 
 
 @pytest.mark.slow
-def test_smollm2_standard_on_openvino(smollm2_standard):
-    runner = openvino_runner()
+def test_smollm2_standard_on_the_openvino_runtime(smollm2_standard):
+    runner = openvino_runtime_runner()
     if runner is None:
-        pytest.skip(OPENVINO_SKIP)
-    tokens = openvino_greedy(runner, smollm2_standard, HAIKU_PROMPT, len(HAIKU_IDS))
+        pytest.skip(RUNTIME_SKIP)
+    tokens = openvino_runtime_greedy(runner, smollm2_standard, HAIKU_PROMPT, len(HAIKU_IDS))
     assert tokens == HAIKU_IDS
 
 
-def test_python_runner_is_this_python_free():
-    """The out-of-process runner needs only onnxruntime and numpy (no specport import)."""
+def test_the_out_of_process_runner_needs_no_specport():
     text = (ROOT / "scripts" / "greedy_onnxruntime.py").read_text()
     assert "import specport" not in text and "from specport" not in text
-    assert sys.executable  # the in-process path uses this interpreter
