@@ -247,7 +247,14 @@ def run(args: argparse.Namespace) -> int:
         elif key == "mtp" and value:
             value = mtp_line(value)
         elif key == "history":
-            print(f"{key:<{width}}  " + (f"{len(value)} steps, oldest first" if value else "none"))
+            print(
+                f"{key:<{width}}  "
+                + (
+                    f"{len(value)} step{'s' if len(value) > 1 else ''}, oldest first"
+                    if value
+                    else "none"
+                )
+            )
             for i, entry in enumerate(value, 1):
                 print(f"{'':<{width}}    {i}. {history.describe(entry)}")
             continue
