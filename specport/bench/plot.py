@@ -149,10 +149,14 @@ def load_chart(series: dict[str, list[dict[str, Any]]], path: Path, title: str) 
         right.plot(
             xs, [p["ttft_ms_p99"] for p in points], "s--", color=_color(i), label=f"{name} p99"
         )
+    levels = sorted({p["concurrency"] for points in series.values() for p in points})
     for ax in (left, right):
         ax.set_xlabel("concurrent requests")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.minorticks_off()
         ax.grid(alpha=0.3)
+    left.set_ylim(bottom=0)
     left.set_ylabel("output tokens/s")
     right.set_ylabel("time to first token, ms")
     right.set_yscale("log")
@@ -179,11 +183,14 @@ def quality_chart(points: Sequence[dict[str, Any]], path: Path, title: str) -> P
     return _save(fig, path, title)
 
 
-def load_points(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """`specport loadtest` rows (with `server` when several servers ran) as `load_chart` series."""
+def load_points(
+    rows: Sequence[dict[str, Any]], name: str = "server"
+) -> dict[str, list[dict[str, Any]]]:
+    """`specport loadtest` rows as `load_chart` series: one per `server` when the rows carry one
+    (a side-by-side run), else one called `name`."""
     series: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        series.setdefault(r.get("server", "server"), []).append(
+        series.setdefault(r.get("server", name), []).append(
             {
                 "concurrency": r["concurrency"],
                 "output_tok_per_s": r["output_tokens_per_s"],
