@@ -37,6 +37,8 @@ import onnx_ir as ir
 from onnx_ir.passes.common import InlinePass, NameFixPass, RemoveUnusedOpsetsPass
 
 from specport.custom_ops._base import DOMAIN, attach_functions, detach_functions
+from specport.custom_ops.cann import check_ops
+from specport.custom_ops.lowering_standard import lower_standard
 from specport.errors import PassError
 
 logger = logging.getLogger(__name__)
@@ -270,8 +272,6 @@ def lower_model(model: ir.Model, target: str, **opts: Any) -> dict[str, Any]:
     if target in ("cpu", "cuda"):
         report.update(_lower_native(model, {"target": target, **opts}))
     if target in STANDARD_TARGETS:
-        from specport.custom_ops.lowering_standard import lower_standard
-
         defaults: dict[str, Any] = (
             {"mask_value": -1e4} if target == "qnn" else {"decompose": STANDARD_DECOMPOSE}
         )
@@ -282,8 +282,6 @@ def lower_model(model: ir.Model, target: str, **opts: Any) -> dict[str, Any]:
         InlinePass()(model)
         report["inlined"] = dict(before)
     if target == "cann":
-        from specport.custom_ops.cann import check_ops
-
         report["cann"] = check_ops(model)
     attach_functions(model)  # what is left (neutral, or kept) needs its body
     detach_functions(model)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specport.errors import InvalidModelError
+
 logger = logging.getLogger(__name__)
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -70,7 +72,6 @@ class Checkpoint:
 def _read_header(path: Path) -> dict[str, Any]:
     """The safetensors header of `path`, checked against the file's size before any work (a
     truncated download would otherwise fail deep inside tracing)."""
-    from specport.errors import InvalidModelError
 
     size = path.stat().st_size
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specport.errors import InvalidModelError
+from specport.exporter.checkpoint import Checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,6 @@ def check_config_against_weights(
 ) -> None:
     """Raise InvalidModelError naming the config field that disagrees with the safetensors
     weights in `model_dir`; silent when they agree or when there is nothing cheap to read."""
-    from specport.exporter.checkpoint import Checkpoint
 
     checkpoint = Checkpoint.open(model_dir)  # a truncated file is blamed here, rightly
     if checkpoint is None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from specport.errors import UsageError
+from specport.errors import ExportError, UsageError
 from specport.options import option
+from specport.passes.convert_floats import ConvertFloatsPass
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +118,6 @@ def float32_ops(dtype: str, target: str) -> tuple[str, ...]:
 
 def convert_graph(model: Any, dtype: str, target: str) -> dict[str, Any]:
     """Convert the lowered graph in place; returns the pass report for the manifest."""
-    from specport.errors import ExportError
-    from specport.passes.convert_floats import ConvertFloatsPass
 
     report = ConvertFloatsPass(dtype, keep_ops=float32_ops(dtype, target))(model).report
     if report.get("skipped"):

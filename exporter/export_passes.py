@@ -15,6 +15,9 @@ import onnx_ir as ir
 from specport import artifact as art
 from specport.contract import TREE_MASK
 from specport.errors import ExportError
+from specport.passes.io_contract import fused_io_contract, kv_layout_fields
+from specport.passes.pipelines import pipeline_for
+from specport.passes.select_logits import LOGITS_INDEX, NEXT_TOKEN, RUNTIME_IO
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +52,6 @@ def apply_passes(
         return apply_shared(model, target, passes, kv_shapes, max_length, tree_mask)
     if not fuse and not passes:
         return [], layout, "neutral", {}
-    try:
-        from specport.passes.pipelines import pipeline_for
-    except ImportError:
-        logger.info("no pass pipelines available; exporting unfused")
-        return [], layout, "neutral", {}
     pipeline = pipeline_for(target, passes)
     result = pipeline(model)
     return result.report.get("passes", []), layout, target, {}
@@ -72,9 +70,6 @@ def apply_shared(
     The graph keeps its buffer length symbolic (the runtime allocates what a generation needs);
     `max_length` is the artifact's limit, recorded in the manifest.
     """
-    from specport.passes.io_contract import fused_io_contract, kv_layout_fields
-    from specport.passes.pipelines import pipeline_for
-    from specport.passes.select_logits import LOGITS_INDEX, NEXT_TOKEN, RUNTIME_IO
 
     pipeline = pipeline_for(
         target,

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from specport.errors import InvalidModelError, UnsupportedArchitectureError
+from specport.exporter.config_check import check_gguf_shapes
 
 # GGUF `general.architecture` -> transformers `model_type`.
 MODEL_TYPES = {
@@ -134,7 +135,6 @@ def hf_config(meta: Metadata, tensors: dict[str, Any], small: dict[str, np.ndarr
     scaling = _rope_scaling(meta, cfg, small)
     if scaling:
         cfg["rope_scaling"] = scaling
-    from specport.exporter.config_check import check_gguf_shapes
 
     check_gguf_shapes(meta.path, meta.arch, cfg, tensors)
     return cfg

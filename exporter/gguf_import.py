@@ -20,6 +20,7 @@ import numpy as np
 
 from specport.errors import InvalidModelError
 from specport.exporter import gguf_config, gguf_tensors
+from specport.exporter.registry import lookup
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ def save_gguf_as_hf(path: Path, out_dir: Path, progress: bool | None = None) -> 
     Returns the manifest's `gguf` report: architecture, file sha256, tensor types and what was
     kept exactly versus converted.
     """
-    from specport.exporter.registry import lookup
 
     path = Path(path)
     out_dir = Path(out_dir)

@@ -11,6 +11,7 @@ from typing import Any
 
 from specport.contract import TREE_MASK
 from specport.errors import ExportError
+from specport.passes.pipelines import pipeline_for
 
 SHARED_MAX_LENGTH = 4096  # default KV buffer limit of a shared-layout artifact
 
@@ -90,7 +91,6 @@ def check_tree_model(config: Any, kv_layout: str = "concat") -> None:
 
 def tree_passes(target: str) -> list[str]:
     """The target's pipeline minus the passes that would drop the tree mask."""
-    from specport.passes.pipelines import pipeline_for
 
     names = [p.name for p in pipeline_for(target).passes]
     return [n for n in names if n not in TREE_UNFUSABLE]

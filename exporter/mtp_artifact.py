@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from specport import artifact as art
+from specport.contract import TREE_MASK
 from specport.errors import InputError
 from specport.exporter.mtp_heads import MTPHeads, export_branch
+from specport.exporter.mtp_heads_graph import save_heads_graph
 from specport.exporter.mtp_weights import save_heads
 from specport.interop.files import write_artifact_manifest
+from specport.passes.mtp import BRANCH_OUTPUTS, InsertMTPBranchPass
 from specport.passes.mtp_graphs import write_mtp_graphs
 
 
@@ -28,10 +31,7 @@ def write_mtp_artifact(
     token-tree decoding asks for each depth's top-W candidates."""
     import onnx_ir as ir
 
-    from specport.contract import TREE_MASK
-    from specport.exporter.mtp_heads_graph import save_heads_graph
     from specport.exporter.onnx_graph import io_signature
-    from specport.passes.mtp import BRANCH_OUTPUTS, InsertMTPBranchPass
 
     manifest = art.read_manifest(artifact)
     model = ir.load(str(Path(artifact) / manifest.model_file))

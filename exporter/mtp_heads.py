@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specport.errors import InputError
+from specport.errors import ExportError, InputError
+from specport.exporter.mtp_fold import fold_heads
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +240,6 @@ class MTPBranch(nn.Module):
 
     def __init__(self, heads: MTPHeads, fold: bool = False) -> None:
         super().__init__()
-        from specport.exporter.mtp_fold import fold_heads
 
         self.mtp = heads
         # Register the shared modules here so the exporter sees their weights as parameters.
@@ -302,8 +302,6 @@ def export_module(
 ) -> Any:
     """``module`` as an `onnx_ir.Model` (dynamo export, opset 23, the exporter's chatter off)."""
     import warnings
-
-    from specport.errors import ExportError
 
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     with warnings.catch_warnings(), torch.no_grad():

@@ -28,6 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from specport.exporter.mtp_fold import fold_heads
+from specport.exporter.mtp_heads import export_module
+
 logger = logging.getLogger(__name__)
 
 HEADS_GRAPH_NAME = "mtp_heads.onnx"
@@ -41,8 +44,6 @@ class HeadsTopK(nn.Module):
     """forward(hidden [N, H], tokens [N], head [1]) -> (hidden' [N, H], ids [N, W], logp [N, W])."""
 
     def __init__(self, heads: Any, width: int, fold: bool = True) -> None:
-        from specport.exporter.mtp_fold import fold_heads
-
         super().__init__()
         self.mtp = heads
         # Register the shared modules here so the exporter sees their weights as parameters.
@@ -112,7 +113,6 @@ def export_heads_graph(heads: Any, width: int = MAX_TREE_WIDTH) -> Any:
     )
     rows = Dim("rows")
     shapes = {"hidden": {0: rows}, "tokens": {0: rows}, "head": None}
-    from specport.exporter.mtp_heads import export_module
 
     model = export_module(module, args, shapes, HEADS_INPUTS, HEADS_OUTPUTS, "the MTP heads graph")
     from onnx_ir.passes.common import ClearMetadataAndDocStringPass

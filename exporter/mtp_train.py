@@ -26,6 +26,7 @@ import torch
 
 from specport import artifact as art
 from specport.errors import InputError, UsageError
+from specport.exporter import source as src_mod
 from specport.exporter.mtp_artifact import write_mtp_artifact
 from specport.exporter.mtp_data import (
     base_hidden,
@@ -45,7 +46,6 @@ logger = logging.getLogger(__name__)
 
 def load_base(manifest: art.Manifest) -> Any:
     """The frozen torch base model the artifact was exported from (``source.path``)."""
-    from specport.exporter import source as src_mod
 
     path = manifest.source.get("path")
     if not path:

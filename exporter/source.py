@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from specport.errors import InvalidModelError, ModelNotFoundError
+from specport.exporter.config_check import check_config_against_weights
+from specport.exporter.gguf_import import save_gguf_as_hf
 from specport.exporter.registry import ArchConfig, lookup
 from specport.progress import bar_enabled
 
@@ -125,8 +127,6 @@ def read_config(path: Path) -> tuple[Any, type[ArchConfig]]:
 
 
 def _from_dir(path: Path, kind: str, original: str) -> Source:
-    from specport.exporter.config_check import check_config_against_weights
-
     config, arch = read_config(path)
     check_config_against_weights(path, config, arch.layers_attr, dict(arch.load_kwargs))
     return Source(kind=kind, path=path, original=original, config=config, arch=arch)
@@ -156,8 +156,6 @@ def _is_gguf(path: Path) -> bool:
 
 
 def _from_gguf(path: Path, progress: bool | None) -> Source:
-    from specport.exporter.gguf_import import save_gguf_as_hf
-
     tmp = tempfile.TemporaryDirectory(prefix="specport-gguf-")
     try:
         details = save_gguf_as_hf(path, Path(tmp.name), progress=progress)

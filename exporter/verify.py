@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from specport.contract import TREE_MASK
-from specport.exporter.wrapper import kv_input_names
+from specport.contract import TREE_MASK, causal_tree_mask
+from specport.exporter.wrapper import FlatKVWrapper, kv_input_names
 
 # The shared layout's extra inputs (passes/shared_kv.py, passes/select_logits.py).
 SEQLENS = "seqlens_k"
@@ -61,9 +61,6 @@ def reference_cases(
     past, each node compared with a plain chain run of its path.
     """
     import torch
-
-    from specport.contract import causal_tree_mask
-    from specport.exporter.wrapper import FlatKVWrapper
 
     rng = np.random.default_rng(seed)
     num_layers = len(kv_shapes)

@@ -13,6 +13,16 @@ from pathlib import Path
 
 from specport import artifact as art
 from specport.model import Model
+from specport.runtime.kv.layouts import align_kv_dtype, check_runtime_dtype
+from specport.runtime.session import (
+    SessionConfig,
+    artifact_graph,
+    artifact_session_entries,
+    make_session,
+)
+from specport.runtime.speculative.suffix_corpus import read_corpus
+from specport.runtime.static_session import open_static, static_info
+from specport.tokenizer import load_tokenizer
 
 
 def load(
@@ -35,15 +45,6 @@ def load(
     `runtime.session.artifact_graph`); speculative="mtp" reopens it with the branch.
     `suffix_corpus` (JSON lines of earlier answers, `runtime.speculative.suffix_corpus`) seeds
     what speculative="suffix" drafts from."""
-    from specport.runtime.kv.layouts import align_kv_dtype, check_runtime_dtype
-    from specport.runtime.session import (
-        SessionConfig,
-        artifact_graph,
-        artifact_session_entries,
-        make_session,
-    )
-    from specport.runtime.static_session import open_static, static_info
-    from specport.tokenizer import load_tokenizer
 
     directory = Path(path)
     manifest = art.read_manifest(directory, check_hashes=check_hashes)
@@ -67,7 +68,5 @@ def load(
     tokenizer = load_tokenizer(directory, manifest.tokenizer)
     model = Model(directory, manifest, session, used, tokenizer, config)
     if suffix_corpus is not None:
-        from specport.runtime.speculative.suffix_corpus import read_corpus
-
         model.suffix_index.extend(read_corpus(suffix_corpus, tokenizer, manifest.vocab_size))
     return model

@@ -16,9 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from specport.artifact import read_manifest
 from specport.errors import InputError, SpecportError, UsageError
+from specport.exporter.dtype import resolve_dtype
+from specport.onnx_file import check_onnx_input
 from specport.options import option
 from specport.outputs import check_artifact_out, check_onnx_out
+from specport.passes.pipelines import all_pass_names
+from specport.passes.quant import checks
+from specport.passes.quant.head import check_head_bits
 
 TARGETS = ("cpu", "cuda", "cann", "neutral", "standard", "qnn")
 KV_LAYOUTS = ("auto", "concat", "shared")  # auto: shared where the fused kernel runs
@@ -40,7 +46,6 @@ def _one_of(name: str, value: Any, choices: Sequence[str]) -> None:
 def check_passes(passes: Sequence[str] | None) -> None:
     if passes is None:
         return
-    from specport.passes.pipelines import all_pass_names
 
     known = all_pass_names()
     unknown = [p for p in passes if p not in known]
@@ -92,7 +97,6 @@ def check_export(
 ) -> None:
     """Everything about an export that can be known without loading the weights."""
     check_layout(target, kv_layout, fuse, passes)
-    from specport.exporter.dtype import resolve_dtype
 
     resolve_dtype(dtype, target, quant)
     at_least("layers", layers, 1, allow_none=True)
@@ -217,9 +221,6 @@ def check_quantize(
     **_: Any,
 ) -> None:
     """The quantizer's own option checks, plus inputs and output, before calibration starts."""
-    from specport.artifact import read_manifest
-    from specport.passes.quant import checks
-    from specport.passes.quant.head import check_head_bits
 
     at_least("calib_docs", calib_docs, 1)
     if embedding_bits not in (None, 0, 4, 8):
@@ -267,7 +268,6 @@ def check_optimize(
     options: dict[str, Any],
 ) -> Any:
     """Options, the input graph (see `specport.onnx_file`) and the output; returns the proto."""
-    from specport.onnx_file import check_onnx_input
 
     check_layout(target, options.get("kv_layout", "concat"), True, passes)
     at_least("sliding_window", options.get("sliding_window"), 1, allow_none=True)
@@ -300,7 +300,6 @@ def check_train_mtp(
     steps: int = 600,
     num_sequences: int = 768,
 ) -> None:
-    from specport.artifact import read_manifest
 
     at_least("num_heads", num_heads, 1)
     at_least("steps", steps, 1)

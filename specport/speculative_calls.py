@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specport.results import GenerationResult, row_metrics
+from specport.runtime.speculative.batch import generate_speculative_batch
+from specport.runtime.speculative.loop import generate_speculative
+from specport.runtime.speculative.tree import generate_tree
+from specport.runtime.streaming import TextStreams
 
 if TYPE_CHECKING:
     from specport.model import Model
@@ -33,8 +37,6 @@ def speculative_one(
     adaptive: bool | None = None,
     tree_width: int = 1,
 ) -> GenerationResult:
-    from specport.runtime.speculative.loop import generate_speculative
-    from specport.runtime.streaming import TextStreams
 
     draft_model = model.draft_model(draft)
     streams = TextStreams(
@@ -51,8 +53,6 @@ def speculative_one(
     on_token = push if streams.needs_steps else None
     eos = [] if ignore_eos else model.manifest.eos_token_ids
     if tree_width != 1:
-        from specport.runtime.speculative.tree import generate_tree
-
         tokens, reason, metrics = generate_tree(
             model,
             prompt_ids,
@@ -97,8 +97,6 @@ def speculative_batch(
     draft: Model | str | os.PathLike[str] | None,
     adaptive: bool | None,
 ) -> list[GenerationResult]:
-    from specport.runtime.speculative.batch import generate_speculative_batch
-    from specport.runtime.streaming import TextStreams
 
     draft_model = model.draft_model(draft)
     streams = TextStreams(model.tokenizer, len(rows), list(stop), on_text)

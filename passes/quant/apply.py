@@ -54,6 +54,7 @@ from specport.passes.quant.head import check_head_bits, choose_lm_head_bits, hea
 from specport.passes.quant.kv_cache import apply_int8_kv, int8_kv_manifest
 from specport.passes.quant.kv_check import check_artifact
 from specport.passes.quant.mixed import plan_mixed_precision
+from specport.passes.quant.npu import npu_qdq_pass
 from specport.passes.quant.ort_baseline import run_ort_baseline
 from specport.passes.quant.ort_check import integer_kernel_summary
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
@@ -176,8 +177,6 @@ def quantize_artifact(
             if scheme == "none":
                 pass
             elif form == "npu":  # QDQ, uint16 activations (passes/quant/npu.py)
-                from specport.passes.quant.npu import npu_qdq_pass
-
                 args = (model_path, manifest, src_p, calib_files, bits, group_size)
                 passes.append(npu_qdq_pass(*args, max_docs=calib_docs, progress=progress))
             elif scheme == "w8a8":

@@ -29,6 +29,8 @@ from specport.artifact import Manifest
 from specport.contract import prefill_feeds
 from specport.documents import read_text_documents
 from specport.errors import QuantizationError
+from specport.passes.quant.graph import find_weight_matmuls
+from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 
 logger = logging.getLogger(__name__)
 
@@ -297,9 +299,6 @@ def calibrate_artifact(
     """Statistics of every weight MatMul's input over the first `max_docs` documents of
     `calib_files`, tokenized with the artifact's own tokenizer (shared layout: run as it runs)."""
     import onnx_ir
-
-    from specport.passes.quant.graph import find_weight_matmuls
-    from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 
     docs = read_documents(calib_files)[:max_docs]
     bos = manifest.config.get("bos_token_id")

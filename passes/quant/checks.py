@@ -13,6 +13,7 @@ from typing import Any
 
 from specport.artifact import Manifest
 from specport.errors import QuantizationError
+from specport.history import entries
 from specport.options import option
 from specport.passes.quant.kv_cache import KV_CLIPS, default_kv_granularity
 from specport.passes.quant.kv_calibration import KV_GRANULARITIES
@@ -145,7 +146,6 @@ def check_chain(
     on its float source instead: it would quantize already-quantized weights while the manifest
     described only one recipe. What the first step did not cover (an int8 KV cache with
     `--scheme none` after weight quantization) is allowed, and the history keeps both steps."""
-    from specport.history import entries
 
     quant = manifest.quant or {}
     done = quant.get("scheme")

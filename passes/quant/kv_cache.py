@@ -48,6 +48,7 @@ from specport.passes.quant.graph import add_initializer, named, remove_unused
 from specport.passes.quant.kv_cache_shared import QuantizeSharedKVCachePass, is_shared_graph
 from specport.passes.quant.kv_calibration import KV_CLIPS as KV_CLIPS  # the recipe's options
 from specport.passes.quant.kv_calibration import calibrate_kv_scales
+from specport.passes.quant.kv_select import choose_for_artifact
 
 logger = logging.getLogger(__name__)
 
@@ -342,8 +343,6 @@ def apply_int8_kv(
         )
         choice = None
         if float_layers == "auto":
-            from specport.passes.quant.kv_select import choose_for_artifact
-
             float_layers, choice = choose_for_artifact(
                 model_path, manifest, src, calib_files, scales, granularity, progress
             )

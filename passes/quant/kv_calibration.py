@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from specport.artifact import Manifest
+from specport.chat_template import load_chat_template
 from specport.contract import prefill_feeds
 from specport.errors import QuantizationError
 from specport.passes.quant import calibration as C
@@ -176,8 +177,6 @@ def chat_sequences(src: Path, docs: Sequence[str], context: int) -> list[np.ndar
     from types import SimpleNamespace
 
     from tokenizers import Tokenizer
-
-    from specport.chat_template import load_chat_template
 
     if not (src / "tokenizer.json").is_file():
         return []

@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from specport.passes.quant.layout import shared_prefill_feeds
+from specport.chat_template import load_chat_template
+from specport.passes.quant import calibration as C
+from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +38,6 @@ def chat_exchanges(
     from types import SimpleNamespace
 
     from tokenizers import Tokenizer
-
-    from specport.chat_template import load_chat_template
 
     if not (src / "tokenizer.json").is_file() or not docs:
         return []
@@ -141,8 +141,6 @@ def check_artifact(
     src: Path, out_dir: Path, manifest: Any, calib_files: Sequence[str | os.PathLike[str]]
 ) -> dict[str, Any] | None:
     """The chat check of a quantized artifact in `out_dir` against its source `src`."""
-    from specport.passes.quant import calibration as C
-    from specport.passes.quant.layout import calibration_context
 
     docs = C.read_documents(calib_files)
     file = manifest.model_file

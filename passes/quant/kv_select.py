@@ -27,8 +27,17 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
+from specport.passes.quant import calibration as C
 from specport.passes.quant.kv_cache_shared import GRANULARITIES, kernel_scale
-from specport.passes.quant.kv_check import THRESHOLD, compare_logits, prefill_logits
+from specport.passes.quant.kv_check import (
+    MAX_TOKENS,
+    SEQUENCES,
+    THRESHOLD,
+    chat_exchanges,
+    compare_logits,
+    prefill_logits,
+)
+from specport.passes.quant.layout import calibration_context
 
 logger = logging.getLogger(__name__)
 
@@ -151,9 +160,6 @@ def choose_for_artifact(
 ) -> tuple[list[int], dict[str, Any]]:
     """`--kv-float-layers auto`: measured on chat exchanges (plain documents without a
     template) of the calibration text; see passes/quant/kv_select.py."""
-    from specport.passes.quant import calibration as C
-    from specport.passes.quant.kv_check import MAX_TOKENS, SEQUENCES, chat_exchanges
-    from specport.passes.quant.layout import calibration_context
 
     docs = C.read_documents(calib_files)
     context = min(MAX_TOKENS, calibration_context(manifest))

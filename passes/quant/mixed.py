@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from specport.passes.quant.blockquant import dequantize
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.graph import find_weight_matmuls
 from specport.passes.quant.weight_only import output_rel_error, quantize_weight
@@ -41,7 +42,6 @@ def plan_mixed_precision(
         q1, q3 = np.percentile(w, [25, 75])
         outlier = float(np.abs(w).max() / max(q3 - q1, 1e-12))
         st = stats.get(site.x.name or "")
-        from specport.passes.quant.blockquant import dequantize
 
         bq = quantize_weight(
             w, "rtn" if algo in ("default", "gptq") else algo, bits, group_size, False, st
