@@ -106,3 +106,31 @@ def test_loadtest_command_checks_its_arguments(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "x.pdf"
     assert main(["loadtest", "http://127.0.0.1:9", "--model", "m", "--plot", str(bad)]) == 2
     assert not bad.exists()
+
+
+def test_bench_requests_runs_each_count_and_plots_against_concurrency(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """`bench --requests 1 4 --plot`: one engine bench per count, one chart of them all."""
+    import json
+
+    from specport.bench import engine
+
+    seen: list[int] = []
+
+    def fake(artifact: str, config) -> dict:
+        seen.append(config.requests)
+        summary = {"output_tok_per_s": 10.0 * config.requests, "ttft_ms_p50": 1.0}
+        summary["ttft_ms_p99"] = 2.0 * config.requests
+        return {"config": {"requests": config.requests, "new_tokens": 8, "threads": 1, "rounds": 1},
+                "latency": {"batching": summary, "serial": dict(summary, output_tok_per_s=5.0)}}  # fmt: skip
+
+    monkeypatch.setattr(engine, "run_engine_bench", fake)
+    chart = tmp_path / "load.svg"
+    argv = ["bench", "art", "--requests", "1", "4", "--plot", str(chart), "--json"]
+    assert main(argv) == 0
+    assert seen == [1, 4]
+    out = json.loads(capsys.readouterr().out)
+    assert [r["config"]["requests"] for r in out["requests"]] == [1, 4]
+    text = chart.read_text()
+    assert "batching p99" in text and "serial p50" in text and ">4<" in text
