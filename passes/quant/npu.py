@@ -13,12 +13,17 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from specport.artifact import Manifest
+from specport.contract import prefill_feeds
 from specport.errors import QuantizationError
+from specport.passes.quant.calibration import read_documents, tokenize
+from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 from specport.passes.quant.qdq import QuantizeQDQPass, Range, collect_ranges
+from specport.samples.corpus import generate_corpus
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +32,6 @@ DEFAULT_DOCS = 64
 
 def default_calibration_docs(n_docs: int = DEFAULT_DOCS) -> list[str]:
     """The built-in calibration text: the seeded synthetic tiny-stories corpus (offline)."""
-    from specport.samples.corpus import generate_corpus
 
     return generate_corpus(n_docs, seed=11)
 
@@ -43,10 +47,6 @@ def calibration_feeds(
     """Prefill feeds (batch 1, empty cache) of artifact `src`, one per document of
     `calib_files` (default: `default_calibration_docs`), each cut to `max_tokens`."""
     import onnxruntime as ort
-
-    from specport.contract import prefill_feeds
-    from specport.passes.quant.calibration import read_documents, tokenize
-    from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 
     docs = read_documents(calib_files) if calib_files else default_calibration_docs(max_docs)
     tok = src / "tokenizer.json"
@@ -117,4 +117,17 @@ def npu_qdq_pass(
     feeds = calibration_feeds(model_path, manifest, src, calib_files, max_docs)
     ranges = kv_input_ranges(manifest, collect_ranges(model_path, feeds))
     logger.info("npu form: %d ranges from %d sequences", len(ranges), len(feeds))
-    return QuantizeQDQPass(ranges, weight_bits=bits, block_size=0)
+    # Positions and the mask stay float where the graph builds rotary angles and the additive
+    # mask from them: their range is the whole context (8k positions on uint16: a step of
+    # 0.125 position, 0.125 rad at the highest rotary frequency). The qnn target's static
+    # graphs read cos/sin from tables instead (quantized as constants).
+    keep = [
+        n for n in ("position_ids", "attention_mask") if n in {v.name for v in _inputs(model_path)}
+    ]
+    return QuantizeQDQPass(ranges, weight_bits=bits, block_size=0, keep_float_from=keep)
+
+
+def _inputs(model_path: Path) -> list[Any]:
+    import onnx
+
+    return list(onnx.load(str(model_path), load_external_data=False).graph.input)

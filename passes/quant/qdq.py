@@ -199,6 +199,7 @@ class QuantizeQDQPass(Pass):
         activation_type: str = "uint16",
         block_size: int = 0,
         weight_form: str = "qdq",
+        keep_float_from: Sequence[str] = (),
     ) -> None:
         if weight_bits not in (4, 8):
             raise QuantizationError(f"QDQ weights are 8 or 4 bits, not {weight_bits}")
@@ -214,6 +215,7 @@ class QuantizeQDQPass(Pass):
         self.weight_bits, self.block_size, self.weight_form = weight_bits, block_size, weight_form
         self.act_dtype, self.act_np, self.act_qmax = ACTIVATION_TYPES[activation_type]
         self.activation_type = activation_type
+        self.keep_float_from = frozenset(keep_float_from)
 
     def precondition(self, model: ir.Model) -> str | None:
         if not self.ranges:
@@ -231,12 +233,17 @@ class QuantizeQDQPass(Pass):
         graph = model.graph
         weights = self._quantize_weights(model)
         ranges = self._propagate_ranges(graph)
+        kept = self._kept_float(graph)
         quantized = unquantized = consts = 0
         skipped: list[str] = []
         for value in self._float_values(graph):
             name = value.name or ""
             uses = [(n, i) for n, i in value.uses() if not _reads_shape(n, i)]
             if not uses and not value.is_graph_output():
+                continue
+            if id(value) in kept or (
+                value.is_initializer() and uses and all(_feeds_only(n, kept) for n, _ in uses)
+            ):
                 continue
             if value.is_initializer():
                 arr = value.const_value.numpy() if value.const_value is not None else None  # type: ignore[union-attr]
@@ -265,6 +272,7 @@ class QuantizeQDQPass(Pass):
             "activations_quantized": quantized,
             "constants_quantized": consts,
             "unquantized": unquantized,
+            "kept_float": len(kept),
             "unquantized_names": skipped[:10],
             "layers": weights,
         }
@@ -335,6 +343,24 @@ class QuantizeQDQPass(Pass):
                 out.append(v)
         return out
 
+    def _kept_float(self, graph: ir.Graph) -> set[int]:
+        """Ids of float tensors computed from the `keep_float_from` inputs alone (rotary
+        angles and masks built from position_ids / attention_mask): their range is the
+        context window, not the text, and uint16 over 8k positions is a step of 0.125."""
+        if not self.keep_float_from:
+            return set()
+        deps: dict[int, frozenset[str]] = {id(v): frozenset({v.name or ""}) for v in graph.inputs}
+        kept: set[int] = set()
+        for node in graph:
+            d: frozenset[str] = frozenset().union(
+                *(deps.get(id(v), frozenset()) for v in node.inputs if v is not None)
+            )
+            for out in node.outputs:
+                deps[id(out)] = d
+                if d and d <= self.keep_float_from and out.dtype in (ir.DataType.FLOAT, None):
+                    kept.add(id(out))
+        return kept
+
     def _propagate_ranges(self, graph: ir.Graph) -> dict[str, Range]:
         """Calibrated ranges, with data-movement outputs taking their input's range."""
         ranges = dict(self.ranges)
@@ -396,6 +422,12 @@ class QuantizeQDQPass(Pass):
         graph.insert_before(first, [dq])
         for node, idx in uses:
             node.replace_input_with(idx, dq.outputs[0])
+
+
+def _feeds_only(node: ir.Node, kept: set[int]) -> bool:
+    """True when every float output of `node` stays float (a constant feeding it stays too)."""
+    outs = [o for o in node.outputs if o.dtype in (ir.DataType.FLOAT, None)]
+    return bool(outs) and all(id(o) in kept for o in outs)
 
 
 def _reads_shape(node: ir.Node, index: int) -> bool:

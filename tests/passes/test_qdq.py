@@ -202,3 +202,49 @@ def test_runs_on_the_htp_emulator_without_cpu_fallback(block: dict[str, Any], va
     # HTP computes in its own integer kernels (requantizing inside fused ops): measured
     # 0.1-2% of the largest logit against the same graph on the CPU provider.
     assert _rel(cpu.run(None, feed)[0], htp.run(None, feed)[0]) < 0.04
+
+
+def test_position_derived_tensors_stay_float_when_asked() -> None:
+    """cos(position * inv_freq) built in the graph: kept float (its range is the context
+    window, not the text), inv_freq with it; the data path is still quantized."""
+    from onnx import TensorProto, helper
+
+    n = helper.make_node
+    graph = helper.make_graph(
+        [
+            n("Cast", ["position_ids"], ["pos"], to=TensorProto.FLOAT),
+            n("Mul", ["pos", "inv_freq"], ["angle"]),
+            n("Cos", ["angle"], ["cos"]),
+            n("Mul", ["x", "cos"], ["xc"]),
+            n("MatMul", ["xc", "w"], ["y"]),
+        ],
+        "rope",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8]),
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, 4, 1]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])],
+        [
+            numpy_helper.from_array((1e-4 ** (np.arange(8) / 8)).astype(np.float32), "inv_freq"),
+            numpy_helper.from_array(np.eye(8, dtype=np.float32), "w"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = [
+        {
+            "x": np.random.default_rng(i).standard_normal((1, 4, 8)).astype(np.float32),
+            "position_ids": np.arange(4, dtype=np.int64).reshape(1, 4, 1) + 100 * i,
+        }
+        for i in range(3)
+    ]
+    ranges = collect_ranges(proto, feeds)
+    model = ir.from_proto(proto)
+    report = QuantizeQDQPass(ranges, keep_float_from=["position_ids"])(model).report
+    out = ir.to_proto(model)
+    quantized = {n.input[0] for n in out.graph.node if n.op_type == "QuantizeLinear"}
+    assert not quantized & {"pos", "angle", "cos"} and {"x", "xc"} <= quantized
+    assert "inv_freq" in {i.name for i in out.graph.initializer}  # still float, still read
+    assert report["kept_float"] == 3
+    got = _cpu(out).run(None, feeds[2])[0]
+    want = _cpu(proto).run(None, feeds[2])[0]
+    assert _rel(want, got) < 1e-3
