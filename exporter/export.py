@@ -43,11 +43,15 @@ from specport.exporter.onnx_graph import (
     trace_to_onnx,
     verification_session,
 )
+from specport.exporter.qnn_context import check_qnn
 from specport.exporter.registry import check_supported
+from specport.exporter.static_graphs import plan, write_qnn_graphs
+from specport.exporter.tokenizer_files import copy_tokenizer
 from specport.exporter.verify import compare, reference_cases
 from specport.exporter.wrapper import probe_kv_shapes
 from specport.interop.files import write_artifact_manifest
 from specport.interop.optimum_config import save_source_config
+from specport.passes.quant.inline import check_inline, quantize_inline
 from specport.progress import Stages
 
 logger = logging.getLogger(__name__)
@@ -112,9 +116,12 @@ def export_model(
     kv_layout, why = auto_layout(kv_layout, target, fuse, passes)
     check_kv_layout(kv_layout, target, fuse)  # before any slow step
     check_tree_mask(tree_mask, kv_layout, passes)
-    if quant is not None:
-        from specport.passes.quant.inline import check_inline
+    qnn_quant, quant = (quant, None) if target == "qnn" else (None, quant)
+    if qnn_quant is not None:  # QDQ on the static graphs, after verification of the float one
+        from specport.exporter.qnn_quant import check_scheme
 
+        check_scheme(qnn_quant)
+    if quant is not None:
         check_inline(quant, quant_algo)
         skip_verify = True
     stages = Stages(total=5, show=progress)
@@ -141,8 +148,6 @@ def export_model(
         check_tree_model(config, kv_layout)
     static = None
     if target == "qnn":
-        from specport.exporter.static_graphs import plan
-
         static = plan(context_length, prefill_chunk, int(norm.get("context_length") or 0))
 
     stages.start("exporting to ONNX (torch.onnx.export, dynamo)")
@@ -182,8 +187,6 @@ def export_model(
         runtime_io[TREE_MASK] = TREE_MASK_INFO
     quant_info = None
     if quant is not None:
-        from specport.passes.quant.inline import quantize_inline
-
         reports, quant_info = quantize_inline(ir_model, quant, quant_algo)
         pass_reports = [*pass_reports, *reports]
     if dtype != "float32":
@@ -252,9 +255,10 @@ def export_model(
                     "export or a pass; re-run with --no-fuse to isolate it, or --skip-verify to keep the artifact anyway."
                 )
         if static is not None:
-            from specport.exporter.static_graphs import write_qnn_graphs
-
-            runtime_io["static"] = write_qnn_graphs(tmp, art.MODEL_NAME, static, soc)
+            bos = norm.get("bos_token_id")
+            runtime_io["static"] = write_qnn_graphs(
+                tmp, art.MODEL_NAME, static, soc, qnn_quant, bos
+            )
         manifest = art.Manifest(
             architecture=norm["model_type"],
             config=norm,
@@ -292,12 +296,9 @@ def _check_static(
         if given:
             raise ExportError(f"{', '.join(given)} apply to --target qnn only.")
         return
-    from specport.exporter.qnn_context import check_qnn
 
     check_qnn(soc)
 
 
 def _copy_tokenizer(source_dir: Path, out: Path) -> dict[str, Any]:
-    from specport.exporter.tokenizer_files import copy_tokenizer
-
     return copy_tokenizer(source_dir, out)

@@ -37,6 +37,7 @@ import onnx
 import onnx_ir as ir
 
 from specport.errors import ExportError
+from specport.exporter.qnn_context import compile_contexts
 
 logger = logging.getLogger(__name__)
 
@@ -249,17 +250,25 @@ def _fold(model: ir.Model) -> None:
 
 
 def write_qnn_graphs(
-    directory: Path, model_file: str, static: StaticPlan, soc: int | None
+    directory: Path,
+    model_file: str,
+    static: StaticPlan,
+    soc: int | None,
+    quant: str | None = None,
+    bos_token_id: int | None = None,
 ) -> dict[str, Any]:
-    """The qnn target's files: static graphs, and with `soc` their EPContext models.
+    """The qnn target's files: static graphs (QDQ with `quant`, exporter/qnn_quant.py), and
+    with `soc` their EPContext models.
 
     Returns the manifest's `static` section (what runtime/static_session.py reads)."""
     section = static.describe()
     section["report"] = write_static_graphs(directory, model_file, static)
+    if quant is not None:
+        from specport.exporter.qnn_quant import quantize_static
+
+        section["quant"] = quantize_static(directory, section, quant, bos_token_id)
     section["soc"] = soc
     if soc is not None:
-        from specport.exporter.qnn_context import compile_contexts
-
         compiled = compile_contexts(directory, section["graphs"], soc)
         section["epcontext"] = compiled.pop("files")
         section["compile"] = compiled

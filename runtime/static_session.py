@@ -173,6 +173,10 @@ def open_static(directory: Path, manifest: art.Manifest, config: Any) -> tuple[S
     if static is None:
         raise ArtifactError(f"{directory} has no static graphs (export with --target qnn).")
     provider = config.provider.lower()
+    if static.get("quant"):  # QDQ graphs: keep onnxruntime CPU from fusing DQ->MatMul into
+        # MatMulNBits with int8 activations (an NPU computes uint16 activations)
+        entries = {"session.qdq_matmulnbits_accuracy_level": "0", **config.config_entries}
+        config = replace(config, config_entries=entries)
     if provider == "qnn":
         options = {"backend_type": "htp", "soc_model": str(static.get("soc", 60))}
         config = replace(config, provider_options={**options, **config.provider_options})

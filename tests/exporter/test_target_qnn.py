@@ -191,6 +191,27 @@ def test_stories260k_generates_on_the_emulator(stories_qnn):
         assert session.get_providers()[0] == "QNNExecutionProvider"
 
 
+@pytest.mark.parametrize("quant", ["w8a16", pytest.param("w4a16", marks=pytest.mark.slow)])
+@QNN
+def test_stories260k_qdq_on_the_emulator_equals_the_same_graph_on_cpu(shared_dir, tmp_path, quant):
+    """QDQ (uint16 activations, per-channel weights): every node on the NPU, greedy tokens
+    equal to the same QDQ graphs on the CPU provider; weights once on disk (qdq.onnx.data)."""
+    art = export_qnn(shared_dir / "models" / "stories260K", tmp_path / quant, quant=quant,
+                     context_length=128, prefill_chunk=16, soc=60)  # fmt: skip
+    manifest = read_manifest(art)
+    report = manifest.extra["static"]["quant"]
+    assert report["scheme"] == quant and report["decode"]["unquantized"] == 0
+    for name in manifest.extra["static"]["graphs"].values():
+        graph = onnx.load(str(art / name), load_external_data=False).graph
+        assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in graph.node}
+        files = {e.value for t in graph.initializer for e in t.external_data if e.key == "location"}
+        assert files <= {"qdq.onnx.data"}
+    npu, _ = open_static(art, manifest, recorded(SessionConfig(provider="qnn")))
+    assert nodes_per_provider(npu.decode).get("CPUExecutionProvider", 0) == 0
+    cpu, _ = open_static(art, manifest, SessionConfig(provider="cpu"))
+    assert greedy(npu, STORIES_PROMPT, 16) == greedy(cpu, STORIES_PROMPT, 16)
+
+
 @pytest.mark.slow
 @QNN
 def test_smollm2_compiles_for_the_soc_and_decodes(shared_dir, tmp_path):
