@@ -114,6 +114,11 @@ def check_export(
         )
     if quant is not None:
         _one_of("quant", quant, QUANT_SCHEMES)
+        if target == "qnn" and quant not in ("w8a16", "w4a16"):  # exporter/qnn_quant.py
+            raise UsageError(
+                f"{option('target', 'qnn')} quantizes as w8a16 or w4a16 (QDQ, uint16 "
+                f"activations for the NPU), not {option('quant', quant)}."
+            )
     src = Path(model).expanduser()
     if tokenizer is not None:
         tok = Path(tokenizer).expanduser()
