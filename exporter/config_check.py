@@ -137,7 +137,9 @@ def check_config_against_weights(
 
     stored = _layers(tensors)
     declared = int(getattr(config, layers_attr, 0) or 0)
-    if stored is not None and declared and stored != declared:
+    # DeepSeek-V3-style checkpoints keep their MTP module as the layers after the decoder's
+    mtp = int(getattr(config, "num_nextn_predict_layers", 0) or 0)
+    if stored is not None and declared and stored not in (declared, declared + mtp):
         raise InvalidModelError(
             f"{described(layers_attr)}, but the weights hold {stored} layers; set "
             f'"{layers_attr}": {stored} (the weight files are fine).'
