@@ -145,10 +145,9 @@ def run(args: argparse.Namespace) -> int:
     if plot is not None:
         from specport.bench.plot import load_chart, load_points
 
-        load = os.getloadavg()[0]
         title = (
             f"{args.requests} requests per level, {args.max_tokens} new tokens, greedy, "
-            f"streamed; load average {load:.1f}"
+            f"streamed; load average {os.getloadavg()[0]:.1f}"
         )
         report["plot"] = str(
             load_chart(load_points(report["rows"], args.model or "specport"), plot, title)
