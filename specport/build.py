@@ -13,6 +13,13 @@ from typing import Any
 
 from specport import artifact as art
 from specport import history, preflight
+from specport.loading import load
+from specport.onnx_file import load_onnx_input, load_repaired_ir, save_onnx_atomic
+from specport.onnx_parity import check_parity
+from specport.passes.io_contract import fused_io_contract
+from specport.passes.quant.apply import quantize_artifact
+from specport.passes.quant.inline import INLINE_SCHEMES
+from specport.progress import Stages
 
 
 def export(
@@ -29,7 +36,6 @@ def export(
     checked = {k: kwargs[k] for k in (*names, "tree_mask") if k in kwargs}
     preflight.check_export(model, out, quant=quant, **checked)
     from specport.exporter.export import export_model
-    from specport.passes.quant.inline import INLINE_SCHEMES
 
     defaults = history.defaults_of(export_model)
     with history.operation("export", model, defaults, out=out, quant=quant, **kwargs):
@@ -38,8 +44,6 @@ def export(
         kwargs.pop("quant_algo", None)
         manifest = export_model(model, out, **kwargs)
         if quant is not None:  # part of this export: one history entry
-            from specport.passes.quant.apply import quantize_artifact
-
             manifest = quantize_artifact(out, out, scheme=quant)
         return manifest
 
@@ -49,7 +53,6 @@ def quantize(
 ) -> art.Manifest:
     """Quantize an artifact into a new one; see `specport.passes.quant.apply.quantize_artifact`.
     `out` must differ from `src` (the source artifact is never replaced)."""
-    from specport.passes.quant.apply import quantize_artifact
 
     if not callable(kwargs.get("progress")):
         kwargs.pop("progress", None)  # a bool asks for the default display, which is stderr
@@ -77,13 +80,9 @@ def optimize(
     place, and `out` must be new or an earlier `optimize` output, never one of the input's
     files.
     """
-    from specport.passes.io_contract import fused_io_contract
     from specport.passes.pipelines import optimize_model
-    from specport.progress import Stages
 
     preflight.check_optimize(src, out, target, passes, options)
-    from specport.onnx_file import load_onnx_input, load_repaired_ir, save_onnx_atomic
-    from specport.onnx_parity import check_parity
 
     proto, repairs = load_onnx_input(src)
     opts = {"target": target, "passes": passes, **options}
@@ -113,7 +112,6 @@ def train_mtp(
     checked = {k: kwargs[k] for k in ("num_heads", "data", "steps", "num_sequences") if k in kwargs}
     preflight.check_train_mtp(artifact, out, **checked)
     from specport.exporter.mtp_train import train_mtp as _train
-    from specport.loading import load
 
     defaults = history.defaults_of(_train)
     with history.operation("train-mtp", artifact, defaults, out=out, **kwargs):
