@@ -1,7 +1,16 @@
 """Int8 and SmoothQuant math for W8A8: pure numpy.
 
-Weights: symmetric int8 per output channel. Activations: static per-tensor asymmetric uint8
-from calibration ranges. SmoothQuant (Xiao et al. 2022) migrates activation outliers into the
+Weights: asymmetric uint8 per output channel with a zero point (`quantize_uint8_per_channel`),
+the form onnxruntime computes exactly on every x86 CPU; symmetric int8 per output channel
+(`quantize_int8_per_channel`) is kept for layouts that require it (Ascend). Activations:
+static per-tensor asymmetric uint8 from calibration ranges.
+
+Why not int8 weights for onnxruntime: its uint8 x int8 GEMM (MatMulInteger,
+MatMulIntegerToFloat, DynamicQuantizeMatMul) on AVX2 CPUs without VNNI multiplies with
+vpmaddubsw, which adds two u8*s8 products in a saturating int16: 255*127*2 = 64770 > 32767,
+so an activation code near 255 against two large weights gives a wrong result (measured on an
+AVX2-only EPYC: a 26650 dot product off by 5117). uint8 x uint8 runs a non-saturating kernel
+and an artifact is made once and run on whatever CPU the user has. SmoothQuant (Xiao et al. 2022) migrates activation outliers into the
 weights with a per-input-channel scale s, exact in real arithmetic: (x / s) @ (diag(s) w).
 """
 
@@ -20,6 +29,23 @@ def quantize_int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scale = np.where(amax == 0, 1.0, amax / 127.0).astype(np.float32)
     q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
     return q, scale
+
+
+def quantize_uint8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Asymmetric uint8 per output channel: w [K, N] -> (q uint8 [K, N], scale [N], zero
+    uint8 [N]); w ~ (q - zero) * scale. The range [min, max] (widened to include 0, so zero
+    is an exact code) uses all 256 levels: finer than symmetric int8's 255 over [-amax, amax].
+    """
+    lo = np.minimum(w.min(axis=0), 0.0).astype(np.float64)
+    hi = np.maximum(w.max(axis=0), 0.0).astype(np.float64)
+    scale = np.where(hi > lo, (hi - lo) / 255.0, 1.0).astype(np.float32)
+    zero = np.clip(np.round(-lo / scale), 0, 255)
+    q = np.clip(np.round(w / scale) + zero, 0, 255).astype(np.uint8)
+    return q, scale, zero.astype(np.uint8)
+
+
+def dequantize_uint8_per_channel(q: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    return (q.astype(np.float32) - zero.astype(np.float32)) * scale
 
 
 def quantize_activation_uint8(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
@@ -50,13 +76,14 @@ def smoothquant_scales(act_absmax: np.ndarray, w_absmax: np.ndarray, alpha: floa
 
 
 def w8a8_error(x: np.ndarray, w: np.ndarray, s: np.ndarray | None) -> float:
-    """Relative output error of per-tensor uint8 activations x int8 per-channel weights."""
+    """Relative output error of per-tensor uint8 activations x uint8 per-channel weights."""
     xs = x if s is None else x / s
     ws = w if s is None else w * s[:, None]
-    qw, sw = quantize_int8_per_channel(ws)
     sa, za = quantize_activation_uint8(xs.min(), xs.max())
     y = x @ w
-    yq = fake_quant_uint8(xs, float(sa), int(za)) @ (qw.astype(np.float32) * sw)
+    yq = fake_quant_uint8(xs, float(sa), int(za)) @ dequantize_uint8_per_channel(
+        *quantize_uint8_per_channel(ws)
+    )
     return float(np.sum((y - yq) ** 2) / max(np.sum(y**2), 1e-20))
 
 

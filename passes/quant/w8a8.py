@@ -7,7 +7,8 @@ Three graph forms of the same smoothed weights (`form`):
   activations to int8 per block at run time (dynamic, symmetric) and runs integer dot products.
   Fastest on onnxruntime's CPU provider (AVX512-VNNI/AMX), and needs no activation ranges.
 - `dynamic`: com.microsoft.DynamicQuantizeMatMul (what onnxruntime's quantize_dynamic emits
-  after fusion): int8 per-channel weights, uint8 per-tensor activations computed per run.
+  after fusion): uint8 per-channel weights with a zero point, uint8 per-tensor activations
+  computed per run.
 - `qdq`: static per-tensor uint8 activations from the calibration ranges, in QDQ form
   (portable; onnxruntime fuses it into MatMulIntegerToFloat).
 - `ascend`: the layout of Ascend's own W8A8 (msModelSlim's `weight`, `deq_scale`,
@@ -27,7 +28,10 @@ output, gate/up share the MLP norm output):
    comes straight from a norm whose every user is one of these MatMuls; otherwise an explicit
    Mul(x, 1/s) is inserted.
 2. x' -> QuantizeLinear -> DequantizeLinear (uint8, range from calibration min/max of x / s).
-3. W' = diag(s) W -> int8 per output channel -> DequantizeLinear(axis=1) -> MatMul.
+3. W' = diag(s) W -> uint8 per output channel with a zero point -> DequantizeLinear(axis=1)
+   -> MatMul. uint8, not int8, weights in the `dynamic` and `qdq` forms: onnxruntime's
+   uint8 x int8 kernels saturate int16 sums on AVX2 CPUs without VNNI (wrong results, see
+   smoothquant.py); uint8 x uint8 is exact on every CPU.
 
 onnxruntime's QDQ transformer fuses DQ->MatMul<-DQ into MatMulIntegerToFloat (or QLinearMatMul
 when the output is quantized too), so the integer kernels run; the pass does not depend on it.
@@ -251,21 +255,34 @@ class QuantizeW8A8Pass(Pass):
         return dql.outputs[0]
 
     def _emit(self, graph: ir.Graph, site: WeightSite, xq: ir.Value, ws: np.ndarray) -> None:
-        """Replace site's MatMul by the dynamic or QDQ int8 op on the smoothed weight ws [K, N]."""
-        q, sw = SQ.quantize_int8_per_channel(ws)
-        qv = add_initializer(graph, f"{site.name}.w8", q)
-        swv = add_initializer(graph, f"{site.name}.w8_scale", sw)
+        """Replace site's MatMul by the dynamic or QDQ int8 op on the smoothed weight ws [K, N].
+
+        onnxruntime forms store uint8 weights with a zero point per channel: onnxruntime's
+        uint8 x int8 kernels saturate on AVX2 CPUs without VNNI (see smoothquant's docstring),
+        its uint8 x uint8 kernels are exact everywhere. Ascend's layout is symmetric int8.
+        """
+        if self.form == "ascend":
+            q, sw = SQ.quantize_int8_per_channel(ws)
+            zw: np.ndarray | None = None
+        else:
+            q, sw, zw = SQ.quantize_uint8_per_channel(ws)
+        inputs = [
+            add_initializer(graph, f"{site.name}.w8", q),
+            add_initializer(graph, f"{site.name}.w8_scale", sw),
+        ]
+        if zw is not None:
+            inputs.append(add_initializer(graph, f"{site.name}.w8_zero", zw))
         if self.form == "dynamic":
             node = ir.node(
                 "DynamicQuantizeMatMul",
-                [site.x, qv, swv],
+                [site.x, *inputs],
                 domain="com.microsoft",
                 name=f"{site.name}/DynamicQuantizeMatMul",
             )
             replace_node(graph, site.node, [node], node.outputs[0])
             return
         dqw = ir.node(
-            "DequantizeLinear", [qv, swv], {"axis": 1}, name=f"{site.name}/DequantizeLinearW"
+            "DequantizeLinear", inputs, {"axis": 1}, name=f"{site.name}/DequantizeLinearW"
         )
         mm = ir.node("MatMul", [xq, dqw.outputs[0]], name=f"{site.name}/MatMul")
         replace_node(graph, site.node, [dqw, mm], mm.outputs[0])
