@@ -29,6 +29,7 @@ from specport.loading import load
 from specport.progress import Loop
 from specport.results import GenerationResult
 from specport.runtime.speculative.loop import SpeculativeGenerator
+from specport.runtime.speculative.metrics import step_overhead_ms
 from specport.runtime.speculative.replay import ReplayProposer
 from specport.runtime.speculative.tree import generate_tree
 from specport.samples.chat_prompts import chat_prompts
@@ -221,6 +222,7 @@ def _run(
     for _name, method, adaptive, width in engines:
         if method != "ceiling":
             run_engine(method, adaptive, width, encoded[0], 4)
+    overheads: dict[str, list[float]] = {name: [] for name in names}  # the step's own ms
     loop = Loop(len(encoded) * config.runs, f"bench: {len(names)} engines, prompt x round")
     for ids in encoded:
         reference: list[int] | None = None
@@ -241,6 +243,9 @@ def _run(
                 produced = max(len(result.tokens) - (1 if method is None else 0), 1)
                 per[name].append(result.metrics["decode_wall_s"] / produced)
                 counts[name] = len(result.tokens)
+                overhead = step_overhead_ms(result.metrics)
+                if overhead is not None:
+                    overheads[name].append(overhead)
                 if method is not None:
                     stats[name] = result.metrics.get("speculative", {})
             assert reference is not None
@@ -271,6 +276,8 @@ def _run(
             "speedup_vs_plain": round(plain_s / t["seconds"], 3) if t["seconds"] else None,
             "tokens_equal_plain": t["equal"],
         }
+        if overheads[name]:  # wall minus onnxruntime time per decode step, median over runs
+            row["step_overhead_ms"] = round(statistics.median(overheads[name]), 3)
         if t["steps"]:
             row["mean_accepted_length"] = round(1 + t["accepted"] / t["steps"], 3)
             if t["drafted"]:
@@ -320,12 +327,15 @@ def format_speculative_table(report: dict[str, Any]) -> str:
         f"{report['prompts']} prompts, {report['max_new_tokens']} new tokens, K={report['num_draft']}, "
         f"median of {report['runs']} runs; plain = {report.get('plain', 'same artifact')}"
         + ("; equal = tokens equal specport's plain greedy" if report.get("peers") else ""),
-        f"{'engine':<24}{'decode tok/s':>14}{'vs plain':>10}{'accepted/step':>15}{'equal':>8}",
+        f"{'engine':<24}{'decode tok/s':>14}{'vs plain':>10}{'accepted/step':>15}{'equal':>8}"
+        f"{'step ms':>9}",
     ]
     for r in report["rows"]:
         mal = r.get("mean_accepted_length")
+        over = r.get("step_overhead_ms")
         lines.append(
             f"{r['engine']:<24}{r['decode_tok_per_s'] or 0:>14.1f}{r['speedup_vs_plain'] or 0:>9.2f}x"
             f"{'-' if mal is None else f'{mal:.2f}':>15}{'yes' if r['tokens_equal_plain'] else 'NO':>8}"
+            f"{'-' if over is None else f'{over:.2f}':>9}"
         )
     return "\n".join(lines)
