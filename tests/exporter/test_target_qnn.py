@@ -13,6 +13,7 @@ compared on teacher-forced logits and on the tokens with a clear margin.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -214,6 +215,11 @@ def test_stories260k_qdq_on_the_emulator_equals_the_same_graph_on_cpu(shared_dir
 
 @pytest.mark.slow
 @QNN
+@pytest.mark.skipif(
+    os.environ.get("SPECPORT_LONG_TESTS") != "1",
+    reason="SmolLM2 on the HTP emulator takes 25+ minutes on 2 cores (export, two context "
+    "compiles, ~25 s per decode step): set SPECPORT_LONG_TESTS=1 to run it",
+)
 def test_smollm2_compiles_for_the_soc_and_decodes(shared_dir, tmp_path):
     """SmolLM2-135M (30 layers) compiled for SoC 60 and a few decode steps on the emulator."""
     gguf = shared_dir / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
