@@ -126,8 +126,10 @@ def _logits(model: _Model, ids: np.ndarray, chunk: int | None = None) -> np.ndar
     if model.manifest is not None:  # shared layout: logits_index selects every position
         cache = open_cache(model.sess, model.manifest, len(ids))
         size = chunk or len(ids)
+        # a step's logits live in the bound output buffer, which the next step of the same
+        # width overwrites: copy each chunk's before running the next
         return np.concatenate(
-            [cache.step(ids[i : i + size].tolist()).logits for i in range(0, len(ids), size)]
+            [cache.step(ids[i : i + size].tolist()).logits.copy() for i in range(0, len(ids), size)]
         )
     feeds = prefill_feeds(model.sess, ids)
     if not chunk or chunk >= len(ids):

@@ -163,6 +163,9 @@ class SharedCache:
     ) -> StepResult:
         """``logits=False`` is accepted for symmetry; the bound logits are cheap to keep.
 
+        The returned logits and outputs are views of the bound output buffers: valid until the
+        next step of the same width, which overwrites them. Copy what must outlive it.
+
         ``tree`` = (depths [S], mask [S, S]): a token tree through the fused attention's bias
         (an artifact exported with ``--kv-layout shared --tree-mask``).
         """
