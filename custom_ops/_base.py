@@ -10,6 +10,7 @@ the provider's native kernel (com.microsoft contrib ops on CPU/CUDA, standard op
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,3 +87,37 @@ def detach_functions(model: ir.Model) -> None:
             del model.functions[key]
     if not used and not any(k[0] == DOMAIN for k in model.functions):
         model.opset_imports.pop(DOMAIN, None)
+
+
+Builder = Callable[[ir.tape.Tape, ir.Node, dict[str, Any]], list[ir.Value] | None]
+
+
+def replace_specport_nodes(
+    graph: ir.Graph,
+    builder_for: Callable[[ir.Node], tuple[Builder | None, str | None]],
+    opts: dict[str, Any],
+    unknown_reason: str,
+) -> dict[str, Any]:
+    """Replace each specport node by what its builder makes; the one loop every lowering uses.
+
+    ``builder_for(node)`` gives (builder, None), or (None, why) to keep the node as its
+    function. A builder returning None (shapes or attributes it needs are unknown) keeps the
+    node too, with ``unknown_reason``. Returns the report: counts lowered, and why each kept
+    node was kept.
+    """
+    lowered: Counter[str] = Counter()
+    kept: dict[str, str] = {}
+    for node in list(graph):
+        if node.domain != DOMAIN:
+            continue
+        builder, reason = builder_for(node)
+        tape = ir.tape.Tape()
+        new_outputs = builder(tape, node, opts) if builder else None
+        if new_outputs is None:
+            kept[node.name or node.op_type] = reason or unknown_reason
+            continue
+        ir.convenience.replace_nodes_and_values(
+            graph, node, [node], tape.nodes, list(node.outputs), new_outputs
+        )
+        lowered[node.op_type] += 1
+    return {"lowered": dict(lowered), "kept_as_function": kept}

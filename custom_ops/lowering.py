@@ -29,14 +29,19 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import InlinePass, NameFixPass, RemoveUnusedOpsetsPass
 
-from specport.custom_ops._base import DOMAIN, attach_functions, detach_functions
+from specport.custom_ops._base import (
+    DOMAIN,
+    Builder,
+    attach_functions,
+    detach_functions,
+    replace_specport_nodes,
+)
 from specport.custom_ops.cann import check_ops
 from specport.custom_ops.lowering_standard import lower_standard
 from specport.errors import PassError
@@ -51,8 +56,6 @@ STANDARD_TARGETS = ("standard", "qnn")
 # but fails on grouped heads ("Incompatible MatMul batch dimension"), and onnxruntime-openvino
 # 1.24's front end refuses the op. `decompose=()` keeps the Attention-23 node (qnn does).
 STANDARD_DECOMPOSE = ("GroupQueryAttention",)
-
-Builder = Callable[[ir.tape.Tape, ir.Node, dict[str, Any]], list[ir.Value] | None]
 
 
 def _const(tape: ir.tape.Tape, value: Any, dtype: Any = np.int64) -> ir.Value:
@@ -213,24 +216,15 @@ NATIVE: dict[str, Builder] = {
 
 def _lower_native(model: ir.Model, opts: dict[str, Any]) -> dict[str, Any]:
     graph = model.graph
-    lowered: Counter[str] = Counter()
-    kept: dict[str, str] = {}
-    for node in list(graph):
-        if node.domain != DOMAIN:
-            continue
-        builder = NATIVE.get(node.op_type)
-        tape = ir.tape.Tape()
-        new_outputs = builder(tape, node, opts) if builder else None
-        if new_outputs is None:
-            kept[node.name or node.op_type] = "needed static shapes/attributes are unknown"
-            continue
-        ir.convenience.replace_nodes_and_values(
-            graph, node, [node], tape.nodes, list(node.outputs), new_outputs
-        )
-        lowered[node.op_type] += 1
+    report = replace_specport_nodes(
+        graph,
+        lambda node: (NATIVE.get(node.op_type), None),
+        opts,
+        "needed static shapes/attributes are unknown",
+    )
     if any(n.domain == MS for n in graph.all_nodes()):
         model.opset_imports[MS] = 1
-    return {"lowered": dict(lowered), "kept_as_function": kept}
+    return report
 
 
 def unique_names(model: ir.Model) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.custom_ops._base import DOMAIN
+from specport.custom_ops._base import Builder, replace_specport_nodes
 
 FLOAT_LOWEST = -3.4028234663852886e38
 
@@ -193,28 +193,15 @@ BUILDERS = {
 
 def lower_standard(model: ir.Model, opts: dict[str, Any]) -> dict[str, Any]:
     """Replace specport ops by ai.onnx ops in place; returns counts (what stays is inlined)."""
-    from collections import Counter
+    decompose = opts.get("decompose", ())
 
-    graph = model.graph
-    lowered: Counter[str] = Counter()
-    kept: dict[str, str] = {}
-    opts = dict(opts)
-    for node in list(graph):
-        if node.domain != DOMAIN:
-            continue
-        builder = BUILDERS.get(node.op_type)
-        if node.op_type in opts.get("decompose", ()):
-            if node.op_type != "GroupQueryAttention":
-                kept[node.name or node.op_type] = "decomposed on request: function body inlined"
-                continue
-            builder = attention_decomposed
-        tape = ir.tape.Tape()
-        new_outputs = builder(tape, node, opts) if builder else None
-        if new_outputs is None:
-            kept[node.name or node.op_type] = "static shapes unknown: function body inlined"
-            continue
-        ir.convenience.replace_nodes_and_values(
-            graph, node, [node], tape.nodes, list(node.outputs), new_outputs
-        )
-        lowered[node.op_type] += 1
-    return {"lowered": dict(lowered), "kept_as_function": kept}
+    def builder_for(node: ir.Node) -> tuple[Builder | None, str | None]:
+        if node.op_type not in decompose:
+            return BUILDERS.get(node.op_type), None
+        if node.op_type == "GroupQueryAttention":
+            return attention_decomposed, None
+        return None, "decomposed on request: function body inlined"
+
+    return replace_specport_nodes(
+        model.graph, builder_for, dict(opts), "static shapes unknown: function body inlined"
+    )
