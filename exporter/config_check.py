@@ -208,6 +208,8 @@ GGUF_SHAPES = [
     ("attention.head_count_kv", "num_key_value_heads", "blk.0.attn_k.weight", 1, "head_dim"),
 ]
 GGUF_BLOCK = re.compile(r"^blk\.(\d+)\.")
+# Architectures whose GGUF stores gate and up projections as one `ffn_up` tensor (twice as tall).
+GGUF_FUSED_GATE_UP = {"phi3"}
 
 
 def check_gguf_shapes(path: str, arch: str, cfg: dict[str, Any], tensors: dict[str, Any]) -> None:
@@ -229,6 +231,8 @@ def check_gguf_shapes(path: str, arch: str, cfg: dict[str, Any], tensors: dict[s
         if axis >= len(shape):
             continue
         have = shape[axis] // (int(cfg[per]) if per else 1)
+        if field == "intermediate_size" and arch in GGUF_FUSED_GATE_UP:
+            have //= 2
         if have != int(cfg[field]):
             key_name = f"{arch}.{key}" if key != "vocab_size" else "tokenizer.ggml.tokens (count)"
             raise InvalidModelError(
