@@ -1,4 +1,5 @@
-"""Peers for `specport bench`: onnxruntime-genai, llama.cpp and transformers, on the same prompts.
+"""Peers for `specport bench`: onnxruntime-genai, llama.cpp, transformers and OpenVINO GenAI
+(peer_openvino.py, in its own venv), on the same prompts.
 
 Each peer is built from the artifact's own source model (the manifest records its path), runs in
 this process with the same thread count, and is given its best settings: onnxruntime-genai gets
@@ -38,6 +39,15 @@ SPECPORT_PEER = "specport:"  # another artifact of the same model (e.g. its int8
 def check_peer_name(name: str) -> str:
     """`name` if it names a peer (`llama.cpp` may carry a GGUF type: `llama.cpp:Q4_K_M`;
     `specport:DIR` is another artifact run by specport itself, on the same prompts)."""
+    if name.partition(":")[0].partition("+")[0] == "openvino-genai":
+        from specport.bench.peer_openvino import parse_name
+
+        if parse_name(name).mode != "plain":
+            raise InputError(
+                f"peer {name!r} is OpenVINO GenAI's own speculative decoding: add --speculative "
+                "ngram|draft|mtp to measure it beside specport's, or drop the + part."
+            )
+        return name
     if name.startswith(SPECPORT_PEER):
         if not (Path(name[len(SPECPORT_PEER) :]) / art.MANIFEST_NAME).is_file():
             raise InputError(f"peer {name!r}: {name[len(SPECPORT_PEER) :]} is not an artifact.")
@@ -45,7 +55,7 @@ def check_peer_name(name: str) -> str:
     base, _, variant = name.partition(":")
     if base not in PEERS or (variant and base != "llama.cpp"):
         raise InputError(
-            f"unknown peer {name!r}; choose from {', '.join(PEERS)} "
+            f"unknown peer {name!r}; choose from {', '.join(PEERS)}, openvino-genai[:default] "
             "(llama.cpp takes a GGUF type too, e.g. llama.cpp:Q4_K_M), or specport:ARTIFACT."
         )
     return name
@@ -71,6 +81,10 @@ def make_peer(name: str, manifest: art.Manifest, config: Any, progress: bool | N
     if name == "transformers":
         return TransformersPeer(manifest, config)
     base, _, variant = check_peer_name(name).partition(":")
+    if base == "openvino-genai":
+        from specport.bench.peer_openvino import OpenVinoPeer
+
+        return OpenVinoPeer(manifest, config, name, progress=progress)
     if base == "llama.cpp":
         from specport.bench.peer_llamacpp import LlamaCppPeer
 

@@ -8,6 +8,10 @@ Both verify greedily, so their tokens are their own plain greedy tokens. Each pe
 as many tokens as specport's plain greedy made for the prompt (EOS ignored), so the per-token
 rates cover the same text length; whether its tokens equal specport's is reported, not required
 (another tool's kernels may round differently).
+
+OpenVINO GenAI (`openvino-genai[:f32|:default][+lookup|+draft]`, peer_openvino.py) runs in its
+own venv through a worker process; `+lookup` is its prompt-lookup decoding and `+draft` its
+draft-model speculation with the source model of `--draft ARTIFACT`.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from typing import Any
 import numpy as np
 
 from specport import artifact as art
+from specport.bench.peer_openvino import OpenVinoPeer, is_openvino, parse_name
 from specport.bench.peers import make_peer
 from specport.errors import InputError
 
 SPECULATION_SUFFIX = "+ngram"
+# every suffix that names a peer's own speculative decoding (OpenVINO GenAI's are its own names)
+SPEC_SUFFIXES = (SPECULATION_SUFFIX, "+lookup", "+draft")
 SPEC_PEERS = ("onnxruntime-genai", "llama.cpp")
 NGRAM_SIZE = 2  # the n-gram both peers match on (llama-cpp-python's default lookup size)
 
@@ -37,6 +44,8 @@ class PeerRun:
 
 def check_spec_peer_name(name: str) -> tuple[str, bool]:
     """(peer name for `peers.make_peer`, uses its own n-gram speculation)."""
+    if is_openvino(name):
+        return name, parse_name(name).mode != "plain"
     base, speculate = (
         (name[: -len(SPECULATION_SUFFIX)], True)
         if name.endswith(SPECULATION_SUFFIX)
@@ -48,7 +57,8 @@ def check_spec_peer_name(name: str) -> tuple[str, bool]:
         raise InputError(
             f"peer {name!r} cannot run beside --speculative; choose from "
             f"{', '.join(SPEC_PEERS)}, each optionally with {SPECULATION_SUFFIX} "
-            "(its own n-gram speculation), e.g. llama.cpp+ngram."
+            "(its own n-gram speculation), e.g. llama.cpp+ngram, or "
+            "openvino-genai[:default][+lookup|+draft]."
         )
     return base, speculate
 
@@ -63,8 +73,12 @@ class SpecPeer:
         base, self.speculate = check_spec_peer_name(name)
         self.name = name
         self.num_draft = num_draft
-        self.peer = make_peer(base, manifest, config, progress)
         self.kind = base.partition(":")[0]
+        if is_openvino(name):  # its speculation is chosen when its pipeline is built
+            self.kind = "openvino-genai"
+            self.peer: Any = OpenVinoPeer(manifest, config, name, num_draft, progress)
+            return
+        self.peer = make_peer(base, manifest, config, progress)
         if self.kind == "llama.cpp" and self.speculate:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -74,13 +88,16 @@ class SpecPeer:
 
     def info(self) -> dict[str, Any]:
         info: dict[str, Any] = dict(self.peer.info())
-        if self.speculate:
+        if self.speculate and self.kind != "openvino-genai":  # that one says its own
             info["speculation"] = {"ngram_size": NGRAM_SIZE, "max_draft_tokens": self.num_draft}
         return info
 
     def run(self, ids: Sequence[int], new_tokens: int) -> PeerRun:
         if self.kind == "llama.cpp":
             return self._run_llamacpp(ids, new_tokens)
+        if self.kind == "openvino-genai":
+            tokens, decode_s, runs = self.peer.generate(ids, new_tokens)
+            return PeerRun(tokens, decode_s, runs if self.speculate else None)
         return self._run_genai(ids, new_tokens)
 
     def _run_genai(self, ids: Sequence[int], new_tokens: int) -> PeerRun:

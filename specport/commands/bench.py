@@ -57,9 +57,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also run this engine on the same prompts (repeatable): onnxruntime-genai, "
         "transformers, llama.cpp (the GGUF type matching the artifact's bit width) or "
         "llama.cpp:TYPE (e.g. llama.cpp:Q4_K_M), or specport:ARTIFACT (another artifact of "
-        "the same model, e.g. its int8-KV quantization); with --speculative: "
-        "onnxruntime-genai or llama.cpp[:TYPE], each optionally +ngram (its own n-gram "
-        "speculation), e.g. llama.cpp+ngram",
+        "the same model, e.g. its int8-KV quantization), openvino-genai (exact fp32; "
+        "openvino-genai:default for OpenVINO's own precision; runs in its own venv, created "
+        "on first use); with --speculative: onnxruntime-genai or llama.cpp[:TYPE], each "
+        "optionally +ngram (its own n-gram speculation), e.g. llama.cpp+ngram, and "
+        "openvino-genai[:default] optionally +lookup (its prompt lookup) or +draft (its "
+        "draft-model speculation with --draft's model)",
     )
     p.add_argument(
         "--peer-gguf",
@@ -212,14 +215,15 @@ def run(args: argparse.Namespace) -> int:
         )
 
     from specport.bench.peers import check_peer_name
-    from specport.bench.spec_peers import SPECULATION_SUFFIX
+    from specport.bench.spec_peers import SPEC_SUFFIXES
 
     for name in args.peer:
-        if name.endswith(SPECULATION_SUFFIX):
+        if name.endswith(SPEC_SUFFIXES):
+            suffix = "+" + name.rpartition("+")[2]
             raise UsageError(
-                f"--peer {name}: {SPECULATION_SUFFIX} peers are the peer's own speculative "
+                f"--peer {name}: {suffix} peers are the peer's own speculative "
                 "decoding, measured beside specport's: add --speculative ngram|draft|mtp (or "
-                f"drop {SPECULATION_SUFFIX} for a plain peer)."
+                f"drop {suffix} for a plain peer)."
             )
         try:
             check_peer_name(name)
