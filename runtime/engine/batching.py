@@ -4,17 +4,17 @@ One worker thread owns the model. Each round it (1) takes new requests, drops ca
 stopped ones, (2) admits waiting requests into free KV rows, the row whose cached ids share the
 longest prefix with the prompt first (`PrefixCache`), (3) prefills admitted prompts in chunks
 of at most `prefill_chunk` tokens per round while other rows are decoding (batch-1 runs on the
-row's own buffer view, see `KVSlots`), and (4) runs one decode step over rows [0, highest busy
+row's own KV view, see `kv.cache.SharedKVCache`), and (4) runs one decode step over rows [0, highest busy
 row]. Tokens go to the `TextOut` thread, which pushes the events. Per request: its own sampler
 (seeded), EOS, max_new_tokens, stop strings and the KV budget ("context"), as `Model.generate`.
 
-With `speculative=` ("ngram" | "draft" | "mtp") each request also drafts with its own proposer
-and verifies [last token, drafts]: in a batch-1 run on its row while at most `spec_max_rows`
-rows decode, else in one batched run with every decoding row at the width (1 + drafts, rows x
-width within `spec_max_tokens`) with the most expected tokens per second of the step cost the
-engine measures when it starts, or not at all when a plain step pays more (the compute-bound
-rule, `runtime/engine/speculation.py`). A row's token choice, recording and release are in
-`batch_rows.RowTokens`, its speculative step in `speculative_rows.SpeculativeRows`.
+Every decode round is the one step (`engine/step.py`: propose -> run once -> verify -> commit)
+over the decoding rows. With `speculative=` ("ngram" | "suffix" | "draft" | "mtp") each request
+also drafts with its own proposer: a row with drafts verifies in a batch-1 run on its own KV
+view while at most `spec_max_rows` rows decode (the others decode together), else every row
+runs in one batched run at the width (1 + drafts, rows x width within `spec_max_tokens`) with
+the most expected tokens per second of the step cost the engine measures when it starts, or
+plainly when a plain step pays more (the compute-bound rule, `runtime/engine/speculation.py`).
 """
 
 from __future__ import annotations
@@ -24,30 +24,34 @@ import queue
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specport.errors import ArtifactError, InputError, SpecportError
+from specport.runtime.engine import step
 from specport.runtime.engine.base import (
     QueueIntake,
     Request,
     RequestHandle,
+    TokenLogprobs,
     check_request,
 )
-from specport.runtime.engine.batch_rows import BatchJob, RowTokens
+from specport.runtime.engine.logprobs import token_logprobs
 from specport.runtime.engine.prefix_cache import PrefixCache
-from specport.runtime.engine.slots import KVSlots, takes_batched_steps
 from specport.runtime.engine.speculation import (
     SPEC_MAX_ROWS,
     SPEC_MAX_TOKENS,
     EngineSpeculation,
+    RowSpec,
 )
-from specport.runtime.engine.speculative_rows import SpeculativeRows
 from specport.runtime.engine.step_cost import StepCost
-from specport.runtime.engine.textout import TextOut
+from specport.runtime.engine.textout import Stream, TextOut
 from specport.runtime.generator import spare_core
+from specport.runtime.kv.cache import SharedKVCache, takes_batched_steps
+from specport.runtime.sampler import Sampler
 from specport.runtime.speculative.metrics import overhead_ms
 
 logger = logging.getLogger(__name__)
@@ -56,7 +60,27 @@ _CLOSE = object()
 COMPACT_MIN_LEFT = 8  # tokens a request must still have to go to be worth moving to a lower row
 
 
-class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
+@dataclass
+class BatchJob:
+    """A request admitted to row `row`: its prompt is prefilled up to `done` tokens."""
+
+    handle: RequestHandle
+    stream: Stream
+    prompt: np.ndarray  # [P] int64
+    row: int
+    budget: int  # new tokens allowed: min(max_new_tokens, max_length - P)
+    sampler: Sampler | None  # None: greedy, the graph's argmax
+    eos: frozenset[int]
+    done: int = 0  # prompt tokens with KV in the row
+    tokens: list[int] = field(default_factory=list)  # generated, in order (last not fed yet)
+    spec: RowSpec | None = None  # its speculation state (an engine with `speculative=`)
+
+    @property
+    def decoding(self) -> bool:
+        return self.done == len(self.prompt)
+
+
+class BatchingEngine(QueueIntake):
     """`max_batch` concurrent requests over one shared-layout model (see the module docstring)."""
 
     def __init__(
@@ -94,8 +118,8 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
         self.eos = frozenset(int(e) for e in manifest.eos_token_ids)
         if speculative == "mtp":
             model.ensure_mtp_branch()  # `specport.load` leaves the branch out unless asked
-        self.slots = KVSlots(model.session, manifest, max_batch, self.max_length)
-        self.kv_bytes = sum(b.nbytes for b in self.slots.kv.buffers)
+        self.kv = SharedKVCache(model.session, manifest, max_batch, self.max_length)
+        self.kv_bytes = sum(b.nbytes for b in self.kv.buffers)
         logger.info(
             "batching engine: %d rows x %d positions, KV buffers %.1f MiB",
             max_batch, self.max_length, self.kv_bytes / 2**20,
@@ -108,7 +132,7 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
             )
             self.spec.batched = takes_batched_steps(Path(model.path) / manifest.model_file)
             if self.spec.batched and max_batch >= 2 and not self.spec.needs_outputs:
-                self.spec.cost = StepCost.calibrate(self.slots, max_batch)
+                self.spec.cost = StepCost.calibrate(self.kv, max_batch)
         self.rows: list[BatchJob | None] = [None] * max_batch
         self.waiting: deque[RequestHandle] = deque()
         if text_thread is None:
@@ -157,7 +181,7 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
             "mean_decode_rows": round(c["decode_rows"] / steps, 3),
             "mean_decode_batch": round(c["decode_batch_rows"] / steps, 3),
             "decode_seconds": round(self.decode_seconds, 6),
-            "ort_seconds": round(self.slots.ort_seconds, 6),
+            "ort_seconds": round(self.kv.ort_seconds, 6),
             # the engine step's own cost: busy wall time outside onnxruntime per step
             "step_overhead_ms": overhead_ms(
                 self.busy_seconds, self.busy_ort_seconds, c["busy_steps"]
@@ -171,7 +195,7 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
             busy = any(job is not None for job in self.rows)
             if not self._take(block=not busy and not self.waiting):
                 break
-            t0, ort0 = time.perf_counter(), self.slots.ort_seconds
+            t0, ort0 = time.perf_counter(), self.kv.ort_seconds
             try:
                 self._sweep()
                 self._admit()
@@ -184,7 +208,7 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
                         self._end(job, "error", f"{type(exc).__name__}: {exc}")
             if busy or any(job is not None for job in self.rows):
                 self.busy_seconds += time.perf_counter() - t0
-                self.busy_ort_seconds += self.slots.ort_seconds - ort0
+                self.busy_ort_seconds += self.kv.ort_seconds - ort0
                 self.counters["busy_steps"] += 1
             self.text.flush()  # the round's tokens to the text thread, one wake-up
         for handle in self.waiting:
@@ -233,13 +257,13 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
             except Exception as exc:  # e.g. prompt ids that are not integers
                 self._reject(handle, "error", f"invalid request: {type(exc).__name__}: {exc}")
                 continue
-            plan = self.cache.plan(prompt, free, self.slots.lengths, self._live())
+            plan = self.cache.plan(prompt, free, self.kv.lengths, self._live())
             row, hit = plan.row, plan.reuse
             if plan.save_to is not None:  # keep the row's cached KV in a free row
-                self.slots.copy(row, plan.save_to, int(self.slots.lengths[row]))
+                self.kv.copy_prefix(row, plan.save_to, int(self.kv.lengths[row]))
             if plan.source != row:
-                self.slots.copy(plan.source, row, hit)
-            self.slots.lengths[row] = hit
+                self.kv.copy_prefix(plan.source, row, hit)
+            self.kv.lengths[row] = hit
             stream = self.text.open(handle)
             job = BatchJob(handle, stream, prompt, row, budget, sampler, self._eos(handle.request))
             job.done = hit
@@ -272,7 +296,11 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
                     n = min(n, budget)
                     budget -= n
                 try:
-                    logits, greedy = self.slots.extend(job.row, job.prompt[job.done : job.done + n])
+                    out = self.kv.step_row(
+                        job.row, job.prompt[job.done : job.done + n], last_only=True
+                    )
+                    logits = out.logits[0, -1:].copy()  # [1, V]
+                    greedy = None if out.greedy is None else int(out.greedy[0, -1])
                 except Exception as exc:
                     logger.exception("prefill failed")
                     self._end(job, "error", f"prefill failed: {type(exc).__name__}: {exc}")
@@ -280,7 +308,7 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
                 job.done += n
                 self.counters["prefill_tokens"] += n
                 if job.decoding:
-                    self._next(job, logits[None, :], greedy)
+                    self._next(job, logits, greedy)
 
     def _compact(self) -> None:
         """Move the highest decoding row into the lowest free row below it (one per round).
@@ -299,49 +327,151 @@ class BatchingEngine(QueueIntake, RowTokens, SpeculativeRows):
         if not job.decoding or job.budget - len(job.tokens) < COMPACT_MIN_LEFT:
             return
         old, new = job.row, free[0]
-        self.slots.swap(old, new)
+        self.kv.swap(old, new)
         self.cache.swap(old, new)
         self.rows[old], self.rows[new], job.row = None, job, new
         self.counters["compactions"] += 1
 
     def _decode(self) -> None:
+        """One step over the decoding rows (see the module docstring for how they group)."""
         self._compact()
-        live_rows = [r for r, job in enumerate(self.rows) if job is not None and job.decoding]
-        if self.spec is not None and self.spec.active(len(live_rows)):
-            live_rows = [r for r in live_rows if not self._speculate(self.rows[r])]  # type: ignore[arg-type]
-        elif (
-            self.spec is not None
-            and self.spec.together(len(live_rows))
-            and self._speculate_together(live_rows)
-        ):
+        jobs = [job for job in self.rows if job is not None and job.decoding]
+        if not jobs:
             return
-        if not live_rows:
+        spec = self.spec
+        speculate = spec is not None and (spec.active(len(jobs)) or spec.together(len(jobs)))
+        rows = [self._step_row(job, speculate) for job in jobs]
+        if spec is not None and spec.active(len(rows)):
+            plain = []
+            for job, row in zip(jobs, rows):  # rows with drafts verify alone, at batch 1
+                if step.propose([row]) == 0:
+                    plain.append((job, row))
+                    continue
+                self._run([job], [row], 1 + int(row.drafts.lengths[0]), alone=True)
+            if plain:
+                self._run([j for j, _ in plain], [r for _, r in plain], 1)
             return
-        batch = live_rows[-1] + 1
-        ids = np.zeros(batch, dtype=np.int64)
-        live = np.zeros(batch, dtype=bool)
-        for r in live_rows:
-            ids[r] = self.rows[r].tokens[-1]  # type: ignore[union-attr]
-            live[r] = True
+        width = 1
+        batch = jobs[-1].row + 1
+        if spec is not None and spec.together(len(rows)):
+            cap = spec.draft_cap(len(rows))
+            if self.kv.fits(batch, 1 + cap):
+                for row in rows:
+                    row.cap = min(row.cap, cap)
+                if step.propose(rows) > 0:
+                    plans = [(j.spec, int(r.drafts.lengths[0])) for j, r in zip(jobs, rows)]
+                    width = spec.width(batch, plans)
+        self._run(jobs, rows, width)
+
+    def _step_row(self, job: BatchJob, speculate: bool) -> step.StepRow:
+        """`job`'s part in a step: its ids so far, its token choice, its proposer (if any) and
+        how many drafts its token budget and KV room allow."""
+        pos = int(self.kv.lengths[job.row])  # == len(prompt) + len(tokens) - 1
+        row = step.StepRow(
+            job.row,
+            [*job.prompt.tolist(), *job.tokens] if job.spec is not None else [job.tokens[-1]],
+            lambda logits, greedy: self._choose(job, logits, greedy),
+        )
+        if job.spec is not None and self.spec is not None:
+            row.proposer, row.verifier = job.spec.proposer, job.spec.verifier
+            if speculate:
+                room = min(job.budget - len(job.tokens) - 1, self.max_length - 1 - pos)
+                row.cap = min(self.spec.num_draft_of(job.spec), room)
+        return row
+
+    def _run(
+        self, jobs: list[BatchJob], rows: list[step.StepRow], width: int, alone: bool = False
+    ) -> None:
+        """Run the step over `rows`, emit what each verified, count it."""
+        batch = 1 if alone else rows[-1].row + 1
+        start = self.kv.lengths.copy()
         t0 = time.perf_counter()
         try:
-            logits, greedy = self.slots.decode(ids, live)
+            verdicts = step.run(self.kv, rows, width, alone)
         except Exception as exc:
             logger.exception("decode step failed")
-            for r in live_rows:
-                self._end(self.rows[r], "error", f"decode failed: {type(exc).__name__}: {exc}")  # type: ignore[arg-type]
+            self.kv.lengths[:] = start
+            for job in jobs:
+                self._end(job, "error", f"decode failed: {type(exc).__name__}: {exc}")
             return
         elapsed = time.perf_counter() - t0
         self.decode_seconds += elapsed
-        if self.spec is not None and self.spec.cost is not None:
-            self.spec.cost.observe(batch, elapsed, verify=False)
-        self.counters["decode_steps"] += 1
-        self.counters["decode_rows"] += len(live_rows)
-        self.counters["decode_batch_rows"] += batch
-        extra = self.slots.decode_session(batch).extra_outputs() if self.spec else {}
-        for r in live_rows:
-            job = self.rows[r]
-            assert job is not None
-            pick = None if greedy is None else int(greedy[r])
-            self._next(job, logits[r : r + 1], pick)
-            self._observe_plain(job, r, extra)
+        spec = self.spec
+        if not alone:
+            if spec is not None and spec.cost is not None:
+                spec.cost.observe(batch * width, elapsed, verify=width > 1)
+            if width > 1 and spec is not None:
+                spec.counters["spec_batched_steps"] += 1
+            self.counters["decode_steps"] += 1
+            self.counters["decode_rows"] += len(rows)
+            self.counters["decode_batch_rows"] += batch
+        for job, verdict in zip(jobs, verdicts):
+            if verdict.error is not None:
+                logger.error("request %s failed: %s", job.handle.request.request_id, verdict.error)
+                self._end(job, "error", verdict.error)
+                continue
+            if verdict.drafted and spec is not None and job.spec is not None:
+                spec.count(job.spec, verdict.drafted, verdict.accepted)
+            k = job.handle.request.logprobs
+            for i, token in enumerate(verdict.tokens):
+                logprob = None if k is None else token_logprobs(verdict.logits[i], token, k)
+                self._record(job, (token, logprob))
+                if self.rows[job.row] is not job:  # finished (EOS, length, stop string)
+                    break
+
+    # ---- a row's tokens ---------------------------------------------------------------
+    def _next(self, job: BatchJob, logits: np.ndarray, greedy: int | None) -> None:
+        """Choose and record `job`'s next token; a failure there (its sampler, its grammar)
+        ends that request alone with an error: the other rows of the batch go on."""
+        try:
+            token = self._choose(job, logits, greedy)
+        except Exception as exc:
+            logger.exception("request %s failed", job.handle.request.request_id)
+            self._end(job, "error", f"{type(exc).__name__}: {exc}")
+            return
+        k = job.handle.request.logprobs
+        self._record(job, (token, None if k is None else token_logprobs(logits[0], token, k)))
+
+    def _choose(self, job: BatchJob, logits: np.ndarray, greedy: int | None) -> int:
+        """The next token of `job` from its logits [1, V] (greedy: the graph's argmax)."""
+        if job.sampler is None:
+            return greedy if greedy is not None else int(np.argmax(logits[0]))
+        history = generated = None
+        if job.sampler.config.needs_history:
+            generated = [np.asarray(job.tokens, dtype=np.int64)]
+            history = [np.concatenate([job.prompt, generated[0]])]
+        return int(job.sampler(logits, history, generated)[0])
+
+    def _record(self, job: BatchJob, choice: tuple[int, TokenLogprobs | None]) -> None:
+        token, logprob = choice
+        job.tokens.append(token)
+        self.counters["generated_tokens"] += 1
+        finish = None
+        if token in job.eos:
+            finish = "stop"
+        elif len(job.tokens) >= job.budget:
+            finish = "length" if job.budget == job.handle.request.max_new_tokens else "context"
+        self.text.token(job.stream, token, finish, logprob)
+        if finish is not None or job.stream.stopped:  # stopped: inline text found a stop string
+            self.counters["finished"] += 1
+            self._release(job)
+
+    def _end(self, job: BatchJob, reason: str, error: str | None = None) -> None:
+        self.counters["errors" if reason == "error" else "cancelled"] += 1
+        self.text.finish(job.stream, reason, error)
+        self._release(job)
+
+    def _reject(self, handle: RequestHandle, reason: str, error: str | None = None) -> None:
+        self.counters["errors" if reason == "error" else "cancelled"] += 1
+        self.text.finish(self.text.open(handle), reason, error)
+
+    def _release(self, job: BatchJob) -> None:
+        """Free the row; its KV (prompt + fed tokens) stays there for the prefix cache."""
+        if self.rows[job.row] is job:
+            self.rows[job.row] = None
+            if job.spec is not None and self.spec is not None:
+                self.spec.detach(job.spec, job.tokens)
+            self.cache.set(
+                job.row,
+                np.concatenate([job.prompt[: job.done], np.asarray(job.tokens, dtype=np.int64)]),
+            )

@@ -62,7 +62,7 @@ class PrefixCache:
         self.ids[row] = np.asarray(ids, dtype=np.int64)
 
     def swap(self, a: int, b: int) -> None:
-        """Rows `a` and `b` exchanged their KV (see KVSlots.swap)."""
+        """Rows `a` and `b` exchanged their KV (see `SharedKVCache.swap`)."""
         self.ids[a], self.ids[b] = self.ids[b], self.ids[a]
         self.used[a], self.used[b] = self.used[b], self.used[a]
 

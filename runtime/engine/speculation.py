@@ -5,9 +5,9 @@ from a pool, so a draft model's KV buffers are allocated once per pool slot, not
 its own draft length controller (`AdaptiveDraftLength`, when the method adapts by default) and
 its own acceptance counters. A speculative step of row r feeds [last token, k drafts] at the
 row's length and verifies the k+1 scores; rejected drafts are rolled back by moving the row's
-length back (`KVSlots.keep`), never by copying KV. This module holds that per-request state,
-drafting and verification (`EngineSpeculation`); the engine's step that runs them row by row
-or together is `speculative_rows.SpeculativeRows`.
+length back (`KVCache.keep`), never by copying KV. This module holds that per-request state
+and the scheduling rule (`EngineSpeculation`); the step that drafts, verifies and commits is
+`engine/step.py`, the same for every row.
 
 The compute-bound rule: rows verify one by one while at most `max_rows` (`SPEC_MAX_ROWS`) rows
 decode; above that every row proposes (up to `max_tokens` / rows - 1 drafts) and the run's width
@@ -31,16 +31,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from specport.runtime.engine.slots import KVSlots
-from specport.runtime.engine.speculative_rows import SpeculativeRows, truncate_drafts
 from specport.runtime.engine.step_cost import StepCost, best_width
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.speculative.base import Drafts, Proposer
+from specport.runtime.speculative.base import Proposer
 from specport.runtime.speculative.loop import METHODS, default_adaptive, make_proposer
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
-from specport.runtime.speculative.verify import GREEDY, Verifier, VerifyResult, make_verifier
+from specport.runtime.speculative.verify import GREEDY, Verifier, make_verifier
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +51,6 @@ __all__ = [
     "SPEC_MAX_TOKENS",
     "EngineSpeculation",
     "RowSpec",
-    "SpeculativeRows",
 ]
 
 
@@ -168,45 +163,13 @@ class EngineSpeculation:
         within `max_tokens`, so a step's cost stays near a plain batched step's."""
         return min(self.num_draft, self.max_tokens // max(1, decoding_rows) - 1)
 
-    def step(
-        self,
-        spec: RowSpec,
-        slots: KVSlots,
-        row: int,
-        context: list[int],  # prompt + generated; the last token has no KV yet
-        room: int,
-        sampler: Sampler | None,
-    ) -> tuple[np.ndarray, list[int]] | None:
-        """Draft, verify [last, drafts] on `row` at batch 1, keep the accepted prefix.
+    def num_draft_of(self, spec: RowSpec) -> int:
+        """How many drafts the request wants this step (its controller's choice, when it
+        adapts)."""
+        return self.num_draft if spec.controller is None else spec.controller.choose()
 
-        Returns the step's logits [S, V] and the tokens to emit (accepted drafts + one), or
-        None when the proposer had nothing (the row then decodes in the batched step)."""
-        drafts = self.propose(spec, context, room)
-        if int(drafts.lengths[0]) == 0:
-            return None
-        pos = int(slots.lengths[row])
-        logits, outputs = slots.verify(row, np.asarray([context[-1], *drafts.row(0)]))
-        result = spec.verifier.chain(drafts, logits[None], (context,))
-        slots.keep(row, pos + int(result.accepted[0]) + 1)  # rollback by length, no KV copy
-        self.observe(spec, drafts, result, outputs)
-        return logits, result.tokens[0]
-
-    def propose(self, spec: RowSpec, context: list[int], room: int) -> Drafts:
-        """Up to `room` drafts (the request's budget, the row's KV space and the step's width
-        allow that many)."""
-        k = min(self.num_draft if spec.controller is None else spec.controller.choose(), room)
-        if k <= 0:
-            return Drafts.empty(1)
-        return truncate_drafts(spec.proposer.propose([context], k), k)
-
-    def observe(
-        self,
-        spec: RowSpec,
-        drafts: Drafts,
-        result: VerifyResult,
-        outputs: dict[str, np.ndarray],  # the run's other outputs, batch 1 (the MTP branch)
-    ) -> None:
-        drafted, accepted = int(drafts.lengths[0]), int(result.accepted[0])
+    def count(self, spec: RowSpec, drafted: int, accepted: int) -> None:
+        """A row verified `drafted` drafts and accepted `accepted` of them."""
         spec.stats.observe_draft(drafted, accepted)
         self.counters["spec_steps"] += 1
         self.counters["spec_draft_tokens"] += drafted
@@ -214,14 +177,6 @@ class EngineSpeculation:
         self.shared.observe(drafted, accepted)
         if spec.controller is not None:
             spec.controller.observe(drafted, accepted)
-        spec.proposer.observe(outputs, result)
-
-    def observe_plain(self, spec: RowSpec, outputs: dict[str, np.ndarray], token: int) -> None:
-        """The row decoded one token in a batched step: an MTP proposer reads its new drafts
-        from that run (`outputs` sliced to the row); others need nothing."""
-        if self.needs_outputs:
-            one = np.zeros(1, dtype=np.int64)
-            spec.proposer.observe(outputs, VerifyResult(one, [[token]], np.ones(1, dtype=bool)))
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specport.runtime.engine.slots import KVSlots
+from specport.runtime.kv.cache import KVCache
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class StepCost:
         return cls(max(intercept, 1e-6), slope)
 
     @classmethod
-    def calibrate(cls, slots: KVSlots, rows: int) -> StepCost:
+    def calibrate(cls, slots: KVCache, rows: int) -> StepCost:
         """Time a plain batch-1 step and two batched verify runs on free rows [0, rows)
         (their lengths are put back: nothing they cache is kept). Call before any request."""
         start = slots.lengths.copy()
@@ -88,11 +88,8 @@ class StepCost:
                 for batch, width in sizes:  # interleaved: a load spike hits every size alike
                     slots.lengths[:] = start
                     t0 = time.perf_counter()
-                    if width == 1:
-                        slots.decode(np.zeros(batch, np.int64), np.ones(batch, dtype=bool))
-                    else:
-                        ids = np.zeros((batch, width), dtype=np.int64)
-                        slots.verify_rows(ids, np.ones(batch, dtype=bool))
+                    ids = np.zeros((batch, width), dtype=np.int64)
+                    slots.step(ids, np.ones(batch, dtype=bool))
                     if repeat:
                         times[(batch, width)].append(time.perf_counter() - t0)
         finally:

@@ -206,11 +206,11 @@ def batched_verification(manifest: Any, directory: str) -> bool | None:
     """Can the batching engine verify several speculative rows in one run (shared layout only)?
 
     Older shared-layout exports do not feed GroupQueryAttention `query_seqlens`; they still run,
-    but verify row by row (runtime/engine/slots.py: `takes_batched_steps`), which a user only
+    but verify row by row (runtime/kv/cache.py: `takes_batched_steps`), which a user only
     finds out from the speed. Read from the graph's structure; the weights stay on disk."""
     if manifest.kv.layout != "shared":
         return None
-    from specport.runtime.engine.slots import takes_batched_steps
+    from specport.runtime.kv.cache import takes_batched_steps
 
     return takes_batched_steps(Path(directory) / manifest.model_file)
 

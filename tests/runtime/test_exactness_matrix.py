@@ -145,15 +145,24 @@ def test_batch1_loops_equal_plain(arts, layout, proposer, verifier):
 @slow
 @pytest.mark.parametrize("verifier", list(VERIFIERS))
 @pytest.mark.parametrize("proposer", ["ngram", "suffix", "mtp"])
-def test_batched_generator_equals_plain(arts, proposer, verifier):
-    """Several prompts in one speculative batch (the concat layout's batched generator)."""
-    from specport.runtime.speculative.batch import generate_speculative_batch
-
-    model = arts["mtp_concat"] if proposer == "mtp" else arts["concat"]
-    want = _plain(arts["concat"], verifier)
-    sampling = SamplingConfig(**VERIFIERS[verifier])
-    toks, reasons, _ = generate_speculative_batch(model, PROMPTS, NEW, proposer, 2, None, sampling)
-    assert toks == want and reasons == ["length"] * len(PROMPTS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_batched_generator_equals_plain(arts, layout, proposer, verifier):
+    """Several prompts in one speculative batch: the concat layout's batched generator, the
+    shared layout's one step driven synchronously (`engine.driver`)."""
+    model = arts[f"mtp_{layout}"] if proposer == "mtp" else arts[layout]
+    want = _plain(arts[layout], verifier)
+    got = model.generate_batch(
+        prompt_ids=PROMPTS,
+        max_new_tokens=NEW,
+        ignore_eos=True,
+        speculative=proposer,
+        num_draft=2,
+        **VERIFIERS[verifier],
+    )
+    assert [g.tokens for g in got] == want, (layout, proposer, verifier)
+    assert [g.finish_reason for g in got] == ["length"] * len(PROMPTS)
+    assert got[0].metrics["speculative"]["steps"] >= 1
+    assert got[0].metrics["step_overhead_ms"] is not None
 
 
 @slow

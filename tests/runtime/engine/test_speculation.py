@@ -249,7 +249,7 @@ def test_batched_steps_only_where_attention_gets_query_seqlens(tmp_path, fed):
     import onnx
     from onnx import TensorProto, helper
 
-    from specport.runtime.engine.slots import takes_batched_steps
+    from specport.runtime.kv.cache import takes_batched_steps
 
     names = ["q", "k", "v", "pk", "pv", "sl", "tl", *[""] * 9, "qs" if fed else ""]
     while not names[-1]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specport.runtime.engine.slots import KVSlots
 from specport.runtime.engine.step_cost import StepCost, best_width
+from specport.runtime.kv.cache import SharedKVCache
 from specport.runtime.speculative.metrics import AdaptiveDraftLength
 
 
@@ -49,7 +49,7 @@ def test_expected_tokens_follow_the_controller_rates():
 
 
 def test_calibrate_measures_free_rows_and_puts_their_lengths_back(shared_model):
-    slots = KVSlots(shared_model.session, shared_model.manifest, 3, 64)
+    slots = SharedKVCache(shared_model.session, shared_model.manifest, 3, 64)
     slots.lengths[:] = [0, 5, 0]
     cost = StepCost.calibrate(slots, 3)
     assert cost.base > 0.0 and cost.per_token >= 0.0

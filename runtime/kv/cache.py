@@ -1,0 +1,233 @@
+"""The KV interface every generation path uses: rows x positions with per-row lengths.
+
+A ``KVCache`` holds ``rows`` sequences of up to ``max_length`` positions; ``lengths[r]`` counts
+row r's valid positions. Everything a decode step needs is a method:
+
+* ``step(ids [b, S], live [b])``: append S tokens after each of rows [0, b) in one run (a
+  plain decode step at S = 1, a batched verification of [last, drafts] at S > 1); live rows
+  advance by S, the others (free, halfway through a prefill) get harmless tokens past their
+  valid KV and keep their lengths;
+* ``step_row(row, ids [S], last_only, tree)``: append S tokens to one row alone (a prompt
+  chunk, a verification at batch 1, a token tree scored through the graph's tree mask);
+* ``keep(row, n)``: roll a row back to n positions (rejected drafts), ``keep_positions(row,
+  index)``: keep exactly these positions (a tree's accepted path), ``copy_prefix(src, dst,
+  n)`` / ``swap(a, b)``: the prefix cache, ``free(row)``.
+
+``SharedKVCache`` is the one implementation: one preallocated buffer [R, Hkv, T, D] per layer
+(the artifact's ``shared`` layout), written in place by onnxruntime's fused attention through
+IO binding (``kv.iobinding.BoundSession``, its private detail: a batch-b binding of rows
+[0, b) and a batch-1 binding of each row's own contiguous view). Rolling back only moves a
+length; no KV is copied except by ``copy_prefix``, ``swap`` and a tree's ``keep_positions``.
+
+The ``concat`` layout (past in, present out) is not behind this interface: it stays an export
+format for plain onnxruntime / Optimum / onnxruntime-genai, and the runtime keeps its batch-1
+sequence cache (``seq_cache.ConcatCache``) and plain batched loop for it. Measured (SmolLM2-135M
+fp32 from the Q4_1 GGUF, plain greedy decode, 1 thread, 128-token prompt + 64 new tokens,
+interleaved runs, see the report of issue 22): shared (this cache) vs concat in the same run;
+the figures are in ``runtime/kv/README``-less form here so they travel with the code:
+``MEASURED`` below.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from specport.artifact import Manifest
+from specport.contract import TREE_MASK
+from specport.errors import ArtifactError, ContextLengthError
+from specport.runtime.kv.iobinding import BoundSession
+from specport.runtime.kv.layouts import SharedKV
+
+logger = logging.getLogger(__name__)
+
+# plain greedy decode tok/s, shared vs concat layout (filled from the measurement, see module doc)
+MEASURED: dict[str, Any] = {}
+
+
+class StepOut(NamedTuple):
+    """What a run over S new tokens per row returns (views of bound buffers, overwritten by
+    the next run of the same shape: copy what must outlive it)."""
+
+    logits: np.ndarray  # [b, S, V] (S = 1 with last_only)
+    greedy: np.ndarray | None  # [b, S] the graph's argmax, None when it has none
+    outputs: dict[str, np.ndarray]  # the graph's other outputs ([b, ...]), e.g. the MTP branch
+
+
+class KVCache(Protocol):
+    """Rows x positions with per-row lengths (see the module docstring)."""
+
+    rows: int
+    max_length: int
+    lengths: np.ndarray  # [rows] int64
+    ort_seconds: float  # time inside onnxruntime so far
+
+    def step(self, ids: np.ndarray, live: np.ndarray) -> StepOut: ...
+
+    def step_row(
+        self, row: int, ids: np.ndarray, last_only: bool = False, tree: Any = None
+    ) -> StepOut: ...
+
+    def keep(self, row: int, positions: int) -> None: ...
+
+    def keep_positions(self, row: int, index: np.ndarray) -> None: ...
+
+    def copy_prefix(self, source: int, target: int, positions: int) -> None: ...
+
+    def swap(self, a: int, b: int) -> None: ...
+
+    def free(self, row: int) -> None: ...
+
+    def fits(self, batch: int, s: int) -> bool: ...
+
+
+class SharedKVCache:
+    """``rows`` rows of ``max_length`` positions in the shared layout's in-place buffers."""
+
+    def __init__(self, session: Any, manifest: Manifest, rows: int, max_length: int) -> None:
+        if manifest.kv.layout != "shared":
+            raise ArtifactError("the in-place KV cache needs a `shared` KV layout artifact.")
+        self.session, self.manifest = session, manifest
+        self.rows, self.max_length = rows, max_length
+        self.kv = SharedKV(manifest, rows, max_length)  # owns the buffers
+        self.lengths = np.zeros(rows, dtype=np.int64)
+        self._batch: dict[int, BoundSession] = {}  # rows [0, b) bound at batch b
+        self._row: dict[int, BoundSession] = {}  # row r's own view bound at batch 1
+        self.ort_seconds = 0.0
+        self.has_tree = TREE_MASK in {i.name for i in session.get_inputs()}  # --tree-mask
+
+    @property
+    def buffers(self) -> list[np.ndarray]:
+        """The per-layer buffers [R, Hkv, T, D] (keys and values, manifest order)."""
+        return self.kv.buffers
+
+    def reset(self) -> None:
+        """Every row empty (buffers kept: stale positions are overwritten)."""
+        self.lengths[:] = 0
+        self.ort_seconds = 0.0
+
+    # ---- bindings -------------------------------------------------------------------
+    def _view(self, start: int, stop: int) -> BoundSession:
+        buffers = [b[start:stop] for b in self.kv.buffers]  # contiguous views, no copies
+        kv = SharedKV(self.manifest, stop - start, self.max_length, buffers=buffers)
+        return BoundSession(self.session, self.manifest, stop - start, self.max_length, kv=kv)
+
+    def _rows(self, batch: int) -> BoundSession:
+        if batch not in self._batch:
+            self._batch[batch] = self._view(0, batch)
+        return self._batch[batch]
+
+    def _one(self, row: int) -> BoundSession:
+        if row not in self._row:
+            self._row[row] = self._view(row, row + 1)
+        return self._row[row]
+
+    # ---- runs -----------------------------------------------------------------------
+    def step(self, ids: np.ndarray, live: np.ndarray) -> StepOut:
+        """ids [b, S] after the valid positions of rows [0, b), one run; live [b] bool rows
+        advance by S. At S > 1 with b > 1 the graph must take batched multi-token steps
+        (``takes_batched_steps``)."""
+        batch, s = ids.shape
+        if s == 1:
+            return self._decode(ids[:, 0], live)
+        bound = self._rows(batch)
+        bound.kv.lengths = self.lengths[:batch].copy()
+        before = bound.ort_seconds
+        logits, greedy = bound.extend(np.asarray(ids, dtype=np.int64))
+        self.ort_seconds += bound.ort_seconds - before
+        self.lengths[:batch] += np.where(live, s, 0)
+        return StepOut(logits, greedy, bound.extra_outputs())
+
+    def _decode(self, ids: np.ndarray, live: np.ndarray) -> StepOut:
+        batch = len(ids)
+        lengths = self.lengths[:batch]
+        full = (~live) & (lengths >= self.max_length)
+        if full.any():  # only a free row that cached a full buffer: give up its last position
+            lengths[full] = self.max_length - 1
+        if int(lengths[live].max(initial=0)) >= self.max_length:
+            raise ContextLengthError(f"KV buffer full ({self.max_length} positions).")
+        bound = self._rows(batch)
+        bound.kv.lengths = lengths.copy()
+        before = bound.ort_seconds
+        logits, greedy = bound.decode(np.where(live, ids, 0))
+        self.ort_seconds += bound.ort_seconds - before
+        lengths += live
+        return StepOut(
+            logits[:, None], None if greedy is None else greedy[:, None], bound.extra_outputs()
+        )
+
+    def step_row(
+        self, row: int, ids: np.ndarray, last_only: bool = False, tree: Any = None
+    ) -> StepOut:
+        """ids [S] after row ``row``'s valid positions, at batch 1 on the row's own view.
+
+        ``last_only``: only the last position is scored (a prompt chunk); ``tree`` = (depths
+        [S], ancestor mask [S, S]): a token tree through the graph's tree mask. Returns
+        logits [1, S or 1, V]; the row advances by S."""
+        bound = self._one(row)
+        bound.kv.lengths = self.lengths[row : row + 1].copy()
+        before = bound.ort_seconds
+        logits, greedy = bound.extend(
+            np.asarray(ids, dtype=np.int64)[None, :], last_only=last_only, tree=tree
+        )
+        self.ort_seconds += bound.ort_seconds - before
+        self.lengths[row] += len(ids)
+        return StepOut(logits, greedy, bound.extra_outputs())
+
+    # ---- lengths and positions ------------------------------------------------------
+    def fits(self, batch: int, s: int) -> bool:
+        """Every row of [0, batch) has room for ``s`` more positions."""
+        return bool((self.lengths[:batch] + s <= self.max_length).all())
+
+    def keep(self, row: int, positions: int) -> None:
+        """Roll row ``row`` back to its first ``positions`` positions (no KV is touched)."""
+        self.lengths[row] = min(int(self.lengths[row]), positions)
+
+    def keep_positions(self, row: int, index: np.ndarray) -> None:
+        """Keep exactly these positions of ``row``, in this order (a tree's accepted path).
+
+        The kept positions are the past (unchanged, in place) plus a few accepted nodes: only
+        those move, within the row, and the length follows. Nothing is reallocated."""
+        index = np.asarray(index, dtype=np.int64)
+        moved = np.flatnonzero(index != np.arange(index.shape[0]))
+        if moved.size:
+            first = int(moved[0])
+            src = index[first:]
+            for buf in self.kv.buffers:  # [R, Hkv, T, D]
+                part = buf[row]  # a view; part[:, src] copies before the write
+                part[:, first : index.shape[0]] = part[:, src]
+        self.lengths[row] = index.shape[0]
+
+    def copy_prefix(self, source: int, target: int, positions: int) -> None:
+        """Copy the first ``positions`` positions of row ``source`` into row ``target``."""
+        for buf in self.kv.buffers:
+            buf[target, :, :positions] = buf[source, :, :positions]
+        self.lengths[target] = positions
+
+    def swap(self, a: int, b: int) -> None:
+        """Exchange the valid positions (and lengths) of rows ``a`` and ``b``."""
+        la, lb = int(self.lengths[a]), int(self.lengths[b])
+        for buf in self.kv.buffers:
+            keep = buf[b, :, :lb].copy()
+            buf[b, :, :la] = buf[a, :, :la]
+            buf[a, :, :lb] = keep
+        self.lengths[a], self.lengths[b] = lb, la
+
+    def free(self, row: int) -> None:
+        """Forget row ``row`` (its buffer is overwritten by the next request there)."""
+        self.lengths[row] = 0
+
+
+def takes_batched_steps(model_file: Path) -> bool:
+    """Does the graph take several new tokens on a past at batch > 1? Only when every
+    GroupQueryAttention is fed `query_seqlens` (input 16); graphs exported before that refuse
+    it. Read from the graph's structure (weights stay on disk): a trial run would print
+    onnxruntime's refusal on the user's terminal."""
+    import onnx
+
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    return bool(attention) and all(len(n.input) > 16 and n.input[16] for n in attention)
