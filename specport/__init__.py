@@ -32,6 +32,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
     from specport.build import export, optimize, quantize, train_mtp
+    from specport.drafting import train_draft
     from specport.loading import load
     from specport.model import Model
     from specport.results import GenerationResult
@@ -44,6 +45,7 @@ _API = {
     "quantize": "specport.build",
     "optimize": "specport.build",
     "train_mtp": "specport.build",
+    "train_draft": "specport.drafting",
     "Model": "specport.model",
     "GenerationResult": "specport.results",
     "TextStream": "specport.text_stream",
@@ -81,5 +83,6 @@ __all__ = [
     "load",
     "optimize",
     "quantize",
+    "train_draft",
     "train_mtp",
 ]

@@ -40,6 +40,7 @@ COMMANDS = [
     "bench",
     "loadtest",
     "train_mtp",
+    "train_draft",
     "upgrade",
 ]
 

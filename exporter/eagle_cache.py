@@ -1,0 +1,121 @@
+"""The target's features for EAGLE training, computed once and kept on disk (memory-mapped).
+
+The head trains for many epochs over the same sequences; the 30-layer target is what costs, so
+each sequence (prompt + the model's own answer) runs through the target once and its features
+([3H] per position, float16), tokens and greedy choices (the target's argmax at each position:
+the labels) are written to one directory::
+
+    features.npy  float16 [N, 3H]   all sequences' positions, concatenated
+    tokens.npy    int64   [N]
+    choices.npy   int64   [N]       the target's argmax after each position
+    offsets.npy   int64   [n + 1]   sequence i is rows offsets[i]:offsets[i+1]
+    prompts.npy   int64   [n]       prompt length of each sequence (its answer follows)
+    done.json                        written last: the cache is complete
+
+``done.json`` is written last, so an interrupted run recomputes the cache rather than train on
+half of it; the training checkpoint beside it makes a rerun resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specport.progress import Loop
+
+logger = logging.getLogger(__name__)
+
+DONE = "done.json"
+
+# ids [S] -> (features [S, 3H] float, argmax [S] int64): one target run over a whole sequence
+RunTarget = Callable[[list[int]], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass
+class FeatureCache:
+    """A complete cache, memory-mapped."""
+
+    features: np.ndarray  # [N, 3H] float16
+    tokens: np.ndarray  # [N] int64
+    choices: np.ndarray  # [N] int64
+    offsets: np.ndarray  # [n + 1] int64
+    prompts: np.ndarray  # [n] int64
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.prompts)
+
+    def sequence(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(features [T, 3H], tokens [T], choices [T], prompt length) of sequence i."""
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.features[a:b], self.tokens[a:b], self.choices[a:b], int(self.prompts[i])
+
+
+def is_complete(directory: Path) -> bool:
+    return (Path(directory) / DONE).is_file()
+
+
+def open_cache(directory: Path) -> FeatureCache:
+    d = Path(directory)
+    return FeatureCache(
+        np.load(d / "features.npy", mmap_mode="r"),
+        np.load(d / "tokens.npy"),
+        np.load(d / "choices.npy"),
+        np.load(d / "offsets.npy"),
+        np.load(d / "prompts.npy"),
+    )
+
+
+def build_cache(
+    directory: Path,
+    sequences: Sequence[Sequence[int]],  # prompt + answer token ids
+    prompt_lens: Sequence[int],
+    feature_dim: int,
+    run_target: RunTarget,
+    progress: bool | None = None,
+) -> FeatureCache:
+    """Run every sequence through the target once and write the cache (see the module doc)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / DONE).unlink(missing_ok=True)
+    lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    total = int(offsets[-1])
+    feats = np.lib.format.open_memmap(
+        d / "features.npy", mode="w+", dtype=np.float16, shape=(total, feature_dim)
+    )
+    tokens = np.zeros(total, dtype=np.int64)
+    choices = np.zeros(total, dtype=np.int64)
+    with Loop(total, "computing the target's features", show=progress) as loop:
+        for i, seq in enumerate(sequences):
+            a, b = int(offsets[i]), int(offsets[i + 1])
+            f, c = run_target(list(seq))
+            feats[a:b] = f.astype(np.float16)
+            tokens[a:b] = seq
+            choices[a:b] = c
+            loop.update(b - a)
+    feats.flush()
+    del feats
+    np.save(d / "tokens.npy", tokens)
+    np.save(d / "choices.npy", choices)
+    np.save(d / "offsets.npy", offsets)
+    np.save(d / "prompts.npy", np.asarray(prompt_lens, dtype=np.int64))
+    (d / DONE).write_text(json.dumps({"sequences": len(sequences), "positions": total}))
+    logger.info("feature cache: %d sequences, %d positions in %s", len(sequences), total, d)
+    return open_cache(d)
+
+
+def frequent_choices(cache: FeatureCache, rows: Sequence[int], size: int, vocab: int) -> np.ndarray:
+    """The ``size`` target ids the target chooses most often in the answers of ``rows``
+    (sorted by id), the draft vocabulary; rarer ids fill up to ``size`` in id order."""
+    counts = np.zeros(vocab, dtype=np.int64)
+    for i in rows:
+        _, _, choices, p = cache.sequence(int(i))
+        np.add.at(counts, choices[max(p - 1, 0) :], 1)
+    order = np.argsort(-counts, kind="stable")[: min(size, vocab)]
+    return np.sort(order).astype(np.int64)

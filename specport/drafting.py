@@ -1,0 +1,390 @@
+"""`specport.train_draft`: give an artifact an EAGLE-3-class draft head, trained on itself.
+
+The steps, each resumable (the work folder ``OUT.work`` keeps what is done until ``OUT`` is
+written, then goes away):
+
+1. the target graph gets its ``eagle_features`` output (``passes.eagle_features``), written
+   as a copy of the artifact in the work folder; the logits are checked unchanged;
+2. the model answers a prompt collection (``--data``: one message per paragraph; default: the
+   built-in ``samples.chat_distill`` collection), greedily, with onnxruntime;
+3. each prompt + answer runs through the target once; features, tokens and the target's
+   choices go to a memory-mapped cache (``exporter.eagle_cache``);
+4. the head trains for ``minutes`` (``exporter.eagle_train``), with checkpoints and held-out
+   acceptance per draft position;
+5. the draft graph and the manifest's ``eagle`` entry complete the copy, renamed to ``OUT``.
+
+The input artifact is never written to, and ``OUT`` must not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from specport import artifact as art
+from specport.errors import InputError, OutputError, UsageError
+from specport.progress import Stages
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEQUENCES = 768
+AUTO_DRAFT_VOCAB = 8192
+
+
+def train_draft(
+    artifact: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    data: str | os.PathLike[str] | None = None,
+    minutes: float = 10.0,
+    device: str = "cpu",
+    sequences: int = DEFAULT_SEQUENCES,
+    new_tokens: int = 128,
+    draft_vocab: int | None = None,
+    depth: int = 4,
+    threads: int = 2,
+    progress: bool | None = None,
+    max_steps: int = 0,
+) -> art.Manifest:
+    """Train an EAGLE draft head for ``artifact`` and write artifact ``out`` (which must not
+    exist). Returns the new manifest; its ``eagle`` entry holds the training report."""
+    from specport import history
+
+    options = {
+        "data": data,
+        "minutes": minutes,
+        "device": device,
+        "sequences": sequences,
+        "new_tokens": new_tokens,
+        "draft_vocab": draft_vocab,
+        "depth": depth,
+    }
+    with history.operation(
+        "train-draft", artifact, history.defaults_of(train_draft), out=out, **options
+    ):
+        return _train_draft(
+            Path(artifact),
+            Path(out),
+            data,
+            minutes,
+            device,
+            sequences,
+            new_tokens,
+            draft_vocab,
+            depth,
+            threads,
+            progress,
+            max_steps,
+        )
+
+
+def _train_draft(
+    src: Path,
+    dst: Path,
+    data: str | os.PathLike[str] | None,
+    minutes: float,
+    device: str,
+    sequences: int,
+    new_tokens: int,
+    draft_vocab: int | None,
+    depth: int,
+    threads: int,
+    progress: bool | None,
+    max_steps: int,
+) -> art.Manifest:
+    from specport.loading import load
+
+    manifest = _check(src, dst, data, minutes, device, sequences, depth)
+    work = Path(f"{dst}.work")
+    stages = Stages(total=5, show=progress)
+    t0 = time.perf_counter()
+
+    stages.start("adding the feature output to the target graph")
+    staged = work / "artifact"
+    if not (staged / art.MANIFEST_NAME).is_file():
+        _stage(src, staged, manifest)
+    target = load(staged, threads=threads)
+    logits_diff = _logits_unchanged(load(src, threads=threads), target)
+
+    stages.start("answering the prompt collection")
+    prompts = _prompts(src, target, data, sequences)
+    answers = _answers(work, target, prompts, new_tokens)
+
+    stages.start("computing the target's features")
+    from specport.exporter.eagle_cache import build_cache, is_complete, open_cache
+
+    cache_dir = work / "features"
+    seqs = [p + a for p, a in zip(prompts, answers)]
+    dim = _feature_dim(target)
+    cache = (
+        open_cache(cache_dir)
+        if is_complete(cache_dir)
+        else build_cache(cache_dir, seqs, [len(p) for p in prompts], dim, _runner(target), progress)
+    )
+    feature_seconds = time.perf_counter() - t0
+
+    stages.start(f"training the draft head ({minutes:g} minutes)")
+    head, report = _train(
+        staged,
+        target.manifest,
+        cache,
+        work,
+        minutes,
+        device,
+        draft_vocab,
+        depth,
+        threads,
+        progress,
+        max_steps,
+    )
+
+    stages.start("writing the draft graph")
+    from specport.exporter.eagle_artifact import MANIFEST_KEY, eagle_record, export_draft
+    from specport.interop.files import write_artifact_manifest
+    from specport.passes.eagle_features import FEATURES
+
+    export_draft(head, staged / "eagle_draft.onnx")
+    final = art.read_manifest(staged)
+    feature_pass = next((p for p in final.passes if p.get("output") == FEATURES), {})
+    report.update(
+        {
+            "source": "self-distillation (the model's own greedy answers)",
+            "data": str(data) if data else "built-in prompt collection (samples.chat_distill)",
+            "sequences": len(seqs),
+            "positions": int(cache.offsets[-1]),
+            "new_tokens": new_tokens,
+            "data_and_features_seconds": round(feature_seconds, 1),
+            "logits_max_abs_diff": logits_diff,
+        }
+    )
+    final.extra[MANIFEST_KEY] = eagle_record(head, feature_pass, report)
+    write_artifact_manifest(staged, final)
+    if dst.exists():
+        raise OutputError(f"{dst} appeared while training; the result is left in {staged}.")
+    os.replace(staged, dst)
+    shutil.rmtree(work, ignore_errors=True)
+    stages.done()
+    return final
+
+
+def _check(
+    src: Path, dst: Path, data: Any, minutes: float, device: str, sequences: int, depth: int
+) -> art.Manifest:
+    manifest = art.read_manifest(src)  # a clear error for a folder that is not an artifact
+    if dst.exists():
+        raise OutputError(
+            f"--out {dst} exists; train-draft writes a new artifact and never replaces one. "
+            "Choose a new directory."
+        )
+    if dst.resolve() == src.resolve():
+        raise UsageError("--out must differ from the input artifact.")
+    if data is not None and not Path(data).is_file():
+        raise InputError(
+            f"--data {data} is not a file; pass a text file, one message per paragraph."
+        )
+    if not minutes > 0:
+        raise UsageError(f"--minutes must be positive, got {minutes}.")
+    if sequences < 16:
+        raise UsageError(f"--sequences must be at least 16, got {sequences}.")
+    if not 1 <= depth <= 8:
+        raise UsageError(f"--depth must be in 1..8, got {depth}.")
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"--device must be cpu or cuda, got {device!r}.")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: torch sees no CUDA GPU here; use --device cpu.")
+    if manifest.tokenizer.get("kind") in (None, "none"):
+        raise InputError(f"{src} has no tokenizer; train-draft reads prompts with it.")
+    if manifest.quant:
+        logger.warning(
+            "%s is quantized: the head learns this artifact's own choices (train on the fp32 "
+            "artifact and quantize after to share one head)",
+            src,
+        )
+    return manifest
+
+
+def _stage(src: Path, staged: Path, manifest: art.Manifest) -> None:
+    """The artifact copied into ``staged`` with the features output (atomically)."""
+    from specport.exporter.eagle_artifact import copy_with_features
+    from specport.interop.files import write_artifact_manifest
+
+    tmp = staged.with_name(staged.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    new, _ = copy_with_features(src, tmp, manifest)
+    write_artifact_manifest(tmp, new)
+    shutil.rmtree(staged, ignore_errors=True)
+    os.replace(tmp, staged)
+
+
+def _logits_unchanged(plain: Any, featured: Any) -> float:
+    """Max |logits difference| of the two graphs on one probe sequence (0.0 expected: the
+    feature output only reads values the graph computes anyway)."""
+    from specport.runtime.kv.seq_cache import open_cache
+
+    probe = [int(t) % plain.manifest.vocab_size for t in range(1, 33)]
+    a = np.array(open_cache(plain.session, plain.manifest, 64).step(probe).logits, copy=True)
+    b = np.array(open_cache(featured.session, featured.manifest, 64).step(probe).logits)
+    diff = float(np.abs(a - b).max())
+    if diff > 1e-5:
+        raise OutputError(
+            f"adding the feature output changed the logits (max |diff| {diff:.2e}); please "
+            "report this with the artifact's manifest."
+        )
+    return diff
+
+
+def _prompts(src: Path, model: Any, data: Any, limit: int) -> list[list[int]]:
+    """Token ids of each message: under the chat template when the model has one, else the
+    message's own tokens (a base model continues the text)."""
+    from specport.chat_template import load_chat_template
+
+    if data is None:
+        from specport.samples.chat_distill import prompts as builtin
+
+        texts = builtin()
+    else:
+        texts = [d.strip() for d in Path(data).read_text(encoding="utf-8").split("\n\n")]
+    texts = [t for t in texts if t][:limit]
+    if len(texts) < 16:
+        raise InputError(f"--data {data} has {len(texts)} messages; at least 16 are needed.")
+    template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
+    if template is None:
+        return [model.encode(t)[:64] for t in texts]
+    return [template.render_ids([{"role": "user", "content": t}]) for t in texts]
+
+
+def _answers(work: Path, model: Any, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """The model's greedy answers (kept in the work folder: a rerun does not decode again)."""
+    from specport.exporter.mtp_data import greedy_answers
+
+    path = work / "answers.json"
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("prompts") == prompts and saved.get("new_tokens") == new_tokens:
+            return [list(a) for a in saved["answers"]]
+    answers: list[list[int]] = []
+    for _, batch in greedy_answers(model, prompts, new_tokens, batch=32, desc="answering"):
+        answers.extend(batch)
+    path.write_text(json.dumps({"prompts": prompts, "new_tokens": new_tokens, "answers": answers}))
+    return answers
+
+
+def _feature_dim(model: Any) -> int:
+    from specport.passes.eagle_features import FEATURES
+
+    out = next(o for o in model.session.get_outputs() if o.name == FEATURES)
+    dim = out.shape[-1]
+    return int(dim) if isinstance(dim, int) else 3 * int(model.manifest.config["hidden_size"])
+
+
+def _runner(model: Any) -> Any:
+    """ids -> (features [S, 3H], the target's argmax [S]) in one run of the target."""
+    from specport.passes.eagle_features import FEATURES
+    from specport.runtime.kv.seq_cache import open_cache
+
+    def run(ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        step = open_cache(model.session, model.manifest, len(ids) + 1).step(ids)
+        return (
+            np.array(step.outputs[FEATURES][0, : len(ids)], copy=True),
+            np.asarray(step.logits[: len(ids)]).argmax(-1),
+        )
+
+    return run
+
+
+def _train(
+    staged: Path,
+    manifest: art.Manifest,
+    cache: Any,
+    work: Path,
+    minutes: float,
+    device: str,
+    draft_vocab: int | None,
+    depth: int,
+    threads: int,
+    progress: bool | None,
+    max_steps: int,
+) -> tuple[Any, dict[str, Any]]:
+    import torch
+
+    from specport.exporter.eagle_cache import frequent_choices
+    from specport.exporter.eagle_head import EagleConfig
+    from specport.exporter.eagle_train import train_head
+
+    cfg_in = manifest.config
+    vocab = int(cfg_in["vocab_size"])
+    hidden = int(cfg_in["hidden_size"])
+    n = cache.num_sequences
+    n_eval = max(2, n // 20)
+    eval_rows, train_rows = list(range(n_eval)), list(range(n_eval, n))
+    size = (
+        draft_vocab
+        if draft_vocab
+        else (AUTO_DRAFT_VOCAB if vocab > 2 * AUTO_DRAFT_VOCAB else vocab)
+    )
+    ids = frequent_choices(cache, train_rows, min(size, vocab), vocab)
+    inter = int(cfg_in.get("intermediate_size") or 64 * round(hidden * 8 / 3 / 64))
+    cfg = EagleConfig(
+        hidden=hidden,
+        heads=int(cfg_in["num_heads"]),
+        kv_heads=int(cfg_in["num_kv_heads"]),
+        head_dim=int(cfg_in["head_dim"]),
+        intermediate=inter,
+        rope_theta=float(cfg_in.get("rope_theta") or 10000.0),
+        eps=1e-5,
+        vocab=vocab,
+        draft_vocab=len(ids),
+    )
+    embed = torch.from_numpy(_embedding(staged, manifest))
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        return train_head(
+            cache,
+            cfg,
+            embed,
+            ids,
+            train_rows,
+            eval_rows,
+            work,
+            minutes,
+            depth=depth,
+            device=device,
+            progress=progress,
+            max_steps=max_steps,
+        )
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _embedding(staged: Path, manifest: art.Manifest) -> np.ndarray:
+    """The target's token embedding [V, H] (float32), read from the graph's Gather on input_ids."""
+    import onnx_ir as ir
+
+    model = ir.load(str(staged / manifest.model_file))
+    for node in model.graph:
+        if (
+            node.op_type == "Gather"
+            and node.inputs[1] is not None
+            and node.inputs[1].name == "input_ids"
+        ):
+            table = node.inputs[0]
+            if table is not None and table.const_value is not None:
+                arr = table.const_value.numpy()
+                if arr.dtype.kind == "f" and arr.ndim == 2:
+                    return np.asarray(arr, dtype=np.float32)
+    raise InputError(
+        "cannot read the token embedding from the graph (no float Gather on input_ids); "
+        "train the draft head on the unquantized artifact."
+    )
