@@ -15,7 +15,7 @@ from typing import Any
 from specport.errors import InputError, UsageError
 from specport.options import option
 
-METHODS = ("ngram", "suffix", "draft", "mtp")
+METHODS = ("ngram", "suffix", "draft", "mtp", "eagle")
 MAX_DRAFT = 16  # runtime/speculative/loop.py
 MAX_TREE_WIDTH = 16  # runtime/speculative/tree.py
 DEFAULT_NUM_DRAFT = 4
@@ -118,6 +118,11 @@ def check_generation(
         raise UsageError(
             f"{option('draft')} is used only with {option('speculative', 'draft')}; add it or "
             f"drop {option('draft')}."
+        )
+    if speculative == "eagle" and not model.manifest.extra.get("eagle"):
+        raise InputError(
+            f"{model.path} has no EAGLE draft head. Train one with `specport train-draft "
+            f"{model.path} --out DIR` and run DIR, or use {option('speculative', 'ngram')}."
         )
     if speculative == "mtp" and not (model.manifest.mtp or {}).get("heads"):
         raise InputError(

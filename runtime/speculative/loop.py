@@ -48,7 +48,7 @@ from specport.runtime.speculative.verify import make_verifier
 logger = logging.getLogger(__name__)
 
 MAX_DRAFT = 16
-METHODS = ("ngram", "suffix", "draft", "mtp")
+METHODS = ("ngram", "suffix", "draft", "mtp", "eagle")
 
 # on_token(token_id) -> True to stop generation here (e.g. a stop string matched)
 OnToken = Callable[[int], "bool | None"]
@@ -258,6 +258,10 @@ def make_proposer(
                 f"use --num-draft 1..{proposer.heads}."
             )
         return proposer
+    if method == "eagle":  # the artifact's EAGLE head (`specport train-draft`)
+        from specport.runtime.speculative.eagle import make_eagle_proposer
+
+        return make_eagle_proposer(model)
     raise InputError(
         f"unknown --speculative method {method!r}; choose one of {', '.join(METHODS)}."
     )

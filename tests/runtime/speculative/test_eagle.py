@@ -1,0 +1,143 @@
+"""EAGLE proposer: greedy output equals plain greedy token for token; the head's KV holds real
+positions only; features pair with the right tokens whatever the loop shows it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from specport.runtime.speculative.eagle import EagleProposer
+
+PROMPTS = [[1, 5, 6, 7, 8, 5, 6], [1, 74, 75, 76, 90, 74, 75, 76], [1, 100], [1, 3, 4] * 5]
+
+
+def _drafted(tmp: Path, artifact: Path) -> Path:
+    from specport.drafting import train_draft
+    from tests.fixtures import add_chat_tokenizer
+
+    chat = add_chat_tokenizer(artifact, tmp / "chat")
+    data = tmp / "messages.txt"
+    data.write_text("\n\n".join(f"say something about {i}" for i in range(20)))
+    out = tmp / "eagle"
+    train_draft(
+        chat, out, data=data, minutes=0.1, sequences=20, new_tokens=12, threads=1,
+        progress=False, max_steps=40,
+    )  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def concat_eagle(tiny_zoo, tmp_path_factory) -> Path:
+    return _drafted(tmp_path_factory.mktemp("eagle-concat"), tiny_zoo.artifact("llama"))
+
+
+def _check_exact(artifact: Path, adaptive: bool | None) -> int:
+    import specport
+
+    model = specport.load(artifact, threads=1)
+    drafted = 0
+    for prompt in PROMPTS:
+        plain = model.generate(prompt_ids=prompt, max_new_tokens=24, greedy=True)
+        spec = model.generate(
+            prompt_ids=prompt,
+            max_new_tokens=24,
+            greedy=True,
+            speculative="eagle",
+            num_draft=3,
+            adaptive=adaptive,
+        )
+        assert list(spec.tokens) == list(plain.tokens), prompt
+        drafted += int(spec.metrics["speculative"]["drafted"])
+    return drafted
+
+
+@pytest.mark.parametrize("adaptive", [False, None])
+def test_greedy_eagle_equals_plain_greedy_concat(concat_eagle, adaptive):
+    drafted = _check_exact(concat_eagle, adaptive)
+    if adaptive is False:
+        assert drafted > 0  # the head drafted (mostly rejected: it trained for seconds)
+
+
+@pytest.mark.slow
+def test_greedy_eagle_equals_plain_greedy_shared(tiny_zoo, tmp_path):
+    drafted = _check_exact(_drafted(tmp_path, tiny_zoo.shared("llama")), False)
+    assert drafted > 0
+
+
+def test_an_artifact_without_a_head_gets_the_command_that_makes_one(tiny_llama_artifact):
+    import specport
+    from specport.errors import SpecportError
+
+    model = specport.load(tiny_llama_artifact, threads=1)
+    with pytest.raises(SpecportError, match="train-draft"):
+        model.generate(prompt_ids=[1, 2], max_new_tokens=4, speculative="eagle")
+
+
+# ---------------------------------------------------------------- the proposer's bookkeeping
+
+
+class _Session:
+    """A fake draft graph: drafts (last input id + 1), records what it was fed."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, np.ndarray]] = []
+
+    def run(self, _names: Any, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        self.calls.append(feed)
+        ids, past = feed["input_ids"], feed["past_key"]
+        s = ids.shape[1]
+        present = np.concatenate([past, np.zeros((1, 1, s, 2), np.float32)], 2)
+        token = np.array([ids[0, -1] + 1])
+        return [token, np.zeros((1, 4)), feed["hidden_in"] * 0 + 1, present, present]
+
+
+def _proposer() -> tuple[EagleProposer, _Session]:
+    cfg = {"hidden": 4, "feature_layers": 3, "kv_heads": 1, "head_dim": 2, "draft_vocab": 8}
+    manifest = SimpleNamespace(extra={"eagle": {"graph": "g", "config": {**cfg, "vocab": 16}}})
+    session = _Session()
+    return EagleProposer(session, manifest), session  # type: ignore[arg-type]
+
+
+def _features(rows: list[int]) -> dict[str, np.ndarray]:
+    """Feature rows whose first value names their context position."""
+    f = np.zeros((1, len(rows), 12), np.float32)
+    f[0, :, 0] = rows
+    return {"eagle_features": f}
+
+
+def test_features_pair_with_the_following_token_and_drafts_leave_no_kv():
+    proposer, session = _proposer()
+    context = [10, 11, 12, 13]  # prefill ran 10, 11, 12 (positions 0..2)
+    proposer.observe_prefill(_features([0, 1, 2]))
+    drafts = proposer.propose([context], 3)
+    first = session.calls[0]
+    assert first["features"][0, :, 0].tolist() == [2.0]  # only the prefill's last position
+    assert first["input_ids"].tolist() == [[13]]  # position 2 pairs with token 3
+    assert drafts.row(0) == [14, 15, 16]
+    assert proposer.past_key.shape[2] == 1  # the draft positions' KV was dropped
+    # the loop verified [13, 14, 15, 16] and accepted 2 (14, 15), bonus 99
+    result = SimpleNamespace(accepted=np.array([2]))
+    proposer.observe(_features([3, 4, 5, 6]), result)
+    context += [14, 15, 99]
+    proposer.propose([context], 2)
+    catch_up = session.calls[3]
+    assert catch_up["features"][0, :, 0].tolist() == [3.0, 4.0, 5.0]  # rows of accepted positions
+    assert catch_up["input_ids"].tolist() == [[14, 15, 99]]
+    assert proposer.past_key.shape[2] == 4
+
+
+def test_a_plain_step_between_proposals_keeps_the_pairing():
+    proposer, session = _proposer()
+    proposer.observe_prefill(_features([0]))
+    context = [7, 8]
+    proposer.propose([context], 1)
+    for pos, tok in ((1, 30), (2, 31)):  # two plain one-token steps (accepted 0 each)
+        proposer.observe(_features([pos]), SimpleNamespace(accepted=np.array([0])))
+        context.append(tok)
+    proposer.propose([context], 1)
+    assert session.calls[-1]["input_ids"].tolist() == [[30, 31]]
+    assert session.calls[-1]["features"][0, :, 0].tolist() == [1.0, 2.0]
