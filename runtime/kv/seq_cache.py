@@ -133,22 +133,23 @@ class ConcatCache:
 
 
 class SharedCache:
-    """Shared-layout cache for one sequence: in-place buffers bound once, cut by the length."""
+    """One row of a ``kv.cache.SharedKVCache`` seen as a sequence: in-place buffers, cut by
+    the row's length (the shared layout's view for the batch-1 loops)."""
 
     def __init__(
         self, session: Any, manifest: Manifest, max_length: int, bound: Any = None
     ) -> None:
-        """``bound``: an existing batch-1 ``BoundSession`` to reuse (its cache is reset)."""
-        from specport.runtime.kv.iobinding import BoundSession
+        """``bound``: an existing one-row ``SharedKVCache`` to reuse (its row is emptied)."""
+        from specport.runtime.kv.cache import SharedKVCache
 
-        if bound is None or bound.batch != 1 or bound.kv.max_length < max_length:
-            bound = BoundSession(session, manifest, 1, max_length)
+        if bound is None or bound.rows != 1 or bound.max_length < max_length:
+            bound = SharedKVCache(session, manifest, 1, max_length)
         bound.reset()
         self.bound = bound
 
     @property
     def length(self) -> int:
-        return int(self.bound.kv.lengths[0])
+        return int(self.bound.lengths[0])
 
     @property
     def ort_seconds(self) -> float:
@@ -156,7 +157,7 @@ class SharedCache:
 
     @property
     def capacity(self) -> int:
-        return int(self.bound.kv.max_length)
+        return int(self.bound.max_length)
 
     def step(
         self, tokens: list[int], last_only: bool = False, tree: Any = None, logits: bool = True
@@ -174,30 +175,16 @@ class SharedCache:
                 "token-tree verification needs an artifact exported with --tree-mask; re-export "
                 "with `specport export MODEL --out DIR --tree-mask` (either KV layout)."
             )
-        ids = np.asarray([tokens], dtype=np.int64)  # [1, S]
-        scores, _ = self.bound.extend(ids, last_only=last_only, tree=tree)
-        return StepResult(scores[0], self.bound.extra_outputs())
+        out = self.bound.step_row(0, np.asarray(tokens, dtype=np.int64), last_only, tree)
+        return StepResult(out.logits[0], out.outputs)
 
     def keep(self, n: int) -> None:
-        """Forget positions past ``n``: the lengths move, the buffers are not touched."""
-        lengths = self.bound.kv.lengths
-        lengths[0] = min(int(lengths[0]), n)
+        """Forget positions past ``n``: the length moves, the buffers are not touched."""
+        self.bound.keep(0, n)
 
     def keep_positions(self, index: np.ndarray) -> None:
-        """Keep exactly these cached positions, in this order (a tree's accepted path).
-
-        The kept positions are the past (unchanged, in place) plus a few accepted nodes: only
-        those move, within the row's buffer, and the length follows. Nothing is reallocated.
-        """
-        index = np.asarray(index, dtype=np.int64)
-        moved = np.flatnonzero(index != np.arange(index.shape[0]))
-        if moved.size:
-            first = int(moved[0])
-            src = index[first:]
-            for buf in self.bound.kv.buffers:  # [1, Hkv, T, D], bound in place
-                row = buf[0]  # a view; row[:, src] copies before the write
-                row[:, first : index.shape[0]] = row[:, src]
-        self.bound.kv.lengths[0] = index.shape[0]
+        """Keep exactly these cached positions, in this order (a tree's accepted path)."""
+        self.bound.keep_positions(0, index)
 
 
 def open_cache(
