@@ -47,6 +47,7 @@ def summarize(manifest: Any) -> dict[str, Any]:
         "lm_head": lm_head_line(manifest.quant),
         "quant": manifest.quant,
         "mtp": manifest.mtp,
+        "eagle": manifest.extra.get("eagle"),
         "verify": {
             k: manifest.verify.get(k)
             for k in ("ok", "max_abs_logits", "skipped")
@@ -124,6 +125,27 @@ def mtp_line(mtp: dict[str, Any]) -> str:
         parts.append(f"draft vocabulary {training['draft_vocab']}")
     if mtp.get("heads_graph"):
         parts.append("heads graph for token trees")
+    return ", ".join(parts) + " (full record: --json)"
+
+
+def eagle_line(eagle: dict[str, Any]) -> str:
+    """The EAGLE draft head in one line (graph, features, draft vocabulary, held-out
+    acceptance); the whole record stays in --json."""
+    training = eagle.get("training") or {}
+    layers = ", ".join(str(x) for x in eagle.get("feature_layers") or [])
+    parts = [
+        f"{eagle.get('graph')} (one layer, own KV)",
+        f"features of layers {layers}",
+        f"draft vocabulary {eagle.get('draft_vocab')}",
+    ]
+    if training.get("minutes") is not None:
+        parts.append(f"trained {training['minutes']} min")
+    held = training.get("heldout") or {}
+    if held.get("expected_tokens_per_step") is not None:
+        rates = "/".join(f"{r:.2f}" for r in held.get("acceptance_per_position", []))
+        parts.append(
+            f"held-out acceptance {rates}, {held['expected_tokens_per_step']} tokens per step"
+        )
     return ", ".join(parts) + " (full record: --json)"
 
 
@@ -246,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
             value = quant_line(value, manifest.kv.dtypes())
         elif key == "mtp" and value:
             value = mtp_line(value)
+        elif key == "eagle" and value:
+            value = eagle_line(value)
         elif key == "history":
             print(
                 f"{key:<{width}}  "

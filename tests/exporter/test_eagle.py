@@ -167,3 +167,14 @@ def test_train_draft_refuses_an_existing_out(chat_artifact, eagle_artifact):
 
     with pytest.raises(OutputError, match="exists"):
         train_draft(chat_artifact, eagle_artifact, minutes=0.1)
+
+
+def test_inspect_shows_the_draft_head(eagle_artifact, capsys):
+    from specport.cli import main
+
+    assert main(["inspect", str(eagle_artifact)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("eagle"))
+    assert "eagle_draft.onnx" in line and "draft vocabulary" in line and "tokens per step" in line
+    assert main(["inspect", str(eagle_artifact), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["eagle"]["graph"] == "eagle_draft.onnx"
