@@ -1,0 +1,56 @@
+"""OpenVINO GenAI as a bench peer, for real (its venv must exist: `specport bench --peer
+openvino-genai` creates it on first use): at exact fp32 its greedy tokens are specport's, and its
+prompt lookup and draft-model speculation keep them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specport.bench import peer_openvino as ov
+
+# repeated text, where prompt lookup proposes drafts that greedy decoding keeps
+PROMPT = "Once upon a time, there was a cat. The cat sat on the mat. Once upon a time, there was"
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_openvino_fp32_greedy_tokens_equal_specport(shared_dir: Path, tmp_path) -> None:
+    venv = ov.venv_dir()
+    if not (venv / ov.READY).exists():
+        pytest.skip(f"OpenVINO GenAI's venv {venv} is absent (created on first --peer use)")
+    source = shared_dir / "models" / "stories260K"
+    if not (source / "config.json").exists():
+        pytest.skip(f"{source} is absent")
+    import specport
+    from specport import artifact as art
+    from specport.bench.spec_peers import SpecPeer
+    from specport.exporter.export import export_model
+
+    # the conversion goes to the peers cache (content-keyed, size-bounded): reruns reuse it
+    export_model(source, tmp_path / "art", progress=False)
+    model = specport.load(tmp_path / "art", threads=1)
+    ids = model.encode(PROMPT)
+    reference = model.generate(prompt_ids=ids, max_new_tokens=32).tokens
+    assert len(reference) > 8
+
+    manifest = art.read_manifest(tmp_path / "art")
+    config = SimpleNamespace(threads=1, allow_spinning=False, draft=str(tmp_path / "art"))
+    got = {}
+    for name in ("openvino-genai", "openvino-genai+lookup", "openvino-genai+draft"):
+        peer = SpecPeer(name, manifest, config, num_draft=4, progress=False)
+        try:
+            got[name] = peer.run(ids, len(reference))
+            info = peer.info()
+        finally:
+            peer.close()
+        assert info["precision"] == "f32" and info["weight_format"] == "fp32"
+    assert got["openvino-genai"].tokens == reference
+    assert got["openvino-genai+lookup"].tokens == reference
+    assert got["openvino-genai+draft"].tokens == reference
+    # the draft is the target itself here: every draft is accepted, K + 1 tokens per run
+    runs = got["openvino-genai+draft"].rounds
+    assert runs is not None and runs <= 1 + -(-(len(reference) - 1) // 5) + 1
+    assert info["speculation"]["draft_is_target"]
