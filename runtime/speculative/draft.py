@@ -20,85 +20,11 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
-from specport.contract import TREE_MASK, causal_tree_mask
 from specport.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
 from specport.runtime.speculative.base import Drafts, ProposerBase
 
 logger = logging.getLogger(__name__)
-
-
-class TrimmableKV:
-    """Concat-layout KV for one sequence that can be cut back to any length.
-
-    ``past`` holds per layer key and value [1, Hkv, T, D]; ``update(outputs, keep)`` takes the
-    graph's presents and keeps the first ``keep`` positions (rejected drafts are dropped).
-    """
-
-    def __init__(self, manifest: Manifest) -> None:
-        kv = manifest.kv
-        if kv.layout != "concat":
-            raise InputError(
-                f"speculative decoding needs the 'concat' KV layout, this artifact has {kv.layout!r}; "
-                "re-export it without the shared-KV pass."
-            )
-        self.names = [name for pair in kv.inputs for name in pair]
-        self.past: list[np.ndarray] = []
-        for heads, kd, vd, dt in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes()):
-            self.past.append(np.zeros((1, heads, 0, kd), dt))
-            self.past.append(np.zeros((1, heads, 0, vd), dt))
-
-    @property
-    def length(self) -> int:
-        return int(self.past[0].shape[2]) if self.past else 0
-
-    def feeds(self) -> dict[str, np.ndarray]:
-        return dict(zip(self.names, self.past))
-
-    def update(self, presents: list[np.ndarray], keep: int | None = None) -> None:
-        """presents: [1, Hkv, P+S, D] per tensor in manifest order; keep: positions kept.
-
-        A cut keeps views of the presents: onnxruntime packs a strided input while it reads
-        it, which is the one copy a cut needs anyway (a host copy first would be a second).
-        """
-        if keep is None or keep >= presents[0].shape[2]:
-            self.past = list(presents)
-        else:
-            self.past = [p[:, :, :keep] for p in presents]
-
-    def trim(self, keep: int) -> None:
-        if keep < self.length:
-            self.past = [p[:, :, :keep] for p in self.past]
-
-
-def has_tree_mask(session: Any) -> bool:
-    """Whether the session is a --tree-mask artifact (it then needs a ``tree_mask`` feed)."""
-    return any(i.name == TREE_MASK for i in session.get_inputs())
-
-
-def run_step(
-    session: Any,
-    output_names: list[str],
-    kv: TrimmableKV,
-    tokens: list[int],
-    start: int,
-    tree_mask: bool | None = None,
-) -> list[np.ndarray]:
-    """Feed ``tokens`` at positions start.. on top of ``kv`` (batch 1, no padding).
-
-    ``tree_mask``: whether the session takes a tree_mask (None: ask the session; loops pass
-    ``has_tree_mask(session)`` computed once).
-    """
-    s = len(tokens)
-    feeds = {
-        "input_ids": np.asarray([tokens], dtype=np.int64),  # [1, S]
-        "attention_mask": np.ones((1, start + s), dtype=np.int64),  # [1, P+S]
-        "position_ids": np.arange(start, start + s, dtype=np.int64)[None, :],  # [1, S]
-        **kv.feeds(),
-    }
-    if has_tree_mask(session) if tree_mask is None else tree_mask:  # a --tree-mask artifact
-        feeds[TREE_MASK] = causal_tree_mask(1, s)
-    return session.run(output_names, feeds)
 
 
 class DraftModelProposer(ProposerBase):

@@ -10,6 +10,7 @@ import pytest
 
 from specport.artifact import KVLayout, Manifest
 from specport.errors import ContextLengthError, InputError
+from specport.runtime.kv.seq_cache import ConcatCache
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts
 from specport.runtime.speculative.batch import (
@@ -19,7 +20,6 @@ from specport.runtime.speculative.batch import (
     _greedy_rows,
     generate_speculative_batch,
 )
-from specport.runtime.speculative.draft import TrimmableKV, run_step
 from specport.runtime.speculative.mtp import MTPProposer
 from specport.runtime.speculative.verify import greedy_verify
 
@@ -243,13 +243,13 @@ def test_kv_cache_equals_plain_state(llama):
     gen.record_kv = True
     out = gen.generate(prompts, 16)
     assert out.tokens == _plain(model, prompts, 16, eos=False)
-    names = [o.name for o in model.session.get_outputs()]
     for b, p in enumerate(prompts):
         seq = p + out.tokens[b][:-1]
-        want = run_step(model.session, names, TrimmableKV(model.manifest), seq, 0)
+        ref = ConcatCache(model.session, model.manifest)
+        ref.step(seq)
         got = gen.row_kv[b]
         assert got[0].shape[2] == len(seq)
-        for g, w in zip(got, want[1 : 1 + len(got)]):
+        for g, w in zip(got, ref.past):
             np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
 
 
@@ -353,13 +353,12 @@ def test_rejection_sampling_preserves_distribution(llama):
     model, draft, _ = llama
     ids = [5, 17, 42]
     cfg = dict(greedy=False, temperature=1.0, top_k=3)
-    names = [o.name for o in model.session.get_outputs()]
     sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
-    logits = run_step(model.session, names, TrimmableKV(model.manifest), ids, 0)[0]
+    logits = ConcatCache(model.session, model.manifest).step(ids).logits[None]
     p1 = sampler.probs(logits[:, -1])[0]
     expected: dict[tuple[int, int], float] = {}
     for t1 in np.flatnonzero(p1):
-        l2 = run_step(model.session, names, TrimmableKV(model.manifest), [*ids, int(t1)], 0)[0]
+        l2 = ConcatCache(model.session, model.manifest).step([*ids, int(t1)]).logits[None]
         p2 = sampler.probs(l2[:, -1])[0]
         for t2 in np.flatnonzero(p2):
             expected[(int(t1), int(t2))] = p1[t1] * p2[t2]

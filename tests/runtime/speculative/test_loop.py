@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from specport.errors import InputError
+from specport.runtime.kv.seq_cache import ConcatCache
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.base import Drafts
-from specport.runtime.speculative.draft import DraftModelProposer, TrimmableKV, run_step
+from specport.runtime.speculative.draft import DraftModelProposer
 from specport.runtime.speculative.loop import (
     SpeculativeGenerator,
     check_num_draft,
@@ -99,11 +100,10 @@ def test_kv_after_rejections_equals_plain_state(tiny):
     assert out.tokens == plain.tokens
     assert out.stats.num_accepted_tokens < out.stats.num_draft_tokens  # rejections happened
     # Reference: the cache of prompt + all emitted tokens but the last, computed in one run.
-    ref = TrimmableKV(model.manifest)
-    names = [o.name for o in model.session.get_outputs()]
+    ref = ConcatCache(model.session, model.manifest)
     seq = ids + out.tokens[:-1]
-    outputs = run_step(model.session, names, ref, seq, 0)
-    presents = outputs[1 : 1 + len(gen.last_kv.past)]
+    ref.step(seq)
+    presents = ref.past
     assert gen.last_kv.length == len(seq)
     for got, want in zip(gen.last_kv.past, presents):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
@@ -144,15 +144,14 @@ def test_rejection_sampling_preserves_distribution(tiny, request, method):
     spec_model = request.getfixturevalue("tiny_mtp") if method == "mtp" else model
     ids = [5, 17, 42]
     cfg = dict(greedy=False, temperature=1.0, top_k=3)
-    names = [o.name for o in model.session.get_outputs()]
     from specport.runtime.sampler import Sampler
 
     sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
-    logits = run_step(model.session, names, TrimmableKV(model.manifest), ids, 0)[0]
+    logits = ConcatCache(model.session, model.manifest).step(ids).logits[None]
     p1 = sampler.probs(logits[:, -1])[0]
     expected: dict[tuple[int, int], float] = {}
     for t1 in np.flatnonzero(p1):
-        l2 = run_step(model.session, names, TrimmableKV(model.manifest), [*ids, int(t1)], 0)[0]
+        l2 = ConcatCache(model.session, model.manifest).step([*ids, int(t1)]).logits[None]
         p2 = sampler.probs(l2[:, -1])[0]
         for t2 in np.flatnonzero(p2):
             expected[(int(t1), int(t2))] = p1[t1] * p2[t2]
