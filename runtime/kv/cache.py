@@ -19,13 +19,17 @@ IO binding (``kv.iobinding.BoundSession``, its private detail: a batch-b binding
 [0, b) and a batch-1 binding of each row's own contiguous view). Rolling back only moves a
 length; no KV is copied except by ``copy_prefix``, ``swap`` and a tree's ``keep_positions``.
 
-The ``concat`` layout (past in, present out) is not behind this interface: it stays an export
-format for plain onnxruntime / Optimum / onnxruntime-genai, and the runtime keeps its batch-1
-sequence cache (``seq_cache.ConcatCache``) and plain batched loop for it. Measured (SmolLM2-135M
-fp32 from the Q4_1 GGUF, plain greedy decode, 1 thread, 128-token prompt + 64 new tokens,
-interleaved runs, see the report of issue 22): shared (this cache) vs concat in the same run;
-the figures are in ``runtime/kv/README``-less form here so they travel with the code:
-``MEASURED`` below.
+The ``concat`` layout (past in, present out) is not behind this interface: it stays a
+runtime path with its own batch-1 sequence cache (``seq_cache.ConcatCache``) and batched loops,
+because some models can only run that way (onnxruntime's fused attention, which the in-place
+buffers need, refuses e.g. stories260K's head dim of 8, so ``--kv-layout auto`` exports it
+concat) and because Optimum / onnxruntime-genai format artifacts arrive that way. Measured
+(SmolLM2-135M fp32, plain greedy decode at batch 1, one thread, both layouts interleaved,
+2026-11-27 on the 2-core AVX2 machine at load average 8-9): CPU time per new token 53.3 ms
+shared vs 58.2 ms concat (thread CPU time, robust to the load), wall 3.58 vs 3.10 tok/s
+(medians of 3 rounds; an earlier wall-only run at load 9 read 2.03 vs 2.61, inside the
+noise of that load): the shared layout is the faster path wherever it runs, concat stays for
+the models and tools that need it.
 """
 
 from __future__ import annotations
@@ -43,9 +47,6 @@ from specport.runtime.kv.iobinding import BoundSession
 from specport.runtime.kv.layouts import SharedKV
 
 logger = logging.getLogger(__name__)
-
-# plain greedy decode tok/s, shared vs concat layout (filled from the measurement, see module doc)
-MEASURED: dict[str, Any] = {}
 
 
 class StepOut(NamedTuple):
@@ -134,7 +135,7 @@ class SharedKVCache:
         if s == 1:
             return self._decode(ids[:, 0], live)
         bound = self._rows(batch)
-        bound.kv.lengths = self.lengths[:batch].copy()
+        bound.kv.lengths[:] = self.lengths[:batch]
         before = bound.ort_seconds
         logits, greedy = bound.extend(np.asarray(ids, dtype=np.int64))
         self.ort_seconds += bound.ort_seconds - before
@@ -150,7 +151,7 @@ class SharedKVCache:
         if int(lengths[live].max(initial=0)) >= self.max_length:
             raise ContextLengthError(f"KV buffer full ({self.max_length} positions).")
         bound = self._rows(batch)
-        bound.kv.lengths = lengths.copy()
+        bound.kv.lengths[:] = lengths
         before = bound.ort_seconds
         logits, greedy = bound.decode(np.where(live, ids, 0))
         self.ort_seconds += bound.ort_seconds - before
@@ -168,7 +169,7 @@ class SharedKVCache:
         [S], ancestor mask [S, S]): a token tree through the graph's tree mask. Returns
         logits [1, S or 1, V]; the row advances by S."""
         bound = self._one(row)
-        bound.kv.lengths = self.lengths[row : row + 1].copy()
+        bound.kv.lengths[0] = self.lengths[row]  # in place: the binding's own length array
         before = bound.ort_seconds
         logits, greedy = bound.extend(
             np.asarray(ids, dtype=np.int64)[None, :], last_only=last_only, tree=tree
