@@ -176,6 +176,7 @@ def serve_with_ray(args: Any, settings: ServeSettings, emit_json: Callable[[Any]
 
     engine_options = {
         "max_batch": args.max_batch,
+        "kv_space": None if args.kv_cache_space is None else int(args.kv_cache_space * 2**30),
         "kind": args.engine,
         "max_length": args.max_model_len,
         "speculative": args.speculative,

@@ -19,7 +19,7 @@ ENGINE_KINDS = ("auto", "batching", "serial")
 
 def make_engine(
     model: Any,  # specport.api.Model
-    max_batch: int = 8,
+    max_batch: int | None = None,
     kind: str = "auto",
     max_length: int | None = None,
     prefix_cache: bool = True,
@@ -28,6 +28,7 @@ def make_engine(
     draft: Any = None,
     spec_max_rows: int | None = None,
     spec_max_tokens: int | None = None,
+    kv_space: int | None = None,
 ) -> Engine:
     """The engine for `model`: "batching" (shared KV layout), "serial" (any), or "auto".
 
@@ -38,7 +39,8 @@ def make_engine(
     one run at the width the measured step cost favours, rows x (1 + drafts) <=
     `spec_max_tokens`), in the serial engine on a
     concat one. `max_length` caps the batching engine's KV rows (default: the artifact's
-    limit; memory is max_batch x layers x 2 x Hkv x max_length x D floats).
+    limit). `max_batch` None: the batching engine reserves rows by memory and admits
+    requests within `kv_space` bytes of KV (`kv_budget`); the serial engine runs one at a time.
     """
     if kind not in ENGINE_KINDS:
         raise InputError(f"unknown engine kind {kind!r}; use one of {', '.join(ENGINE_KINDS)}.")
@@ -54,7 +56,9 @@ def make_engine(
             f"{model.manifest.kv.layout!r} KV layout: re-export it with "
             "`specport export MODEL --out OUT --kv-layout shared`, or use the serial engine."
         )
-    if kind == "batching" or (kind == "auto" and shared and (max_batch > 1 or speculative)):
+    if kind == "batching" or (
+        kind == "auto" and shared and (max_batch is None or max_batch > 1 or speculative)
+    ):
         from specport.runtime.engine.batching import BatchingEngine
         from specport.runtime.engine.speculation import SPEC_MAX_ROWS, SPEC_MAX_TOKENS
 
@@ -68,6 +72,7 @@ def make_engine(
             draft=draft,
             spec_max_rows=SPEC_MAX_ROWS if spec_max_rows is None else spec_max_rows,
             spec_max_tokens=SPEC_MAX_TOKENS if spec_max_tokens is None else spec_max_tokens,
+            kv_space=kv_space,
         )
     from specport.runtime.engine.serial import SerialEngine
 

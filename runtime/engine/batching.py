@@ -39,6 +39,7 @@ from specport.runtime.engine.base import (
     TokenLogprobs,
     check_request,
 )
+from specport.runtime.engine.kv_budget import KVBudget, default_kv_space, plan_rows, token_bytes
 from specport.runtime.engine.logprobs import token_logprobs
 from specport.runtime.engine.prefix_cache import PrefixCache
 from specport.runtime.engine.speculation import (
@@ -86,7 +87,7 @@ class BatchingEngine(QueueIntake):
     def __init__(
         self,
         model: Any,  # specport.api.Model
-        max_batch: int = 8,
+        max_batch: int | None = None,
         max_length: int | None = None,
         prefill_chunk: int = 256,
         prefix_cache: bool = True,
@@ -96,8 +97,11 @@ class BatchingEngine(QueueIntake):
         draft: Any = None,
         spec_max_rows: int = SPEC_MAX_ROWS,
         spec_max_tokens: int = SPEC_MAX_TOKENS,
+        kv_space: int | None = None,
     ) -> None:
-        """`text_thread`: detokenize on a thread of its own (None: only with a core to spare
+        """`max_batch`: KV rows (None: as many as `kv_budget.plan_rows` reserves; requests are
+        then admitted by `kv_space` bytes of KV, default `kv_budget.default_kv_space`).
+        `text_thread`: detokenize on a thread of its own (None: only with a core to spare
         beside onnxruntime's threads; on 2 cores / 2 threads it cost single-request decode 5%).
         `speculative`, `num_draft`, `draft` (a Model or path), `spec_max_rows`: see
         `EngineSpeculation`."""
@@ -109,10 +113,14 @@ class BatchingEngine(QueueIntake):
                 "`specport export MODEL --out OUT --kv-layout shared` (or serve it with the "
                 "serial engine)."
             )
-        if max_batch < 1 or prefill_chunk < 1:
+        if (max_batch is not None and max_batch < 1) or prefill_chunk < 1:
             raise InputError("max_batch and prefill_chunk must be at least 1.")
+        if kv_space is not None and kv_space < 1:
+            raise InputError("kv_space must be a positive number of bytes.")
         limit = min(manifest.context_length, manifest.kv.max_length or manifest.context_length)
         self.max_length = min(max_length or limit, limit)
+        max_batch = plan_rows(manifest, self.max_length, max_batch)
+        self.budget = KVBudget(kv_space or default_kv_space(), token_bytes(manifest))
         self.model, self.max_batch, self.prefill_chunk = model, max_batch, prefill_chunk
         self.vocab = manifest.vocab_size
         self.eos = frozenset(int(e) for e in manifest.eos_token_ids)
@@ -121,8 +129,10 @@ class BatchingEngine(QueueIntake):
         self.kv = SharedKVCache(model.session, manifest, max_batch, self.max_length)
         self.kv_bytes = sum(b.nbytes for b in self.kv.buffers)
         logger.info(
-            "batching engine: %d rows x %d positions, KV buffers %.1f MiB",
-            max_batch, self.max_length, self.kv_bytes / 2**20,
+            "batching engine: %d rows x %d positions (%.1f MiB reserved, filled as written), "
+            "admitting requests within %.1f MiB of KV (%d tokens)",
+            max_batch, self.max_length, self.kv_bytes / 2**20, self.budget.space / 2**20,
+            self.budget.capacity,
         )  # fmt: skip
         self.cache = PrefixCache(max_batch, enabled=prefix_cache)
         self.spec = None
@@ -178,6 +188,7 @@ class BatchingEngine(QueueIntake):
             "max_batch": self.max_batch,
             "max_length": self.max_length,
             "kv_bytes": self.kv_bytes,
+            **self.budget.stats(),
             "mean_decode_rows": round(c["decode_rows"] / steps, 3),
             "mean_decode_batch": round(c["decode_batch_rows"] / steps, 3),
             "decode_seconds": round(self.decode_seconds, 6),
@@ -257,6 +268,10 @@ class BatchingEngine(QueueIntake):
             except Exception as exc:  # e.g. prompt ids that are not integers
                 self._reject(handle, "error", f"invalid request: {type(exc).__name__}: {exc}")
                 continue
+            need = len(prompt) + budget  # the most positions its row can come to hold
+            if not self.budget.admits(need):  # waits until running requests free KV space
+                self.waiting.appendleft(handle)
+                return
             plan = self.cache.plan(prompt, free, self.kv.lengths, self._live())
             row, hit = plan.row, plan.reuse
             if plan.save_to is not None:  # keep the row's cached KV in a free row
@@ -264,6 +279,7 @@ class BatchingEngine(QueueIntake):
             if plan.source != row:
                 self.kv.copy_prefix(plan.source, row, hit)
             self.kv.lengths[row] = hit
+            self.budget.reserve(row, need)
             stream = self.text.open(handle)
             job = BatchJob(handle, stream, prompt, row, budget, sampler, self._eos(handle.request))
             job.done = hit
@@ -329,6 +345,7 @@ class BatchingEngine(QueueIntake):
         old, new = job.row, free[0]
         self.kv.swap(old, new)
         self.cache.swap(old, new)
+        self.budget.move(old, new)
         self.rows[old], self.rows[new], job.row = None, job, new
         self.counters["compactions"] += 1
 
@@ -469,6 +486,7 @@ class BatchingEngine(QueueIntake):
         """Free the row; its KV (prompt + fed tokens) stays there for the prefix cache."""
         if self.rows[job.row] is job:
             self.rows[job.row] = None
+            self.budget.release(job.row)
             if job.spec is not None and self.spec is not None:
                 self.spec.detach(job.spec, job.tokens)
             self.cache.set(

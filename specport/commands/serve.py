@@ -32,7 +32,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to bind (0 = any free port)")
     add_runtime_options(p)
     p.add_argument(
-        "--max-batch", type=int, default=8, help="most requests decoded together (batching engine)"
+        "--max-batch",
+        type=int,
+        default=None,
+        help="KV rows, the most requests decoded together (batching engine; default: as many "
+        "as fit in half the machine's memory at --max-model-len, at most 64; requests are "
+        "admitted by --kv-cache-space)",
+    )
+    p.add_argument(
+        "--kv-cache-space",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="KV memory the running requests may fill, in GiB (batching engine; default: 4, or "
+        "a quarter of the available memory if less); a request waits until its prompt plus "
+        "max_tokens fits",
     )
     p.add_argument(
         "--max-model-len",
@@ -129,12 +143,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def kv_space_bytes(args: argparse.Namespace) -> int | None:
+    """--kv-cache-space in bytes (None: the engine's default)."""
+    space = getattr(args, "kv_cache_space", None)
+    return None if space is None else int(space * 2**30)
+
+
 def _check(args: argparse.Namespace) -> None:
     check_speculative(args)
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must be in 0..65535, got {args.port}")
-    if args.max_batch < 1:
+    if args.max_batch is not None and args.max_batch < 1:
         raise InputError(f"--max-batch must be at least 1, got {args.max_batch}")
+    if args.kv_cache_space is not None and not args.kv_cache_space > 0:
+        raise InputError(
+            f"--kv-cache-space must be a positive number of GiB, got {args.kv_cache_space}"
+        )
     if args.max_model_len is not None and args.max_model_len < 2:
         raise InputError(f"--max-model-len must be at least 2, got {args.max_model_len}")
     if args.num_draft is not None and args.num_draft < 1:
@@ -203,6 +227,7 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
         draft=args.draft,
         spec_max_rows=args.spec_max_rows,
         spec_max_tokens=args.spec_max_tokens,
+        kv_space=kv_space_bytes(args),
     )
     recorder = start_recording(model, args, record_largest)
     try:

@@ -1,0 +1,78 @@
+"""Admission by KV memory: how many rows the engine reserves and when a request may start.
+
+What users rely on: `specport serve` without `--max-batch` takes many concurrent requests
+(not a fixed 8), never admits more KV than `--kv-cache-space`, and a request that has to wait
+for space still gets exactly the tokens it would get alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specport.runtime.engine import Request, make_engine
+from specport.runtime.engine.kv_budget import (
+    MAX_ROWS,
+    KVBudget,
+    plan_rows,
+    token_bytes,
+    total_memory,
+)
+
+PROMPTS = [[1, 74, 75, 76, 90], [1, 100], [1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 3, 4] * 5]
+NEW = 10
+
+
+def test_budget_admits_while_reservations_fit():
+    budget = KVBudget(space=100 * 8, per_token=8)  # 100 tokens
+    assert budget.capacity == 100
+    assert budget.admits(150)  # alone: always (its row was checked against the KV length)
+    budget.reserve(0, 60)
+    assert budget.admits(40) and not budget.admits(41)
+    budget.reserve(1, 40)
+    budget.move(1, 5)
+    assert budget.reserved == {0: 60, 5: 40}
+    budget.release(0)
+    assert budget.admits(60) and budget.used == 40
+
+
+def test_rows_fill_half_the_memory_at_most(shared_model):
+    manifest = shared_model.manifest
+    assert plan_rows(manifest, 64, max_batch=3) == 3  # an explicit --max-batch wins
+    per_row = token_bytes(manifest) * 64
+    rows = plan_rows(manifest, 64)
+    memory = total_memory()
+    assert memory is not None
+    assert 1 <= rows <= MAX_ROWS and rows * per_row <= memory // 2
+
+
+def test_token_bytes_counts_every_layer_key_and_value(shared_model):
+    kv = shared_model.manifest.kv
+    expected = sum(
+        h * (k + v) * np.dtype(d).itemsize
+        for h, k, v, d in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes())
+    )
+    assert token_bytes(shared_model.manifest) == expected
+
+
+@pytest.mark.parametrize("space_tokens", [None, 1, 30])
+def test_requests_beyond_the_space_wait_and_keep_their_tokens(shared_model, space_tokens):
+    """1 token of space: one request at a time; 30: two of these at a time; default: all."""
+    reference = [
+        shared_model.generate(prompt_ids=p, max_new_tokens=NEW, ignore_eos=True).tokens
+        for p in PROMPTS
+    ]
+    per_token = token_bytes(shared_model.manifest)
+    space = None if space_tokens is None else space_tokens * per_token
+    engine = make_engine(shared_model, kind="batching", max_length=48, kv_space=space)
+    try:
+        handles = [engine.submit(Request(p, NEW, ignore_eos=True)) for p in PROMPTS]
+        got = [h.result(timeout=120).token_ids for h in handles]
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert got == reference
+    assert stats["max_batch"] >= len(PROMPTS)  # rows by memory, not a fixed 8
+    assert stats["kv_reserved_tokens"] == 0  # every reservation released
+    if space_tokens is not None:
+        assert stats["kv_space_tokens"] == space_tokens
