@@ -383,7 +383,7 @@ def _embedding(staged: Path, manifest: art.Manifest) -> np.ndarray:
             if table is not None and table.const_value is not None:
                 arr = table.const_value.numpy()
                 if arr.dtype.kind == "f" and arr.ndim == 2:
-                    return np.asarray(arr, dtype=np.float32)
+                    return np.array(arr, dtype=np.float32)  # a writable copy for torch
     raise InputError(
         "cannot read the token embedding from the graph (no float Gather on input_ids); "
         "train the draft head on the unquantized artifact."
