@@ -17,7 +17,9 @@ drafts carry no probabilities, so every verifier (greedy, rejection sampling) st
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import weakref
 from typing import Any
 
 import numpy as np
@@ -145,12 +147,28 @@ class EagleProposer(ProposerBase):
         return int(token[0]), out_hidden[:, -1:], present_key, present_value
 
 
+_SESSIONS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
 def make_eagle_proposer(model: Any) -> EagleProposer:
     """The proposer for a loaded model whose artifact carries an EAGLE head: the draft graph
-    opens on the model's provider, one thread (a one-layer graph gains nothing from more)."""
+    opens on the model's provider, one thread (a one-layer graph gains nothing from more),
+    once per model (every request's proposer shares it; a session holds no request state)."""
+    info = eagle_info(model.manifest)
+    try:
+        session = _SESSIONS.get(model)
+    except TypeError:  # not weakly referenceable
+        session = None
+    if session is None:
+        session = _open_draft(model, info)
+        with contextlib.suppress(TypeError):
+            _SESSIONS[model] = session
+    return EagleProposer(session, model.manifest)
+
+
+def _open_draft(model: Any, info: dict[str, Any]) -> Any:
     from specport.runtime.session import SessionConfig, make_session
 
-    info = eagle_info(model.manifest)
     outputs = {o.name for o in model.session.get_outputs()}
     if str(info.get("features") or FEATURES) not in outputs:
         raise InputError(
@@ -166,4 +184,4 @@ def make_eagle_proposer(model: Any) -> EagleProposer:
         provider_options=dict(base.provider_options),
     )
     session, _ = make_session(model.path / info["graph"], config)
-    return EagleProposer(session, model.manifest)
+    return session
