@@ -186,11 +186,16 @@ class _EngineCollector:
         )
         yield gauge("specport:kv_rows_in_use", "KV rows held by running requests.", running)
         yield gauge("specport:kv_rows", "KV rows the engine holds (max batch).", max_batch)
-        yield gauge(
-            "vllm:kv_cache_usage_perc",
-            "Fraction of KV rows in use (1 = full).",
-            running / max_batch,
-        )
+        if s.get("kv_space_tokens"):  # the batching engine admits by KV space
+            usage = s.get("kv_reserved_tokens", 0) / s["kv_space_tokens"]
+            doc = "Fraction of the KV space reserved by running requests (1 = full)."
+            yield gauge("specport:kv_space_tokens", "KV positions admission may fill.",
+                        s["kv_space_tokens"])  # fmt: skip
+            yield gauge("specport:kv_reserved_tokens", "KV positions running requests reserve.",
+                        s.get("kv_reserved_tokens", 0))  # fmt: skip
+        else:
+            usage, doc = running / max_batch, "Fraction of KV rows in use (1 = full)."
+        yield gauge("vllm:kv_cache_usage_perc", doc, usage)
         if "prefix_cache_lookups" in s:
             yield counter(
                 "vllm:prefix_cache_queries",
