@@ -62,7 +62,9 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     n = int(req["new_tokens"])
     config = PIPE.get_generation_config()
     config.max_new_tokens = n
-    config.min_new_tokens = n
+    # EOS may be picked but does not stop generation (min_new_tokens would mask EOS instead,
+    # changing the greedy token where specport's plain greedy ends with EOS)
+    config.min_new_tokens = 0
     config.ignore_eos = True
     config.do_sample = False
     config.num_beams = 1
