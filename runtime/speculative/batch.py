@@ -40,7 +40,11 @@ from specport.contract import with_causal_tree_mask
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import PAD, Drafts, Proposer, adopt, check_prompts
 from specport.runtime.speculative.loop import check_num_draft, default_adaptive, make_proposer
-from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
+from specport.runtime.speculative.metrics import (
+    AdaptiveDraftLength,
+    SpecDecodingStats,
+    overhead_ms,
+)
 from specport.runtime.speculative.padded_kv import PaddedKV
 from specport.runtime.speculative.verify import (
     VerifyResult,
@@ -225,6 +229,7 @@ class BatchSpeculativeGenerator:
             "decode_ort_s": round(ort_s - prefill_ort, 6),
             "decode_wall_s": round(decode_wall, 6),
             "propose_s": round(propose_s, 6),
+            "step_overhead_ms": overhead_ms(decode_wall, ort_s - prefill_ort, batch_steps),
             "total_s": round(t_end - t_start, 6),
             "kv_layout": "concat",
             "speculative": {
