@@ -115,6 +115,10 @@ def smollm2_standard(shared_dir, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("SPECPORT_LONG_TESTS") != "1",
+    reason="the standard target on SmolLM2 (every architecture is covered on tiny models) takes ~4 minutes on 2 cores (a SmolLM2 export); set SPECPORT_LONG_TESTS=1 to run it",
+)
 def test_smollm2_standard_matches_transformers(smollm2_standard):
     assert_ai_onnx_only(smollm2_standard)
     model = specport.load(smollm2_standard, provider="cpu")
