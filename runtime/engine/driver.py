@@ -27,7 +27,11 @@ from specport.runtime.kv.cache import SharedKVCache, takes_batched_steps
 from specport.runtime.kv.seq_cache import context_limit
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts, Proposer, check_prompts, stop_reason
-from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
+from specport.runtime.speculative.metrics import (
+    AdaptiveDraftLength,
+    SpecDecodingStats,
+    timing_metrics,
+)
 from specport.runtime.speculative.verify import Verifier, make_verifier
 
 logger = logging.getLogger(__name__)
@@ -180,29 +184,19 @@ def _metrics(
     adaptive: bool,
     speculative: bool,
 ) -> dict[str, Any]:
-    """The generators' timing keys (``speculative.metrics.timing_metrics`` for one row) for a
-    batch, plus the acceptance counters per row."""
-    from specport.runtime.speculative.metrics import overhead_ms
-
-    start, prefill, first, end = clock
-    new_tokens = sum(len(o) for o in out)
-    decode_wall = end - prefill
-    metrics: dict[str, Any] = {
-        "batch": len(rows),
-        "prompt_tokens": sum(len(r) for r in rows),
-        "new_tokens": new_tokens,
-        "ttft_ms": round((first - start) * 1e3, 3),
-        "prefill_s": round(prefill - start, 6),
-        "decode_steps": runs,
-        "decode_tok_per_s": round(new_tokens / decode_wall, 2) if decode_wall > 0 else None,
-        "tpot_ms": round(decode_wall / runs * 1e3, 4) if runs else None,
-        "decode_ort_s": round(decode_ort, 6),
-        "decode_wall_s": round(decode_wall, 6),
-        "propose_s": round(propose_s, 6),
-        "step_overhead_ms": overhead_ms(decode_wall, decode_ort, runs),
-        "total_s": round(end - start, 6),
-        "kv_layout": "shared",
-    }
+    """The generators' timing keys (``speculative.metrics.timing_metrics``, the same keys as
+    every loop) for a batch, plus the acceptance counters per row."""
+    first_s, prefill, first, end = clock
+    metrics = timing_metrics(
+        sum(len(r) for r in rows),
+        sum(len(o) for o in out),
+        runs,
+        {"start": first_s, "prefill": prefill, "first": first, "end": end},
+        decode_ort,
+        0.0,
+        propose_s,
+    )
+    metrics.update(batch=len(rows), kv_layout="shared")
     if speculative:
         total = SpecDecodingStats()
         for st in stats:
