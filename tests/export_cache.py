@@ -1,0 +1,80 @@
+"""One export per distinct (source, options) per test run, shared by every xdist worker.
+
+Exporting even a tiny model costs ~10 s (torch's dynamo exporter), and many test modules need
+the same tiny artifact: the same random Llama in the shared layout, with a tree mask, as a
+1-layer self-draft... `cached_export(src, out, **kwargs)` takes `export_model`'s arguments,
+builds the artifact once under the run's shared temporary folder (keyed by the source's bytes
+and the options; a file lock makes the other workers wait instead of exporting again) and
+copies it to `out`, so a test may still modify its copy. The manifest's `source.path` is set to
+the caller's source, as `export_model(src, out)` would have written it.
+
+Tests of the exporter itself (progress, signals, memory, verification) call `export_model`
+directly: the cache is for tests that need an artifact, not for tests of exporting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+_ROOT: Path | None = None  # set for the session by tests/conftest.py
+
+
+def set_root(root: Path | None) -> None:
+    """Where cached exports live this run (None: export every time)."""
+    global _ROOT
+    _ROOT = root
+
+
+def source_digest(src: Path) -> str:
+    """A hash of a source file or of every file under a source folder (names and bytes)."""
+    h = hashlib.sha256()
+    files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+    for path in files:
+        h.update(str(path.relative_to(src) if path != src else path.name).encode())
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def cached_export(src: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any) -> Any:
+    """`export_model(src, out, **kwargs)`, built once per run and copied; returns the Manifest."""
+    from specport.artifact import read_manifest
+    from specport.exporter.export import export_model
+
+    src, out = Path(src), Path(out)
+    kwargs.setdefault("progress", False)
+    if _ROOT is None or not src.exists():
+        return export_model(src, out, **kwargs)
+    options = {k: repr(v) for k, v in sorted(kwargs.items()) if k != "progress"}
+    key = hashlib.sha256(
+        (source_digest(src) + json.dumps(options, sort_keys=True)).encode()
+    ).hexdigest()[:20]
+    built = _ROOT / key
+    _ROOT.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(_ROOT / f"{key}.lock")):
+        if not built.is_dir():
+            partial = _ROOT / f"{key}.building"
+            shutil.rmtree(partial, ignore_errors=True)
+            export_model(src, partial / "art", **kwargs)
+            (partial / "source.txt").write_text(str(src))
+            partial.rename(built)
+    shutil.copytree(built / "art", out, dirs_exist_ok=True)
+    _retarget_source(out, (built / "source.txt").read_text(), src)
+    return read_manifest(out, check_hashes=False)
+
+
+def _retarget_source(out: Path, built_from: str, src: Path) -> None:
+    manifest_file = out / "specport.json"
+    data = json.loads(manifest_file.read_text())
+    source = data.get("source")
+    if isinstance(source, dict) and source.get("path") == built_from and built_from != str(src):
+        source["path"] = str(src)
+        manifest_file.write_text(json.dumps(data, indent=2) + "\n")
