@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from specport.settings import shared_dir as _shared_dir
+from tests import export_cache
 from tests.fixtures import TinyZoo
 
 
@@ -18,6 +20,16 @@ def shared_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared data folder {path} is absent (set SPECPORT_SHARED to use it)")
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_exports(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One export per distinct (source, options) for the whole run, across xdist workers."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "export_cache"
+    export_cache.set_root(root)
+    yield
+    export_cache.set_root(None)
 
 
 _ZOOS: list[TinyZoo] = []

@@ -417,14 +417,14 @@ class TinyZoo:
         """An exported artifact of the tiny model (verified against PyTorch during export)."""
         import time
 
-        from specport.exporter.export import export_model
+        from tests.export_cache import cached_export
 
         key = (model_type, fuse)
         if key not in self._artifacts:
             tag = model_type.replace(":", "-")
             out = self.root / "art" / f"{tag}-{'fused' if fuse else 'plain'}"
             t0 = time.perf_counter()
-            manifest = export_model(  # the zoo checks the portable graph: concat on purpose
+            manifest = cached_export(  # the zoo checks the portable graph: concat on purpose
                 self.source(model_type), out, fuse=fuse, kv_layout="concat", progress=False
             )
             self.export_seconds[key] = time.perf_counter() - t0
@@ -434,12 +434,12 @@ class TinyZoo:
 
     def shared(self, model_type: str, tree_mask: bool = False) -> Path:
         """A `--kv-layout shared` export of the tiny model (with `--tree-mask` if asked)."""
-        from specport.exporter.export import export_model
+        from tests.export_cache import cached_export
 
         key = ("shared-tree" if tree_mask else "shared", model_type)
         if key not in self._shared:
             out = self.root / "art" / f"{model_type.replace(':', '-')}-{key[0]}"
-            export_model(
+            cached_export(
                 self.source(model_type),
                 out,
                 kv_layout="shared",

@@ -13,11 +13,11 @@ from tests.fixtures import TINY, make_llama
 
 @pytest.fixture(scope="module")
 def tiny_fused(tmp_path_factory):
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     hf = make_llama(tmp_path_factory.mktemp("bench_hf"), context_length=128, **TINY)
     out = tmp_path_factory.mktemp("bench_art") / "art"
-    export_model(hf, out, kv_layout="shared", progress=False)
+    cached_export(hf, out, kv_layout="shared", progress=False)
     return out
 
 

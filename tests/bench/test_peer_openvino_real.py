@@ -27,10 +27,10 @@ def test_openvino_fp32_greedy_tokens_equal_specport(shared_dir: Path, tmp_path) 
     import specport
     from specport import artifact as art
     from specport.bench.spec_peers import SpecPeer
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     # the conversion goes to the peers cache (content-keyed, size-bounded): reruns reuse it
-    export_model(source, tmp_path / "art", progress=False)
+    cached_export(source, tmp_path / "art", progress=False)
     model = specport.load(tmp_path / "art", threads=1)
     ids = model.encode(PROMPT)
     reference = model.generate(prompt_ids=ids, max_new_tokens=32).tokens

@@ -31,11 +31,11 @@ def test_peer_names_are_checked_before_any_model_loads() -> None:
 def test_speculative_bench_runs_genai_with_and_without_its_ngram(tmp_path, capsys, monkeypatch):
     pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
     from specport.cli import main
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     monkeypatch.setenv("SPECPORT_CACHE", str(tmp_path / "cache"))
     hf = make_llama(tmp_path / "hf", context_length=128, **TINY)
-    export_model(hf, tmp_path / "art", kv_layout="shared", progress=False)
+    cached_export(hf, tmp_path / "art", kv_layout="shared", progress=False)
     ids = ",".join(str(t) for t in COPY_IDS)
     args = ["bench", str(tmp_path / "art"), "--speculative", "ngram", "--prompt-ids", ids]
     args += ["--new-tokens", "12", "--runs", "1", "--threads", "1", "--json"]

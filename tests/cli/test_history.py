@@ -23,13 +23,13 @@ pytestmark = pytest.mark.slow  # the module fixture exports and quantizes a tiny
 def chain(tmp_path_factory):
     """float (exported by the library call, so without history) -> w4a16 rtn, through the CLI."""
     from specport.cli import main
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
     from tests.fixtures import TINY, make_llama
 
     root = tmp_path_factory.mktemp("history")
     hf = make_llama(root / "hf", context_length=128, **TINY)  # type: ignore[arg-type]
     float_art = root / "float"
-    export_model(hf, float_art, skip_verify=True, progress=False)
+    cached_export(hf, float_art, skip_verify=True, progress=False)
     rtn = root / "rtn"
     args = ["quantize", str(float_art), "--out", str(rtn), "--scheme", "w4a16", "--algo", "rtn"]
     assert main(args) == 0

@@ -13,14 +13,14 @@ pytestmark = pytest.mark.slow  # exports and quantizes a tiny model (~10 s)
 @pytest.fixture(scope="module")
 def kv8(tmp_path_factory) -> Path:
     """The tiny shared-layout Llama with an int8 KV cache, layer 1 kept in float32."""
-    from specport.exporter.export import export_model
     from specport.passes.quant.apply import quantize_artifact
+    from tests.export_cache import cached_export
     from tests.fixtures import TINY, make_llama
     from tests.passes.quant._tiny import write_corpus
 
     tmp = tmp_path_factory.mktemp("inspect_kv8")
     hf = make_llama(tmp / "hf", context_length=128, **TINY)  # type: ignore[arg-type]
-    export_model(hf, tmp / "fp32", skip_verify=True, progress=False, kv_layout="shared")
+    cached_export(hf, tmp / "fp32", skip_verify=True, progress=False, kv_layout="shared")
     calib = write_corpus(tmp / "calib.txt", docs=8)
     out = tmp / "kv8"
     quantize_artifact(

@@ -68,11 +68,11 @@ def shared_arts() -> dict[str, Path]:
 
 
 def shared_artifact(zoo: TinyZoo, arts: dict[str, Path], root: Path, arch: str) -> Path:
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     if arch not in arts:
         out = root / f"{arch}-shared"
-        export_model(
+        cached_export(
             zoo.source(arch), out, kv_layout="shared", max_length=SHARED_MAX, progress=False
         )
         arts[arch] = out
@@ -157,9 +157,9 @@ def variants(tiny_zoo: TinyZoo, tmp_path_factory) -> dict[str, Path]:
     """Variants genai runs through model.genai.onnx or its own KV dtype: int8 KV, tree mask, MTP."""
     import torch
 
-    from specport.exporter.export import export_model
     from specport.exporter.mtp_heads import MTPHeads
     from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from tests.export_cache import cached_export
     from tests.passes.quant._tiny import with_tokenizer, write_corpus
 
     root = tmp_path_factory.mktemp("variants")
@@ -167,7 +167,7 @@ def variants(tiny_zoo: TinyZoo, tmp_path_factory) -> dict[str, Path]:
     calib = write_corpus(root / "calib.txt", docs=12)
     src = with_tokenizer(plain, root / "tok")
     specport.quantize(src, root / "kv8", scheme="none", kv_cache="int8", calib_files=[calib])
-    export_model(tiny_zoo.source("llama"), root / "tree", tree_mask=True, progress=False)
+    cached_export(tiny_zoo.source("llama"), root / "tree", tree_mask=True, progress=False)
     torch.manual_seed(0)
     heads = MTPHeads(load_base(read_manifest(plain)), 2).eval()
     write_mtp_artifact(plain, heads, root / "mtp", {"source": "test"})
@@ -288,13 +288,13 @@ def test_genai_tokenizer_and_text_on_stories260k(
     """The real stories260K, from its HF directory and from llama2.c: genai reads the tokenizer
     files the artifact carries, encodes the reference prompt to the same ids as specport (with
     the tokenizer's own BOS), and greedy-decodes the known reference text."""
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     models = shared_dir / "models"
     if source == "hf":
-        export_model(models / "stories260K", tmp_path / "a", progress=False)
+        cached_export(models / "stories260K", tmp_path / "a", progress=False)
     else:
-        export_model(
+        cached_export(
             models / "llama2c" / "stories260K.bin",
             tmp_path / "a",
             tokenizer=models / "llama2c" / "tok512.bin",

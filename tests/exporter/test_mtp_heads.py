@@ -121,14 +121,14 @@ def test_deepseek_artifact_runs_checkpoint_mtp_branch(tmp_path):
     import numpy as np
 
     import specport
-    from specport.exporter.export import export_model
     from specport.exporter.mtp_train import train_mtp
     from specport.runtime.sampler import SamplingConfig
     from specport.runtime.speculative.loop import generate_speculative
+    from tests.export_cache import cached_export
     from tests.fixtures import build_tiny_model
 
     src = build_tiny_model("deepseek_v3", tmp_path / "src")
-    export_model(src, tmp_path / "art", fuse=False, skip_verify=True, progress=False)
+    cached_export(src, tmp_path / "art", fuse=False, skip_verify=True, progress=False)
     manifest = train_mtp(tmp_path / "art", tmp_path / "mtp", num_heads=3)
     assert manifest.mtp["heads"] == 1 and manifest.mtp["training"]["source"] == "checkpoint"
     base, mtp = specport.load(tmp_path / "art"), specport.load(tmp_path / "mtp")

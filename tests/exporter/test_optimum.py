@@ -70,9 +70,9 @@ def test_optimum_generates_specport_tokens(tiny_zoo: TinyZoo) -> None:
 def test_optimum_reads_the_real_tokenizer(shared_dir: Path, tmp_path: Path) -> None:
     """stories260K from its transformers-5 directory: Optimum's transformers 4.x tokenizer gives
     specport's ids (the artifact's tokenizer_config.json is in the form both read)."""
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
-    export_model(shared_dir / "models" / "stories260K", tmp_path / "a", progress=False)
+    cached_export(shared_dir / "models" / "stories260K", tmp_path / "a", progress=False)
     (result,) = _check([tmp_path / "a"])
     assert result["ok"], result
     assert result["optimum"]["encoded"] == [1, 403, 407, 261, 378]

@@ -26,10 +26,10 @@ def tiny_llama(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def shared_art(tiny_llama, tmp_path_factory):
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     out = tmp_path_factory.mktemp("shared_art") / "art"
-    export_model(tiny_llama, out, kv_layout="shared", max_length=MAX_LENGTH, progress=False)
+    cached_export(tiny_llama, out, kv_layout="shared", max_length=MAX_LENGTH, progress=False)
     return out
 
 
@@ -155,21 +155,21 @@ def test_default_max_length_is_context_capped():
     ],
 )
 def test_refuses_what_shared_cannot_do(tiny_llama, tmp_path, kwargs, match):
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     options = {"kv_layout": "shared", **kwargs}
     with pytest.raises(ExportError, match=match):
-        export_model(tiny_llama, tmp_path / "out", progress=False, **options)
+        cached_export(tiny_llama, tmp_path / "out", progress=False, **options)
     assert not (tmp_path / "out").exists()
 
 
 def test_refuses_head_dims_gqa_cannot_run(tmp_path):
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
     from tests.fixtures import TINY, make_llama
 
     hf = make_llama(tmp_path / "hf", context_length=64, **{**TINY, "num_attention_heads": 8})
     with pytest.raises(ExportError, match="multiple of 16.*--kv-layout concat"):
-        export_model(hf, tmp_path / "out", kv_layout="shared", progress=False)
+        cached_export(hf, tmp_path / "out", kv_layout="shared", progress=False)
     assert not (tmp_path / "out").exists()
 
 
@@ -190,11 +190,11 @@ SHARED_FAMILIES = [
 
 def test_auto_layout_keeps_concat_for_head_dims_gqa_cannot_run(tmp_path):
     from specport.commands.inspect import summarize
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
     from tests.fixtures import TINY, make_llama
 
     hf = make_llama(tmp_path / "hf", context_length=64, **{**TINY, "num_attention_heads": 8})
-    m = export_model(hf, tmp_path / "out", skip_verify=True, progress=False)  # auto
+    m = cached_export(hf, tmp_path / "out", skip_verify=True, progress=False)  # auto
     assert m.kv.layout == "concat"
     choice = m.extra["kv_layout_choice"]
     assert choice["requested"] == "auto" and "multiple of 16" in choice["reason"]
@@ -203,12 +203,12 @@ def test_auto_layout_keeps_concat_for_head_dims_gqa_cannot_run(tmp_path):
 
 @pytest.mark.slow
 def test_auto_layout_is_shared_where_the_fused_kernel_runs(tiny_llama, tmp_path):
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
-    m = export_model(tiny_llama, tmp_path / "a", skip_verify=True, progress=False)
+    m = cached_export(tiny_llama, tmp_path / "a", skip_verify=True, progress=False)
     assert m.kv.layout == "shared" and "fused attention" in m.extra["kv_layout_choice"]["reason"]
     for kwargs, why in (({"fuse": False}, "--no-fuse"), ({"target": "neutral"}, "target neutral")):
-        m = export_model(tiny_llama, tmp_path / why, skip_verify=True, progress=False, **kwargs)
+        m = cached_export(tiny_llama, tmp_path / why, skip_verify=True, progress=False, **kwargs)
         assert m.kv.layout == "concat" and why in m.extra["kv_layout_choice"]["reason"]
 
 
@@ -219,10 +219,10 @@ def test_shared_other_families(model_type, tmp_path):
     stays outside the attention op, position_ids kept), soft-capping, sliding and global
     layers with their own rope bases, layers without rope: verified and greedy ==
     transformers, every layer's attention one GroupQueryAttention."""
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     src = build_tiny_model(model_type, tmp_path / "src")
-    m = export_model(src, tmp_path / "art", kv_layout="shared", progress=False)
+    m = cached_export(src, tmp_path / "art", kv_layout="shared", progress=False)
     assert m.verify["ok"] and m.kv.layout == "shared"
     model = specport.load(tmp_path / "art", provider="cpu", threads=1)
     prompt = PROMPTS[2]

@@ -38,9 +38,9 @@ STORIES_TEXT = ", there was a little girl named Lily. She loved to play outside 
 
 
 def export_qnn(source: Path, out: Path, **kwargs) -> Path:
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
-    export_model(source, out, target="qnn", progress=False, **kwargs)
+    cached_export(source, out, target="qnn", progress=False, **kwargs)
     return out
 
 

@@ -38,9 +38,9 @@ def _params() -> list:
 
 
 def export_standard(source: Path, out: Path, **kwargs) -> Path:
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
-    export_model(source, out, target="standard", progress=False, **kwargs)
+    cached_export(source, out, target="standard", progress=False, **kwargs)
     return out
 
 
@@ -91,9 +91,9 @@ def test_standard_lowering_ops(tiny_zoo, tmp_path):
 
 
 def export_neutral(source: Path, out: Path) -> Path:
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
-    export_model(source, out, target="neutral", kv_layout="concat", progress=False)
+    cached_export(source, out, target="neutral", kv_layout="concat", progress=False)
     return out
 
 

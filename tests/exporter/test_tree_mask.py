@@ -15,12 +15,12 @@ from specport.errors import ExportError
 
 def tree_artifact(zoo: Any, fuse: bool) -> Path:
     """A --tree-mask export of the zoo's tiny Llama, cached on the zoo for the session."""
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     cache = zoo.__dict__.setdefault("tree_artifacts", {})
     if fuse not in cache:
         out = zoo.root / "art" / f"llama-tree-{'fused' if fuse else 'plain'}"
-        export_model(  # the traced tree (shared: tests/exporter/test_tree_mask_shared.py)
+        cached_export(  # the traced tree (shared: tests/exporter/test_tree_mask_shared.py)
             zoo.source("llama"), out, fuse=fuse, tree_mask=True, kv_layout="concat", progress=False
         )
         cache[fuse] = out
@@ -69,14 +69,14 @@ def _empty(sess: Any) -> list[np.ndarray]:
 
 
 def test_refuses_what_cannot_carry_a_tree(tmp_path):
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     with pytest.raises(ExportError, match="drop --no-fuse"):  # shared takes the tree fused
-        export_model(
+        cached_export(
             tmp_path / "none", tmp_path / "o", tree_mask=True, kv_layout="shared", fuse=False
         )
     with pytest.raises(ExportError, match="fuse_attention"):
-        export_model(
+        cached_export(
             tmp_path / "none",
             tmp_path / "o",
             tree_mask=True,
@@ -131,9 +131,9 @@ def test_sliding_layout():
 def test_sliding_window_model_verifies(tiny_zoo, tmp_path):
     """Tiny Mistral (window 8): export verification compares every causal case with the plain
     model and every tree node with a plain chain run, over sequences longer than the window."""
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
-    m = export_model(
+    m = cached_export(
         tiny_zoo.source("mistral"), tmp_path / "m", fuse=False, tree_mask=True, progress=False
     )
     assert m.verify["ok"] and m.verify["cases"][-1]["name"] == "tree_b2_past"

@@ -85,9 +85,9 @@ def test_tree_nodes_equal_their_root_to_leaf_chains(models):
 
 
 def test_auto_picks_shared_and_sliding_windows_keep_the_concat_tree(tiny_zoo, tmp_path):
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
-    m = export_model(
+    m = cached_export(
         tiny_zoo.source("llama"), tmp_path / "a", tree_mask=True, skip_verify=True, progress=False
     )
     assert m.kv.layout == "shared" and m.extra["kv_layout_choice"]["requested"] == "auto"
@@ -95,7 +95,7 @@ def test_auto_picks_shared_and_sliding_windows_keep_the_concat_tree(tiny_zoo, tm
     with pytest.raises(ExportError, match="sliding window"):
         specport.export(mistral, tmp_path / "o", kv_layout="shared", tree_mask=True, progress=False)
     assert not (tmp_path / "o").exists()
-    m = export_model(mistral, tmp_path / "m", tree_mask=True, skip_verify=True, progress=False)
+    m = cached_export(mistral, tmp_path / "m", tree_mask=True, skip_verify=True, progress=False)
     assert m.kv.layout == "concat" and "sliding" in m.extra["kv_layout_choice"]["reason"]
     assert TREE_MASK in {i["name"] for i in m.io["inputs"]}
 

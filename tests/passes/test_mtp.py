@@ -16,13 +16,13 @@ pytestmark = pytest.mark.slow  # exports a tiny decoder and an MTP branch (~10-3
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
     from specport.exporter import source as src_mod
-    from specport.exporter.export import export_model
     from specport.exporter.mtp_heads import MTPHeads, export_branch
+    from tests.export_cache import cached_export
     from tests.fixtures import build_tiny_model
 
     tmp = tmp_path_factory.mktemp("mtp_pass")
     src = build_tiny_model("llama", tmp / "src")
-    export_model(src, tmp / "art", fuse=False, skip_verify=True, progress=False)
+    cached_export(src, tmp / "art", fuse=False, skip_verify=True, progress=False)
     base = src_mod.load_model(src_mod.resolve(src))
     torch.manual_seed(0)
     heads = MTPHeads(base, 2).eval()

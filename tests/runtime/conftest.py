@@ -12,7 +12,7 @@ from tests.fixtures import TINY, make_llama
 
 @pytest.fixture(scope="session")
 def shared_model(tmp_path_factory: pytest.TempPathFactory) -> specport.api.Model:
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     # initializer_range 0.2: greedy output walks through varied tokens instead of a short loop
     hf = make_llama(
@@ -22,5 +22,5 @@ def shared_model(tmp_path_factory: pytest.TempPathFactory) -> specport.api.Model
         **TINY,
     )
     out: Path = tmp_path_factory.mktemp("engine_shared") / "art"
-    export_model(hf, out, kv_layout="shared", progress=False)
+    cached_export(hf, out, kv_layout="shared", progress=False)
     return specport.load(out, provider="cpu", threads=1)

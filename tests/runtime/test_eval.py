@@ -66,14 +66,14 @@ def test_stories260k_matches_transformers(shared_dir, tmp_path):
     """Real model: our ONNX perplexity vs transformers' own, same protocol, within 0.5%."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     src = shared_dir / "models" / "stories260K"
     text = shared_dir / "text" / "tinystories_valid_dev.txt"
     if not src.is_dir() or not text.is_file():
         pytest.skip("stories260K or the TinyStories text is absent from the shared folder")
     art = tmp_path / "s260"
-    export_model(src, art, progress=False)
+    cached_export(src, art, progress=False)
     r = perplexity(art, text, max_docs=40)
 
     hf_tok = AutoTokenizer.from_pretrained(str(src))
@@ -91,9 +91,9 @@ def test_stories260k_matches_transformers(shared_dir, tmp_path):
 @pytest.mark.slow
 def test_perplexity_on_a_shared_layout_artifact(tiny_zoo, tmp_path):
     """The in-place layout scores every position through logits_index: same numbers as torch."""
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
-    art = export_model(
+    art = cached_export(
         tiny_zoo.source("llama"), tmp_path / "s", kv_layout="shared", max_length=128, progress=False
     )
     assert art.kv.layout == "shared"

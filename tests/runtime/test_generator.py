@@ -25,19 +25,19 @@ def tiny_hf(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fused(tiny_hf, tmp_path_factory):
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     out = tmp_path_factory.mktemp("fused") / "art"
-    export_model(tiny_hf, out, kv_layout="shared", progress=False)
+    cached_export(tiny_hf, out, kv_layout="shared", progress=False)
     return specport.load(out, provider="cpu", threads=1)
 
 
 @pytest.fixture(scope="session")
 def plain(tiny_hf, tmp_path_factory):
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     out = tmp_path_factory.mktemp("plain") / "art"
-    export_model(tiny_hf, out, fuse=False, progress=False)
+    cached_export(tiny_hf, out, fuse=False, progress=False)
     return specport.load(out, provider="cpu", threads=1)
 
 
@@ -230,11 +230,11 @@ def test_runs_the_fusion_passes_shared_layout(plain, tmp_path):
 
 def test_shared_export_refuses_head_dims_gqa_cannot_run(tmp_path):
     from specport.errors import ExportError
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     hf = make_llama(
         tmp_path / "hf", context_length=64, **{**TINY, "num_attention_heads": 8}
     )  # head dim 8
     with pytest.raises(ExportError, match="multiple of 16"):
-        export_model(hf, tmp_path / "out", kv_layout="shared", progress=False)
+        cached_export(hf, tmp_path / "out", kv_layout="shared", progress=False)
     assert not (tmp_path / "out").exists()

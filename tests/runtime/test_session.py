@@ -28,15 +28,15 @@ def artifacts(tmp_path_factory) -> tuple[Path, Path]:
     """(base artifact, the same with 2 untrained MTP heads spliced into model.onnx)."""
     torch = pytest.importorskip("torch")
     from specport.artifact import read_manifest
-    from specport.exporter.export import export_model
     from specport.exporter.mtp_heads import MTPHeads
     from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from tests.export_cache import cached_export
     from tests.fixtures import build_tiny_model
 
     tmp = tmp_path_factory.mktemp("session_mtp")
     build_tiny_model("llama", tmp / "src")
     base = tmp / "base"
-    export_model(tmp / "src", base, fuse=False, skip_verify=True, progress=False)
+    cached_export(tmp / "src", base, fuse=False, skip_verify=True, progress=False)
     torch.manual_seed(0)
     heads = MTPHeads(load_base(read_manifest(base)), 2).eval()
     write_mtp_artifact(base, heads, tmp / "mtp", {"source": "test"})

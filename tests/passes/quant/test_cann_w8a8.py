@@ -26,10 +26,10 @@ from tests.passes.quant._tiny import with_tokenizer
 
 @pytest.fixture(scope="module")
 def cann_src(tiny_zoo, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     tmp = tmp_path_factory.mktemp("cann")
-    export_model(tiny_zoo.source("llama"), tmp / "raw", target="cann", progress=False)
+    cached_export(tiny_zoo.source("llama"), tmp / "raw", target="cann", progress=False)
     return with_tokenizer(tmp / "raw", tmp / "src")
 
 

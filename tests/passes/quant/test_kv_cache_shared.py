@@ -194,12 +194,12 @@ def test_scales_from_stats_granularities():
 
 @pytest.fixture(scope="module")
 def shared_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
     from tests.fixtures import TINY, make_llama
 
     tmp = tmp_path_factory.mktemp("kv8_shared")
     hf = make_llama(tmp / "hf", context_length=128, initializer_range=0.2, **TINY)  # type: ignore[arg-type]
-    export_model(hf, tmp / "fp32", kv_layout="shared", skip_verify=True, progress=False)
+    cached_export(hf, tmp / "fp32", kv_layout="shared", skip_verify=True, progress=False)
     return tmp / "fp32"
 
 

@@ -24,13 +24,13 @@ SIZES = {**TINY, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_siz
 
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     root = tmp_path_factory.mktemp("layout")
     hf = make_llama(root / "hf", context_length=128, **SIZES)
     concat, shared = root / "concat", root / "shared"
-    export_model(hf, concat, kv_layout="concat", progress=False)
-    export_model(hf, shared, kv_layout="shared", progress=False)
+    cached_export(hf, concat, kv_layout="concat", progress=False)
+    cached_export(hf, shared, kv_layout="shared", progress=False)
     return concat, shared, write_corpus(root / "calib.txt", docs=12, seed=0)
 
 

@@ -108,15 +108,15 @@ def test_export_quant_streams_to_the_same_weights_as_quantize(tmp_path: Path) ->
     import onnx
 
     import specport
-    from specport.exporter.export import export_model
     from specport.passes.quant.apply import quantize_artifact
+    from tests.export_cache import cached_export
     from tests.fixtures import build_tiny_model
 
     src = build_tiny_model("llama", tmp_path / "src")
-    m = export_model(src, tmp_path / "direct", quant="w4a8", progress=False)
+    m = cached_export(src, tmp_path / "direct", quant="w4a8", progress=False)
     assert m.quant["in_export"] and m.quant["scheme"] == "w4a8" and m.quant["embedding_bits"] == 8
     assert m.verify["skipped"] and "quantized" in m.verify["reason"]
-    export_model(src, tmp_path / "float", progress=False)
+    cached_export(src, tmp_path / "float", progress=False)
     quantize_artifact(tmp_path / "float", tmp_path / "two_step", "w4a8", None, "hqq")
 
     def blocks(d: Path) -> dict[str, np.ndarray]:

@@ -28,16 +28,16 @@ def arts(tmp_path_factory) -> dict[str, object]:
     import torch
 
     import specport
-    from specport.exporter.export import export_model
     from specport.exporter.mtp_heads import MTPHeads
     from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from tests.export_cache import cached_export
     from tests.fixtures import build_tiny_model
 
     tmp: Path = tmp_path_factory.mktemp("engine_spec_models")
     src = build_tiny_model("llama", tmp / "src")
     kw = dict(skip_verify=True, progress=False, kv_layout="shared", max_length=MAX_LENGTH)
-    export_model(src, tmp / "target", **kw)
-    export_model(src, tmp / "draft", layers=1, **kw)
+    cached_export(src, tmp / "target", **kw)
+    cached_export(src, tmp / "draft", layers=1, **kw)
     out = {name: specport.load(tmp / name, threads=1) for name in ("target", "draft")}
     torch.manual_seed(0)
     heads = MTPHeads(load_base(out["target"].manifest), 2).eval()  # type: ignore[attr-defined]

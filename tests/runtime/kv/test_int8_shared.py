@@ -39,19 +39,19 @@ def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     import torch
 
     import specport
-    from specport.exporter.export import export_model
     from specport.exporter.mtp_heads import MTPHeads
     from specport.exporter.mtp_train import load_base, write_mtp_artifact
     from specport.passes.quant.apply import quantize_artifact
+    from tests.export_cache import cached_export
     from tests.fixtures import TINY, make_llama
     from tests.passes.quant._tiny import write_corpus
 
     tmp: Path = tmp_path_factory.mktemp("kv8_runtime")
     hf = make_llama(tmp / "hf", context_length=128, initializer_range=0.2, **TINY)  # type: ignore[arg-type]
     kw = dict(skip_verify=True, progress=False, kv_layout="shared", max_length=MAX_LENGTH)
-    export_model(hf, tmp / "fp32", **kw)
-    export_model(hf, tmp / "draft", layers=1, **kw)
-    export_model(hf, tmp / "tree", tree_mask=True, **kw)
+    cached_export(hf, tmp / "fp32", **kw)
+    cached_export(hf, tmp / "draft", layers=1, **kw)
+    cached_export(hf, tmp / "tree", tree_mask=True, **kw)
     torch.manual_seed(0)
     fp32 = specport.load(tmp / "fp32", threads=1)
     heads = MTPHeads(load_base(fp32.manifest), 2).eval()

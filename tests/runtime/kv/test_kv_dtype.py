@@ -19,12 +19,12 @@ PROMPTS = [[1, 74, 75, 76, 90], [1, 100], [1, 5, 6, 7, 8, 9, 10, 11, 12]]
 
 @pytest.fixture(scope="module")
 def fp16_shared(tiny_zoo, tmp_path_factory):
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     out = tmp_path_factory.mktemp("kv_fp16") / "art"
     # target cuda: the float16 KV cache (a cpu-target artifact keeps attention in float32);
     # it runs on the CPU provider too
-    export_model(
+    cached_export(
         tiny_zoo.source("llama"),
         out,
         kv_layout="shared",

@@ -35,10 +35,10 @@ def tiny_server(tiny_model: Any):
 @pytest.fixture(scope="module")
 def batching(tiny_zoo: Any, tmp_path_factory: pytest.TempPathFactory):
     """The tiny Llama exported with the shared KV layout: make_engine picks continuous batching."""
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     art = tmp_path_factory.mktemp("serve_shared") / "art"
-    export_model(tiny_zoo.source("llama"), art, kv_layout="shared", progress=False)
+    cached_export(tiny_zoo.source("llama"), art, kv_layout="shared", progress=False)
     model = specport.load(art, threads=1)
     engine = _make_engine(model)
     server = serve(model, engine)
@@ -50,13 +50,13 @@ def batching(tiny_zoo: Any, tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def stories(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """stories260K served with a (test-only) chat template added to its artifact."""
-    from specport.exporter.export import export_model
+    from tests.export_cache import cached_export
 
     src = shared_dir / "models" / "stories260K"
     if not (src / "config.json").exists():
         pytest.skip(f"stories260K not found under {shared_dir}")
     art = tmp_path_factory.mktemp("serve_s260") / "s260"
-    export_model(src, art, fuse=False, skip_verify=True, progress=False)
+    cached_export(src, art, fuse=False, skip_verify=True, progress=False)
     (art / "chat_template.jinja").write_text(CHAT_TEMPLATE)  # not hashed: not in the manifest
     model = specport.load(art, threads=1)
     engine = _make_engine(model)
