@@ -32,10 +32,11 @@ def set_root(root: Path | None) -> None:
     _ROOT = root
 
 
-def source_digest(src: Path) -> str:
+def source_digest(src: Path, skip: tuple[str, ...] = ()) -> str:
     """A hash of a source file or of every file under a source folder (names and bytes)."""
     h = hashlib.sha256()
     files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+    files = [p for p in files if p.name not in skip]
     for path in files:
         h.update(str(path.relative_to(src) if path != src else path.name).encode())
         with path.open("rb") as f:
@@ -54,21 +55,63 @@ def cached_export(src: str | os.PathLike[str], out: str | os.PathLike[str], **kw
     if _ROOT is None or not src.exists():
         return export_model(src, out, **kwargs)
     options = {k: repr(v) for k, v in sorted(kwargs.items()) if k != "progress"}
-    key = hashlib.sha256(
-        (source_digest(src) + json.dumps(options, sort_keys=True)).encode()
-    ).hexdigest()[:20]
+    built = _build_once(
+        source_digest(src) + json.dumps(options, sort_keys=True),
+        lambda art: export_model(src, art, **kwargs),
+        str(src),
+    )
+    shutil.copytree(built / "art", out, dirs_exist_ok=True)
+    _retarget_source(out, (built / "source.txt").read_text(), src)
+    return read_manifest(out, check_hashes=False)
+
+
+def cached_mtp(
+    base: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    heads: int = 2,
+    seed: int = 0,
+    report: dict[str, Any] | None = None,
+) -> Any:
+    """``base`` with ``heads`` untrained MTP heads (``torch.manual_seed(seed)``, warm-started from
+    the base model as ``MTPHeads`` does) spliced in, as ``write_mtp_artifact`` writes it: built
+    once per run for each base model's bytes, then copied to ``out``. Returns the Manifest."""
+    import torch
+
+    from specport.artifact import read_manifest
+    from specport.exporter.mtp_heads import MTPHeads
+    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+
+    base, out = Path(base), Path(out)
+    report = {"source": "test"} if report is None else report
+
+    def write(art: Path) -> None:
+        torch.manual_seed(seed)
+        mtp = MTPHeads(load_base(read_manifest(base)), heads).eval()
+        write_mtp_artifact(base, mtp, art, report)
+
+    if _ROOT is None:
+        write(out)
+    else:
+        key = f"mtp {source_digest(base, skip=('specport.json',))} {heads} {seed} {report!r}"
+        built = _build_once(key, write, str(base))
+        shutil.copytree(built / "art", out, dirs_exist_ok=True)
+    return read_manifest(out, check_hashes=False)
+
+
+def _build_once(key_text: str, build: Any, source: str) -> Path:
+    """The folder holding ``art`` built by ``build(path)`` for ``key_text``, once per run."""
+    assert _ROOT is not None
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:20]
     built = _ROOT / key
     _ROOT.mkdir(parents=True, exist_ok=True)
     with FileLock(str(_ROOT / f"{key}.lock")):
         if not built.is_dir():
             partial = _ROOT / f"{key}.building"
             shutil.rmtree(partial, ignore_errors=True)
-            export_model(src, partial / "art", **kwargs)
-            (partial / "source.txt").write_text(str(src))
+            build(partial / "art")
+            (partial / "source.txt").write_text(source)
             partial.rename(built)
-    shutil.copytree(built / "art", out, dirs_exist_ok=True)
-    _retarget_source(out, (built / "source.txt").read_text(), src)
-    return read_manifest(out, check_hashes=False)
+    return built
 
 
 def _retarget_source(out: Path, built_from: str, src: Path) -> None:

@@ -283,16 +283,12 @@ def test_plain_decode_bytes_leave_out_an_mtp_branch(tiny_fused, tmp_path):
     """Plain decoding runs without the MTP heads (stripped at load), so the bytes per token and
     the kernel floor of an MTP artifact are those of its base; the heads are reported apart."""
     import onnx
-    import torch
 
     from specport.bench.hardware import bytes_per_token
     from specport.bench.kernel_floor import floor_graph
-    from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from tests.export_cache import cached_mtp
 
-    torch.manual_seed(0)
-    heads = MTPHeads(load_base(art.read_manifest(tiny_fused)), 2).eval()
-    write_mtp_artifact(tiny_fused, heads, tmp_path / "mtp", {"source": "test"})
+    cached_mtp(tiny_fused, tmp_path / "mtp")
     base = bytes_per_token(tiny_fused / "model.onnx")
     mtp_model = tmp_path / "mtp" / "model.onnx"
     with_heads = bytes_per_token(mtp_model)

@@ -155,11 +155,8 @@ def test_genai_runs_4bit_artifacts(quantized: dict[str, Path], name: str) -> Non
 @pytest.fixture(scope="module")
 def variants(tiny_zoo: TinyZoo, tmp_path_factory) -> dict[str, Path]:
     """Variants genai runs through model.genai.onnx or its own KV dtype: int8 KV, tree mask, MTP."""
-    import torch
 
-    from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
-    from tests.export_cache import cached_export
+    from tests.export_cache import cached_export, cached_mtp
     from tests.passes.quant._tiny import with_tokenizer, write_corpus
 
     root = tmp_path_factory.mktemp("variants")
@@ -168,9 +165,7 @@ def variants(tiny_zoo: TinyZoo, tmp_path_factory) -> dict[str, Path]:
     src = with_tokenizer(plain, root / "tok")
     specport.quantize(src, root / "kv8", scheme="none", kv_cache="int8", calib_files=[calib])
     cached_export(tiny_zoo.source("llama"), root / "tree", tree_mask=True, progress=False)
-    torch.manual_seed(0)
-    heads = MTPHeads(load_base(read_manifest(plain)), 2).eval()
-    write_mtp_artifact(plain, heads, root / "mtp", {"source": "test"})
+    cached_mtp(plain, root / "mtp")
     return {"kv8": root / "kv8", "tree": root / "tree", "mtp": root / "mtp"}
 
 

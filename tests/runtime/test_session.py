@@ -26,20 +26,15 @@ MTP_OUTPUTS = {"mtp_accepted", "mtp_bonus", "mtp_drafts"}
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory) -> tuple[Path, Path]:
     """(base artifact, the same with 2 untrained MTP heads spliced into model.onnx)."""
-    torch = pytest.importorskip("torch")
-    from specport.artifact import read_manifest
-    from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
-    from tests.export_cache import cached_export
+    pytest.importorskip("torch")
+    from tests.export_cache import cached_export, cached_mtp
     from tests.fixtures import build_tiny_model
 
     tmp = tmp_path_factory.mktemp("session_mtp")
     build_tiny_model("llama", tmp / "src")
     base = tmp / "base"
     cached_export(tmp / "src", base, fuse=False, skip_verify=True, progress=False)
-    torch.manual_seed(0)
-    heads = MTPHeads(load_base(read_manifest(base)), 2).eval()
-    write_mtp_artifact(base, heads, tmp / "mtp", {"source": "test"})
+    cached_mtp(base, tmp / "mtp")
     return base, tmp / "mtp"
 
 

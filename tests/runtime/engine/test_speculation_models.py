@@ -25,12 +25,9 @@ NEW = [24, 20, 16, 22, 18]
 
 @pytest.fixture(scope="module")
 def arts(tmp_path_factory) -> dict[str, object]:
-    import torch
 
     import specport
-    from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
-    from tests.export_cache import cached_export
+    from tests.export_cache import cached_export, cached_mtp
     from tests.fixtures import build_tiny_model
 
     tmp: Path = tmp_path_factory.mktemp("engine_spec_models")
@@ -39,9 +36,7 @@ def arts(tmp_path_factory) -> dict[str, object]:
     cached_export(src, tmp / "target", **kw)
     cached_export(src, tmp / "draft", layers=1, **kw)
     out = {name: specport.load(tmp / name, threads=1) for name in ("target", "draft")}
-    torch.manual_seed(0)
-    heads = MTPHeads(load_base(out["target"].manifest), 2).eval()  # type: ignore[attr-defined]
-    write_mtp_artifact(tmp / "target", heads, tmp / "mtp", {"source": "test"})
+    cached_mtp(tmp / "target", tmp / "mtp")
     out["mtp"] = specport.load(tmp / "mtp", threads=1)
     return out
 

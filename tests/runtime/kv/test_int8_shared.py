@@ -36,13 +36,10 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    import torch
 
     import specport
-    from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
     from specport.passes.quant.apply import quantize_artifact
-    from tests.export_cache import cached_export
+    from tests.export_cache import cached_export, cached_mtp
     from tests.fixtures import TINY, make_llama
     from tests.passes.quant._tiny import write_corpus
 
@@ -52,10 +49,8 @@ def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     cached_export(hf, tmp / "fp32", **kw)
     cached_export(hf, tmp / "draft", layers=1, **kw)
     cached_export(hf, tmp / "tree", tree_mask=True, **kw)
-    torch.manual_seed(0)
     fp32 = specport.load(tmp / "fp32", threads=1)
-    heads = MTPHeads(load_base(fp32.manifest), 2).eval()
-    write_mtp_artifact(tmp / "fp32", heads, tmp / "mtp", {"source": "test"})
+    cached_mtp(tmp / "fp32", tmp / "mtp")
     calib = [write_corpus(tmp / "calib.txt", docs=16)]
     for name in ("fp32", "mtp", "tree"):
         quantize_artifact(
