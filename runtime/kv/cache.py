@@ -13,23 +13,25 @@ row r's valid positions. Everything a decode step needs is a method:
   index)``: keep exactly these positions (a tree's accepted path), ``copy_prefix(src, dst,
   n)`` / ``swap(a, b)``: the prefix cache, ``free(row)``.
 
-``SharedKVCache`` is the one implementation: one preallocated buffer [R, Hkv, T, D] per layer
-(the artifact's ``shared`` layout), written in place by onnxruntime's fused attention through
-IO binding (``kv.iobinding.BoundSession``, its private detail: a batch-b binding of rows
-[0, b) and a batch-1 binding of each row's own contiguous view). Rolling back only moves a
-length; no KV is copied except by ``copy_prefix``, ``swap`` and a tree's ``keep_positions``.
+Two implementations, chosen by the artifact's layout (``open_kv_cache``). ``SharedKVCache``:
+one preallocated buffer [R, Hkv, T, D] per layer (the artifact's ``shared`` layout), written
+in place by onnxruntime's fused attention through IO binding (``kv.iobinding.BoundSession``,
+its private detail: a batch-b binding of rows [0, b) and a batch-1 binding of each row's own
+contiguous view). Rolling back only moves a length; no KV is copied except by
+``copy_prefix``, ``swap`` and a tree's ``keep_positions``.
 
-The ``concat`` layout (past in, present out) is not behind this interface: it stays a
-runtime path with its own batch-1 sequence cache (``seq_cache.ConcatCache``) and batched loops,
-because some models can only run that way (onnxruntime's fused attention, which the in-place
-buffers need, refuses e.g. stories260K's head dim of 8, so ``--kv-layout auto`` exports it
-concat) and because Optimum / onnxruntime-genai format artifacts arrive that way. Measured
-(SmolLM2-135M fp32, plain greedy decode at batch 1, one thread, both layouts interleaved,
-2026-11-27 on the 2-core AVX2 machine at load average 8-9): CPU time per new token 53.3 ms
-shared vs 58.2 ms concat (thread CPU time, robust to the load), wall 3.58 vs 3.10 tok/s
-(medians of 3 rounds; an earlier wall-only run at load 9 read 2.03 vs 2.61, inside the
-noise of that load): the shared layout is the faster path wherever it runs, concat stays for
-the models and tools that need it.
+``kv.concat_cache.ConcatKVCache``: the ``concat`` layout (past in, present out) behind the
+same interface, rows left-padded in one tensor per layer that the graph's presents replace
+each step (a rollback moves a length; the next batched step realigns the rows). Concat stays
+a runtime path because some models can only run that way (onnxruntime's fused attention,
+which the in-place buffers need, refuses e.g. stories260K's head dim of 8, so ``--kv-layout
+auto`` exports it concat) and because Optimum / onnxruntime-genai format artifacts arrive
+that way. Measured (SmolLM2-135M fp32, plain greedy decode at batch 1, one thread, both
+layouts interleaved, 2026-11-27 on the 2-core AVX2 machine at load average 8-9): CPU time per
+new token 53.3 ms shared vs 58.2 ms concat (thread CPU time, robust to the load), wall 3.58 vs
+3.10 tok/s (medians of 3 rounds; an earlier wall-only run at load 9 read 2.03 vs 2.61, inside
+the noise of that load): the shared layout is the faster path wherever it runs, concat stays
+for the models and tools that need it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ class KVCache(Protocol):
     max_length: int
     lengths: np.ndarray  # [rows] int64
     ort_seconds: float  # time inside onnxruntime so far
+    session: Any  # the session it runs
+    has_tree: bool  # the graph takes a tree mask (token trees through ``step_row``)
+
+    def reset(self) -> None: ...
 
     def step(self, ids: np.ndarray, live: np.ndarray) -> StepOut: ...
 
@@ -220,6 +226,19 @@ class SharedKVCache:
     def free(self, row: int) -> None:
         """Forget row ``row`` (its buffer is overwritten by the next request there)."""
         self.lengths[row] = 0
+
+
+def open_kv_cache(session: Any, manifest: Manifest, rows: int, max_length: int) -> KVCache:
+    """The KV cache for the artifact's layout: ``shared`` in-place buffers or ``concat``."""
+    layout = manifest.kv.layout
+    if layout == "shared":
+        return SharedKVCache(session, manifest, rows, max_length)
+    if layout == "concat":
+        # imported here: concat_cache builds on this module's StepOut
+        from specport.runtime.kv.concat_cache import ConcatKVCache
+
+        return ConcatKVCache(session, manifest, rows, max_length)
+    raise ArtifactError(f"KV layout {layout!r} is not supported by this runtime; upgrade specport.")
 
 
 def takes_batched_steps(model_file: Path) -> bool:

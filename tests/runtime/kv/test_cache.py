@@ -1,12 +1,24 @@
-"""The KV interface (SharedKVCache): prefill in chunks on a row's own view equals one full prefill;
-rows stay independent; a prefix copies between rows; a tree's path is kept in place."""
+"""The KV interface on both layouts.
+
+SharedKVCache: prefill in chunks on a row's own view equals one full prefill; rows stay
+independent; a prefix copies between rows; a tree's path is kept in place. ConcatKVCache: every
+live row's query attends to exactly its own positions, in order, through any mix of batched
+steps, rollbacks, rows run alone, parked, freed, copied and swapped (a fake graph that reports
+what each query sees), and a real concat graph's scores equal a one-run reference per row."""
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
-from specport.runtime.kv.cache import SharedKVCache
+import numpy as np
+import pytest
+
+from specport.artifact import KVLayout, Manifest
+from specport.errors import ContextLengthError, InputError
+from specport.runtime.kv.cache import SharedKVCache, open_kv_cache
+from specport.runtime.kv.concat_cache import ConcatKVCache
 from specport.runtime.kv.iobinding import BoundSession
+from specport.runtime.kv.seq_cache import ConcatCache
 
 PROMPT = np.array([1, 5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43, 44, 45, 46, 47], dtype=np.int64)
 
@@ -69,3 +81,160 @@ def _extend(slots, row, ids):
     """A prompt chunk on one row: the last position's logits [V] and greedy id."""
     out = slots.step_row(row, ids, last_only=True)
     return out.logits[0, -1].copy(), (None if out.greedy is None else int(out.greedy[0, -1]))
+
+
+# ---------------------------------------------------------------- the concat layout
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class FakeConcatGraph:
+    """A concat graph whose keys are (position, token) and whose run records, per row and
+    query, the (position, token) keys it may attend to (mask and causality)."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[list[tuple[int, int]]]] = []
+        self.runs = 0
+
+    def get_inputs(self) -> list[_Named]:
+        return [_Named(n) for n in ("input_ids", "attention_mask", "position_ids", "k0", "v0")]
+
+    def get_outputs(self) -> list[_Named]:
+        return [_Named(n) for n in ("logits", "pk0", "pv0")]
+
+    def run(self, names: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        ids, mask, pos = feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"]
+        past = feeds["k0"]
+        b, s = ids.shape
+        w = past.shape[2]
+        assert mask.shape == (b, w + s) and pos.shape == (b, s) and feeds["v0"].shape == past.shape
+        new = np.stack([pos, ids], axis=-1).astype(np.float32)[:, None]  # [b, 1, S, 2]
+        keys = np.concatenate([past, new], axis=2)
+        self.seen = [
+            [
+                [
+                    (int(keys[r, 0, j, 0]), int(keys[r, 0, j, 1]))
+                    for j in range(w + i + 1)
+                    if mask[r, j]
+                ]
+                for i in range(s)
+            ]
+            for r in range(b)
+        ]
+        self.runs += 1
+        return [np.zeros((b, s, 16), np.float32), keys, keys.copy()]
+
+
+def _fake_cache(rows: int, max_length: int = 64) -> tuple[ConcatKVCache, FakeConcatGraph]:
+    layout = KVLayout(
+        inputs=[["k0", "v0"]], outputs=[["pk0", "pv0"]], num_heads=[1], key_dim=[2], value_dim=[2]
+    )
+    manifest = Manifest("llama", {"vocab_size": 16, "context_length": 64}, {}, layout)
+    graph = FakeConcatGraph()
+    return ConcatKVCache(graph, manifest, rows, max_length), graph
+
+
+class _Rows:
+    """The test's own record of each row's (position, token) keys, checked against the graph."""
+
+    def __init__(self, cache: ConcatKVCache, graph: FakeConcatGraph) -> None:
+        self.cache, self.graph = cache, graph
+        self.keys: list[list[tuple[int, int]]] = [[] for _ in range(cache.rows)]
+
+    def step_row(self, row: int, ids: list[int]) -> None:
+        n = len(self.keys[row])
+        self.cache.step_row(row, np.array(ids))
+        fed = [(n + i, t) for i, t in enumerate(ids)]
+        assert self.graph.seen[0] == [self.keys[row] + fed[: i + 1] for i in range(len(ids))]
+        self.keys[row] += fed
+
+    def step(self, ids: list[list[int]], live: list[bool]) -> None:
+        self.cache.step(np.array(ids), np.array(live))
+        for r, (row_ids, on) in enumerate(zip(ids, live)):
+            if not on:
+                continue
+            n = len(self.keys[r])
+            fed = [(n + i, t) for i, t in enumerate(row_ids)]
+            want = [self.keys[r] + fed[: i + 1] for i in range(len(row_ids))]
+            assert self.graph.seen[r] == want, (r, self.graph.seen[r], want)
+            self.keys[r] += fed
+        assert self.cache.lengths.tolist() == [len(k) for k in self.keys]
+
+    def keep(self, row: int, n: int) -> None:
+        self.cache.keep(row, n)
+        self.keys[row] = self.keys[row][:n]
+
+
+def test_concat_rows_attend_to_their_own_positions_through_every_operation():
+    cache, graph = _fake_cache(3)
+    rows = _Rows(cache, graph)
+    rows.step_row(0, [5, 6, 7, 8, 9])  # a prompt alone
+    rows.step_row(2, [3, 4])
+    rows.step([[1, 2, 3], [4, 5, 6], [7, 8, 9]], [True, True, True])  # row 1 starts empty
+    runs = graph.runs
+    rows.step([[10], [11], [12]], [True, True, True])  # plain decode on aligned rows
+    assert graph.runs == runs + 1
+    rows.keep(0, 7)  # drafts rejected: rows end at different slots
+    rows.keep(1, 2)
+    rows.step([[1, 2], [3, 4], [5, 6]], [True, False, True])  # realigned; row 1 sits out
+    rows.keep(2, len(rows.keys[2]) - 1)
+    rows.step([[7, 8, 9, 10], [11, 12, 13, 14]], [True, True])  # row 2 past the batch: parked
+    rows.step([[1], [2], [3]], [True, True, True])  # and merged back
+    cache.keep_positions(1, np.array([0, 1, 3, 5]))  # a tree's path
+    rows.keys[1] = [rows.keys[1][i] for i in (0, 1, 3, 5)]
+    rows.step([[4, 5], [6, 7], [8, 9]], [True, True, True])
+    cache.free(0)
+    rows.keys[0] = []
+    rows.step([[1], [2], [3]], [False, True, True])
+    cache.copy_prefix(2, 0, 4)
+    rows.keys[0] = rows.keys[2][:4]
+    cache.swap(1, 2)
+    rows.keys[1], rows.keys[2] = rows.keys[2], rows.keys[1]
+    rows.step([[1, 2], [3, 4], [5, 6]], [True, True, True])
+    rows.step_row(1, [9])
+    rows.step([[1], [2], [3]], [True, True, True])
+    assert cache.width - int(cache.lengths.max()) <= 32  # the common padding stays bounded
+
+
+def test_concat_cache_limits_and_errors():
+    cache, _ = _fake_cache(2, max_length=4)
+    cache.step_row(0, np.array([1, 2, 3, 4]))
+    assert not cache.fits(1, 1) and cache.fits(2, 0)
+    with pytest.raises(ContextLengthError, match="full"):
+        cache.step(np.array([[1], [2]]), np.array([True, True]))
+    with pytest.raises(InputError, match="--tree-mask"):
+        cache.step_row(1, np.array([1, 2]), tree=(np.array([0, 1]), np.tri(2)))
+    cache.reset()
+    assert cache.lengths.tolist() == [0, 0]
+
+
+def test_concat_cache_scores_equal_one_run_per_row(tiny_llama_artifact):
+    """A real concat graph: ragged rows, rollbacks and rows sitting out; every live row's
+    scores equal one run over its own tokens, and the factory picks the concat cache."""
+    import specport
+
+    m = specport.load(tiny_llama_artifact, threads=1)
+    cache = open_kv_cache(m.session, m.manifest, 3, 64)
+    assert isinstance(cache, ConcatKVCache)
+    rng = np.random.default_rng(0)
+    tokens: list[list[int]] = [[], [], []]
+    for r, n in enumerate((6, 1, 3)):
+        ids = rng.integers(3, 200, size=n).tolist()
+        cache.step_row(r, np.array(ids), last_only=True)
+        tokens[r] += ids
+    for _ in range(8):
+        s = int(rng.integers(1, 5))
+        live = rng.random(3) < 0.8
+        live[int(rng.integers(3))] = True
+        ids = rng.integers(3, 200, size=(3, s))
+        out = cache.step(ids, live)
+        for r in np.flatnonzero(live).tolist():
+            seq = tokens[r] + ids[r].tolist()
+            want = ConcatCache(m.session, m.manifest).step(seq).logits[-s:]
+            np.testing.assert_allclose(out.logits[r], want, atol=1e-4, rtol=1e-4)
+            kept = len(tokens[r]) + int(rng.integers(1, s + 1))  # accepted some of the S
+            cache.keep(r, kept)
+            tokens[r] = seq[:kept]

@@ -1,0 +1,259 @@
+"""The concat layout behind the KV interface: rows x positions over past-in, present-out graphs.
+
+A concat graph takes each layer's past [B, Hkv, W, D] with ``attention_mask`` [B, W+S] and
+explicit ``position_ids`` [B, S], and returns the presents [B, Hkv, W+S, D] (past + new). Rows
+of different lengths share one run by left padding: row r's ``lengths[r]`` positions lie
+right-aligned at [W - lengths[r], W) and the mask hides the rest, so the new tokens of every
+row land at [W, W+S) and the presents are directly the next step's past. Left padding keeps
+the distances between a row's positions those of a run of its own (sliding windows count
+slots), which a mask with holes in the middle would not.
+
+What costs a copy, and when:
+
+* a batched step where every live row is right-aligned (plain decoding, every draft
+  accepted): none; the presents become the cache;
+* a rollback (``keep``) only moves the row's length: its kept positions then end before the
+  others', and the next batched step realigns them, in one slice (every live row ends at the
+  same slot: onnxruntime packs the strided view it is fed) or one copy per row and tensor
+  into a fresh left-padded tensor, the same work the batched speculative loop's rebuild did
+  after every step;
+* a row run alone (``step_row``: a prompt, a token tree) is fed its own positions and keeps its
+  presents apart until the next batched step merges it.
+
+Rows that take no part in a step (finished or free) are fed harmless tokens whose keys and
+values lie past their valid positions, and rows past the step's batch are parked apart (once)
+when the step's presents replace the tensor. Pad slots hold finite stale values: every fed
+query attends to at least itself, so nothing NaN is ever computed into them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specport.artifact import Manifest
+from specport.contract import TREE_MASK, causal_tree_mask
+from specport.errors import ArtifactError, ContextLengthError, InputError
+from specport.runtime.kv.cache import StepOut
+
+# the common left padding a batched step may carry before the cache is rebuilt without it
+MAX_SLACK = 32
+
+
+class ConcatKVCache:
+    """``rows`` rows of up to ``max_length`` positions over a concat-layout session (see the
+    module docstring). Implements ``kv.cache.KVCache``."""
+
+    def __init__(self, session: Any, manifest: Manifest, rows: int, max_length: int) -> None:
+        if manifest.kv.layout != "concat":
+            raise ArtifactError("the concat KV cache needs a `concat` KV layout artifact.")
+        kv = manifest.kv
+        self.session, self.manifest = session, manifest
+        self.rows, self.max_length = rows, max_length
+        self.names = [name for pair in kv.inputs for name in pair]
+        self.n_kv = len(self.names)
+        self.output_names = [o.name for o in session.get_outputs()]
+        self._extra = self.output_names[1 + self.n_kv :]
+        io = manifest.extra.get("runtime", {}) if isinstance(manifest.extra, dict) else {}
+        greedy = io.get("next_token_output", "next_token")
+        self._greedy = greedy if greedy in self._extra else None
+        self.has_tree = TREE_MASK in {i.name for i in session.get_inputs()}  # --tree-mask
+        self._empty: list[np.ndarray] = []  # [0, Hkv, 0, D] per tensor (shapes and dtypes)
+        for heads, kd, vd, dt in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes()):
+            self._empty += [np.zeros((0, heads, 0, kd), dt), np.zeros((0, heads, 0, vd), dt)]
+        self.lengths = np.zeros(rows, dtype=np.int64)
+        self.ort_seconds = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        """Every row empty."""
+        self.lengths[:] = 0
+        self.ort_seconds = 0.0
+        self._past: list[np.ndarray] = list(self._empty)  # [n, Hkv, W, D]: rows [0, n)
+        self._start = np.zeros(self.rows, dtype=np.int64)  # row r's first slot in _past
+        self._apart: dict[int, list[np.ndarray]] = {}  # rows held outside _past [1, Hkv, >=L, D]
+
+    @property
+    def width(self) -> int:
+        """W: the slots per row of the batched tensor."""
+        return int(self._past[0].shape[2])
+
+    # ---- runs -----------------------------------------------------------------------
+    def step(self, ids: np.ndarray, live: np.ndarray) -> StepOut:
+        """ids [b, S] after the valid positions of rows [0, b), one run; live [b] bool rows
+        advance by S, the others keep their positions (their fed tokens are dropped)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        live = np.asarray(live, dtype=bool)
+        batch, s = ids.shape
+        lengths = self.lengths[:batch]
+        if int(lengths[live].max(initial=0)) + s > self.max_length and s == 1:
+            raise ContextLengthError(f"KV cache full ({self.max_length} positions).")
+        if not self._aligned(batch, live):
+            self._rebuild(batch, live)
+        self._park(batch)
+        w = self.width
+        held = np.where(live, lengths, 0)  # a row out of the step attends to nothing past
+        mask = np.ones((batch, w + s), dtype=np.int64)
+        mask[:, :w] = np.arange(w)[None, :] >= (w - held)[:, None]
+        last = self.manifest.context_length - 1  # padding past the window: the last slot
+        positions = np.minimum(lengths[:, None] + np.arange(s)[None, :], last)
+        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        feeds.update(zip(self.names, self._past[: self.n_kv]))
+        if self.has_tree:
+            feeds[TREE_MASK] = causal_tree_mask(batch, s)
+        out = self._run(feeds)
+        self._past = out[1 : 1 + self.n_kv]  # [b, Hkv, W+S, D]: aligned rows stay aligned
+        self._start[:batch] = np.where(live, w - lengths, self._start[:batch])
+        lengths += np.where(live, s, 0)
+        return self._out(out)
+
+    def step_row(
+        self, row: int, ids: np.ndarray, last_only: bool = False, tree: Any = None
+    ) -> StepOut:
+        """ids [S] after row ``row``'s valid positions, alone at batch 1 (a prompt, a token
+        tree through the graph's tree mask: ``tree`` = (depths [S], ancestor mask [S, S])).
+        Returns logits [1, S or 1, V]; the row advances by S."""
+        ids = np.asarray(ids, dtype=np.int64)
+        s, n = int(ids.shape[0]), int(self.lengths[row])
+        feeds: dict[str, np.ndarray] = {
+            "input_ids": ids[None, :],
+            "attention_mask": np.ones((1, n + s), dtype=np.int64),
+        }
+        feeds.update(zip(self.names, self._row(row)))
+        if tree is not None:
+            if not self.has_tree:
+                raise InputError(
+                    "token-tree verification needs an artifact exported with --tree-mask; "
+                    "re-export with `specport export MODEL --out DIR --tree-mask`."
+                )
+            depths, ancestors = tree
+            feeds["position_ids"] = (n + np.asarray(depths, dtype=np.int64))[None, :]
+            feeds[TREE_MASK] = np.asarray(ancestors, dtype=np.int64)[None]
+        else:
+            feeds["position_ids"] = np.arange(n, n + s, dtype=np.int64)[None, :]
+            if self.has_tree:
+                feeds[TREE_MASK] = causal_tree_mask(1, s)
+        out = self._run(feeds)
+        self._apart[row] = out[1 : 1 + self.n_kv]  # [1, Hkv, n+S, D]
+        self.lengths[row] = n + s
+        result = self._out(out)
+        if last_only:
+            greedy = None if result.greedy is None else result.greedy[:, -1:]
+            return StepOut(result.logits[:, -1:], greedy, result.outputs)
+        return result
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import time
+
+        t0 = time.perf_counter()
+        out = self.session.run(self.output_names, feeds)
+        self.ort_seconds += time.perf_counter() - t0
+        return list(out)
+
+    def _out(self, out: list[np.ndarray]) -> StepOut:
+        extra = dict(zip(self._extra, out[1 + self.n_kv :]))
+        greedy = extra.pop(self._greedy) if self._greedy is not None else None
+        return StepOut(out[0], greedy, extra)
+
+    # ---- where each row's positions are ---------------------------------------------
+    def _rows_in_tensor(self) -> int:
+        return int(self._past[0].shape[0])
+
+    def _aligned(self, batch: int, live: np.ndarray) -> bool:
+        """Can rows [0, batch) run on the tensor as it is? Every live row must sit in it and
+        end at W (or be empty), and the common padding must stay small."""
+        if self._rows_in_tensor() < batch:
+            return False
+        if self._apart and any(r in self._apart for r in np.flatnonzero(live).tolist()):
+            return False
+        w = self.width
+        lengths = self.lengths[:batch]
+        ends = self._start[:batch] + lengths
+        if not bool(((ends == w) | (lengths == 0) | ~live).all()):
+            return False
+        return w - int(lengths[live].max(initial=0)) <= MAX_SLACK
+
+    def _row(self, row: int) -> list[np.ndarray]:
+        """Row ``row``'s valid positions, [1, Hkv, L, D] per tensor (views)."""
+        n = int(self.lengths[row])
+        if row in self._apart:
+            return [p[:, :, :n] for p in self._apart[row]]
+        if row >= self._rows_in_tensor() or n == 0:
+            return self._zeros(1)
+        a = int(self._start[row])
+        return [p[row : row + 1, :, a : a + n] for p in self._past]
+
+    def _zeros(self, batch: int, width: int = 0) -> list[np.ndarray]:
+        return [np.zeros((batch, e.shape[1], width, e.shape[3]), e.dtype) for e in self._empty]
+
+    def _rebuild(self, batch: int, live: np.ndarray) -> None:
+        """Live rows of [0, batch) left-padded, right-aligned at W = the longest (rows held
+        apart merged); rows out of the step that hold positions move apart, once.
+
+        When every live row ends at the same slot (rows that accepted as many drafts), the new
+        tensor is one view of the old one; otherwise one copy per row and tensor."""
+        inside = self._rows_in_tensor()
+        for r in range(min(batch, inside)):
+            if not live[r] and self.lengths[r] > 0 and r not in self._apart:
+                self._apart[r] = [np.array(p) for p in self._row(r)]
+        self._park(batch)
+        lengths = self.lengths[:batch]
+        w = int(lengths[live].max(initial=0))
+        held = [r for r in np.flatnonzero(live & (lengths > 0)).tolist()]
+        if inside == batch and held and not any(r in self._apart for r in held):
+            ends = {int(self._start[r] + lengths[r]) for r in held}
+            if len(ends) == 1:
+                end = ends.pop()
+                self._past = [p[:, :, end - w : end] for p in self._past]
+                self._start[:batch] -= end - w
+                return
+        past = self._zeros(batch, w)
+        for r in held:
+            n = int(lengths[r])
+            for dst, src in zip(past, self._row(r)):
+                dst[r, :, w - n :] = src[0]
+            self._apart.pop(r, None)
+        self._past = past
+        self._start[:batch] = np.where(live, w - lengths, 0)
+
+    def _park(self, batch: int) -> None:
+        """Rows of the tensor past ``batch`` that hold positions move apart (one copy each):
+        the step's presents cover rows [0, batch) only."""
+        for r in range(batch, self._rows_in_tensor()):
+            if self.lengths[r] > 0 and r not in self._apart:
+                self._apart[r] = [np.array(p) for p in self._row(r)]
+
+    # ---- lengths and positions ------------------------------------------------------
+    def fits(self, batch: int, s: int) -> bool:
+        """Every row of [0, batch) has room for ``s`` more positions."""
+        return bool((self.lengths[:batch] + s <= self.max_length).all())
+
+    def keep(self, row: int, positions: int) -> None:
+        """Roll row ``row`` back to its first ``positions`` positions (no KV is copied here;
+        the next batched step realigns the row)."""
+        self.lengths[row] = min(int(self.lengths[row]), positions)
+
+    def keep_positions(self, row: int, index: np.ndarray) -> None:
+        """Keep exactly these positions of ``row``, in this order (a tree's accepted path):
+        a gather of the row's positions, held apart until the next batched step."""
+        index = np.asarray(index, dtype=np.int64)
+        self._apart[row] = [np.take(p, index, axis=2) for p in self._row(row)]
+        self.lengths[row] = index.shape[0]
+
+    def copy_prefix(self, source: int, target: int, positions: int) -> None:
+        """Copy the first ``positions`` positions of row ``source`` into row ``target``."""
+        self._apart[target] = [np.array(p[:, :, :positions]) for p in self._row(source)]
+        self.lengths[target] = positions
+
+    def swap(self, a: int, b: int) -> None:
+        """Exchange the valid positions (and lengths) of rows ``a`` and ``b``."""
+        rows_a = [np.array(p) for p in self._row(a)]
+        rows_b = [np.array(p) for p in self._row(b)]
+        self._apart[a], self._apart[b] = rows_b, rows_a
+        self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
+
+    def free(self, row: int) -> None:
+        """Forget row ``row``."""
+        self.lengths[row] = 0
+        self._apart.pop(row, None)
