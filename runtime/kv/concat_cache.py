@@ -99,7 +99,7 @@ class ConcatKVCache:
         last = self.manifest.context_length - 1  # padding past the window: the last slot
         positions = np.minimum(lengths[:, None] + np.arange(s)[None, :], last)
         feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
-        feeds.update(zip(self.names, self._past[: self.n_kv]))
+        feeds.update(zip(self.names, (p[:batch] for p in self._past)))  # contiguous views
         if self.has_tree:
             feeds[TREE_MASK] = causal_tree_mask(batch, s)
         out = self._run(feeds)

@@ -110,7 +110,8 @@ class FakeConcatGraph:
         past = feeds["k0"]
         b, s = ids.shape
         w = past.shape[2]
-        assert mask.shape == (b, w + s) and pos.shape == (b, s) and feeds["v0"].shape == past.shape
+        assert mask.shape == (b, w + s) and pos.shape == (b, s) and past.shape[0] == b
+        assert feeds["v0"].shape == past.shape
         new = np.stack([pos, ids], axis=-1).astype(np.float32)[:, None]  # [b, 1, S, 2]
         keys = np.concatenate([past, new], axis=2)
         self.seen = [
@@ -196,6 +197,11 @@ def test_concat_rows_attend_to_their_own_positions_through_every_operation():
     rows.step([[1, 2], [3, 4], [5, 6]], [True, True, True])
     rows.step_row(1, [9])
     rows.step([[1], [2], [3]], [True, True, True])
+    cache.free(2)  # the last row ends: the next runs leave it out
+    rows.keys[2] = []
+    runs = graph.runs
+    rows.step([[1], [2]], [True, True])
+    assert graph.runs == runs + 1
     assert cache.width - int(cache.lengths.max()) <= 32  # the common padding stays bounded
 
 
