@@ -1,14 +1,19 @@
 """The synchronous driver of the one step: several prompts (or one) decoded to the end, in order.
 
-``generate_rows`` is what ``Model.generate_batch(speculative=...)`` runs on a shared-layout
-artifact: every prompt gets a row of one ``SharedKVCache``, is prefilled on its own view
-(without its last token, which the first step feeds with the first drafts), and then every
-live row takes part in each ``engine.step`` — propose, one run over every row's ``[last,
-drafts]``, verify, commit — until it stops (EOS, a stop string, its token budget). Rows that
-drafted nothing decode in that same run; where the graph cannot take several new tokens per
-row at batch > 1 (artifacts exported before ``query_seqlens``, see ``takes_batched_steps``)
-rows with drafts verify one by one at batch 1 and the others decode together, as in the
-serving engine. One prompt is a batch of one.
+``generate_rows`` is what ``Model.generate`` and ``Model.generate_batch`` run with
+``speculative=...`` on a shared-layout artifact (one prompt is a batch of one): every prompt
+gets a row of one ``SharedKVCache``, is prefilled on its own view (without its last token,
+which the first step feeds with the first drafts), and then every live row takes part in each
+``engine.step`` — propose, one run over every row's ``[last, drafts]``, verify, commit — until
+it stops (EOS, a stop string, its token budget). Rows that drafted nothing decode in that same
+run. A row whose drafts form a token tree, or, where the graph cannot take several new tokens
+per row at batch > 1 (artifacts exported before ``query_seqlens``, see
+``takes_batched_steps``), a row with drafts verifies alone at batch 1, and the others decode
+together, as in the serving engine.
+
+The verifier is chosen once per request (``verify.make_verifier``): under plain greedy decoding
+with a proposer whose graph verifies its own drafts (an MTP branch) it is the graph's verdict,
+read from the run's outputs instead of recomputed on the host.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from specport.runtime.engine import step
-from specport.runtime.kv.cache import SharedKVCache, takes_batched_steps
+from specport.runtime.kv.cache import KVCache, open_kv_cache, takes_batched_steps
 from specport.runtime.kv.seq_cache import context_limit
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts, Proposer, check_prompts, stop_reason
@@ -32,7 +37,7 @@ from specport.runtime.speculative.metrics import (
     SpecDecodingStats,
     timing_metrics,
 )
-from specport.runtime.speculative.verify import Verifier, make_verifier
+from specport.runtime.speculative.verify import Verifier, graph_outputs, make_verifier
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +51,8 @@ class RowsOutput:
     tokens: list[list[int]]  # new tokens per row (EOS included when it ended the row)
     finish_reasons: list[str]  # "eos" | "length" | "stop" | "context"
     metrics: dict[str, Any] = field(default_factory=dict)
+    cache: KVCache | None = None  # the KV after the last step (reusable by the next call)
+    stats: list[SpecDecodingStats] = field(default_factory=list)  # acceptance per row
 
 
 def generate_rows(
@@ -59,34 +66,79 @@ def generate_rows(
     on_token: OnRowToken | None = None,
     adaptive: bool = False,
     method: str = "custom",
+    *,
+    session: Any = None,
+    cache: KVCache | None = None,
+    graph_verify: bool = True,
+    tree_width: int = 0,
 ) -> RowsOutput:
-    """Decode ``prompts`` together through the one step (see the module docstring)."""
+    """Decode ``prompts`` together through the one step (see the module docstring).
+
+    ``session``: run this session instead of ``model.session`` (a stored variant of the same
+    graph, e.g. MTP trees' verify graph); ``cache``: a cache from an earlier call to reuse
+    when it is large enough (its buffers stay allocated and bound); ``graph_verify``: trust
+    an MTP branch's in-graph verdict under plain greedy decoding (False: verify on the host);
+    ``tree_width``: the widest token tree the proposer drafts (KV room for its nodes; 0 for
+    chains)."""
     manifest = model.manifest
+    session = session if session is not None else model.session
     limit = context_limit(manifest)
     rows = check_prompts(prompts, max_new_tokens, limit, manifest.vocab_size)
     n = len(rows)
     sampling = sampling or SamplingConfig()
     sampler = Sampler(sampling, manifest.vocab_size)
-    verifier = make_verifier(sampler)  # chosen once, from the request's settings
     budgets = [min(max_new_tokens, limit - len(r)) for r in rows]
-    length = min(limit, max(len(r) + b for r, b in zip(rows, budgets)) + MAX_DRAFT_SLACK)
-    cache = SharedKVCache(model.session, manifest, n, length)
-    batched = n == 1 or takes_batched_steps(Path(model.path) / manifest.model_file)
+    slack = max(MAX_DRAFT_SLACK, 1 + num_draft * tree_width)  # a tree's nodes take slots
+    length = min(limit, max(len(r) + b for r, b in zip(rows, budgets)) + slack)
+    if (
+        cache is None
+        or cache.rows != n
+        or cache.max_length < length
+        or cache.session is not session
+    ):
+        cache = open_kv_cache(session, manifest, n, length)  # the artifact's layout
+    cache.reset()
+    length = cache.max_length
+    batched = (
+        n == 1
+        or manifest.kv.layout == "concat"  # left padding: any rows, any width
+        or takes_batched_steps(Path(model.path) / manifest.model_file)
+    )
     proposers: list[Proposer | None] = []
     for r in range(n):
         proposer = make_proposer() if make_proposer is not None else None
         if proposer is not None:
             proposer.start(sampling, stream=r)  # rows draw from independent (seeded) streams
         proposers.append(proposer)
-    controllers = [AdaptiveDraftLength(num_draft) if adaptive else None for _ in range(n)]
+    first = proposers[0]
+    graph = None  # an MTP branch's own verdict (a tree-mask graph's branch is not used)
+    if graph_verify and first is not None and first.graph_verifies and not cache.has_tree:
+        graph = graph_outputs(manifest)
+    verifier = make_verifier(sampler, graph)  # chosen once, from the request's settings
+    controllers = [
+        _controller(p, num_draft, manifest) if adaptive and p is not None else None
+        for p in proposers
+    ]
+    # Timings steer K only under greedy decoding at batch 1, where K cannot change the output
+    # and the step's time is the row's own; with sampling K decides how the random stream is
+    # consumed, so a seeded run must not depend on the clock (the static prior stays).
+    timed = n == 1 and sampling.greedy and controllers[0] is not None
+    per_draft = first is not None and first.draft_cost(manifest) > 0
     stats = [SpecDecodingStats() for _ in range(n)]
     contexts = [list(r) for r in rows]
     out: list[list[int]] = [[] for _ in range(n)]
     reasons = ["length"] * n
-    live = list(range(n))
     eos = {int(e) for e in eos_ids}
+    plan = []  # one StepRow per row, kept across steps (its context grows in place)
+    for r in range(n):
+        row = step.StepRow(r, contexts[r], _picker(sampling, verifier, contexts[r]))
+        row.proposer, row.verifier = proposers[r], verifier
+        plan.append(row)
+    live = list(plan)
     runs = 0
     propose_s = 0.0
+    nodes = 0
+    last_step: tuple[int, float, float] | None = None  # (cap, start, propose seconds), timed
 
     t_start = time.perf_counter()
     for r, prompt in enumerate(rows):  # all but the last token: the first step feeds it
@@ -96,38 +148,32 @@ def generate_rows(
     prefill_ort = cache.ort_seconds
     t_first: float | None = None
     while live:
-        plan = []
-        for r in live:
-            row = step.StepRow(r, contexts[r], _picker(sampling, verifier, contexts[r]))
-            row.proposer, row.verifier = proposers[r], verifier
-            if proposers[r] is not None:
-                room = min(budgets[r] - len(out[r]) - 1, length - 1 - int(cache.lengths[r]))
+        for row in live:
+            r = row.row
+            if row.proposer is not None:
+                row.room = length - 1 - int(cache.lengths[r])
+                room = min(budgets[r] - len(out[r]) - 1, row.room)
                 ctl = controllers[r]
                 row.cap = min(num_draft if ctl is None else ctl.choose(), room)
-            plan.append(row)
         t0 = time.perf_counter()
-        widest = step.propose(plan)
-        propose_s += time.perf_counter() - t0
-        groups: list[tuple[list[step.StepRow], int, bool]] = []
-        if batched or widest == 0:
-            width = 1 + widest
-            if not cache.fits(plan[-1].row + 1, width):
-                width = 1  # a finished row near the end of its buffer: decode plainly
-            groups.append((plan, width, False))
-        else:  # drafts verify one row at a time, the rest decode together
-            plain = [p for p in plan if int(p.drafts.lengths[0]) == 0]
-            groups += [([p], 1 + int(p.drafts.lengths[0]), True) for p in plan if p not in plain]
-            if plain:
-                groups.append((plain, 1, False))
-        for group, width, alone in groups:
+        if timed and last_step is not None:  # the previous step's share of proposing
+            cap, t_prev, propose_prev = last_step
+            controllers[0].observe_cost(cap, propose_prev, t0 - t_prev - propose_prev, per_draft)  # type: ignore[union-attr]
+        widest = step.propose(live)
+        t1 = time.perf_counter()
+        propose_s += t1 - t0
+        if timed:
+            last_step = (live[0].cap, t0, t1 - t0)
+        for group, width, alone in _groups(list(live), widest, batched, cache):
             verdicts = step.run(cache, group, width, alone)
             runs += 1
             for row, verdict in zip(group, verdicts):
                 r = row.row
                 if verdict.error is not None:
                     raise RuntimeError(verdict.error)
-                if proposers[r] is not None:
+                if row.proposer is not None:
                     stats[r].observe_draft(verdict.drafted, verdict.accepted)
+                    nodes += verdict.nodes
                     ctl = controllers[r]
                     if ctl is not None:
                         ctl.observe(verdict.drafted, verdict.accepted)
@@ -144,20 +190,62 @@ def generate_rows(
                     )
                     if why is not None:
                         reasons[r] = why
-                        live.remove(r)
+                        live.remove(row)
+                        cache.free(r)  # concat: out of the next runs' KV
                         break
         if t_first is None:
             t_first = time.perf_counter()
     t_end = time.perf_counter()
-    return RowsOutput(
-        out,
-        reasons,
-        _metrics(
-            rows, out, stats, runs, (t_start, t_prefill, t_first or t_end, t_end),
-            cache.ort_seconds - prefill_ort, propose_s, method, num_draft, adaptive,
-            make_proposer is not None,
-        ),
+    metrics = _metrics(
+        rows, out, stats, runs, (t_start, t_prefill, t_first or t_end, t_end),
+        cache.ort_seconds - prefill_ort, propose_s, method, num_draft, adaptive,
+        make_proposer is not None,
     )  # fmt: skip
+    metrics["kv_layout"] = manifest.kv.layout
+    if tree_width and "speculative" in metrics:
+        steps = metrics["speculative"].get("steps") or 0
+        metrics["speculative"].update(
+            tree_width=tree_width,
+            # drafted/accepted count the deepest branch per step (comparable to a chain);
+            # tree_nodes counts every scored draft node
+            tree_nodes=nodes,
+            mean_tree_nodes=nodes / steps if steps else 0.0,
+        )
+    if make_proposer is not None and n == 1:
+        stats[0].log()
+    return RowsOutput(out, reasons, metrics, cache, stats)
+
+
+def _groups(
+    plan: list[step.StepRow], widest: int, batched: bool, cache: KVCache
+) -> list[tuple[list[step.StepRow], int, bool]]:
+    """The runs of one step: (rows, width, alone). Token trees and, on graphs without batched
+    multi-token steps, every row with drafts verify alone; the rest share one run."""
+    trees = [p for p in plan if p.drafts.tree is not None]
+    if not trees and (batched or widest == 0):
+        width = 1 + widest
+        if not cache.fits(plan[-1].row + 1, width):
+            width = 1  # a finished row near the end of its buffer: decode plainly
+        return [(plan, width, False)]
+    alone = [p for p in plan if p.drafts.tree is not None or (not batched and p.drafts.width)]
+    groups = [([p], 1 + p.drafts.width, True) for p in alone if int(p.drafts.lengths[0])]
+    rest = [p for p in plan if p not in alone or not int(p.drafts.lengths[0])]
+    if rest:
+        width = 1 + max(int(p.drafts.lengths[0]) for p in rest) if batched else 1
+        if not cache.fits(rest[-1].row + 1, width):
+            width = 1
+        groups.append((rest, width, False))
+    return groups
+
+
+def _controller(proposer: Proposer, num_draft: int, manifest: Any) -> AdaptiveDraftLength:
+    """The adaptive-K controller with a static prior on what a draft costs."""
+    ctl = AdaptiveDraftLength(num_draft)
+    cost = proposer.draft_cost(manifest)  # e.g. one draft-model run per draft
+    if cost > 0:
+        ctl.cost_per_draft += cost
+        ctl.prior_cost = ctl.cost_per_draft
+    return ctl
 
 
 def _picker(sampling: SamplingConfig, verifier: Verifier, context: list[int]) -> step.Pick:

@@ -10,19 +10,24 @@ sampler, or the graph's argmax). The step
 2. runs the target once over every row's ``[last, drafts]`` padded to the step's width
    (``KVCache.step`` over rows [0, b), or ``step_row`` for a row verifying alone at batch 1,
    the only multi-token shape graphs without batched multi-token attention accept);
-3. verifies each row's drafts against its scores (``Verifier.chain``), or picks its one
-   token when it drafted nothing;
+3. verifies each row's drafts against its scores and the run's outputs (``Verifier.chain``:
+   an MTP branch's in-graph verdict is one of the verifiers), or picks its one token when
+   it drafted nothing;
 4. commits: keeps each row's KV at its accepted length (rejected drafts and padding are
    rolled back by moving the length, no KV is copied);
 5. shows each proposer the verdict and its row's slice of the run's other outputs (an MTP
    branch's drafts come out of the same run).
 
-Nothing here asks which proposer a row has: what differs between proposers is in their
-``propose`` and ``observe``.
+Drafts that form a token tree (``Drafts.tree``: a trie under the row's last token) run alone
+through the graph's tree mask (``step_row(tree=...)``), are verified by the verifier's
+``tree`` rule and committed with ``KVCache.keep_positions`` (the accepted path's positions,
+in order). Nothing here asks which proposer a row has: what differs between proposers is in
+their ``propose`` and ``observe``.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +54,7 @@ class StepRow:
     proposer: Proposer | None = None
     verifier: Verifier = GREEDY
     cap: int = 0  # drafts it may verify this step (budget, KV room, the step's width)
+    room: int = 1 << 30  # KV positions free past its last token (a tree's nodes must fit)
     drafts: Drafts = field(default_factory=lambda: Drafts.empty(1))
 
 
@@ -58,9 +64,10 @@ class RowVerdict:
 
     tokens: list[int]  # accepted drafts + one (its plain token without drafts)
     logits: np.ndarray  # [len(tokens), V] the scores they were chosen from (for logprobs)
-    drafted: int
+    drafted: int  # a tree's depth
     accepted: int
     error: str | None = None  # its sampler, grammar or verifier failed: it ends alone
+    nodes: int = 0  # draft positions scored (a tree's nodes, a chain's drafts)
 
 
 def propose(rows: Sequence[StepRow]) -> int:
@@ -70,7 +77,11 @@ def propose(rows: Sequence[StepRow]) -> int:
         if r.proposer is None or r.cap <= 0:
             r.drafts = _NONE
             continue
-        r.drafts = truncate_drafts(r.proposer.propose([r.context], r.cap), r.cap)
+        drafts = r.proposer.propose([r.context], r.cap)
+        if drafts.tree is None:
+            r.drafts = truncate_drafts(drafts, r.cap)
+        else:
+            r.drafts = drafts if len(drafts.tree) <= r.room + 1 else first_nodes(drafts, r.room)
         widest = max(widest, int(r.drafts.lengths[0]))
     return widest
 
@@ -81,6 +92,8 @@ def run(
     """Run the target once over ``rows`` at ``width`` (1 + drafts; drafts past it are cut),
     verify, commit and observe. ``alone``: one row at batch 1 on its own KV view; otherwise
     one run over rows [0, highest row] (rows not in ``rows`` stay as they are)."""
+    if alone and rows[0].drafts.tree is not None:
+        return [_run_tree(cache, rows[0])]
     for r in rows:
         if r.drafts.width > width - 1:
             r.drafts = truncate_drafts(r.drafts, width - 1)
@@ -103,13 +116,16 @@ def run(
     for r, i, pos in zip(rows, index, start):
         logits = out.logits[i]  # [width, V]
         drafted = int(r.drafts.lengths[0])
+        outputs = _slice(out.outputs, i)
         try:
             if drafted == 0:
                 greedy = None if out.greedy is None or width != 1 else int(out.greedy[i, 0])
                 token = r.pick(logits[:1], greedy)
                 result = VerifyResult(_ZERO, [[token]], _TRUE)
             else:
-                result = r.verifier.chain(r.drafts, logits[None, : drafted + 1], (r.context,))
+                result = r.verifier.chain(
+                    r.drafts, logits[None, : drafted + 1], (r.context,), outputs
+                )
         except Exception as exc:
             logger.debug("row %d failed", r.row, exc_info=True)
             if width > 1:
@@ -120,9 +136,36 @@ def run(
         if width > 1:
             cache.keep(r.row, pos + accepted + 1)  # rejected drafts and padding: rolled back
         if r.proposer is not None:
-            r.proposer.observe(_slice(out.outputs, i), result)
-        verdicts.append(RowVerdict(result.tokens[0], logits, drafted, accepted))
+            r.proposer.observe(outputs, result)
+        verdicts.append(RowVerdict(result.tokens[0], logits, drafted, accepted, nodes=drafted))
     return verdicts
+
+
+def _run_tree(cache: KVCache, r: StepRow) -> RowVerdict:
+    """One row's token tree: one run through the tree mask, the verifier's tree rule, the
+    accepted path's positions kept in order (a path that is a prefix of the node order, a
+    chain, is a cut)."""
+    tree = r.drafts.tree
+    pos = int(cache.lengths[r.row])
+    tokens, depths, ancestors = tree.flatten()
+    out = cache.step_row(r.row, tokens, tree=(depths, ancestors))
+    logits = out.logits[0]  # [N, V] one row per node
+    try:
+        path, extra = r.verifier.tree(tree, logits, r.context)
+    except Exception as exc:
+        logger.debug("row %d failed", r.row, exc_info=True)
+        cache.keep(r.row, pos + 1)
+        return RowVerdict([], logits, tree.max_depth, 0, f"{type(exc).__name__}: {exc}")
+    if path == list(range(len(path))):
+        cache.keep(r.row, pos + len(path))
+    else:
+        cache.keep_positions(r.row, np.concatenate([np.arange(pos), pos + np.asarray(path)]))
+    emitted = [*(tree.tokens[i] for i in path[1:]), extra]
+    accepted = len(path) - 1
+    result = VerifyResult(np.array([accepted]), [emitted], np.array([False]), [path])
+    if r.proposer is not None:
+        r.proposer.observe(out.outputs, result)
+    return RowVerdict(emitted, logits[path], tree.max_depth, accepted, nodes=len(tree) - 1)
 
 
 def truncate_drafts(drafts: Drafts, k: int) -> Drafts:
@@ -134,6 +177,20 @@ def truncate_drafts(drafts: Drafts, k: int) -> Drafts:
         np.minimum(drafts.lengths, k),
         None if drafts.probs is None else drafts.probs[:, :k],
     )
+
+
+def first_nodes(drafts: Drafts, n: int) -> Drafts:
+    """A tree's first ``n`` draft nodes (parents precede children: still a tree), for a tree
+    that would not fit in its row's KV."""
+    tree = copy.copy(drafts.tree)
+    keep = n + 1  # the root and n nodes
+    tree.tokens, tree.parents, tree.depths = (
+        tree.tokens[:keep], tree.parents[:keep], tree.depths[:keep]
+    )  # fmt: skip
+    tree.children = [{t: c for t, c in ch.items() if c < keep} for ch in tree.children[:keep]]
+    cut = Drafts.one(tree.tokens[1:])
+    cut.tree = tree if keep > 1 else None
+    return cut
 
 
 def _fed(r: StepRow) -> list[int]:

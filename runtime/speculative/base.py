@@ -31,6 +31,9 @@ class Drafts:
     tokens: np.ndarray  # [B, K] int64, PAD past lengths[b]
     lengths: np.ndarray  # [B] int64, 0 <= lengths[b] <= K
     probs: np.ndarray | None = None  # [B, K, V] draft distributions, None for deterministic drafts
+    # one row's drafts as a token tree (``token_tree.TokenTree``: tokens are its nodes after the
+    # root, each with its parent); None for a chain
+    tree: Any = None
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(len(self.lengths), -1)
@@ -74,6 +77,7 @@ class Drafts:
         drafts.tokens = np.array([row], dtype=np.int64).reshape(1, len(row))
         drafts.lengths = np.array([len(row)], dtype=np.int64)
         drafts.probs = None
+        drafts.tree = None
         return drafts
 
     @classmethod

@@ -1,16 +1,19 @@
-"""The speculative decoding loop: draft K tokens, score [last, drafts] in one run, keep a prefix.
+"""Batch-1 speculative generation: draft K tokens, score [last, drafts] in one run, keep a prefix.
 
-Each step feeds the last emitted token and up to K drafts (S = K+1) at positions P..P+K on
-top of the sequence's KV cache (``runtime.seq_cache``: either layout), verifies the drafts
-against the target's K+1 scores (greedy exact or lossless rejection sampling,
-``runtime.speculative.verify``), emits ``accepted + 1`` tokens and keeps ``P + accepted + 1``
-cached positions: on the shared layout that only moves the sequence length back (the rejected
-drafts' keys and values are overwritten by the next step), on concat it slices the presents.
+On a ``shared``-layout artifact ``SpeculativeGenerator`` drives the engine's one step
+(``engine.driver.generate_rows``, a batch of one), the same code that decodes several prompts
+and serves requests. The ``concat`` layout (past in, present out; models whose head dimension
+onnxruntime's fused attention refuses, Optimum-format artifacts) keeps the loop below until it
+sits behind the KV interface: each step feeds the last emitted token and up to K drafts at
+positions P..P+K on top of the sequence's cache (``runtime.kv.seq_cache.ConcatCache``),
+verifies them (``runtime.speculative.verify``: greedy exact, lossless rejection sampling, or an
+MTP graph's own verdict), emits ``accepted + 1`` tokens and keeps ``P + accepted + 1`` cached
+positions (a view of the presents).
 
 The prompt is prefilled without its last token, so the first step already carries drafts and
-every method (n-gram, draft model, MTP graph) goes through the same loop. Greedy output is
-token-for-token the plain greedy output (up to float ties, where batched and single-token
-matmuls may round differently).
+every method (n-gram, suffix, draft model, MTP graph, EAGLE) goes through the same step. Greedy
+output is token-for-token the plain greedy output (up to float ties, where batched and
+single-token matmuls may round differently).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK
 from specport.errors import InputError
-from specport.runtime.kv.seq_cache import context_limit, open_cache
+from specport.runtime.engine.driver import generate_rows
+from specport.runtime.kv.seq_cache import ConcatCache, context_limit
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import (
     Drafts,
@@ -42,13 +46,13 @@ from specport.runtime.speculative.metrics import (
     SpecDecodingStats,
     timing_metrics,
 )
-from specport.runtime.speculative.mtp import MTPProposer, decode_greedy
-from specport.runtime.speculative.verify import make_verifier
+from specport.runtime.speculative.mtp import MTPProposer
+from specport.runtime.speculative.verify import graph_outputs, make_verifier
 
 logger = logging.getLogger(__name__)
 
 MAX_DRAFT = 16
-METHODS = ("ngram", "suffix", "draft", "mtp", "eagle")
+METHODS = ("ngram", "suffix", "draft", "mtp", "eagle", "auto")
 
 # on_token(token_id) -> True to stop generation here (e.g. a stop string matched)
 OnToken = Callable[[int], "bool | None"]
@@ -83,8 +87,8 @@ class SpeculativeGenerator:
         self.proposer = adopt(proposer)
         self.num_draft = check_num_draft(num_draft)
         self.adaptive = default_adaptive(proposer) if adaptive is None else bool(adaptive)
-        self._bound: Any = None  # the shared layout's bound buffers, kept across generations
-        self.fast = fast  # greedy MTP: trust the graph's verification (``mtp.decode_greedy``)
+        self.fast = fast  # greedy MTP: trust the graph's own verification (``GraphVerifier``)
+        self.last_kv: Any = None  # the KV after the last generation (shared: reused by the next)
 
     def generate(
         self,
@@ -94,19 +98,21 @@ class SpeculativeGenerator:
         eos_ids: Sequence[int] = (),
         on_token: OnToken | None = None,
     ) -> SpeculativeOutput:
+        if self.manifest.kv.layout == "shared":
+            return self._driven(prompt, max_new_tokens, sampling, eos_ids, on_token)
         vocab = self.manifest.vocab_size
         prompt = check_prompts([prompt], max_new_tokens, context_limit(self.manifest), vocab)[0]
         sampling = sampling or SamplingConfig()
         sampler = Sampler(sampling, vocab)
-        verifier = make_verifier(sampler)  # chosen once per request
         proposer = self.proposer
         proposer.start(sampling)
+        graph = graph_outputs(self.manifest) if self._graph_verifies() else None
+        verifier = make_verifier(sampler, graph)  # chosen once per request
         ctx_len = context_limit(self.manifest)
         budget = min(max_new_tokens, ctx_len - len(prompt))
         eos = {int(e) for e in eos_ids}
         stats = SpecDecodingStats()
-        cache = open_cache(self.session, self.manifest, len(prompt) + budget, self._bound)
-        self._bound = cache.bound  # reused by the next generate (shared: buffers allocated once)
+        cache = ConcatCache(self.session, self.manifest)
         propose_s = 0.0
 
         t_start = time.perf_counter()
@@ -125,21 +131,6 @@ class SpeculativeGenerator:
         reason = "length"
         t_first: float | None = None
         done = False
-        if self.fast and self._fast_ok(sampler):
-            res = decode_greedy(
-                cache,
-                proposer,  # type: ignore[arg-type]
-                prompt[-1],
-                budget,
-                max_new_tokens,
-                ctx_len,
-                self.num_draft,
-                eos,
-                on_token,
-                stats,
-                controller,
-            )
-            out, reason, t_first, done = res.tokens, res.reason, res.t_first, True
         per_draft = proposer.draft_cost(self.manifest) > 0
         last_step: tuple[int, float, float] | None = None  # (k, start, propose seconds)
         while not done:
@@ -163,8 +154,8 @@ class SpeculativeGenerator:
             step = cache.step(fed)
             last_step = (k, t0, t1 - t0)
             logits = step.logits[None, : len(fed)]  # [1, S, V]
-            result = verifier.chain(drafts, logits, (context,))
-            cache.keep(pos + int(result.accepted[0]) + 1)  # rollback: no KV is copied
+            result = verifier.chain(drafts, logits, (context,), step.outputs)
+            cache.keep(pos + int(result.accepted[0]) + 1)  # rollback: a view of the presents
             proposer.observe(step.outputs, result)
             stats.observe(drafts, result)
             if controller is not None:
@@ -202,6 +193,33 @@ class SpeculativeGenerator:
         }
         return SpeculativeOutput(out, reason, metrics, stats)
 
+    def _driven(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None,
+        eos_ids: Sequence[int],
+        on_token: OnToken | None,
+    ) -> SpeculativeOutput:
+        """The shared layout: the engine's one step over a batch of one (its cache reused)."""
+        out = generate_rows(
+            SessionModel(self.session, self.manifest),
+            [prompt],
+            max_new_tokens,
+            lambda: self.proposer,
+            self.num_draft,
+            sampling,
+            eos_ids,
+            None if on_token is None else (lambda row, tok: on_token(tok)),
+            self.adaptive,
+            self.proposer.name,
+            cache=self.last_kv,
+            graph_verify=self.fast,
+        )
+        self.last_kv = out.cache
+        out.metrics["speculative"].pop("rows", None)  # one row: the totals are its own
+        return SpeculativeOutput(out.tokens[0], out.finish_reasons[0], out.metrics, out.stats[0])
+
     def _controller(self) -> AdaptiveDraftLength:
         """The adaptive-K controller with a static prior on what a draft costs."""
         ctl = AdaptiveDraftLength(self.num_draft)
@@ -211,17 +229,19 @@ class SpeculativeGenerator:
             ctl.prior_cost = ctl.cost_per_draft
         return ctl
 
-    def _fast_ok(self, sampler: Sampler) -> bool:
-        """Greedy MTP without a repetition penalty: the graph's own verification is exact."""
-        cfg = sampler.config
+    def _graph_verifies(self) -> bool:
+        """The proposer's drafts are verified in the graph (an MTP branch) and the caller
+        trusts it (``fast``); a tree-mask graph's branch is not used for chains."""
         plain_inputs = TREE_MASK not in {i.name for i in self.session.get_inputs()}
-        return (
-            self.proposer.graph_verifies
-            and cfg.greedy
-            and cfg.repetition_penalty == 1.0
-            and cfg.constraint is None
-            and plain_inputs
-        )
+        return self.fast and self.proposer.graph_verifies and plain_inputs
+
+
+class SessionModel:
+    """What the driver reads of a loaded model (session, manifest, path), for the generators
+    made from a bare session."""
+
+    def __init__(self, session: Any, manifest: Manifest) -> None:
+        self.session, self.manifest, self.path = session, manifest, None
 
 
 def make_proposer(
@@ -262,6 +282,10 @@ def make_proposer(
         from specport.runtime.speculative.eagle import make_eagle_proposer
 
         return make_eagle_proposer(model)
+    if method == "auto":  # suffix matching + the artifact's drafter, sized from measured costs
+        from specport.runtime.speculative.hybrid import make_hybrid_proposer
+
+        return make_hybrid_proposer(model, num_draft, draft_model)
     raise InputError(
         f"unknown --speculative method {method!r}; choose one of {', '.join(METHODS)}."
     )

@@ -8,9 +8,13 @@ with ``--tree-mask``: node i sits at position ``P + depth(i)`` and attends the p
 ancestors (``tree_mask[i, j] = 1`` iff j is i or an ancestor of i), so its logits equal those of
 a chain run of its root path. Verification walks down from the root while the target agrees
 with some child; the accepted path and one more token (the target's) are emitted, and the KV
-cache keeps the past plus the accepted path's positions, in order. The loop runs on the
-sequence cache of either layout (``runtime.kv.seq_cache``): concat gathers the presents, shared
-moves the few accepted positions within its in-place buffer.
+cache keeps the past plus the accepted path's positions, in order.
+
+On the ``shared`` layout a tree is what ``TreeProposer`` drafts (``Drafts.tree``) and the
+engine's one step runs it (``engine.step``: one run through the tree mask, the verifier's tree
+rule, ``KVCache.keep_positions`` moving the few accepted positions within the in-place buffer),
+driven for one prompt by ``engine.driver.generate_rows``. The ``concat`` layout keeps the loop
+below (its sequence cache gathers the presents) until it sits behind the KV interface.
 
 Candidates come from n-gram matches (``token_tree.ngram_candidates``): every distinct continuation of the
 longest suffix n-grams that recur in prompt + output, most recent first (the chain n-gram
@@ -35,10 +39,22 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK
 from specport.errors import InputError
-from specport.runtime.kv.seq_cache import SequenceCache, context_limit, open_cache
+from specport.runtime.engine.driver import generate_rows
+from specport.runtime.kv.seq_cache import ConcatCache, context_limit
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.speculative.base import check_int_range, check_prompts, stop_reason
-from specport.runtime.speculative.loop import OnToken, SpeculativeOutput, check_num_draft
+from specport.runtime.speculative.base import (
+    Drafts,
+    ProposerBase,
+    check_int_range,
+    check_prompts,
+    stop_reason,
+)
+from specport.runtime.speculative.loop import (
+    OnToken,
+    SessionModel,
+    SpeculativeOutput,
+    check_num_draft,
+)
 from specport.runtime.speculative.metrics import SpecDecodingStats, timing_metrics
 from specport.runtime.speculative.token_tree import TokenTree, ngram_candidates
 from specport.runtime.speculative.verify import make_verifier
@@ -62,6 +78,42 @@ def has_tree_mask(session: Any) -> bool:
 
 def check_tree_width(tree_width: int, limit: int = MAX_TREE_WIDTH) -> int:
     return check_int_range(tree_width, "--tree-width", limit)
+
+
+class TreeProposer(ProposerBase):
+    """Drafts a token tree (``Drafts.tree``) of up to ``width`` candidates from ``candidates``,
+    as deep as the step's cap; ``observer`` sees every run's outputs and the node it accepted
+    (the root when the run had no tree)."""
+
+    def __init__(
+        self,
+        width: int,
+        candidates: CandidateSource,
+        observer: RunObserver | None = None,
+        name: str = METHOD,
+    ) -> None:
+        self.width = check_tree_width(width)
+        self.candidates = candidates
+        self.observer = observer
+        self.name = name
+        self.needs_outputs = observer is not None
+
+    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
+        (ctx,) = context
+        depth = max(int(num_draft), 0)
+        tree = TokenTree(ctx[-1], 1 + depth * self.width)
+        if depth > 0:
+            for cand in self.candidates(ctx, depth, self.width):
+                tree.add(cand[:depth])
+        if len(tree) == 1:
+            return Drafts.one([])  # nothing to guess: a plain step
+        drafts = Drafts.one(tree.tokens[1:])
+        drafts.tree = tree
+        return drafts
+
+    def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
+        if self.observer is not None:
+            self.observer(outputs, result.paths[0][-1] if result.paths else 0)
 
 
 class TreeSpeculativeGenerator:
@@ -96,7 +148,7 @@ class TreeSpeculativeGenerator:
         )
         self.observer = observer
         self.method = method
-        self._bound: Any = None  # the shared layout's bound buffers, kept across generations
+        self.last_kv: Any = None  # the KV after the last generation (shared: reused by the next)
 
     def generate(
         self,
@@ -106,6 +158,8 @@ class TreeSpeculativeGenerator:
         eos_ids: Sequence[int] = (),
         on_token: OnToken | None = None,
     ) -> SpeculativeOutput:
+        if self.manifest.kv.layout == "shared":
+            return self._driven(prompt, max_new_tokens, sampling, eos_ids, on_token)
         ctx_len, vocab = context_limit(self.manifest), self.manifest.vocab_size
         prompt = check_prompts([prompt], max_new_tokens, ctx_len, vocab)[0]
         sampler = Sampler(sampling or SamplingConfig(), vocab)
@@ -113,10 +167,7 @@ class TreeSpeculativeGenerator:
         budget = min(max_new_tokens, ctx_len - len(prompt))
         eos = {int(e) for e in eos_ids}
         stats = SpecDecodingStats()
-        # a tree's nodes take cache slots past the emitted tokens: room for one more tree
-        slots = len(prompt) + budget + self.num_draft * self.tree_width
-        cache = open_cache(self.session, self.manifest, slots, self._bound)
-        self._bound = cache.bound  # reused by the next generate (shared: buffers allocated once)
+        cache = ConcatCache(self.session, self.manifest)
         propose_s = 0.0
         nodes_scored = 0
 
@@ -138,8 +189,6 @@ class TreeSpeculativeGenerator:
             room = min(budget - len(out) - 1, ctx_len - 1 - pos)
             depth = min(self.num_draft, room)
             nodes = 1 + max(depth, 0) * self.tree_width
-            if cache.capacity is not None:  # a shared buffer: the nodes must fit in its slots
-                nodes = max(1, min(nodes, cache.capacity - pos))
             t0 = time.perf_counter()
             tree = TokenTree(context[-1], nodes)
             if depth > 0:
@@ -186,12 +235,40 @@ class TreeSpeculativeGenerator:
         }
         return SpeculativeOutput(out, reason, metrics, stats)
 
+    def _driven(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None,
+        eos_ids: Sequence[int],
+        on_token: OnToken | None,
+    ) -> SpeculativeOutput:
+        """The shared layout: the engine's one step over a batch of one, drafting trees."""
+        proposer = TreeProposer(self.tree_width, self.candidates, self.observer, self.method)
+        out = generate_rows(
+            SessionModel(self.session, self.manifest),
+            [prompt],
+            max_new_tokens,
+            lambda: proposer,
+            self.num_draft,
+            sampling,
+            eos_ids,
+            None if on_token is None else (lambda row, tok: on_token(tok)),
+            method=self.method,
+            session=self.session,
+            cache=self.last_kv,
+            tree_width=self.tree_width,
+        )
+        self.last_kv = out.cache
+        out.metrics["speculative"].pop("rows", None)  # one row: the totals are its own
+        return SpeculativeOutput(out.tokens[0], out.finish_reasons[0], out.metrics, out.stats[0])
 
-def _keep_path(cache: SequenceCache, pos: int, path: list[int]) -> None:
+
+def _keep_path(cache: ConcatCache, pos: int, path: list[int]) -> None:
     """Keep the past ``pos`` positions plus the accepted path's nodes, in path order.
 
     A path that is a prefix of the node order (a chain) is a cut; otherwise the kept
-    positions are gathered (concat) or moved into place (shared).
+    positions are gathered.
     """
     if path == list(range(len(path))):
         cache.keep(pos + len(path))

@@ -25,18 +25,21 @@ Which rule applies is decided ONCE per request from its sampling settings (``mak
 * ``GrammarVerifier``: greedy under a grammar (structured outputs), a draft the grammar
   forbids is never accepted.
 
-Each verifies a chain (``chain``) or a token tree (``tree``: the accepted root path and the
-extra token). ``graph_verdict`` reads the verdict an MTP graph computed in-graph (its own
-greedy argmax check) into the same ``VerifyResult``. Loops, the batched generator and the
+* ``GraphVerifier``: plain greedy with a proposer whose graph verifies its drafts itself (an
+  MTP branch computes the accepted prefix and the bonus token in the same run): the verdict
+  is read from the run's outputs (``graph_verdict``) instead of recomputed on the host.
+
+Each verifies a chain (``chain``, which also sees the run's other outputs) or a token tree
+(``tree``: the accepted root path and the extra token). Loops, the batched generator and the
 serving engine all verify through here; none of them knows these rules.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -49,6 +52,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+Outputs = Mapping[str, np.ndarray]  # a run's extra graph outputs by name
+
 
 @dataclass
 class VerifyResult:
@@ -57,6 +62,7 @@ class VerifyResult:
     accepted: np.ndarray  # [B] int64: drafts accepted (prefix length)
     tokens: list[list[int]]  # per row: accepted drafts + one recovered or bonus token
     bonus: np.ndarray  # [B] bool: True when the extra token is a bonus (all drafts accepted)
+    paths: list[list[int]] | None = None  # token trees: per row the accepted nodes from the root
 
     @property
     def num_emitted(self) -> np.ndarray:  # [B]
@@ -243,10 +249,15 @@ class Verifier(Protocol):
     name: str
 
     def chain(
-        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]]
+        self,
+        drafts: Drafts,
+        logits: np.ndarray,
+        contexts: Sequence[list[int]],
+        outputs: Outputs | None = None,
     ) -> VerifyResult:
         """Drafts [B, K] against logits [B, >= K+1, V]; ``contexts[b]``: row b's tokens so far
-        (the last one fed with the drafts)."""
+        (the last one fed with the drafts); ``outputs``: the run's other outputs ([B, ...]),
+        which only a verdict computed in the graph reads."""
         ...
 
     def tree(
@@ -263,7 +274,11 @@ class GreedyVerifier:
     name = "greedy"
 
     def chain(
-        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]] = ()
+        self,
+        drafts: Drafts,
+        logits: np.ndarray,
+        contexts: Sequence[list[int]] = (),
+        outputs: Outputs | None = None,
     ) -> VerifyResult:
         if drafts.batch_size == 1:
             return greedy_one(drafts.row(0), logits[0])
@@ -314,7 +329,11 @@ class ProcessedGreedyVerifier(_Processed):
     name = "greedy-processed"
 
     def chain(
-        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]]
+        self,
+        drafts: Drafts,
+        logits: np.ndarray,
+        contexts: Sequence[list[int]],
+        outputs: Outputs | None = None,
     ) -> VerifyResult:
         return greedy_verify(drafts, self._probs(drafts, logits, contexts))
 
@@ -336,7 +355,11 @@ class RejectionVerifier(_Processed):
     name = "rejection"
 
     def chain(
-        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]]
+        self,
+        drafts: Drafts,
+        logits: np.ndarray,
+        contexts: Sequence[list[int]],
+        outputs: Outputs | None = None,
     ) -> VerifyResult:
         return rejection_verify(drafts, self._probs(drafts, logits, contexts), self.sampler.rng)
 
@@ -376,7 +399,11 @@ class GrammarVerifier:
         self.sampler = sampler
 
     def chain(
-        self, drafts: Drafts, logits: np.ndarray, contexts: Sequence[list[int]]
+        self,
+        drafts: Drafts,
+        logits: np.ndarray,
+        contexts: Sequence[list[int]],
+        outputs: Outputs | None = None,
     ) -> VerifyResult:
         if drafts.batch_size != 1:
             raise InputError("grammar-constrained verification runs one sequence at a time")
@@ -390,18 +417,57 @@ class GrammarVerifier:
         )
 
 
+class GraphVerifier(GreedyVerifier):
+    """Plain greedy whose chain verdict the target graph computed: an MTP branch takes the
+    argmax of the verified logits, the accepted prefix and the bonus token in the same run
+    (``passes.mtp``), so the host reads two small outputs instead of repeating it. Trees and
+    runs without those outputs are verified on the host, with the same rule."""
+
+    name = "greedy-graph"
+
+    def __init__(self, accepted: str, bonus: str) -> None:
+        self.accepted, self.bonus = accepted, bonus
+
+    def chain(
+        self,
+        drafts: Drafts,
+        logits: np.ndarray,
+        contexts: Sequence[list[int]] = (),
+        outputs: Outputs | None = None,
+    ) -> VerifyResult:
+        if not outputs or self.accepted not in outputs:
+            return super().chain(drafts, logits, contexts)
+        # a batched run pads a row's drafts with its last token (see ``graph_verdict``)
+        filler = contexts[0][-1] if len(contexts) == 1 and contexts[0] else 0
+        accepted = outputs[self.accepted].reshape(-1).tolist()  # [B] int64
+        bonus = outputs[self.bonus].reshape(-1).tolist()  # [B] int64
+        return graph_verdict(drafts, accepted, bonus, filler)
+
+
+def graph_outputs(manifest: Any) -> tuple[str, str] | None:
+    """(accepted, bonus) output names of the artifact's in-graph verification (an MTP
+    branch), or None when it has none."""
+    out = (manifest.mtp or {}).get("outputs") or {}
+    if out.get("accepted") and out.get("bonus"):
+        return str(out["accepted"]), str(out["bonus"])
+    return None
+
+
 GREEDY = GreedyVerifier()
 
 
-def make_verifier(sampler: Sampler | None) -> Verifier:
-    """The verifier a request's sampling settings call for (None: plain greedy)."""
+def make_verifier(sampler: Sampler | None, graph: tuple[str, str] | None = None) -> Verifier:
+    """The verifier a request's sampling settings call for (None: plain greedy).
+
+    ``graph``: the (accepted, bonus) outputs of a graph that verifies the drafts itself (an
+    MTP branch, ``graph_outputs``): plain greedy decoding trusts its verdict."""
     if sampler is None:
-        return GREEDY
+        return GREEDY if graph is None else GraphVerifier(*graph)
     cfg = sampler.config
     if cfg.constraint is not None:
         return GrammarVerifier(sampler)
     if cfg.greedy and cfg.repetition_penalty == 1.0:
-        return GREEDY
+        return GREEDY if graph is None else GraphVerifier(*graph)
     if cfg.greedy:
         return ProcessedGreedyVerifier(sampler)
     return RejectionVerifier(sampler)

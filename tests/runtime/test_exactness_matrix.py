@@ -85,25 +85,19 @@ slow = pytest.mark.slow  # two tiny exports (~20-60 s)
 
 @pytest.fixture(scope="module")
 def arts(tmp_path_factory) -> dict[str, Any]:
-    import torch
-
     import specport
-    from specport.exporter.export import export_model
-    from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from tests.export_cache import cached_export, cached_mtp
     from tests.fixtures import TINY, make_llama
 
     tmp: Path = tmp_path_factory.mktemp("exactness")
     hf = make_llama(tmp / "hf", context_length=128, initializer_range=0.2, **TINY)  # type: ignore[arg-type]
     out: dict[str, Any] = {}
     for layout in LAYOUTS:
-        export_model(
+        cached_export(
             hf, tmp / layout, kv_layout=layout, tree_mask=True, skip_verify=True, progress=False
         )
         out[layout] = specport.load(tmp / layout, threads=1)
-        torch.manual_seed(0)
-        heads = MTPHeads(load_base(out[layout].manifest), 2).eval()
-        write_mtp_artifact(tmp / layout, heads, tmp / f"mtp_{layout}", {"source": "test"})
+        cached_mtp(tmp / layout, tmp / f"mtp_{layout}", heads=2, seed=0)
         out[f"mtp_{layout}"] = specport.load(tmp / f"mtp_{layout}", threads=1, mtp_branch=True)
     return out
 
@@ -117,15 +111,21 @@ def _plain(model: Any, verifier: str) -> list[list[int]]:
 
 
 @slow
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed-k", "adaptive"])
 @pytest.mark.parametrize("verifier", list(VERIFIERS))
-@pytest.mark.parametrize("proposer", ["ngram", "suffix", "mtp", "ngram-tree"])
+@pytest.mark.parametrize(
+    "proposer", ["ngram", "suffix", "mtp", "ngram-tree", "auto", "auto-mtp"]
+)  # auto: the hybrid (suffix alone on the base artifact, suffix + MTP heads on mtp_*)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_batch1_loops_equal_plain(arts, layout, proposer, verifier):
-    """The batch-1 chain loop, the MTP graph path and the token tree, both layouts."""
+def test_batch1_loops_equal_plain(arts, layout, proposer, verifier, adaptive):
+    """One prompt: on shared the one step driven as a batch of one (chains, the MTP graph's
+    own verdict under greedy, token trees through the tree mask); on concat its loops."""
+    if proposer == "ngram-tree" and adaptive:
+        pytest.skip("token trees have a fixed depth")
     base = arts[layout]
-    model = arts[f"mtp_{layout}"] if proposer == "mtp" else base
+    model = arts[f"mtp_{layout}"] if proposer in ("mtp", "auto-mtp") else base
     want = _plain(base, verifier)
-    method = "ngram" if proposer == "ngram-tree" else proposer
+    method = {"ngram-tree": "ngram", "auto-mtp": "auto"}.get(proposer, proposer)
     width = 3 if proposer == "ngram-tree" else 1
     for p, ref in zip(PROMPTS, want):
         got = model.generate(
@@ -135,18 +135,23 @@ def test_batch1_loops_equal_plain(arts, layout, proposer, verifier):
             speculative=method,
             num_draft=2,
             tree_width=width,
+            adaptive=adaptive,
             **VERIFIERS[verifier],
         )
         assert got.tokens == ref, (layout, proposer, verifier, p)
         spec = got.metrics["speculative"]
         assert spec["steps"] >= 1 and got.metrics["step_overhead_ms"] is not None
+        assert spec["adaptive"] is adaptive or width > 1
+        if width > 1:
+            assert spec["tree_width"] == width and spec["tree_nodes"] >= spec["drafted"]
 
 
 @slow
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed-k", "adaptive"])
 @pytest.mark.parametrize("verifier", list(VERIFIERS))
 @pytest.mark.parametrize("proposer", ["ngram", "suffix", "mtp"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_batched_generator_equals_plain(arts, layout, proposer, verifier):
+def test_batched_generator_equals_plain(arts, layout, proposer, verifier, adaptive):
     """Several prompts in one speculative batch: the concat layout's batched generator, the
     shared layout's one step driven synchronously (`engine.driver`)."""
     model = arts[f"mtp_{layout}"] if proposer == "mtp" else arts[layout]
@@ -157,6 +162,7 @@ def test_batched_generator_equals_plain(arts, layout, proposer, verifier):
         ignore_eos=True,
         speculative=proposer,
         num_draft=2,
+        adaptive=adaptive,
         **VERIFIERS[verifier],
     )
     assert [g.tokens for g in got] == want, (layout, proposer, verifier)
@@ -209,3 +215,58 @@ def test_seeded_sampling_is_reproducible(arts, layout):
     a = arts[layout].generate(prompt_ids=PROMPTS[0], **kw).tokens
     b = arts[layout].generate(prompt_ids=PROMPTS[0], **kw).tokens
     assert a == b and len(a) == NEW
+
+
+@slow
+@pytest.mark.parametrize("rows", [1, len(PROMPTS)], ids=["batch1", "batchN"])
+def test_step_trusts_the_mtp_graph_verdict_under_greedy(arts, rows):
+    """The step's verifier under plain greedy on an MTP artifact is the graph's own verdict
+    (no host argmax); it gives the host verifier's tokens and acceptance, step for step."""
+    from specport.runtime.engine.driver import generate_rows
+    from specport.runtime.speculative.loop import make_proposer
+    from specport.runtime.speculative.verify import GraphVerifier, graph_outputs
+
+    model = arts["mtp_shared"]
+    assert isinstance(make_verifier(None, graph_outputs(model.manifest)), GraphVerifier)
+    want = _plain(arts["shared"], "greedy")[:rows]
+    runs = {}
+    for in_graph in (True, False):
+        out = generate_rows(
+            model, PROMPTS[:rows], NEW, lambda: make_proposer("mtp", model, 2), 2,
+            graph_verify=in_graph,
+        )  # fmt: skip
+        assert out.tokens == want, in_graph
+        runs[in_graph] = out.metrics["speculative"]
+    assert runs[True]["steps"] == runs[False]["steps"]
+    assert runs[True]["accepted"] == runs[False]["accepted"]
+
+
+@slow
+def test_tree_on_shared_runs_through_the_step(arts):
+    """A token tree on the shared layout is the step's tree path: drafted as ``Drafts.tree``,
+    scored in one run through the tree mask, the accepted path kept with ``keep_positions``;
+    the KV it leaves equals a fresh prefill of the output."""
+    from specport.runtime.kv.seq_cache import open_cache
+    from specport.runtime.speculative.tree import TreeSpeculativeGenerator
+
+    model = arts["shared"]
+    want = _plain(model, "greedy")
+    rng = np.random.default_rng(0)
+    for p, ref in zip(PROMPTS, want):
+        full = p + ref
+
+        def oracle(ctx, depth, width, full=full):  # the truth in the middle branch
+            true = full[len(ctx) : len(ctx) + depth]
+            noise = [rng.integers(3, 250, size=depth).tolist() for _ in range(width)]
+            return [noise[0], true[:1] + noise[1][1:], true, *noise[2:]]
+
+        gen = TreeSpeculativeGenerator(model.session, model.manifest, 3, 3, candidates=oracle)
+        out = gen.generate(p, NEW)
+        assert out.tokens == ref
+        assert out.metrics["speculative"]["mean_accepted_length"] > 2.0
+        cache = gen.last_kv
+        n = len(full) - 1  # what the last step kept (the row is freed when it ends)
+        fresh = open_cache(model.session, model.manifest, 128)
+        fresh.step(full[:-1], last_only=True)
+        for got, exp in zip(cache.buffers, fresh.bound.kv.buffers):
+            np.testing.assert_allclose(got[:, :, :n], exp[:, :, :n], atol=1e-5)

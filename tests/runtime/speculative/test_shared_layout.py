@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specport.runtime.kv.cache import SharedKVCache
 from specport.runtime.kv.seq_cache import ConcatCache, SharedCache, open_cache
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts
@@ -36,25 +37,19 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def arts(tmp_path_factory) -> dict[str, object]:
-    import torch
-
     import specport
-    from specport.exporter.export import export_model
-    from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from tests.export_cache import cached_export, cached_mtp
     from tests.fixtures import build_tiny_model
 
     tmp: Path = tmp_path_factory.mktemp("spec_shared")
     src = build_tiny_model("llama", tmp / "src")
     kw = dict(skip_verify=True, progress=False)
-    export_model(src, tmp / "shared", kv_layout="shared", max_length=MAX_LENGTH, **kw)
-    export_model(src, tmp / "draft", kv_layout="shared", max_length=MAX_LENGTH, layers=1, **kw)
-    export_model(src, tmp / "concat", kv_layout="concat", **kw)
+    cached_export(src, tmp / "shared", kv_layout="shared", max_length=MAX_LENGTH, **kw)
+    cached_export(src, tmp / "draft", kv_layout="shared", max_length=MAX_LENGTH, layers=1, **kw)
+    cached_export(src, tmp / "concat", kv_layout="concat", **kw)
     out = {name: specport.load(tmp / name, threads=1) for name in ("shared", "draft", "concat")}
-    torch.manual_seed(0)
     for layout in ("shared", "concat"):
-        heads = MTPHeads(load_base(out[layout].manifest), 2).eval()  # type: ignore[attr-defined]
-        write_mtp_artifact(tmp / layout, heads, tmp / f"mtp_{layout}", {"source": "test"})
+        cached_mtp(tmp / layout, tmp / f"mtp_{layout}", heads=2, seed=0)
         out[f"mtp_{layout}"] = specport.load(tmp / f"mtp_{layout}", threads=1, mtp_branch=True)
     return out
 
@@ -121,19 +116,20 @@ def test_rollback_moves_lengths_and_copies_nothing(arts):
     plain = model.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True)
     assert out.tokens == plain.tokens
     assert out.stats.num_accepted_tokens < out.stats.num_draft_tokens  # rejections happened
-    cache = gen.last_kv
-    assert isinstance(cache, SharedCache)
-    bound = cache.bound
-    # the OrtValues bound at the start still wrap the same numpy buffers: nothing was replaced
-    assert all(
-        np.shares_memory(ov.numpy(), buf) for ov, buf in zip(bound.kv._ortvalues, bound.kv.buffers)
-    )
-    seq = ids + out.tokens[:-1]
-    assert cache.length == len(seq)
+    cache = gen.last_kv  # the one step's KV interface, a batch of one (engine.driver)
+    assert isinstance(cache, SharedKVCache) and cache.rows == 1
+    # every binding made along the way wraps views of the same buffers: nothing was replaced
+    for bound in [*cache._row.values(), *cache._batch.values()]:
+        assert all(
+            np.shares_memory(ov.numpy(), buf) for ov, buf in zip(bound.kv._ortvalues, cache.buffers)
+        )
+    seq = ids + out.tokens[:-1]  # what the last step kept (the row is freed when it ends)
     fresh = open_cache(model.session, model.manifest, 64)
     fresh.step(seq, last_only=True)
-    for got, want in zip(bound.kv.buffers, fresh.bound.kv.buffers):  # type: ignore[union-attr]
+    for got, want in zip(cache.buffers, fresh.bound.kv.buffers):  # type: ignore[union-attr]
         np.testing.assert_allclose(got[:, :, : len(seq)], want[:, :, : len(seq)], atol=1e-5)
+    again = gen.generate(ids, 20)  # a second generation reuses the same buffers
+    assert again.tokens != [] and gen.last_kv is cache
 
 
 def test_concat_cache_keeps_a_view(arts):

@@ -14,7 +14,8 @@ import pytest
 
 import specport
 from specport.errors import InputError
-from specport.runtime.kv.seq_cache import SharedCache, open_cache
+from specport.runtime.kv.cache import SharedKVCache
+from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.tree import TreeSpeculativeGenerator, generate_tree
 
@@ -71,12 +72,12 @@ def test_oracle_branches_move_the_path_into_place(models):
         out = gen.generate(ids, 30)
         assert out.tokens == want
         assert out.metrics["speculative"]["mean_accepted_length"] > 3.5
-        cache = gen.last_kv
-        assert isinstance(cache, SharedCache) and cache.length == len(full) - 1
+        cache = gen.last_kv  # the one step's KV interface, a batch of one (engine.driver)
+        assert isinstance(cache, SharedKVCache)  # its row is freed; the buffer keeps the KV
         ref = open_cache(plain.session, plain.manifest, 64)
         ref.step(full[:-1], last_only=True)
         n = len(full) - 1
-        for got, exp in zip(cache.bound.kv.buffers, ref.bound.kv.buffers):
+        for got, exp in zip(cache.buffers, ref.bound.kv.buffers):
             np.testing.assert_allclose(got[:, :, :n], exp[:, :, :n], atol=1e-5)
 
 
