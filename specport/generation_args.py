@@ -15,10 +15,11 @@ from typing import Any
 from specport.errors import InputError, UsageError
 from specport.options import option
 
-METHODS = ("ngram", "suffix", "draft", "mtp", "eagle")
+METHODS = ("ngram", "suffix", "draft", "mtp", "eagle", "auto")
 MAX_DRAFT = 16  # runtime/speculative/loop.py
 MAX_TREE_WIDTH = 16  # runtime/speculative/tree.py
 DEFAULT_NUM_DRAFT = 4
+AUTO_NUM_DRAFT = 8  # --speculative auto: long suffix matches pay, short drafts are its choice
 
 
 def _int_in(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -75,6 +76,8 @@ def resolve_num_draft(model: Any, speculative: str | None, num_draft: int | None
     """The draft length: as given, else what fits the method (all of an MTP artifact's heads)."""
     heads = int((model.manifest.mtp or {}).get("heads") or 0)
     if num_draft is None:
+        if speculative == "auto":  # it sizes each step's drafts itself, up to this
+            return AUTO_NUM_DRAFT
         return heads if speculative == "mtp" and heads else DEFAULT_NUM_DRAFT
     _int_in("num_draft", num_draft, 1, MAX_DRAFT)
     if speculative == "mtp" and heads and num_draft > heads:
@@ -114,9 +117,9 @@ def check_generation(
             f"{option('speculative', 'draft')} needs a draft artifact: pass {option('draft')} "
             "(e.g. one made with `specport export MODEL --layers 2 --out DRAFT`)."
         )
-    if draft is not None and speculative != "draft":
+    if draft is not None and speculative not in ("draft", "auto"):
         raise UsageError(
-            f"{option('draft')} is used only with {option('speculative', 'draft')}; add it or "
+            f"{option('draft')} is used only with {option('speculative', 'draft')} (or auto); add it or "
             f"drop {option('draft')}."
         )
     if speculative == "eagle" and not model.manifest.extra.get("eagle"):

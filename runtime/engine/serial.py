@@ -133,7 +133,10 @@ class SerialEngine(QueueIntake):
         self.counters["finished"] += 1
         self.counters["prompt_tokens"] += len(request.prompt_ids)
         self.counters["generated_tokens"] += len(result.tokens)
-        if self.speculative.get("speculative") == "suffix":  # later requests draft from it
+        if self.speculative.get("speculative") in (
+            "suffix",
+            "auto",
+        ):  # later requests draft from it
             self.model.suffix_index.learn_answer(result.tokens)
         if "spec_steps" in self.counters:
             m = result.metrics.get("speculative") or {}  # Model.generate nests them here

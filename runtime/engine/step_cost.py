@@ -10,14 +10,30 @@ that line on the engine's own buffers when it starts (three short runs on its fr
 `best_width` compares, for each width, the tokens the rows are expected to emit against what
 the run costs, plain decoding (width 1) included: a row without drafts, or whose drafts are
 rarely accepted, no longer drags the whole step to the widest row's width.
+
+One sequence's step (`verify_costs`) is measured per width instead (batch 1, widths 1..9: the
+jump from one token to two, a different attention path, is not on the batched line), once per
+machine and artifact: the table is kept in `settings.cache_dir()/step_costs.json`, keyed by
+the artifact's file hashes, the provider, the thread count and the CPU, so a second run reads
+it instead of measuring (about 40 target runs). The proposers that size their drafts from it
+(`speculative.hybrid`) read relative costs: a verify of k drafts costs `verify_costs[k]`
+plain steps.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
+import os
+import platform
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +41,7 @@ from specport.runtime.kv.cache import KVCache
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StepCost", "best_width"]
+__all__ = ["StepCost", "best_width", "measure_widths", "verify_costs"]
 
 CALIBRATION_TOKENS = (1, 8, 16)  # tokens per calibration run (the first is a plain step)
 CALIBRATION_REPEATS = 5  # rounds over every size; each size's fastest run counts
@@ -126,3 +142,132 @@ def best_width(
         if value > best:
             best_w, best = w, value
     return best_w
+
+
+WIDTHS = (1, 2, 3, 4, 5, 7, 9)  # batch-1 widths measured (1 + drafts)
+WIDTH_REPEATS = 5  # rounds over every width; each width's fastest run counts
+CONTEXT = 32  # positions already cached when a width is timed (a short chat turn's start)
+_MEMO: weakref.WeakKeyDictionary[Any, list[float]] = weakref.WeakKeyDictionary()
+
+
+def measure_widths(session: Any, manifest: Any, widths: Sequence[int] = WIDTHS) -> list[float]:
+    """Seconds of one batch-1 run feeding each of ``widths`` tokens (the fastest of
+    ``WIDTH_REPEATS`` interleaved rounds after a warm-up round: on a shared machine other
+    processes only ever add time), on a cache of its own with ``CONTEXT`` positions filled."""
+    from specport.runtime.kv.cache import open_kv_cache  # the engine's cache, opened here only
+
+    cache = open_kv_cache(session, manifest, 1, CONTEXT + max(widths) + 1)
+    live = np.ones(1, dtype=bool)
+    cache.step(np.zeros((1, CONTEXT), dtype=np.int64), live)
+    times: dict[int, float] = {w: float("inf") for w in widths}
+    for repeat in range(WIDTH_REPEATS + 1):
+        for w in widths:
+            cache.keep(0, CONTEXT)
+            t0 = time.perf_counter()
+            cache.step(np.zeros((1, w), dtype=np.int64), live)
+            if repeat:
+                times[w] = min(times[w], time.perf_counter() - t0)
+    return [times[w] for w in widths]
+
+
+def relative_costs(seconds: Sequence[float], widths: Sequence[int], max_draft: int) -> list[float]:
+    """Cost of verifying k = 0..max_draft drafts relative to a plain step: the measured widths
+    interpolated, costs never decreasing, the last slope extended past the widest width."""
+    w = np.asarray(widths, dtype=np.float64)
+    s = np.maximum.accumulate(np.asarray(seconds, dtype=np.float64))
+    ks = np.arange(max_draft + 1, dtype=np.float64) + 1.0  # widths 1..max_draft+1
+    out = np.interp(ks, w, s)
+    if len(w) > 1:
+        slope = max((s[-1] - s[-2]) / (w[-1] - w[-2]), 0.0)
+        past = ks > w[-1]
+        out[past] = s[-1] + slope * (ks[past] - w[-1])
+    return [float(v) for v in out / max(float(s[0]), 1e-9)]
+
+
+def verify_costs(model: Any, max_draft: int = 16) -> list[float]:
+    """What verifying k = 0..max_draft drafts costs relative to a plain step on this machine
+    for ``model`` (a loaded ``specport.api.Model``, or anything with ``session`` and
+    ``manifest``): measured once per machine and artifact and kept on disk (see the module
+    docstring), once per loaded model in memory."""
+    with contextlib.suppress(TypeError):
+        if model in _MEMO:
+            return _extend(_MEMO[model], max_draft)
+    key = _key(model)
+    table = _read(key) if key else None
+    if table is None:
+        seconds = measure_widths(model.session, model.manifest)
+        table = {"widths": list(WIDTHS), "seconds": seconds}
+        logger.info(
+            "verify cost per width (batch 1): %s",
+            ", ".join(f"{w}: {1e3 * t:.1f} ms" for w, t in zip(WIDTHS, seconds)),
+        )
+        if key:
+            _write(key, table)
+    costs = relative_costs(table["seconds"], table["widths"], 16)
+    with contextlib.suppress(TypeError):
+        _MEMO[model] = costs
+    return _extend(costs, max_draft)
+
+
+def _extend(costs: list[float], max_draft: int) -> list[float]:
+    if max_draft < len(costs):
+        return costs[: max_draft + 1]
+    slope = costs[-1] - costs[-2] if len(costs) > 1 else 0.0
+    return costs + [costs[-1] + slope * (i + 1) for i in range(max_draft + 1 - len(costs))]
+
+
+def _key(model: Any) -> str | None:
+    """The cache key: the artifact's file hashes, provider, threads and the machine's CPU;
+    None for a model without files (nothing to key a measurement by)."""
+    files = getattr(model.manifest, "files", None)
+    if not files or getattr(model, "path", None) is None:
+        return None
+    config = getattr(model, "session_config", None)
+    parts = {
+        "files": sorted(files.items()),
+        "provider": str(getattr(model, "provider", "")),
+        "threads": getattr(config, "intra_op_threads", None),
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def _path() -> Path:
+    from specport.settings import cache_dir
+
+    return cache_dir() / "step_costs.json"
+
+
+def _read(key: str) -> dict[str, Any] | None:
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        entry = json.loads(_path().read_text()).get(key)
+        if entry and len(entry["widths"]) == len(entry["seconds"]) >= 2:
+            return dict(entry)
+    return None
+
+
+def _write(key: str, table: dict[str, Any]) -> None:
+    """Add ``table`` under ``key`` (atomic replace; a failure only costs a later re-measure)."""
+    path = _path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[key] = table
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.debug("could not keep the step costs in %s: %s", path, exc)

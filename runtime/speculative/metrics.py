@@ -114,6 +114,10 @@ class AdaptiveDraftLength:
 
     ``cost_per_draft`` starts as the verify cost of one more fed token; ``observe_cost`` adds
     what proposing costs, measured (a draft model runs once per draft, MTP drafts are free).
+    ``set_verify_costs`` replaces the linear verify prior by the measured cost of verifying k
+    drafts (``engine.step_cost.verify_costs``: on a CPU one more token costs little until the
+    run turns compute-bound, and the first extra token costs most); ``best`` then ranks any
+    expected-tokens curve, which is how the hybrid proposer compares its sources.
     """
 
     def __init__(
@@ -135,6 +139,38 @@ class AdaptiveDraftLength:
         self.verify_cost = self.cost_per_draft  # what one more fed token costs the verify run
         self.prior_cost = self.cost_per_draft  # where an unmeasured cost drifts back to
         self.propose_cost = 0.0  # per step that drafts anything, relative to a plain step
+        self.verify_costs: list[float] | None = None  # measured: verifying k drafts, k = 0..
+
+    def set_verify_costs(self, costs: list[float]) -> None:
+        """Measured verify costs (``costs[k]``: a step verifying k drafts, a plain step = 1).
+        What proposing adds per draft stays in ``cost_per_draft - verify_cost``."""
+        if len(costs) < 2:
+            return
+        extra = self.cost_per_draft - self.verify_cost
+        self.verify_costs = [float(c) for c in costs]
+        self.verify_cost = max((self.verify_costs[-1] - 1.0) / (len(costs) - 1), 0.0)
+        self.cost_per_draft = self.verify_cost + extra
+        self.prior_cost = self.cost_per_draft
+
+    def step_cost(self, k: int) -> float:
+        """What a step verifying ``k`` drafts costs, a plain step being 1."""
+        if k <= 0:
+            return 1.0
+        if self.verify_costs is None:
+            return 1.0 + self.propose_cost + self.cost_per_draft * k
+        costs = self.verify_costs
+        verify = costs[k] if k < len(costs) else costs[-1] + self.verify_cost * (k - len(costs) + 1)
+        return verify + self.propose_cost + (self.cost_per_draft - self.verify_cost) * k
+
+    def best(self, expected: list[float]) -> tuple[int, float]:
+        """(k, expected tokens per unit of cost) of the best k for a curve of expected tokens
+        at k = 0..len-1 drafts; k = 0 (plain decoding, value 1) when no draft pays."""
+        best_k, best = 0, 1.0
+        for k in range(1, len(expected)):
+            value = expected[k] / self.step_cost(k)
+            if value > best:
+                best_k, best = k, value
+        return best_k, best
 
     def observe_cost(
         self, drafted: int, propose_s: float, rest_s: float, per_draft: bool = False
@@ -157,14 +193,7 @@ class AdaptiveDraftLength:
 
     def choose(self) -> int:
         """The draft length with the best expected tokens per unit of step cost."""
-        best_k, best, expected, reach = 0, 1.0, 1.0, 1.0
-        for i, r in enumerate(self.rate):
-            reach *= r
-            expected += reach
-            value = expected / (1.0 + self.propose_cost + self.cost_per_draft * (i + 1))
-            if value > best:
-                best_k, best = i + 1, value
-        return best_k
+        return self.best(self.expected_tokens(self.max_draft))[0]
 
     def expected_tokens(self, max_k: int) -> list[float]:
         """Expected tokens a step emits when it verifies k = 0..max_k drafts (1 + the

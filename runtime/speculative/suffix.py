@@ -216,13 +216,21 @@ class SuffixProposer(ProposerBase):
             self.index.learn_answer(answer)
 
     def propose_one(self, tokens: Sequence[int], num_draft: int) -> list[int]:
+        return self.match(tokens, num_draft)[0]
+
+    def match(self, tokens: Sequence[int], num_draft: int) -> tuple[list[int], str]:
+        """(draft, kind of match): ``own`` (the request's own text), ``corpus-long`` (a suffix
+        of 4+ tokens in earlier answers) or ``corpus-short``; ``none`` with no draft. Their
+        drafts are accepted at different rates, which a caller that weighs drafts
+        (``hybrid.HybridProposer``) calibrates apart."""
         arr = np.asarray(tokens, dtype=np.int64)
         own = find_suffix_match(arr, self.context_min_n, self.index.max_n)
         n, ends = self.index.longest_match(tokens, self.min_n)
         if own is not None and own[1] >= n:
-            return copy_after(arr, own[0], num_draft)
+            return copy_after(arr, own[0], num_draft), "own"
         if ends.size == 0:
-            return []
+            return [], "none"
         # Shorter suffixes match more places, less specifically: ask them for a wider majority.
         share = self.min_share * (1.0 + (self.index.max_n - n) / self.index.max_n)
-        return self.index.continuation(ends, num_draft, min(share, 0.9))
+        draft = self.index.continuation(ends, num_draft, min(share, 0.9))
+        return draft, ("corpus-long" if n >= 4 else "corpus-short") if draft else "none"

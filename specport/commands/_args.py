@@ -138,13 +138,13 @@ def check_speculative(args: argparse.Namespace) -> None:
             "--speculative draft needs --draft DIR (a small artifact with the same vocabulary, "
             "e.g. from `specport export MODEL --layers 2 --out DIR`)."
         )
-    if args.draft and args.speculative != "draft":
+    if args.draft and args.speculative not in ("draft", "auto"):
         raise UsageError("--draft is used only with --speculative draft; add it or drop --draft.")
-    if args.suffix_corpus and args.speculative != "suffix":
+    if args.suffix_corpus and args.speculative not in ("suffix", "auto"):
         raise UsageError(
             "--suffix-corpus is read only by --speculative suffix; add it or drop --suffix-corpus."
         )
-    if getattr(args, "suffix_record", None) and args.speculative != "suffix":
+    if getattr(args, "suffix_record", None) and args.speculative not in ("suffix", "auto"):
         raise UsageError(
             "--suffix-record keeps what --speculative suffix learns; add it or drop --suffix-record."
         )

@@ -149,7 +149,7 @@ def _turn(
 
     try:
         result = model.generate(prompt_ids=ids, on_text=show, **options)
-        if options.get("speculative") == "suffix":  # later turns draft from this answer
+        if options.get("speculative") in ("suffix", "auto"):  # later turns draft from it
             model.suffix_index.learn_answer(result.tokens)
     except KeyboardInterrupt:
         print("\n[answer stopped]", file=sys.stderr)

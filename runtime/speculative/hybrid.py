@@ -1,0 +1,341 @@
+"""The hybrid proposer behind ``--speculative auto``: per step, the draft that pays most.
+
+A model drafter (the artifact's EAGLE head, its MTP heads, or a draft model) guesses a little
+everywhere; suffix matching (the request's own text and earlier answers, ``suffix.py``) guesses
+nothing most of the time and long runs where text repeats. Each step the hybrid weighs what it
+has, by **expected tokens per unit of step cost**, and drafts with the best:
+
+* **acceptance, calibrated per source and draft position**: one ``AdaptiveDraftLength`` per
+  source (the model; suffix matches in the request's own text, long corpus matches, short
+  ones), each a running estimate of P(draft i accepted | drafts before it accepted). The
+  model's starts from the held-out acceptance its training measured (the manifest's
+  ``eagle.training``), the others from priors. A suffix match is free to compute, so it is
+  scored every step against what the target emitted, used or not (under sampling a draft
+  token equals the emitted one with the probability that rejection sampling accepts it, so
+  the estimate stays unbiased); the model is scored when it ran;
+* **cost, measured**: verifying k drafts costs ``engine.step_cost.verify_costs(model)[k]``
+  plain steps (measured once per machine and artifact), plus what the drafter costs per
+  draft (its prior, ``draft_cost``; under greedy decoding, its timed runs against the timed
+  rest of the step).
+
+The candidates are plain decoding (value 1), the suffix draft at its best length, and the
+model's draft at its best length (run only when it wins: an EAGLE head that would not pay is
+not run); a model draft is extended by a suffix match of the text it would make when that
+adds value. When nothing beats 1 the step decodes plainly, so text where no source guesses
+(random tokens) pays only the occasional probe of a source whose estimate drifted back up.
+
+Under greedy decoding the estimates are shared by every request of a loaded model (they keep
+learning across a conversation or a benchmark); under sampling each request starts from the
+priors and never reads the clock, so a seeded request decodes the same tokens every time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from specport.runtime.speculative.base import Drafts, Proposer, ProposerBase
+from specport.runtime.speculative.metrics import AdaptiveDraftLength
+from specport.runtime.speculative.suffix import SuffixProposer
+
+logger = logging.getLogger(__name__)
+
+MAX_DRAFT = 16
+SUFFIX_KINDS = ("own", "corpus-long", "corpus-short")
+SUFFIX_PRIORS = {"own": 0.5, "corpus-long": 0.5, "corpus-short": 0.3}
+MODEL_PRIOR = 0.4  # a drafter without a measured acceptance
+DECAY = 0.9  # the estimates' memory: about ten tests
+MODEL_DRIFT = 0.03  # untested model positions drift back to the prior (a probe now and then)
+
+
+class HybridState:
+    """The calibrated estimates: one ``AdaptiveDraftLength`` per source, their verify costs
+    measured, and the drafter's own cost per draft (relative to a plain step)."""
+
+    def __init__(
+        self,
+        max_draft: int,
+        verify_costs: list[float],
+        model_prior: Sequence[float] | None,
+        model_cost: float,
+    ) -> None:
+        self.sources: dict[str, AdaptiveDraftLength] = {}
+        for kind in SUFFIX_KINDS:
+            self.sources[kind] = AdaptiveDraftLength(
+                max_draft, decay=DECAY, prior=SUFFIX_PRIORS[kind]
+            )
+        if model_prior is not None:
+            rates = list(model_prior) or [MODEL_PRIOR]
+            ctl = AdaptiveDraftLength(
+                max_draft, decay=DECAY, prior=float(rates[0]), drift=MODEL_DRIFT
+            )
+            ctl.rate = [float(rates[min(i, len(rates) - 1)]) for i in range(max_draft)]
+            self.sources["model"] = ctl
+        for ctl in self.sources.values():
+            ctl.set_verify_costs(verify_costs)
+        self.model_cost = float(model_cost)  # per draft, relative to a plain step
+        self.plain_s: float | None = None  # a plain step's seconds (timed, greedy only)
+        self.model_s: float | None = None  # the drafter's seconds per draft (timed)
+
+    def model_ctl(self) -> AdaptiveDraftLength:
+        ctl = self.sources["model"]
+        ctl.cost_per_draft = ctl.verify_cost + self.model_cost
+        return ctl
+
+
+class HybridProposer(ProposerBase):
+    """Suffix matching and a model drafter, the better draft each step (module docstring)."""
+
+    name = "auto"
+    adaptive_default = False  # it sizes its own drafts from measured costs
+
+    def __init__(
+        self,
+        suffix: SuffixProposer,
+        model: Proposer | None,
+        verify_costs: list[float],
+        model_prior: Sequence[float] | None = None,
+        model_max: int = MAX_DRAFT,
+        shared: HybridState | None = None,
+    ) -> None:
+        self.suffix = suffix
+        self.model = model
+        self.model_max = int(model_max)  # e.g. an MTP artifact's heads
+        self.needs_outputs = bool(model is not None and model.needs_outputs)
+        self.max_draft = len(verify_costs) - 1
+        self._costs = list(verify_costs)
+        self._prior = None if model is None else (model_prior or [MODEL_PRIOR])
+        self._model_cost = 0.0
+        self._shared = shared
+        self.state = self._fresh()
+        self.timed = False
+        self.choices: dict[str, int] = {}  # steps per choice (plain, suffix, model, model+suffix)
+        self._tests: list[tuple[AdaptiveDraftLength, list[int], int]] = []
+        self._fed = 0
+        self._end: float | None = None  # when the last propose returned
+
+    def _fresh(self) -> HybridState:
+        return HybridState(self.max_draft, self._costs, self._prior, self._model_cost)
+
+    def set_model_cost(self, cost: float) -> None:
+        """The drafter's prior cost per draft (its ``draft_cost``), relative to a plain step."""
+        self._model_cost = float(cost)
+        self.state.model_cost = self._model_cost
+        if self._shared is not None and self._shared.plain_s is None:
+            self._shared.model_cost = self._model_cost
+
+    # ---- protocol -------------------------------------------------------------------
+    def start(self, sampling: Any = None, stream: int | None = None) -> None:
+        greedy = sampling is None or bool(getattr(sampling, "greedy", True))
+        self.timed = greedy
+        self.state = self._shared if greedy and self._shared is not None else self._fresh()
+        self._tests, self._fed, self._end = [], 0, None
+        self.suffix.start(sampling, stream)
+        if self.model is not None:
+            self.model.start(sampling, stream)
+
+    def draft_cost(self, target: Any) -> float:
+        return 0.0  # priced per step by the hybrid itself
+
+    def finish(self, answer: Sequence[int]) -> None:
+        self.suffix.finish(answer)
+        if self.model is not None:
+            self.model.finish(answer)
+
+    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
+        if len(context) != 1:
+            raise ValueError(f"the hybrid proposer drafts one row, got {len(context)}")
+        t0 = time.perf_counter()
+        self._time_rest(t0)
+        drafts = self._choose(context[0], min(int(num_draft), self.max_draft))
+        self._fed = len(drafts)
+        self._end = time.perf_counter()
+        return Drafts.one(drafts)
+
+    def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
+        if self.model is not None:
+            self.model.observe(outputs, result)
+        emitted = [int(t) for t in result.tokens[0]] if len(result.tokens) else []
+        accepted = len(emitted) - 1
+        tested: set[int] = set()
+        for ctl, draft, offset in self._tests:
+            if offset and accepted < offset:
+                continue  # the model's part was not all accepted: the extension was not tried
+            rest = emitted[offset:]
+            n = min(len(draft), len(rest))
+            if n == 0:
+                continue
+            m = 0
+            while m < n and draft[m] == rest[m]:
+                m += 1
+            ctl.observe(n, m)
+            tested.add(id(ctl))
+        for ctl in self.state.sources.values():
+            if id(ctl) not in tested:
+                ctl.observe(0, 0)  # untested: drifts back toward its prior
+        self._tests = []
+
+    # ---- the choice -----------------------------------------------------------------
+    def _choose(self, ctx: list[int], cap: int) -> list[int]:
+        self._tests = []
+        if cap <= 0:
+            return self._chose("plain", [])
+        state = self.state
+        best_value, best = 1.0, "plain"
+        sdraft, kind = self.suffix.match(ctx, cap)
+        s_k = 0
+        if sdraft:
+            sctl = state.sources[kind]
+            self._tests.append((sctl, sdraft, 0))  # scored whether used or not (it is free)
+            s_k, value = sctl.best(sctl.expected_tokens(len(sdraft)))
+            if s_k and value > best_value:
+                best_value, best = value, "suffix"
+        if self.model is not None:
+            mctl = state.model_ctl()
+            m_k, value = mctl.best(mctl.expected_tokens(min(cap, self.model_max)))
+            if m_k and value > best_value:
+                return self._model(ctx, cap, m_k, mctl)
+        if best == "suffix":
+            return self._chose("suffix", sdraft[:s_k])
+        return self._chose("plain", [])
+
+    def _model(self, ctx: list[int], cap: int, k: int, mctl: AdaptiveDraftLength) -> list[int]:
+        """Run the drafter for ``k`` drafts; extend them by a suffix match when that pays."""
+        t0 = time.perf_counter()
+        mdraft = self.model.propose([ctx], k).row(0)[:k]  # type: ignore[union-attr]
+        self._time_model(time.perf_counter() - t0, len(mdraft))
+        if not mdraft:
+            return self._chose("plain", [])
+        self._tests.append((mctl, mdraft, 0))
+        expected = mctl.expected_tokens(len(mdraft))
+        reach = float(np.prod(mctl.rate[: len(mdraft)]))  # all of the model's drafts accepted
+        room = cap - len(mdraft)
+        if room > 0 and reach > 0.05:
+            ext, kind = self.suffix.match(ctx + mdraft, room)
+            if ext:
+                sctl = self.state.sources[kind]
+                gain = sctl.expected_tokens(len(ext))
+                base = expected[-1] / mctl.step_cost(len(mdraft))
+                best_j, best = 0, base
+                for j in range(1, len(ext) + 1):
+                    value = (expected[-1] + reach * (gain[j] - 1.0)) / mctl.step_cost(
+                        len(mdraft) + j
+                    )
+                    if value > best:
+                        best_j, best = j, value
+                if best_j:
+                    self._tests.append((sctl, ext[:best_j], len(mdraft)))
+                    return self._chose("model+suffix", mdraft + ext[:best_j])
+        return self._chose("model", mdraft)
+
+    def _chose(self, what: str, drafts: list[int]) -> list[int]:
+        self.choices[what] = self.choices.get(what, 0) + 1
+        return drafts
+
+    # ---- timing (greedy only: under sampling the choice must not depend on the clock) ----
+    def _time_rest(self, now: float) -> None:
+        """The time since the last propose returned: the rest of that step (its verify run
+        and host work), which costs ``verify_costs[fed]`` plain steps."""
+        if not self.timed or self._end is None or self.state.sources.get("model") is None:
+            return
+        rest = now - self._end
+        plain = rest / self._costs[min(self._fed, len(self._costs) - 1)]
+        state = self.state
+        if state.plain_s is None:
+            state.plain_s = plain
+        elif plain < 4.0 * state.plain_s:  # a stall (or a new request's prefill) is no trend
+            state.plain_s = DECAY * state.plain_s + (1.0 - DECAY) * plain
+        self._update_model_cost()
+
+    def _time_model(self, seconds: float, drafts: int) -> None:
+        if not self.timed or drafts <= 0:
+            return
+        per = seconds / drafts
+        state = self.state
+        state.model_s = per if state.model_s is None else DECAY * state.model_s + (1 - DECAY) * per
+        self._update_model_cost()
+
+    def _update_model_cost(self) -> None:
+        state = self.state
+        if state.plain_s and state.model_s is not None:
+            state.model_cost = min(state.model_s / state.plain_s, 4.0)
+
+    def report(self) -> dict[str, Any]:
+        """The estimates now (per source: acceptance per position) and the choices made."""
+        return {
+            "choices": dict(self.choices),
+            "model_cost": round(self.state.model_cost, 4),
+            "acceptance": {
+                name: [round(r, 3) for r in ctl.rate[:4]]
+                for name, ctl in self.state.sources.items()
+            },
+        }
+
+
+_STATES: weakref.WeakKeyDictionary[Any, HybridState] = weakref.WeakKeyDictionary()
+
+
+def make_hybrid_proposer(
+    model: Any, num_draft: int, draft_model: Any | None = None
+) -> HybridProposer:
+    """``--speculative auto`` for a loaded model: suffix matching plus the model drafter the
+    artifact has (``draft_model`` when given, else its EAGLE head, else its MTP heads; none:
+    suffix matching alone), sized from this machine's measured verify costs."""
+    from specport.runtime.engine.step_cost import verify_costs
+
+    drafter, prior, model_max = _drafter(model, draft_model)
+    costs = verify_costs(model, max(int(num_draft), 1))
+    suffix = SuffixProposer(model.suffix_index, max_draft=max(int(num_draft), 1))
+    shared = None
+    try:
+        shared = _STATES.get(model)
+        if (
+            shared is None
+            or shared.sources.keys() != _sources(drafter)
+            or len(next(iter(shared.sources.values())).rate) != len(costs) - 1
+        ):
+            shared = HybridState(len(costs) - 1, costs, prior, 0.0)
+            _STATES[model] = shared
+    except TypeError:  # not weakly referenceable: estimates per request
+        shared = None
+    proposer = HybridProposer(suffix, drafter, costs, prior, model_max, shared)
+    if drafter is not None:
+        proposer.set_model_cost(drafter.draft_cost(model.manifest))
+    return proposer
+
+
+def _sources(drafter: Proposer | None) -> set[str]:
+    return set(SUFFIX_KINDS) | ({"model"} if drafter is not None else set())
+
+
+def _drafter(model: Any, draft_model: Any | None) -> tuple[Proposer | None, Any, int]:
+    """(the model drafter, its acceptance prior per position or None, most drafts it makes)."""
+    manifest = model.manifest
+    if draft_model is not None:
+        from specport.runtime.speculative.draft import DraftModelProposer
+
+        proposer = DraftModelProposer(
+            draft_model.session, draft_model.manifest, manifest.vocab_size
+        )
+        return proposer, [MODEL_PRIOR], MAX_DRAFT
+    eagle = manifest.extra.get("eagle") or {}
+    if eagle.get("graph"):
+        from specport.runtime.speculative.eagle import make_eagle_proposer
+
+        heldout = ((eagle.get("training") or {}).get("heldout") or {}).get(
+            "acceptance_per_position"
+        )
+        return make_eagle_proposer(model), list(heldout or [MODEL_PRIOR]), MAX_DRAFT
+    mtp = manifest.mtp or {}
+    if mtp.get("heads"):
+        from specport.runtime.speculative.mtp import MTPProposer
+
+        proposer = MTPProposer(manifest)
+        model.ensure_mtp_branch()
+        return proposer, [MODEL_PRIOR], proposer.heads
+    return None, None, 0

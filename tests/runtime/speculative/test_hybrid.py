@@ -1,0 +1,156 @@
+"""The hybrid proposer (`--speculative auto`): each step the draft with the most expected tokens
+per unit of measured cost, plain decoding when none pays; suffix drafts scored against what the
+target emitted whether used or not; verify costs measured once per machine and artifact."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from specport.runtime.engine import step_cost
+from specport.runtime.speculative.base import Drafts, ProposerBase
+from specport.runtime.speculative.hybrid import HybridProposer
+from specport.runtime.speculative.metrics import AdaptiveDraftLength
+from specport.runtime.speculative.suffix import SuffixIndex, SuffixProposer
+from specport.runtime.speculative.verify import VerifyResult
+
+CHEAP = [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4]  # verify cost of k = 0..8 drafts
+
+
+class FakeDrafter(ProposerBase):
+    """A model drafter that always guesses ``tokens`` and counts its runs."""
+
+    name = "fake"
+    needs_outputs = True
+
+    def __init__(self, tokens: list[int], cost: float = 0.05) -> None:
+        self.tokens, self.cost, self.runs, self.seen = tokens, cost, 0, 0
+
+    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
+        self.runs += 1
+        return Drafts.one(self.tokens[:num_draft])
+
+    def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
+        self.seen += 1
+
+    def draft_cost(self, target: Any) -> float:
+        return self.cost
+
+
+def _hybrid(drafter: FakeDrafter | None, corpus: list[list[int]] = (), **rates: float):
+    index = SuffixIndex()
+    index.extend(corpus)
+    hybrid = HybridProposer(
+        SuffixProposer(index, max_draft=8), drafter, CHEAP, None if drafter is None else [0.5]
+    )
+    if drafter is not None:
+        hybrid.set_model_cost(drafter.cost)
+    hybrid.start(None)
+    for name, rate in rates.items():
+        hybrid.state.sources[name.replace("_", "-")].rate = [rate] * 8
+    return hybrid
+
+
+def _verdict(emitted: list[int]) -> VerifyResult:
+    return VerifyResult(np.array([len(emitted) - 1]), [emitted], np.array([False]))
+
+
+def test_a_suffix_match_expected_to_yield_more_replaces_the_model_draft():
+    model = FakeDrafter([9, 9, 9])
+    hybrid = _hybrid(model, own=0.9, model=0.3)
+    drafts = hybrid.propose([[1, 2, 3, 4, 5, 1, 2, 3]], 8)
+    assert drafts.row(0)[:2] == [4, 5] and model.runs == 0  # the model is not even run
+    assert hybrid.choices == {"suffix": 1}
+
+
+def test_the_model_drafts_when_its_acceptance_pays_and_a_match_extends_it():
+    model = FakeDrafter([7, 8])
+    hybrid = _hybrid(model, [[7, 8, 20, 21, 22]], model=0.9, corpus_short=0.9, corpus_long=0.9)
+    hybrid.state.sources["model"].rate = [0.9, 0.9] + [0.0] * 6  # two good drafts, no more
+    drafts = hybrid.propose([[1, 2, 3]], 6)
+    assert drafts.row(0)[:2] == [7, 8] and model.runs == 1
+    assert drafts.row(0)[2:] == [20, 21, 22]  # what followed 7, 8 in an earlier answer
+    assert hybrid.choices == {"model+suffix": 1}
+
+
+def test_plain_decoding_when_no_draft_is_expected_to_pay():
+    model = FakeDrafter([9, 9], cost=0.3)
+    hybrid = _hybrid(model, own=0.02, model=0.1)
+    assert hybrid.propose([[1, 2, 3, 1, 2]], 8).row(0) == []
+    assert model.runs == 0 and hybrid.choices == {"plain": 1}
+    hybrid.observe({}, _verdict([3]))
+    assert model.seen == 1  # the model still sees every run's outputs (its features)
+
+
+def test_an_unused_suffix_draft_is_scored_against_the_emitted_tokens():
+    model = FakeDrafter([4, 9])
+    hybrid = _hybrid(model, own=0.05, model=0.95)
+    drafts = hybrid.propose([[1, 2, 3, 4, 5, 1, 2, 3]], 4)
+    assert drafts.row(0) == [4, 9]  # the model's (the suffix match would draft 4, 5, 1, 2)
+    own = hybrid.state.sources["own"]
+    before = list(own.rate)
+    hybrid.observe({}, _verdict([4, 5]))  # model: 1 of 2 accepted, then the target's 5
+    assert own.rate[0] > before[0] and own.rate[1] > before[1]  # 4 and 5 both matched
+    assert hybrid.state.sources["model"].rate[1] < 0.95  # the model's 9 was rejected
+
+
+def test_without_a_drafter_it_is_suffix_matching_alone():
+    hybrid = _hybrid(None, own=0.9)
+    assert "model" not in hybrid.state.sources
+    assert hybrid.propose([[1, 2, 3, 1, 2]], 8).row(0)[:1] == [3]
+    assert hybrid.propose([[5, 6, 7]], 8).row(0) == []
+
+
+def test_greedy_requests_share_the_estimates_and_sampled_ones_start_from_priors():
+    from specport.runtime.sampler import SamplingConfig
+    from specport.runtime.speculative.hybrid import HybridState
+
+    shared = HybridState(8, CHEAP, [0.5], 0.05)
+    index = SuffixIndex()
+    hybrid = HybridProposer(SuffixProposer(index), FakeDrafter([1]), CHEAP, [0.5], shared=shared)
+    hybrid.start(SamplingConfig())
+    assert hybrid.state is shared and hybrid.timed
+    hybrid.start(SamplingConfig(greedy=False, seed=1))
+    assert hybrid.state is not shared and not hybrid.timed  # the clock never steers a seed
+
+
+def test_measured_verify_costs_set_the_draft_length():
+    ctl = AdaptiveDraftLength(8, prior=0.7)
+    flat_then_steep = [1.0, 1.02, 1.04, 1.06, 2.5, 2.6, 2.7, 2.8, 2.9]
+    ctl.set_verify_costs(flat_then_steep)
+    assert ctl.choose() == 3  # drafts are nearly free up to 3, then the run turns costly
+    assert ctl.best([1.0, 1.01])[0] == 0  # a draft that adds almost nothing does not pay
+
+
+def test_relative_costs_interpolate_and_never_fall():
+    costs = step_cost.relative_costs([0.010, 0.013, 0.012, 0.020], [1, 2, 3, 5], 6)
+    assert costs[0] == pytest.approx(1.0) and costs[1] == pytest.approx(1.3)
+    assert costs[2] == pytest.approx(1.3)  # a noisy dip does not make more tokens cheaper
+    assert costs[3] == pytest.approx(1.65) and costs[4] == pytest.approx(2.0)
+    assert costs[6] == pytest.approx(2.7)  # past the widest width: its last slope
+
+
+def test_verify_costs_are_measured_once_per_machine_and_artifact(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPORT_CACHE", str(tmp_path))
+    runs: list[int] = []
+
+    def fake_measure(session: Any, manifest: Any, widths=step_cost.WIDTHS) -> list[float]:
+        runs.append(1)
+        return [0.01 * (1 + 0.1 * (w - 1)) for w in widths]
+
+    monkeypatch.setattr(step_cost, "measure_widths", fake_measure)
+
+    def model(digest: str) -> Any:
+        manifest = SimpleNamespace(files={"model.onnx": digest})
+        return SimpleNamespace(manifest=manifest, path=tmp_path, session=None, provider="cpu")
+
+    first = step_cost.verify_costs(model("a"), 4)
+    assert first == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4]) and len(runs) == 1
+    assert step_cost.verify_costs(model("a"), 4) == first and len(runs) == 1  # from disk
+    step_cost.verify_costs(model("b"), 4)  # another artifact: measured
+    assert len(runs) == 2
+    assert len(json.loads((tmp_path / "step_costs.json").read_text())) == 2
