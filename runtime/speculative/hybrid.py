@@ -9,10 +9,12 @@ has, by **expected tokens per unit of step cost**, and drafts with the best:
   source (the model; suffix matches in the request's own text, long corpus matches, short
   ones), each a running estimate of P(draft i accepted | drafts before it accepted). The
   model's starts from the held-out acceptance its training measured (the manifest's
-  ``eagle.training``), the others from priors. A suffix match is free to compute, so it is
-  scored every step against what the target emitted, used or not (under sampling a draft
-  token equals the emitted one with the probability that rejection sampling accepts it, so
-  the estimate stays unbiased); the model is scored when it ran;
+  ``eagle.training``), the others from priors. Every draft made is scored against the tokens
+  the target goes on to emit, over as many later steps as it takes to reach its end or its
+  first miss: a suffix match is free to compute, so it is scored every step, used or not, at
+  every position (a plain step reveals one token, the next steps the rest); under sampling a
+  draft token equals the emitted one with the probability that rejection sampling accepts
+  it, so the estimate stays unbiased. The model is scored when it ran;
 * **cost, measured**: verifying k drafts costs ``engine.step_cost.verify_costs(model)[k]``
   plain steps (measured once per machine and artifact), plus what the drafter costs per
   draft (its prior, ``draft_cost``; under greedy decoding, its timed runs against the timed
@@ -47,10 +49,11 @@ logger = logging.getLogger(__name__)
 
 MAX_DRAFT = 16
 SUFFIX_KINDS = ("own", "corpus-long", "corpus-short")
-SUFFIX_PRIORS = {"own": 0.5, "corpus-long": 0.5, "corpus-short": 0.3}
+SUFFIX_PRIORS = {"own": 0.4, "corpus-long": 0.4, "corpus-short": 0.2}
 MODEL_PRIOR = 0.4  # a drafter without a measured acceptance
 DECAY = 0.9  # the estimates' memory: about ten tests
 MODEL_DRIFT = 0.03  # untested model positions drift back to the prior (a probe now and then)
+SUFFIX_DRIFT = 0.01  # suffix estimates are tested whenever a match exists: they barely drift
 
 
 class HybridState:
@@ -67,7 +70,7 @@ class HybridState:
         self.sources: dict[str, AdaptiveDraftLength] = {}
         for kind in SUFFIX_KINDS:
             self.sources[kind] = AdaptiveDraftLength(
-                max_draft, decay=DECAY, prior=SUFFIX_PRIORS[kind]
+                max_draft, decay=DECAY, prior=SUFFIX_PRIORS[kind], drift=SUFFIX_DRIFT
             )
         if model_prior is not None:
             rates = list(model_prior) or [MODEL_PRIOR]
@@ -115,7 +118,10 @@ class HybridProposer(ProposerBase):
         self.state = self._fresh()
         self.timed = False
         self.choices: dict[str, int] = {}  # steps per choice (plain, suffix, model, model+suffix)
-        self._tests: list[tuple[AdaptiveDraftLength, list[int], int]] = []
+        # drafts waiting for the tokens that score them: (estimate, draft, context position,
+        # leading tokens that must come true before the rest is scored: an extension's)
+        self._tests: list[tuple[AdaptiveDraftLength, list[int], int, int]] = []
+        self._tested: set[int] = set()  # estimates scored since the last step
         self._fed = 0
         self._end: float | None = None  # when the last propose returned
 
@@ -134,7 +140,7 @@ class HybridProposer(ProposerBase):
         greedy = sampling is None or bool(getattr(sampling, "greedy", True))
         self.timed = greedy
         self.state = self._shared if greedy and self._shared is not None else self._fresh()
-        self._tests, self._fed, self._end = [], 0, None
+        self._tests, self._tested, self._fed, self._end = [], set(), 0, None
         self.suffix.start(sampling, stream)
         if self.model is not None:
             self.model.start(sampling, stream)
@@ -152,6 +158,7 @@ class HybridProposer(ProposerBase):
             raise ValueError(f"the hybrid proposer drafts one row, got {len(context)}")
         t0 = time.perf_counter()
         self._time_rest(t0)
+        self._score(context[0])
         drafts = self._choose(context[0], min(int(num_draft), self.max_draft))
         self._fed = len(drafts)
         self._end = time.perf_counter()
@@ -160,29 +167,40 @@ class HybridProposer(ProposerBase):
     def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
         if self.model is not None:
             self.model.observe(outputs, result)
-        emitted = [int(t) for t in result.tokens[0]] if len(result.tokens) else []
-        accepted = len(emitted) - 1
-        tested: set[int] = set()
-        for ctl, draft, offset in self._tests:
-            if offset and accepted < offset:
-                continue  # the model's part was not all accepted: the extension was not tried
-            rest = emitted[offset:]
-            n = min(len(draft), len(rest))
-            if n == 0:
-                continue
+
+    def _score(self, ctx: list[int]) -> None:
+        """Score the waiting drafts whose end or first miss the context now shows; estimates
+        not tested since the last step drift back toward their priors."""
+        waiting = []
+        for ctl, draft, at, skip in self._tests:
+            if skip:  # an extension: scored only where the model's drafts came true
+                before = ctx[at : at + skip]
+                if before != draft[:skip][: len(before)]:
+                    continue
+                if len(before) < skip:
+                    waiting.append((ctl, draft, at, skip))
+                    continue
+                draft, at, skip = draft[skip:], at + skip, 0
+            known = ctx[at : at + len(draft)]
             m = 0
-            while m < n and draft[m] == rest[m]:
+            while m < len(known) and draft[m] == known[m]:
                 m += 1
-            ctl.observe(n, m)
-            tested.add(id(ctl))
+            if m < len(known):  # a miss at m: positions before it accepted
+                ctl.observe(m + 1, m)
+            elif len(known) == len(draft):  # every draft matched
+                ctl.observe(len(draft), len(draft))
+            else:
+                waiting.append((ctl, draft, at, 0))
+                continue
+            self._tested.add(id(ctl))
+        self._tests = waiting
         for ctl in self.state.sources.values():
-            if id(ctl) not in tested:
-                ctl.observe(0, 0)  # untested: drifts back toward its prior
-        self._tests = []
+            if id(ctl) not in self._tested:
+                ctl.observe(0, 0)
+        self._tested = set()
 
     # ---- the choice -----------------------------------------------------------------
     def _choose(self, ctx: list[int], cap: int) -> list[int]:
-        self._tests = []
         if cap <= 0:
             return self._chose("plain", [])
         state = self.state
@@ -191,7 +209,7 @@ class HybridProposer(ProposerBase):
         s_k = 0
         if sdraft:
             sctl = state.sources[kind]
-            self._tests.append((sctl, sdraft, 0))  # scored whether used or not (it is free)
+            self._tests.append((sctl, sdraft, len(ctx), 0))  # scored, used or not (it is free)
             s_k, value = sctl.best(sctl.expected_tokens(len(sdraft)))
             if s_k and value > best_value:
                 best_value, best = value, "suffix"
@@ -211,7 +229,7 @@ class HybridProposer(ProposerBase):
         self._time_model(time.perf_counter() - t0, len(mdraft))
         if not mdraft:
             return self._chose("plain", [])
-        self._tests.append((mctl, mdraft, 0))
+        self._tests.append((mctl, mdraft, len(ctx), 0))
         expected = mctl.expected_tokens(len(mdraft))
         reach = float(np.prod(mctl.rate[: len(mdraft)]))  # all of the model's drafts accepted
         room = cap - len(mdraft)
@@ -229,7 +247,8 @@ class HybridProposer(ProposerBase):
                     if value > best:
                         best_j, best = j, value
                 if best_j:
-                    self._tests.append((sctl, ext[:best_j], len(mdraft)))
+                    fed = mdraft + ext[:best_j]
+                    self._tests.append((sctl, fed, len(ctx), len(mdraft)))
                     return self._chose("model+suffix", mdraft + ext[:best_j])
         return self._chose("model", mdraft)
 

@@ -86,16 +86,21 @@ def test_plain_decoding_when_no_draft_is_expected_to_pay():
     assert model.seen == 1  # the model still sees every run's outputs (its features)
 
 
-def test_an_unused_suffix_draft_is_scored_against_the_emitted_tokens():
+def test_every_draft_is_scored_against_the_tokens_that_follow_used_or_not():
     model = FakeDrafter([4, 9])
     hybrid = _hybrid(model, own=0.05, model=0.95)
-    drafts = hybrid.propose([[1, 2, 3, 4, 5, 1, 2, 3]], 4)
+    ctx = [1, 2, 3, 4, 5, 1, 2, 3]
+    drafts = hybrid.propose([ctx], 4)
     assert drafts.row(0) == [4, 9]  # the model's (the suffix match would draft 4, 5, 1, 2)
-    own = hybrid.state.sources["own"]
-    before = list(own.rate)
+    own, mctl = hybrid.state.sources["own"], hybrid.state.sources["model"]
+    before = list(mctl.rate)
     hybrid.observe({}, _verdict([4, 5]))  # model: 1 of 2 accepted, then the target's 5
-    assert own.rate[0] > before[0] and own.rate[1] > before[1]  # 4 and 5 both matched
-    assert hybrid.state.sources["model"].rate[1] < 0.95  # the model's 9 was rejected
+    hybrid.propose([ctx + [4, 5]], 4)
+    assert mctl.rate[0] > before[0] and mctl.rate[1] < before[1]  # 4 came true, 9 did not
+    assert own.rate[:2] > [0.05, 0.05] and own.rate[2] == pytest.approx(0.05, abs=0.01)
+    hybrid.observe({}, _verdict([1, 2]))
+    hybrid.propose([ctx + [4, 5, 1, 2]], 4)  # later tokens score the rest of the match
+    assert own.rate[2] > 0.1 and own.rate[3] > 0.1
 
 
 def test_without_a_drafter_it_is_suffix_matching_alone():
