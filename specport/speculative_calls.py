@@ -14,7 +14,6 @@ import numpy as np
 
 from specport.results import GenerationResult, row_metrics
 from specport.runtime.engine.driver import generate_rows
-from specport.runtime.speculative.batch import generate_speculative_batch
 from specport.runtime.speculative.loop import (
     default_adaptive,
     generate_speculative,
@@ -115,35 +114,22 @@ def speculative_batch(
 
     on_token = push if streams.needs_steps else None  # else all text at once afterwards
     eos = [] if ignore_eos else model.manifest.eos_token_ids
-    if model.manifest.kv.layout == "shared":  # the engine's one step, driven synchronously
-        first = make_proposer(method, model, num_draft, draft_model)  # validates, clear errors
-        pool = [first]
-        out = generate_rows(
-            model,
-            rows,
-            max_new_tokens,
-            lambda: pool.pop() if pool else make_proposer(method, model, num_draft, draft_model),
-            num_draft,
-            sampling,
-            eos,
-            on_token,
-            default_adaptive(first) if adaptive is None else bool(adaptive),
-            method,
-        )
-        tokens, reasons, metrics = out.tokens, out.finish_reasons, out.metrics
-    else:
-        tokens, reasons, metrics = generate_speculative_batch(
-            model,
-            rows,
-            max_new_tokens,
-            method,
-            num_draft,
-            draft_model,
-            sampling,
-            eos,
-            on_token,
-            adaptive,
-        )
+    # the engine's one step, driven synchronously, on either KV layout
+    first = make_proposer(method, model, num_draft, draft_model)  # validates, clear errors
+    pool = [first]
+    out = generate_rows(
+        model,
+        rows,
+        max_new_tokens,
+        lambda: pool.pop() if pool else make_proposer(method, model, num_draft, draft_model),
+        num_draft,
+        sampling,
+        eos,
+        on_token,
+        default_adaptive(first) if adaptive is None else bool(adaptive),
+        method,
+    )
+    tokens, reasons, metrics = out.tokens, out.finish_reasons, out.metrics
     if on_token is None:
         streams.push_all(tokens)
     texts = streams.finish()

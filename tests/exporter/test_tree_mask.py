@@ -220,12 +220,12 @@ def test_other_feed_builders_on_tree_artifact(tiny_zoo):
     """Batched speculative decoding and chunked evaluation feed a causal tree_mask too."""
     import specport
     from specport.runtime.eval import _logits
-    from specport.runtime.speculative.batch import generate_speculative_batch
 
     plain_path, tree_path = tiny_zoo.artifact("llama", fuse=False), tree_artifact(tiny_zoo, True)
     rows = [[5, 6, 7, 5, 6, 7, 5], [8, 9]]
-    want = generate_speculative_batch(specport.load(plain_path), rows, 10, "ngram", 3)[0]
-    assert generate_speculative_batch(specport.load(tree_path), rows, 10, "ngram", 3)[0] == want
+    kw = dict(prompt_ids=rows, max_new_tokens=10, speculative="ngram", num_draft=3)
+    want = [r.tokens for r in specport.load(plain_path).generate_batch(**kw)]
+    assert [r.tokens for r in specport.load(tree_path).generate_batch(**kw)] == want
     ids = np.random.default_rng(0).integers(3, 256, size=40)
     # manifest None: the concat feeds (a shared artifact is scored through its own cache)
     plain = SimpleNamespace(sess=_session(plain_path), manifest=None)

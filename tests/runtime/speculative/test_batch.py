@@ -1,60 +1,28 @@
-"""Batched speculative decoding: every row equals plain greedy, caches stay exact, sampling lossless."""
+"""Several prompts speculating together through the engine's one step (``engine.driver``) on
+the concat layout (``kv.concat_cache.ConcatKVCache``): every row equals plain greedy across
+architectures, methods and draft lengths; EOS, stop and the context window end rows alone;
+sampling is seeded and lossless. Layout x proposer x verifier is ``test_exactness_matrix``;
+the cache's own unit tests are in ``tests/runtime/kv/test_cache.py``."""
 
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from specport.artifact import KVLayout, Manifest
-from specport.errors import ContextLengthError, InputError
+from specport.errors import ContextLengthError, InputError, UsageError
+from specport.runtime.engine.driver import generate_rows
 from specport.runtime.kv.seq_cache import ConcatCache
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.speculative.base import Drafts
-from specport.runtime.speculative.batch import (
-    FILLER,
-    BatchSpeculativeGenerator,
-    PaddedKV,
-    _greedy_rows,
-    generate_speculative_batch,
-)
-from specport.runtime.speculative.mtp import MTPProposer
-from specport.runtime.speculative.verify import greedy_verify
+from specport.runtime.speculative.base import Drafts, adopt
+from specport.runtime.speculative.loop import default_adaptive, make_proposer
+from specport.runtime.speculative.verify import graph_verdict, greedy_rows, greedy_verify
 
 GREEDY = SamplingConfig()
 slow = pytest.mark.slow  # the model fixtures export tiny models (a few seconds each)
-
-
-def _kv(batch: int) -> PaddedKV:
-    layout = KVLayout(
-        inputs=[["k0", "v0"]], outputs=[["pk0", "pv0"]], num_heads=[2], key_dim=[3], value_dim=[3]
-    )
-    manifest = Manifest("llama", {"vocab_size": 16, "context_length": 64}, {}, layout)
-    return PaddedKV(manifest, batch)
-
-
-def test_compact_keeps_each_rows_segment_left_padded():
-    """Synthetic presents: row r's kept positions move to the right edge, pads become zero."""
-    kv = _kv(3)
-    kv.lengths = np.array([2, 4, 0])
-    w, s = 4, 3
-    presents = [np.random.default_rng(i).standard_normal((3, 2, w + s, 3)) + 5 for i in range(2)]
-    start = w - kv.lengths
-    keep = kv.lengths + np.array([0, 2, 1]) + 1  # accepted 0, 2, 1
-    kv.compact(presents, start, keep, np.array([0, 2]))  # row 1 finished: dropped
-    assert kv.lengths.tolist() == [3, 2] and kv.width == 3
-    for got, p in zip(kv.past, presents):
-        np.testing.assert_array_equal(got[0], p[0, :, 2:5])
-        np.testing.assert_array_equal(got[1, :, 1:], p[2, :, 4:6])
-        assert not got[1, :, :1].any()  # padding is zero
-    np.testing.assert_array_equal(kv.mask(2), [[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
-    # Every row accepting the same count is one slice of the presents.
-    kv.lengths = np.array([3, 3])
-    presents = [np.arange(2 * 2 * 5 * 3, dtype=float).reshape(2, 2, 5, 3) for _ in range(2)]
-    kv.compact(presents, 3 - kv.lengths, kv.lengths + 2, np.array([0, 1]))
-    np.testing.assert_array_equal(kv.past[0], presents[0])
 
 
 def test_greedy_rows_equals_greedy_verify():
@@ -68,9 +36,51 @@ def test_greedy_rows_equals_greedy_verify():
         ]
         drafts = Drafts.from_lists(rows)
         want = greedy_verify(drafts, logits[:, : drafts.width + 1])
-        got = _greedy_rows(drafts, logits)
+        got = greedy_rows(drafts, logits)
         assert got.tokens == want.tokens and got.accepted.tolist() == want.accepted.tolist()
         assert got.bonus.tolist() == want.bonus.tolist()
+
+
+def test_graph_verdict_stops_at_a_rows_drafts():
+    """A filler equal to the argmax makes the graph accept past a row's drafts; exact greedy
+    stops at the drafts and emits that argmax (the filler) as its extra token."""
+    drafts = Drafts.from_lists([[7], [], [8, 9]])
+    res = graph_verdict(drafts, [2, 1, 1], [0, 0, 33], filler=0)  # rows 0 and 1: a filler matched
+    assert res.accepted.tolist() == [1, 0, 1]
+    assert res.tokens == [[7, 0], [0], [8, 33]]
+    assert res.bonus.tolist() == [True, True, False]
+
+
+def _spec(
+    model: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    method: str,
+    num_draft: int,
+    draft: Any = None,
+    sampling: SamplingConfig | None = None,
+    eos: Any = (),
+    on_token: Any = None,
+    adaptive: bool | None = None,
+    graph_verify: bool = True,
+) -> tuple[list[list[int]], list[str], dict[str, Any]]:
+    """What ``Model.generate_batch(speculative=...)`` runs, with token ids in and out."""
+    first = make_proposer(method, model, num_draft, draft)
+    pool = [first]
+    out = generate_rows(
+        model,
+        prompts,
+        max_new_tokens,
+        lambda: pool.pop() if pool else make_proposer(method, model, num_draft, draft),
+        num_draft,
+        sampling,
+        eos,
+        on_token,
+        default_adaptive(first) if adaptive is None else adaptive,
+        method,
+        graph_verify=graph_verify,
+    )
+    return out.tokens, out.finish_reasons, out.metrics
 
 
 def _load(path: Path):
@@ -82,19 +92,15 @@ def _load(path: Path):
 @pytest.fixture(scope="module")
 def llama(tiny_zoo, tmp_path_factory):
     """The zoo's tiny Llama, its 1-layer self-draft and a copy with 2 untrained MTP heads."""
-    torch = pytest.importorskip("torch")
-    from specport.exporter.export import export_model
-    from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    pytest.importorskip("torch")
+    from tests.export_cache import cached_export, cached_mtp
 
     model = _load(tiny_zoo.artifact("llama", fuse=False))
     tmp = tmp_path_factory.mktemp("spec_batch")
-    export_model(
+    cached_export(
         tiny_zoo.source("llama"), tmp / "l1", fuse=False, layers=1, skip_verify=True, progress=False
     )
-    torch.manual_seed(0)
-    heads = MTPHeads(load_base(model.manifest), 2).eval()
-    write_mtp_artifact(model.path, heads, tmp / "mtp", {"source": "test"})
+    cached_mtp(model.path, tmp / "mtp", heads=2)
     return model, _load(tmp / "l1"), _load(tmp / "mtp")
 
 
@@ -129,9 +135,11 @@ class RandomProposer:
         return Drafts.from_lists([self.rng.integers(3, 256, size=k).tolist()])
 
 
-def _random_gen(model, k: int, seed: int = 0) -> BatchSpeculativeGenerator:
+def _random(model, prompts, n: int, k: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
-    return BatchSpeculativeGenerator(model.session, model.manifest, lambda: RandomProposer(rng), k)
+    return generate_rows(
+        model, prompts, n, lambda: adopt(RandomProposer(rng)), k, method="random"
+    ).tokens
 
 
 @slow
@@ -146,11 +154,10 @@ def test_greedy_equals_plain_across_architectures(tiny_zoo, arch):
             model.generate(prompt_ids=p, max_new_tokens=20, ignore_eos=True).tokens for p in batch
         ]
         assert plain == one
-        toks, reasons, metrics = generate_speculative_batch(model, batch, 20, "ngram", 4)
+        toks, reasons, metrics = _spec(model, batch, 20, "ngram", 4)
         assert toks == plain, arch
         assert reasons == ["length"] * len(batch)
-        out = _random_gen(model, 4).generate(batch, 20)
-        assert out.tokens == plain, arch
+        assert _random(model, batch, 20, 4) == plain, arch
         assert metrics["batch"] == len(batch) and metrics["new_tokens"] == 20 * len(batch)
 
 
@@ -160,9 +167,7 @@ def test_methods_greedy_equal_plain(llama, method, k):
     model, draft, _ = llama
     prompts = _prompts(8, seed=2)
     for batch in (prompts[:4], prompts[4:7], prompts[6:8]):
-        toks, reasons, metrics = generate_speculative_batch(
-            model, batch, 24, method, k, draft, GREEDY, ()
-        )
+        toks, reasons, metrics = _spec(model, batch, 24, method, k, draft, GREEDY, ())
         assert toks == _plain(model, batch, 24, eos=False), (method, k)
         spec = metrics["speculative"]
         assert spec["method"] == method and spec["num_draft"] == k
@@ -177,9 +182,7 @@ def test_adaptive_draft_length_stays_exact(llama):
     prompts = _prompts(4, seed=6)
     plain = _plain(model, prompts, 24, eos=False)
     for method in ("ngram", "draft"):
-        toks, _, metrics = generate_speculative_batch(
-            model, prompts, 24, method, 4, draft, adaptive=True
-        )
+        toks, _, metrics = _spec(model, prompts, 24, method, 4, draft, adaptive=True)
         assert toks == plain and metrics["speculative"]["adaptive"] is True
 
 
@@ -187,70 +190,27 @@ def test_adaptive_draft_length_stays_exact(llama):
 def test_self_draft_accepts_everything(llama):
     model, _, _ = llama
     prompts = _prompts(4, seed=3)
-    toks, _, metrics = generate_speculative_batch(model, prompts, 21, "draft", 4, model)
+    toks, _, metrics = _spec(model, prompts, 21, "draft", 4, model, adaptive=False)
     assert toks == _plain(model, prompts, 21, eos=False)
     assert metrics["speculative"]["acceptance_rate"] == 1.0
     assert metrics["decode_steps"] == 5  # 21 tokens in steps of 5, 5, 5, 5, 1
 
 
-def _mtp_gen(mtp, k: int, trust: bool) -> BatchSpeculativeGenerator:
-    gen = BatchSpeculativeGenerator(
-        mtp.session, mtp.manifest, lambda: MTPProposer(mtp.manifest), k, "mtp"
-    )
-    gen.trust_graph = trust
-    return gen
-
-
 @slow
 def test_mtp_greedy_equals_plain(llama):
-    """Both verifications: the graph's own (greedy default, no logits) and the host's."""
+    """Both verifications: the graph's own (greedy default) and the host's."""
     model, _, mtp = llama
     prompts = _prompts(6, seed=4)
     for batch in (prompts[:3], prompts[2:6]):
         plain = _plain(model, batch, 20, eos=False)
         for k in (1, 2):
-            toks, _, metrics = generate_speculative_batch(mtp, batch, 20, "mtp", k)
+            toks, _, metrics = _spec(mtp, batch, 20, "mtp", k)
             assert toks == plain, k
             assert metrics["speculative"]["drafted"] > 0  # rows read their drafts from the graph
-            host = _mtp_gen(mtp, k, trust=False).generate(batch, 20)
-            assert host.tokens == plain and host.metrics["speculative"]["drafted"] > 0
+            host, _, metrics = _spec(mtp, batch, 20, "mtp", k, graph_verify=False)
+            assert host == plain and metrics["speculative"]["drafted"] > 0
     with pytest.raises(InputError, match="MTP heads"):
-        generate_speculative_batch(mtp, prompts[:2], 4, "mtp", 3)
-
-
-@slow
-def test_graph_verify_stops_at_a_rows_drafts(llama):
-    """A filler equal to the argmax makes the graph accept past a row's drafts; the host not."""
-    _, _, mtp = llama
-    gen = _mtp_gen(mtp, 2, trust=True)
-    drafts = Drafts.from_lists([[7], [], [8, 9]])
-    named = {
-        "mtp_accepted": np.array([2, 1, 1]),  # rows 0 and 1: a filler matched
-        "mtp_bonus": np.array([FILLER, FILLER, 33]),
-    }
-    res = gen._graph_verify(drafts, named)
-    assert res.accepted.tolist() == [1, 0, 1]
-    assert res.tokens == [[7, FILLER], [FILLER], [8, 33]]
-    assert res.bonus.tolist() == [True, True, False]
-
-
-@slow
-def test_kv_cache_equals_plain_state(llama):
-    """After ragged accept/reject steps, each row's cache equals one run over its tokens."""
-    model, _, _ = llama
-    prompts = _prompts(4, seed=5)
-    gen = _random_gen(model, 5, seed=1)
-    gen.record_kv = True
-    out = gen.generate(prompts, 16)
-    assert out.tokens == _plain(model, prompts, 16, eos=False)
-    for b, p in enumerate(prompts):
-        seq = p + out.tokens[b][:-1]
-        ref = ConcatCache(model.session, model.manifest)
-        ref.step(seq)
-        got = gen.row_kv[b]
-        assert got[0].shape[2] == len(seq)
-        for g, w in zip(got, ref.past):
-            np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+        _spec(mtp, prompts[:2], 4, "mtp", 3)
 
 
 @slow
@@ -260,16 +220,14 @@ def test_per_row_eos_stop_and_context(llama):
     plain = _plain(model, prompts, 16, eos=False)
     eos = plain[1][4]  # row 1 ends at its 5th token; the others end wherever eos appears
     want = [t[: t.index(eos) + 1] if eos in t else t for t in plain]
-    toks, reasons, _ = generate_speculative_batch(model, prompts, 16, "ngram", 3, eos_ids=[eos])
+    toks, reasons, _ = _spec(model, prompts, 16, "ngram", 3, eos=[eos])
     assert toks == want
     assert reasons == ["eos" if eos in t else "length" for t in plain]
 
     def stop(row: int, tok: int) -> bool:
         return row == 2 and tok == plain[2][2]  # row 2 stops at its 3rd token
 
-    toks, reasons, _ = generate_speculative_batch(
-        model, prompts, 16, "draft", 3, draft, on_token=stop
-    )
+    toks, reasons, _ = _spec(model, prompts, 16, "draft", 3, draft, on_token=stop)
     assert toks[2] == plain[2][: plain[2].index(plain[2][2]) + 1] and reasons[2] == "stop"
     assert toks[:2] == plain[:2] and reasons[:2] == ["length", "length"]
 
@@ -277,7 +235,7 @@ def test_per_row_eos_stop_and_context(llama):
     ctx = model.manifest.context_length
     long = (prompts[1] * ctx)[: ctx - 6]
     batch = [prompts[0], long]
-    toks, reasons, _ = generate_speculative_batch(model, batch, 12, "ngram", 4)
+    toks, reasons, _ = _spec(model, batch, 12, "ngram", 4)
     one = [model.generate(prompt_ids=p, max_new_tokens=12, ignore_eos=True) for p in batch]
     assert toks == [r.tokens for r in one]
     assert reasons == ["length", "context"] == [r.finish_reason for r in one]
@@ -288,14 +246,10 @@ def test_edge_shapes_and_greedy_penalty(llama):
     """One-token prompts only (no prefill), batch 1, one new token, greedy with a penalty."""
     model, draft, _ = llama
     ones = [[5], [77], [200]]
-    assert generate_speculative_batch(model, ones, 12, "ngram", 3)[0] == _plain(
-        model, ones, 12, False
-    )
+    assert _spec(model, ones, 12, "ngram", 3)[0] == _plain(model, ones, 12, False)
     single = _prompts(3, seed=9)[2:]
-    assert generate_speculative_batch(model, single, 12, "draft", 3, draft)[0] == _plain(
-        model, single, 12, False
-    )
-    toks, reasons, metrics = generate_speculative_batch(model, ones, 1, "draft", 3, draft)
+    assert _spec(model, single, 12, "draft", 3, draft)[0] == _plain(model, single, 12, False)
+    toks, reasons, metrics = _spec(model, ones, 1, "draft", 3, draft)
     assert toks == _plain(model, ones, 1, False) and reasons == ["length"] * 3
     assert metrics["speculative"]["drafted"] == 0  # no room for drafts with one token to go
     prompts = _prompts(4, seed=10)
@@ -304,7 +258,7 @@ def test_edge_shapes_and_greedy_penalty(llama):
         prompt_ids=prompts, max_new_tokens=16, greedy=True, repetition_penalty=1.3, ignore_eos=True
     )
     for method in ("ngram", "draft"):
-        got = generate_speculative_batch(model, prompts, 16, method, 3, draft, cfg)[0]
+        got = _spec(model, prompts, 16, method, 3, draft, cfg)[0]
         assert got == [r.tokens for r in want], method
 
 
@@ -313,23 +267,25 @@ def test_bad_inputs(llama):
     model, _, _ = llama
     ctx = model.manifest.context_length
     with pytest.raises(InputError, match="empty"):
-        generate_speculative_batch(model, [], 4, "ngram", 2)
+        _spec(model, [], 4, "ngram", 2)
     with pytest.raises(ContextLengthError, match="context window"):
-        generate_speculative_batch(model, [[5, 6], [7] * ctx], 4, "ngram", 2)
+        _spec(model, [[5, 6], [7] * ctx], 4, "ngram", 2)
     with pytest.raises(InputError, match="at least one token"):
-        generate_speculative_batch(model, [[5, 6], []], 4, "ngram", 2)
+        _spec(model, [[5, 6], []], 4, "ngram", 2)
     with pytest.raises(InputError, match="vocabulary"):
-        generate_speculative_batch(model, [[5, 6], [10_000]], 4, "ngram", 2)
+        _spec(model, [[5, 6], [10_000]], 4, "ngram", 2)
     with pytest.raises(InputError, match="max-new-tokens"):
-        generate_speculative_batch(model, [[5, 6]], 0, "ngram", 2)
-    with pytest.raises(InputError, match="num-draft"):
-        generate_speculative_batch(model, [[5, 6]], 4, "ngram", 0)
+        _spec(model, [[5, 6]], 0, "ngram", 2)
+    with pytest.raises(UsageError, match="num_draft"):  # the API checks it before the loop
+        model.generate_batch(
+            prompt_ids=[[5, 6]], max_new_tokens=4, speculative="ngram", num_draft=0
+        )
     with pytest.raises(InputError, match="--draft"):
-        generate_speculative_batch(model, [[5, 6]], 4, "draft", 2)
+        _spec(model, [[5, 6]], 4, "draft", 2)
     with pytest.raises(InputError, match="MTP"):
-        generate_speculative_batch(model, [[5, 6]], 4, "mtp", 2)
+        _spec(model, [[5, 6]], 4, "mtp", 2)
     with pytest.raises(InputError, match="unknown"):
-        generate_speculative_batch(model, [[5, 6]], 4, "medusa", 2)
+        _spec(model, [[5, 6]], 4, "medusa", 2)
 
 
 @slow
@@ -339,12 +295,12 @@ def test_sampling_is_seeded(llama, method):
     target = mtp if method == "mtp" else model
     prompts = _prompts(3, seed=8)
     cfg = SamplingConfig(greedy=False, temperature=0.8, top_p=0.95, repetition_penalty=1.1, seed=5)
-    a = generate_speculative_batch(target, prompts, 16, method, 2, draft, cfg)[0]
-    b = generate_speculative_batch(target, prompts, 16, method, 2, draft, cfg)[0]
+    a = _spec(target, prompts, 16, method, 2, draft, cfg)[0]
+    b = _spec(target, prompts, 16, method, 2, draft, cfg)[0]
     assert a == b and all(len(t) == 16 for t in a)
     assert all(0 <= t < model.manifest.vocab_size for row in a for t in row)
     other = SamplingConfig(greedy=False, temperature=0.8, top_p=0.95, seed=6)
-    assert generate_speculative_batch(target, prompts, 16, method, 2, draft, other)[0] != a
+    assert _spec(target, prompts, 16, method, 2, draft, other)[0] != a
 
 
 @slow
@@ -366,7 +322,7 @@ def test_rejection_sampling_preserves_distribution(llama):
     drafted = 0
     runs, rows = 400, 4
     for seed in range(runs):
-        toks, _, metrics = generate_speculative_batch(
+        toks, _, metrics = _spec(
             model, [ids] * rows, 3, "draft", 2, draft, SamplingConfig(**cfg, seed=seed)
         )
         counts.update((t[0], t[1]) for t in toks)
@@ -391,18 +347,16 @@ STORY_PROMPTS = [
 @pytest.fixture(scope="module")
 def stories(shared_dir, tmp_path_factory):
     """stories260K, its 1-layer self-draft and a copy with 3 untrained MTP heads."""
-    from specport.exporter.export import export_model
-    from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from tests.export_cache import cached_export, cached_mtp
 
     src = shared_dir / "models" / "stories260K"
     if not (src / "config.json").exists():
         pytest.skip(f"stories260K not found under {shared_dir}")
     out = tmp_path_factory.mktemp("spec_batch_stories")
-    export_model(src, out / "s260", fuse=False, skip_verify=True, progress=False)
-    export_model(src, out / "l1", fuse=False, layers=1, skip_verify=True, progress=False)
+    cached_export(src, out / "s260", fuse=False, skip_verify=True, progress=False)
+    cached_export(src, out / "l1", fuse=False, layers=1, skip_verify=True, progress=False)
     model = _load(out / "s260")
-    write_mtp_artifact(model.path, MTPHeads(load_base(model.manifest), 3).eval(), out / "mtp", {})
+    cached_mtp(model.path, out / "mtp", heads=3)
     return model, _load(out / "l1"), _load(out / "mtp")
 
 
@@ -417,13 +371,11 @@ def test_stories260k_greedy_equals_plain(stories, method):
         plain = model.generate_batch(prompt_ids=batch, max_new_tokens=60)
         one = [model.generate(prompt_ids=p, max_new_tokens=60) for p in batch]
         assert [r.tokens for r in plain] == [r.tokens for r in one]
-        toks, reasons, metrics = generate_speculative_batch(
-            target, batch, 60, method, 3, draft, GREEDY, eos
-        )
+        toks, reasons, metrics = _spec(target, batch, 60, method, 3, draft, GREEDY, eos)
         assert toks == [r.tokens for r in plain], method
         assert reasons == [r.finish_reason for r in plain]
         if method == "mtp":  # and with the host verifying (logits out of the graph)
-            host = _mtp_gen(mtp, 3, trust=False).generate(batch, 60, GREEDY, eos)
-            assert host.tokens == toks and host.finish_reasons == reasons
+            host = _spec(target, batch, 60, method, 3, draft, GREEDY, eos, graph_verify=False)
+            assert host[:2] == (toks, reasons)
         if method == "ngram":
             assert metrics["speculative"]["accepted"] > 0

@@ -94,9 +94,8 @@ def test_suffix_batch_and_corpus_file(tiny_zoo, tmp_path):
     import json
 
     import specport
-    from specport.runtime.speculative.batch import generate_speculative_batch
 
-    path = tiny_zoo.artifact("llama")  # batched speculation runs on the concat layout
+    path = tiny_zoo.artifact("llama")  # the concat layout (the engine's step on its KV cache)
     model = specport.load(path, threads=1)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
     plain = [r.tokens for r in model.generate_batch(prompt_ids=prompts, max_new_tokens=12)]
@@ -104,8 +103,10 @@ def test_suffix_batch_and_corpus_file(tiny_zoo, tmp_path):
     corpus.write_text("".join(json.dumps({"ids": a}) + "\n" for a in plain))
     seeded = specport.load(path, threads=1, suffix_corpus=corpus)
     assert len(seeded.suffix_index) == sum(len(a) + 1 for a in plain)
-    toks, _, metrics = generate_speculative_batch(seeded, prompts, 12, "suffix", 3)
-    assert toks == plain and metrics["speculative"]["accepted"] > 0
+    got = seeded.generate_batch(
+        prompt_ids=prompts, max_new_tokens=12, speculative="suffix", num_draft=3
+    )
+    assert [g.tokens for g in got] == plain and got[0].metrics["speculative"]["accepted"] > 0
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"ids": [1, 2]}\n{"tokens": [3]}\n')
     with pytest.raises(InputError, match="bad.jsonl:2"):
