@@ -152,8 +152,8 @@ def test_batch1_loops_equal_plain(arts, layout, proposer, verifier, adaptive):
 @pytest.mark.parametrize("proposer", ["ngram", "suffix", "mtp"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_batched_generator_equals_plain(arts, layout, proposer, verifier, adaptive):
-    """Several prompts in one speculative batch: the concat layout's batched generator, the
-    shared layout's one step driven synchronously (`engine.driver`)."""
+    """Several prompts in one speculative batch: the one step driven synchronously
+    (`engine.driver`) on the layout's KV cache (`kv.cache.open_kv_cache`)."""
     model = arts[f"mtp_{layout}"] if proposer == "mtp" else arts[layout]
     want = _plain(arts[layout], verifier)
     got = model.generate_batch(
@@ -219,16 +219,17 @@ def test_seeded_sampling_is_reproducible(arts, layout):
 
 @slow
 @pytest.mark.parametrize("rows", [1, len(PROMPTS)], ids=["batch1", "batchN"])
-def test_step_trusts_the_mtp_graph_verdict_under_greedy(arts, rows):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_step_trusts_the_mtp_graph_verdict_under_greedy(arts, layout, rows):
     """The step's verifier under plain greedy on an MTP artifact is the graph's own verdict
     (no host argmax); it gives the host verifier's tokens and acceptance, step for step."""
     from specport.runtime.engine.driver import generate_rows
     from specport.runtime.speculative.loop import make_proposer
     from specport.runtime.speculative.verify import GraphVerifier, graph_outputs
 
-    model = arts["mtp_shared"]
+    model = arts[f"mtp_{layout}"]
     assert isinstance(make_verifier(None, graph_outputs(model.manifest)), GraphVerifier)
-    want = _plain(arts["shared"], "greedy")[:rows]
+    want = _plain(arts[layout], "greedy")[:rows]
     runs = {}
     for in_graph in (True, False):
         out = generate_rows(
