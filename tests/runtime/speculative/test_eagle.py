@@ -3,6 +3,7 @@ positions only; features pair with the right tokens whatever the loop shows it."
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +36,7 @@ def concat_eagle(tiny_zoo, tmp_path_factory) -> Path:
     return _drafted(tmp_path_factory.mktemp("eagle-concat"), tiny_zoo.artifact("llama"))
 
 
-def _check_exact(artifact: Path, adaptive: bool | None) -> int:
+def _check_exact(artifact: Path, adaptive: bool | None, method: str = "eagle") -> int:
     import specport
 
     model = specport.load(artifact, threads=1)
@@ -46,7 +47,7 @@ def _check_exact(artifact: Path, adaptive: bool | None) -> int:
             prompt_ids=prompt,
             max_new_tokens=24,
             greedy=True,
-            speculative="eagle",
+            speculative=method,
             num_draft=3,
             adaptive=adaptive,
         )
@@ -66,6 +67,50 @@ def test_greedy_eagle_equals_plain_greedy_concat(concat_eagle, adaptive):
 def test_greedy_eagle_equals_plain_greedy_shared(tiny_zoo, tmp_path):
     drafted = _check_exact(_drafted(tmp_path, tiny_zoo.shared("llama")), False)
     assert drafted > 0
+
+
+def test_greedy_auto_with_a_head_equals_plain_greedy(concat_eagle):
+    """The hybrid (the head, suffix matches, plain steps, chosen per step) is exact too."""
+    assert _check_exact(concat_eagle, None, "auto") > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["eagle", "auto"])
+def test_sampling_with_the_head_keeps_the_target_distribution(concat_eagle, method):
+    """Joint law of the first two sampled tokens equals the target's, over many seeds: the
+    drafts (the head's, or the hybrid's choice) change speed, never the distribution."""
+    import specport
+    from specport.runtime.kv.seq_cache import ConcatCache
+    from specport.runtime.sampler import Sampler, SamplingConfig
+
+    model = specport.load(concat_eagle, threads=1)
+    ids = [5, 17, 42, 5, 17]  # a repeat: the hybrid has a suffix match to weigh
+    cfg = dict(greedy=False, temperature=1.0, top_k=3)
+    sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)  # type: ignore[arg-type]
+
+    def probs(context: list[int]) -> np.ndarray:
+        logits = ConcatCache(model.session, model.manifest).step(context).logits[None]
+        return sampler.probs(logits[:, -1])[0]
+
+    p1 = probs(ids)
+    expected = {
+        (int(a), int(b)): float(p1[a] * q)
+        for a in np.flatnonzero(p1)
+        for b, q in [(b, probs([*ids, int(a)])[b]) for b in np.flatnonzero(probs([*ids, int(a)]))]
+    }
+    n, drafted = 1200, 0
+    counts: Counter[tuple[int, int]] = Counter()
+    for seed in range(n):
+        out = model.generate(
+            prompt_ids=ids, max_new_tokens=3, speculative=method, num_draft=2, adaptive=False,
+            seed=seed, **cfg,
+        )  # fmt: skip
+        counts[(out.tokens[0], out.tokens[1])] += 1
+        drafted += int(out.metrics["speculative"]["drafted"])
+    assert drafted > n // 10  # drafts really went through rejection sampling
+    assert set(counts) <= set(expected)
+    tv = 0.5 * sum(abs(counts[c] / n - q) for c, q in expected.items())
+    assert tv < 0.07, (tv, counts, expected)
 
 
 def test_an_artifact_without_a_head_gets_the_command_that_makes_one(tiny_llama_artifact):
