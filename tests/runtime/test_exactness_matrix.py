@@ -149,7 +149,7 @@ def test_batch1_loops_equal_plain(arts, layout, proposer, verifier, adaptive):
 @slow
 @pytest.mark.parametrize("adaptive", [False, True], ids=["fixed-k", "adaptive"])
 @pytest.mark.parametrize("verifier", list(VERIFIERS))
-@pytest.mark.parametrize("proposer", ["ngram", "suffix", "mtp"])
+@pytest.mark.parametrize("proposer", ["ngram", "suffix", "mtp", "auto"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_batched_generator_equals_plain(arts, layout, proposer, verifier, adaptive):
     """Several prompts in one speculative batch: the one step driven synchronously
@@ -173,7 +173,7 @@ def test_batched_generator_equals_plain(arts, layout, proposer, verifier, adapti
 
 @slow
 @pytest.mark.parametrize("verifier", list(VERIFIERS))
-@pytest.mark.parametrize("proposer", ["ngram", "suffix"])
+@pytest.mark.parametrize("proposer", ["ngram", "suffix", "auto"])
 @pytest.mark.parametrize("max_rows", [8, 1], ids=["rows-verify-alone", "compute-bound-rule"])
 def test_engine_staggered_and_cancelled_equal_plain(arts, proposer, verifier, max_rows):
     """The serving engine (shared layout): arrivals while others decode, more requests than
