@@ -20,10 +20,11 @@ What costs a copy, and when:
 * a row run alone (``step_row``: a prompt, a token tree) is fed its own positions and keeps its
   presents apart until the next batched step merges it.
 
-Rows that take no part in a step (finished or free) are fed harmless tokens whose keys and
-values lie past their valid positions, and rows past the step's batch are parked apart (once)
-when the step's presents replace the tensor. Pad slots hold finite stale values: every fed
-query attends to at least itself, so nothing NaN is ever computed into them.
+A step runs only its live rows: the tensor holds exactly the rows of the last run, in order,
+and a row that drops out (finished, waiting) is parked apart with one copy, so it costs
+nothing in later runs (the rows' scores are returned at their own indices). Pad slots hold
+finite stale values: every fed query attends to at least itself, so nothing NaN is ever
+computed into them.
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ class ConcatKVCache:
         """Every row empty."""
         self.lengths[:] = 0
         self.ort_seconds = 0.0
-        self._past: list[np.ndarray] = list(self._empty)  # [n, Hkv, W, D]: rows [0, n)
+        self._past: list[np.ndarray] = list(self._empty)  # [n, Hkv, W, D] per tensor
+        self._slots: list[int] = []  # the rows _past holds, in its order
+        self._slot: dict[int, int] = {}  # row -> its index in _past
         self._start = np.zeros(self.rows, dtype=np.int64)  # row r's first slot in _past
         self._apart: dict[int, list[np.ndarray]] = {}  # rows held outside _past [1, Hkv, >=L, D]
 
@@ -81,32 +84,43 @@ class ConcatKVCache:
 
     # ---- runs -----------------------------------------------------------------------
     def step(self, ids: np.ndarray, live: np.ndarray) -> StepOut:
-        """ids [b, S] after the valid positions of rows [0, b), one run; live [b] bool rows
-        advance by S, the others keep their positions (their fed tokens are dropped)."""
+        """ids [b, S] after the valid positions of rows [0, b), one run over the live rows,
+        which advance by S; the others keep their positions (their ids are not run, their
+        scores in the result are zeros)."""
         ids = np.asarray(ids, dtype=np.int64)
-        live = np.asarray(live, dtype=bool)
         batch, s = ids.shape
-        lengths = self.lengths[:batch]
-        if int(lengths[live].max(initial=0)) + s > self.max_length and s == 1:
+        rows = np.flatnonzero(live)
+        if rows.size == 0:
+            return StepOut(np.zeros((batch, s, self.manifest.vocab_size), np.float32), None, {})
+        every = rows.size == batch
+        order = rows.tolist()
+        lengths = self.lengths[:batch] if every else self.lengths[rows]
+        if s == 1 and int(lengths.max()) >= self.max_length:
             raise ContextLengthError(f"KV cache full ({self.max_length} positions).")
-        if not self._aligned(batch, live):
-            self._rebuild(batch, live)
-        self._park(batch)
+        if order != self._slots or not self._aligned(order, lengths):
+            self._rebuild(order, lengths)
         w = self.width
-        held = np.where(live, lengths, 0)  # a row out of the step attends to nothing past
-        mask = np.ones((batch, w + s), dtype=np.int64)
-        mask[:, :w] = np.arange(w)[None, :] >= (w - held)[:, None]
+        mask = np.ones((rows.size, w + s), dtype=np.int64)
+        mask[:, :w] = np.arange(w)[None, :] >= (w - lengths)[:, None]
         last = self.manifest.context_length - 1  # padding past the window: the last slot
         positions = np.minimum(lengths[:, None] + np.arange(s)[None, :], last)
-        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
-        feeds.update(zip(self.names, (p[:batch] for p in self._past)))  # contiguous views
+        feeds = {
+            "input_ids": ids if every else ids[rows],
+            "attention_mask": mask,
+            "position_ids": positions,
+        }
+        feeds.update(zip(self.names, self._past))
         if self.has_tree:
-            feeds[TREE_MASK] = causal_tree_mask(batch, s)
+            feeds[TREE_MASK] = causal_tree_mask(rows.size, s)
         out = self._run(feeds)
-        self._past = out[1 : 1 + self.n_kv]  # [b, Hkv, W+S, D]: aligned rows stay aligned
-        self._start[:batch] = np.where(live, w - lengths, self._start[:batch])
-        lengths += np.where(live, s, 0)
-        return self._out(out)
+        self._past = out[1 : 1 + self.n_kv]  # [n, Hkv, W+S, D]: every row ends at W+S
+        if every:
+            self._start[:batch] = w - lengths
+            self.lengths[:batch] += s
+            return self._out(out)
+        self._start[rows] = w - lengths
+        self.lengths[rows] += s
+        return self._scatter(self._out(out), rows, batch)
 
     def step_row(
         self, row: int, ids: np.ndarray, last_only: bool = False, tree: Any = None
@@ -157,72 +171,72 @@ class ConcatKVCache:
         return StepOut(out[0], greedy, extra)
 
     # ---- where each row's positions are ---------------------------------------------
-    def _rows_in_tensor(self) -> int:
-        return int(self._past[0].shape[0])
+    def _scatter(self, out: StepOut, rows: np.ndarray, batch: int) -> StepOut:
+        """The live rows' results at their own row indices of [b, ...] (zeros elsewhere)."""
 
-    def _aligned(self, batch: int, live: np.ndarray) -> bool:
-        """Can rows [0, batch) run on the tensor as it is? Every live row must sit in it and
-        end at W (or be empty), and the common padding must stay small."""
-        if self._rows_in_tensor() < batch:
-            return False
-        if self._apart and any(r in self._apart for r in np.flatnonzero(live).tolist()):
+        def spread(a: np.ndarray) -> np.ndarray:
+            full = np.zeros((batch, *a.shape[1:]), a.dtype)
+            full[rows] = a
+            return full
+
+        greedy = None if out.greedy is None else spread(out.greedy)
+        return StepOut(spread(out.logits), greedy, {k: spread(v) for k, v in out.outputs.items()})
+
+    def _aligned(self, order: list[int], lengths: np.ndarray) -> bool:
+        """Can these rows (the tensor's, in its order) run on it as it is? Each must end at
+        W (or be empty) and none be held apart; the common padding must stay small."""
+        if self._apart and any(r in self._apart for r in order):
             return False
         w = self.width
-        lengths = self.lengths[:batch]
-        ends = self._start[:batch] + lengths
-        if not bool(((ends == w) | (lengths == 0) | ~live).all()):
+        ends = self._start[order] + lengths
+        if not bool(((ends == w) | (lengths == 0)).all()):
             return False
-        return w - int(lengths[live].max(initial=0)) <= MAX_SLACK
+        return w - int(lengths.max()) <= MAX_SLACK
 
     def _row(self, row: int) -> list[np.ndarray]:
         """Row ``row``'s valid positions, [1, Hkv, L, D] per tensor (views)."""
         n = int(self.lengths[row])
         if row in self._apart:
             return [p[:, :, :n] for p in self._apart[row]]
-        if row >= self._rows_in_tensor() or n == 0:
+        i = self._slot.get(row)
+        if i is None or n == 0:
             return self._zeros(1)
         a = int(self._start[row])
-        return [p[row : row + 1, :, a : a + n] for p in self._past]
+        return [p[i : i + 1, :, a : a + n] for p in self._past]
 
     def _zeros(self, batch: int, width: int = 0) -> list[np.ndarray]:
         return [np.zeros((batch, e.shape[1], width, e.shape[3]), e.dtype) for e in self._empty]
 
-    def _rebuild(self, batch: int, live: np.ndarray) -> None:
-        """Live rows of [0, batch) left-padded, right-aligned at W = the longest (rows held
-        apart merged); rows out of the step that hold positions move apart, once.
+    def _rebuild(self, order: list[int], lengths: np.ndarray) -> None:
+        """A tensor of exactly these rows, in this order, left-padded and right-aligned at
+        W = the longest (rows held apart merged); rows it held that are not among them
+        move apart (one copy each).
 
-        When every live row ends at the same slot (rows that accepted as many drafts), the new
-        tensor is one view of the old one; otherwise one copy per row and tensor."""
-        inside = self._rows_in_tensor()
-        for r in range(min(batch, inside)):
-            if not live[r] and self.lengths[r] > 0 and r not in self._apart:
+        When the rows are the tensor's own and all end at the same slot (rows that accepted
+        as many drafts), the new tensor is one view of the old one; otherwise one copy per
+        row and tensor."""
+        keep = set(order)
+        for r in self._slots:
+            if r not in keep and self.lengths[r] > 0 and r not in self._apart:
                 self._apart[r] = [np.array(p) for p in self._row(r)]
-        self._park(batch)
-        lengths = self.lengths[:batch]
-        w = int(lengths[live].max(initial=0))
-        held = [r for r in np.flatnonzero(live & (lengths > 0)).tolist()]
-        if inside == batch and held and not any(r in self._apart for r in held):
-            ends = {int(self._start[r] + lengths[r]) for r in held}
+        w = int(lengths.max())
+        if order == self._slots and not any(r in self._apart for r in order):
+            ends = {int(e) for e, n in zip(self._start[order] + lengths, lengths) if n}
             if len(ends) == 1:
                 end = ends.pop()
                 self._past = [p[:, :, end - w : end] for p in self._past]
-                self._start[:batch] -= end - w
+                self._start[order] -= end - w
                 return
-        past = self._zeros(batch, w)
-        for r in held:
-            n = int(lengths[r])
-            for dst, src in zip(past, self._row(r)):
-                dst[r, :, w - n :] = src[0]
+        past = self._zeros(len(order), w)
+        for i, (r, n) in enumerate(zip(order, lengths.tolist())):
+            if n:
+                for dst, src in zip(past, self._row(r)):
+                    dst[i, :, w - n :] = src[0]
             self._apart.pop(r, None)
         self._past = past
-        self._start[:batch] = np.where(live, w - lengths, 0)
-
-    def _park(self, batch: int) -> None:
-        """Rows of the tensor past ``batch`` that hold positions move apart (one copy each):
-        the step's presents cover rows [0, batch) only."""
-        for r in range(batch, self._rows_in_tensor()):
-            if self.lengths[r] > 0 and r not in self._apart:
-                self._apart[r] = [np.array(p) for p in self._row(r)]
+        self._slots = order
+        self._slot = {r: i for i, r in enumerate(order)}
+        self._start[order] = w - lengths
 
     # ---- lengths and positions ------------------------------------------------------
     def fits(self, batch: int, s: int) -> bool:

@@ -154,13 +154,13 @@ class _Rows:
 
     def step(self, ids: list[list[int]], live: list[bool]) -> None:
         self.cache.step(np.array(ids), np.array(live))
-        for r, (row_ids, on) in enumerate(zip(ids, live)):
-            if not on:
-                continue
+        ran = [r for r, on in enumerate(live) if on]  # only live rows run, in row order
+        assert len(self.graph.seen) == len(ran)
+        for seen, r in zip(self.graph.seen, ran):
             n = len(self.keys[r])
-            fed = [(n + i, t) for i, t in enumerate(row_ids)]
-            want = [self.keys[r] + fed[: i + 1] for i in range(len(row_ids))]
-            assert self.graph.seen[r] == want, (r, self.graph.seen[r], want)
+            fed = [(n + i, t) for i, t in enumerate(ids[r])]
+            want = [self.keys[r] + fed[: i + 1] for i in range(len(ids[r]))]
+            assert seen == want, (r, seen, want)
             self.keys[r] += fed
         assert self.cache.lengths.tolist() == [len(k) for k in self.keys]
 
