@@ -15,8 +15,8 @@ What costs a copy, and when:
 * a rollback (``keep``) only moves the row's length: its kept positions then end before the
   others', and the next batched step realigns them, in one slice (every live row ends at the
   same slot: onnxruntime packs the strided view it is fed) or one copy per row and tensor
-  into a fresh left-padded tensor, the same work the batched speculative loop's rebuild did
-  after every step;
+  into a fresh left-padded tensor (the copy the former batched loop, ``PaddedKV.compact``,
+  made after every step); padding common to every row (``MAX_SLACK``) is dropped the same way;
 * a row run alone (``step_row``: a prompt, a token tree) is fed its own positions and keeps its
   presents apart until the next batched step merges it.
 
@@ -29,6 +29,7 @@ computed into them.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -158,8 +159,6 @@ class ConcatKVCache:
         return result
 
     def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        import time
-
         t0 = time.perf_counter()
         out = self.session.run(self.output_names, feeds)
         self.ort_seconds += time.perf_counter() - t0
