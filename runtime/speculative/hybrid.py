@@ -6,8 +6,9 @@ nothing most of the time and long runs where text repeats. Each step the hybrid 
 has, by **expected tokens per unit of step cost**, and drafts with the best:
 
 * **acceptance, calibrated per source and draft position**: one ``AdaptiveDraftLength`` per
-  source (the model; suffix matches in the request's own text, long corpus matches, short
-  ones), each a running estimate of P(draft i accepted | drafts before it accepted). The
+  source (the model; suffix matches in the request's own text and in earlier answers, each
+  split by match length: a 1-token match in random text is no 6-token match in a loop), each
+  a running estimate of P(draft i accepted | drafts before it accepted). The
   model's starts from the held-out acceptance its training measured (the manifest's
   ``eagle.training``), the others from priors. Every draft made is scored against the tokens
   the target goes on to emit, over as many later steps as it takes to reach its end or its
@@ -48,8 +49,8 @@ from specport.runtime.speculative.suffix import SuffixProposer
 logger = logging.getLogger(__name__)
 
 MAX_DRAFT = 16
-SUFFIX_KINDS = ("own", "corpus-long", "corpus-short")
-SUFFIX_PRIORS = {"own": 0.4, "corpus-long": 0.4, "corpus-short": 0.2}
+SUFFIX_KINDS = ("own-long", "own-short", "corpus-long", "corpus-short")  # suffix.match kinds
+SUFFIX_PRIORS = {"own-long": 0.5, "own-short": 0.2, "corpus-long": 0.4, "corpus-short": 0.2}
 MODEL_PRIOR = 0.4  # a drafter without a measured acceptance
 DECAY = 0.9  # the estimates' memory: about ten tests
 MODEL_DRIFT = 0.03  # untested model positions drift back to the prior (a probe now and then)

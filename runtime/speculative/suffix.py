@@ -219,15 +219,16 @@ class SuffixProposer(ProposerBase):
         return self.match(tokens, num_draft)[0]
 
     def match(self, tokens: Sequence[int], num_draft: int) -> tuple[list[int], str]:
-        """(draft, kind of match): ``own`` (the request's own text), ``corpus-long`` (a suffix
-        of 4+ tokens in earlier answers) or ``corpus-short``; ``none`` with no draft. Their
+        """(draft, kind of match): ``own-long`` / ``own-short`` (the request's own text, a
+        suffix of 3+ tokens or fewer), ``corpus-long`` (a suffix of 4+ tokens in earlier
+        answers) or ``corpus-short``; ``none`` with no draft. Their
         drafts are accepted at different rates, which a caller that weighs drafts
         (``hybrid.HybridProposer``) calibrates apart."""
         arr = np.asarray(tokens, dtype=np.int64)
         own = find_suffix_match(arr, self.context_min_n, self.index.max_n)
         n, ends = self.index.longest_match(tokens, self.min_n)
         if own is not None and own[1] >= n:
-            return copy_after(arr, own[0], num_draft), "own"
+            return copy_after(arr, own[0], num_draft), "own-long" if own[1] >= 3 else "own-short"
         if ends.size == 0:
             return [], "none"
         # Shorter suffixes match more places, less specifically: ask them for a wider majority.

@@ -50,8 +50,9 @@ def _hybrid(drafter: FakeDrafter | None, corpus: list[list[int]] = (), **rates: 
     if drafter is not None:
         hybrid.set_model_cost(drafter.cost)
     hybrid.start(None)
-    for name, rate in rates.items():
-        hybrid.state.sources[name.replace("_", "-")].rate = [rate] * 8
+    for name, rate in rates.items():  # own=: both own-text kinds
+        for kind in ("own-long", "own-short") if name == "own" else (name.replace("_", "-"),):
+            hybrid.state.sources[kind].rate = [rate] * 8
     return hybrid
 
 
@@ -92,14 +93,14 @@ def test_every_draft_is_scored_against_the_tokens_that_follow_used_or_not():
     ctx = [1, 2, 3, 4, 5, 1, 2, 3]
     drafts = hybrid.propose([ctx], 4)
     assert drafts.row(0) == [4, 9]  # the model's (the suffix match would draft 4, 5, 1, 2)
-    own, mctl = hybrid.state.sources["own"], hybrid.state.sources["model"]
+    own, mctl = hybrid.state.sources["own-long"], hybrid.state.sources["model"]
     before = list(mctl.rate)
     hybrid.observe({}, _verdict([4, 5]))  # model: 1 of 2 accepted, then the target's 5
-    hybrid.propose([ctx + [4, 5]], 4)
+    hybrid.propose([[*ctx, 4, 5]], 4)
     assert mctl.rate[0] > before[0] and mctl.rate[1] < before[1]  # 4 came true, 9 did not
     assert own.rate[:2] > [0.05, 0.05] and own.rate[2] == pytest.approx(0.05, abs=0.01)
     hybrid.observe({}, _verdict([1, 2]))
-    hybrid.propose([ctx + [4, 5, 1, 2]], 4)  # later tokens score the rest of the match
+    hybrid.propose([[*ctx, 4, 5, 1, 2]], 4)  # later tokens score the rest of the match
     assert own.rate[2] > 0.1 and own.rate[3] > 0.1
 
 
