@@ -221,6 +221,8 @@ def _groups(
 ) -> list[tuple[list[step.StepRow], int, bool]]:
     """The runs of one step: (rows, width, alone). Token trees and, on graphs without batched
     multi-token steps, every row with drafts verify alone; the rest share one run."""
+    if len(plan) == 1:  # one row runs on its own binding: no batch bookkeeping
+        return [(plan, 1 + int(plan[0].drafts.lengths[0]), True)]
     trees = [p for p in plan if p.drafts.tree is not None]
     if not trees and (batched or widest == 0):
         width = 1 + widest

@@ -116,7 +116,7 @@ def run(
     for r, i, pos in zip(rows, index, start):
         logits = out.logits[i]  # [width, V]
         drafted = int(r.drafts.lengths[0])
-        outputs = _slice(out.outputs, i)
+        outputs = out.outputs if alone else _slice(out.outputs, i)
         try:
             if drafted == 0:
                 greedy = None if out.greedy is None or width != 1 else int(out.greedy[i, 0])
@@ -156,10 +156,7 @@ def _run_tree(cache: KVCache, r: StepRow) -> RowVerdict:
         logger.debug("row %d failed", r.row, exc_info=True)
         cache.keep(r.row, pos + 1)
         return RowVerdict([], logits, tree.max_depth, 0, f"{type(exc).__name__}: {exc}")
-    if path == list(range(len(path))):
-        cache.keep(r.row, pos + len(path))
-    else:
-        cache.keep_positions(r.row, np.concatenate([np.arange(pos), pos + np.asarray(path)]))
+    keep_path(cache, r.row, pos, path)
     emitted = [*(tree.tokens[i] for i in path[1:]), extra]
     accepted = len(path) - 1
     result = VerifyResult(np.array([accepted]), [emitted], np.array([False]), [path])
@@ -177,6 +174,16 @@ def truncate_drafts(drafts: Drafts, k: int) -> Drafts:
         np.minimum(drafts.lengths, k),
         None if drafts.probs is None else drafts.probs[:, :k],
     )
+
+
+def keep_path(cache: KVCache, row: int, pos: int, path: list[int]) -> None:
+    """Keep row ``row``'s past ``pos`` positions plus a tree's accepted nodes, in path
+    order: a path that is a prefix of the node order (a chain) is a cut, any other path keeps
+    exactly those positions."""
+    if path == list(range(len(path))):
+        cache.keep(row, pos + len(path))
+    else:
+        cache.keep_positions(row, np.concatenate([np.arange(pos), pos + np.asarray(path)]))
 
 
 def first_nodes(drafts: Drafts, n: int) -> Drafts:

@@ -10,11 +10,11 @@ a chain run of its root path. Verification walks down from the root while the ta
 with some child; the accepted path and one more token (the target's) are emitted, and the KV
 cache keeps the past plus the accepted path's positions, in order.
 
-On the ``shared`` layout a tree is what ``TreeProposer`` drafts (``Drafts.tree``) and the
-engine's one step runs it (``engine.step``: one run through the tree mask, the verifier's tree
-rule, ``KVCache.keep_positions`` moving the few accepted positions within the in-place buffer),
-driven for one prompt by ``engine.driver.generate_rows``. The ``concat`` layout keeps the loop
-below (its sequence cache gathers the presents) until it sits behind the KV interface.
+A tree is what ``TreeProposer`` drafts (``Drafts.tree``) and the engine's one step runs it
+(``engine.step``: one run through the tree mask, the verifier's tree rule,
+``KVCache.keep_positions`` keeping the accepted path's positions: moved within the in-place
+buffer on the shared layout, gathered from the presents on concat), driven for one prompt by
+``engine.driver.generate_rows``.
 
 Candidates come from n-gram matches (``token_tree.ngram_candidates``): every distinct continuation of the
 longest suffix n-grams that recur in prompt + output, most recent first (the chain n-gram
@@ -30,7 +30,6 @@ other verifiers in ``runtime.speculative.verify`` (``Verifier.tree``).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,14 +39,11 @@ from specport.artifact import Manifest
 from specport.contract import TREE_MASK
 from specport.errors import InputError
 from specport.runtime.engine.driver import generate_rows
-from specport.runtime.kv.seq_cache import ConcatCache, context_limit
-from specport.runtime.sampler import Sampler, SamplingConfig
+from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.base import (
     Drafts,
     ProposerBase,
     check_int_range,
-    check_prompts,
-    stop_reason,
 )
 from specport.runtime.speculative.loop import (
     OnToken,
@@ -55,9 +51,7 @@ from specport.runtime.speculative.loop import (
     SpeculativeOutput,
     check_num_draft,
 )
-from specport.runtime.speculative.metrics import SpecDecodingStats, timing_metrics
 from specport.runtime.speculative.token_tree import TokenTree, ngram_candidates
-from specport.runtime.speculative.verify import make_verifier
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +142,7 @@ class TreeSpeculativeGenerator:
         )
         self.observer = observer
         self.method = method
-        self.last_kv: Any = None  # the KV after the last generation (shared: reused by the next)
+        self.last_kv: Any = None  # the KV after the last generation (reused by the next)
 
     def generate(
         self,
@@ -158,92 +152,7 @@ class TreeSpeculativeGenerator:
         eos_ids: Sequence[int] = (),
         on_token: OnToken | None = None,
     ) -> SpeculativeOutput:
-        if self.manifest.kv.layout == "shared":
-            return self._driven(prompt, max_new_tokens, sampling, eos_ids, on_token)
-        ctx_len, vocab = context_limit(self.manifest), self.manifest.vocab_size
-        prompt = check_prompts([prompt], max_new_tokens, ctx_len, vocab)[0]
-        sampler = Sampler(sampling or SamplingConfig(), vocab)
-        verifier = make_verifier(sampler)  # chosen once per request
-        budget = min(max_new_tokens, ctx_len - len(prompt))
-        eos = {int(e) for e in eos_ids}
-        stats = SpecDecodingStats()
-        cache = ConcatCache(self.session, self.manifest)
-        propose_s = 0.0
-        nodes_scored = 0
-
-        t_start = time.perf_counter()
-        if len(prompt) > 1:  # prefill all but the last token: it is the first tree's root
-            pre = cache.step(prompt[:-1], last_only=True)
-            if self.observer is not None:
-                self.observer(pre.outputs, -1)
-        t_prefill = time.perf_counter()
-        prefill_ort = cache.ort_seconds
-
-        context = list(prompt)
-        out: list[int] = []
-        reason = "length"
-        t_first: float | None = None
-        done = False
-        while not done:
-            pos = cache.length  # == len(context) - 1: the root is not in the cache yet
-            room = min(budget - len(out) - 1, ctx_len - 1 - pos)
-            depth = min(self.num_draft, room)
-            nodes = 1 + max(depth, 0) * self.tree_width
-            t0 = time.perf_counter()
-            tree = TokenTree(context[-1], nodes)
-            if depth > 0:
-                for cand in self.candidates(context, depth, self.tree_width):
-                    tree.add(cand[:depth])
-            tokens, depths, anc = tree.flatten()
-            propose_s += time.perf_counter() - t0
-            step = cache.step(tokens.tolist(), tree=(depths, anc))
-            path, extra = verifier.tree(tree, step.logits, context)
-            if self.observer is not None:
-                self.observer(step.outputs, path[-1])
-            _keep_path(cache, pos, path)
-            nodes_scored += len(tree) - 1
-            stats.observe_draft(tree.max_depth, len(path) - 1)
-            if t_first is None:
-                t_first = time.perf_counter()
-            for tok in [*(tree.tokens[i] for i in path[1:]), extra]:
-                out.append(tok)
-                context.append(tok)
-                why = stop_reason(tok, len(out), eos, on_token, budget, max_new_tokens)
-                if why is not None:
-                    reason, done = why, True
-                    break
-        t_end = time.perf_counter()
-        self.last_kv = cache  # the cache after the final step (tests compare it to plain decoding)
-        stats.log("tree spec decode")
-        clock = {"start": t_start, "prefill": t_prefill, "first": t_first, "end": t_end}
-        ort_s = cache.ort_seconds
-        metrics: dict[str, Any] = {
-            **timing_metrics(
-                len(prompt), len(out), stats.num_steps, clock, ort_s, prefill_ort, propose_s
-            ),
-            "kv_layout": self.manifest.kv.layout,
-            "speculative": {
-                "method": self.method,
-                "num_draft": self.num_draft,
-                "tree_width": self.tree_width,
-                # drafted/accepted count the deepest branch per step (comparable to a chain);
-                # tree_nodes counts every scored draft node
-                "tree_nodes": nodes_scored,
-                "mean_tree_nodes": nodes_scored / stats.num_steps if stats.num_steps else 0.0,
-                **stats.as_dict(),
-            },
-        }
-        return SpeculativeOutput(out, reason, metrics, stats)
-
-    def _driven(
-        self,
-        prompt: Sequence[int],
-        max_new_tokens: int,
-        sampling: SamplingConfig | None,
-        eos_ids: Sequence[int],
-        on_token: OnToken | None,
-    ) -> SpeculativeOutput:
-        """The shared layout: the engine's one step over a batch of one, drafting trees."""
+        """The engine's one step over a batch of one, drafting trees."""
         proposer = TreeProposer(self.tree_width, self.candidates, self.observer, self.method)
         out = generate_rows(
             SessionModel(self.session, self.manifest),
@@ -262,18 +171,6 @@ class TreeSpeculativeGenerator:
         self.last_kv = out.cache
         out.metrics["speculative"].pop("rows", None)  # one row: the totals are its own
         return SpeculativeOutput(out.tokens[0], out.finish_reasons[0], out.metrics, out.stats[0])
-
-
-def _keep_path(cache: ConcatCache, pos: int, path: list[int]) -> None:
-    """Keep the past ``pos`` positions plus the accepted path's nodes, in path order.
-
-    A path that is a prefix of the node order (a chain) is a cut; otherwise the kept
-    positions are gathered.
-    """
-    if path == list(range(len(path))):
-        cache.keep(pos + len(path))
-        return
-    cache.keep_positions(np.concatenate([np.arange(pos), pos + np.asarray(path)]))
 
 
 def generate_tree(

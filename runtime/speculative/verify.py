@@ -441,6 +441,10 @@ class GraphVerifier(GreedyVerifier):
         filler = contexts[0][-1] if len(contexts) == 1 and contexts[0] else 0
         accepted = outputs[self.accepted].reshape(-1).tolist()  # [B] int64
         bonus = outputs[self.bonus].reshape(-1).tolist()  # [B] int64
+        if drafts.batch_size == 1:  # batch 1's lean path: plain lists, no batch machinery
+            row = drafts.row(0)
+            a, extra = (accepted[0], bonus[0]) if accepted[0] <= len(row) else (len(row), filler)
+            return VerifyResult(np.array([a]), [[*row[:a], extra]], np.array([a == len(row)]))
         return graph_verdict(drafts, accepted, bonus, filler)
 
 

@@ -15,7 +15,6 @@ from specport.runtime.speculative.ngram import NgramProposer
 from specport.runtime.speculative.tree import (
     TokenTree,
     TreeSpeculativeGenerator,
-    _keep_path,
     check_tree_width,
     generate_tree,
     ngram_candidates,
@@ -133,15 +132,17 @@ def test_keep_path_cuts_a_chain_and_gathers_a_branch():
     class Cache:
         calls: list[tuple[str, list[int]]] = []
 
-        def keep(self, n):
+        def keep(self, row, n):
             self.calls.append(("keep", [n]))
 
-        def keep_positions(self, index):
+        def keep_positions(self, row, index):
             self.calls.append(("positions", np.asarray(index).tolist()))
 
+    from specport.runtime.engine.step import keep_path
+
     cache = Cache()
-    _keep_path(cache, 4, [0, 3, 4])  # type: ignore[arg-type]
-    _keep_path(cache, 4, [0, 1])  # type: ignore[arg-type]
+    keep_path(cache, 0, 4, [0, 3, 4])  # type: ignore[arg-type]
+    keep_path(cache, 0, 4, [0, 1])  # type: ignore[arg-type]
     assert cache.calls == [("positions", [0, 1, 2, 3, 4, 7, 8]), ("keep", [6])]
 
 
@@ -193,10 +194,13 @@ def test_greedy_equals_plain_tiny(tiny, k, width):
 
 
 @pytest.mark.slow
-def test_oracle_branches_accept_and_keep_exact_kv(tiny):
+def test_oracle_branches_accept_and_keep_exact_kv(tiny, monkeypatch):
     """Candidates hold the true continuation in a non-first branch: accepted paths are gathered
     from the middle of the tree, and the cache must equal a plain prefill of the output."""
+    from tests.runtime.speculative.test_loop import kept_kv
+
     plain, tree_model = tiny
+    kept = kept_kv(monkeypatch)
     rng = np.random.default_rng(3)
     for ids in _prompts(6, seed=5):
         want = plain.generate(prompt_ids=ids, max_new_tokens=30, ignore_eos=True).tokens
@@ -216,8 +220,8 @@ def test_oracle_branches_accept_and_keep_exact_kv(tiny):
         assert out.metrics["speculative"]["mean_accepted_length"] > 3.5
         sess = plain.session
         ref = sess.run(None, prefill_feeds(sess, np.asarray(full[:-1], np.int64)))[1:]
-        assert gen.last_kv.length == len(full) - 1
-        for got, exp in zip(gen.last_kv.past, ref):
+        assert kept["kv"][0].shape[2] == len(full) - 1
+        for got, exp in zip(kept["kv"], ref):
             np.testing.assert_allclose(got, exp, atol=1e-5)
 
 
