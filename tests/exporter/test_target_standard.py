@@ -114,11 +114,17 @@ def smollm2_standard(shared_dir, tmp_path_factory) -> Path:
     return export_standard(gguf, tmp_path_factory.mktemp("smollm2") / "std", skip_verify=True)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
+# The standard target on SmolLM2 (every architecture is covered on tiny models, on onnxruntime
+# and on OpenVINO's runtime) costs a SmolLM2 export, ~3-4 minutes of a worker on 2 cores.
+LONG = pytest.mark.skipif(
     os.environ.get("SPECPORT_LONG_TESTS") != "1",
-    reason="the standard target on SmolLM2 (every architecture is covered on tiny models) takes ~4 minutes on 2 cores (a SmolLM2 export); set SPECPORT_LONG_TESTS=1 to run it",
+    reason="the standard target on SmolLM2 takes ~4 minutes on 2 cores (a SmolLM2 export); "
+    "set SPECPORT_LONG_TESTS=1 to run it",
 )
+
+
+@pytest.mark.slow
+@LONG
 def test_smollm2_standard_matches_transformers(smollm2_standard):
     assert_ai_onnx_only(smollm2_standard)
     model = specport.load(smollm2_standard, provider="cpu")
@@ -205,6 +211,7 @@ def test_standard_target_on_the_openvino_runtime(tiny_zoo, tmp_path, model_type)
 
 
 @pytest.mark.slow
+@LONG
 def test_smollm2_standard_on_the_openvino_runtime(smollm2_standard):
     runner = openvino_runtime_runner()
     if runner is None:
