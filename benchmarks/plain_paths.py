@@ -17,26 +17,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any
 
 import specport
+from benchmarks.step_overhead import count_ort_cpu
 from specport.runtime.engine.driver import generate_rows
 from specport.runtime.generator import Generator
-
-
-def _count_ort_cpu(session: Any, spent: list[float]) -> None:
-    """Add the calling thread's CPU time inside the session's runs to ``spent[0]``."""
-    for name in ("run", "run_with_iobinding"):
-        inner = getattr(session, name)
-
-        def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
-            t0 = time.thread_time()
-            try:
-                return _inner(*args, **kwargs)
-            finally:
-                spent[0] += time.thread_time() - t0
-
-        setattr(session, name, timed)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     model = specport.load(args.artifact, threads=1)
     spent = [0.0]
-    _count_ort_cpu(model.session, spent)
+    count_ort_cpu(model.session, spent)
     prompts = [model.encode(args.prompt)] * args.batch
     gen = Generator(model.session, model.manifest)
     paths = {

@@ -25,9 +25,8 @@ from typing import Any
 import specport
 
 
-def _count_ort_cpu(model: Any, spent: list[float]) -> None:
+def count_ort_cpu(session: Any, spent: list[float]) -> None:
     """Add the calling thread's CPU time inside the session's runs to ``spent[0]``."""
-    session = model.session
     for name in ("run", "run_with_iobinding"):
         inner = getattr(session, name)
 
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         cases.append(("mtp", mtp, {"speculative": "mtp"}))
     spent = [0.0]
     for model in {id(m): m for _, m, _ in cases}.values():
-        _count_ort_cpu(model, spent)
+        count_ort_cpu(model.session, spent)
     for _, model, kw in cases:  # warm-up, untimed
         model.generate(args.prompt, max_new_tokens=8, ignore_eos=True, **kw)
 
