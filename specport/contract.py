@@ -28,6 +28,26 @@ def causal_tree_mask(batch: int, s: int) -> np.ndarray:  # [B, S, S] int64, lowe
     return np.ascontiguousarray(np.broadcast_to(np.tri(s, dtype=np.int64), (batch, s, s)))
 
 
+def row_position_feeds(
+    start: int, s: int, tree: tuple[Any, Any] | None, takes_tree: bool
+) -> dict[str, np.ndarray]:
+    """``position_ids`` (and ``tree_mask`` when the graph takes one) for one row's ``s`` new tokens
+    after ``start`` cached positions: a token tree's (depths, ancestor mask), or plain causal.
+
+    One builder for every concat-layout cache that feeds a row alone (callers refuse a tree on a
+    graph without the mask first, with their own message)."""
+    if tree is not None:
+        depths, ancestors = tree
+        return {
+            "position_ids": (start + np.asarray(depths, dtype=np.int64))[None, :],
+            TREE_MASK: np.asarray(ancestors, dtype=np.int64)[None],
+        }
+    feeds = {"position_ids": np.arange(start, start + s, dtype=np.int64)[None, :]}
+    if takes_tree:
+        feeds[TREE_MASK] = causal_tree_mask(1, s)
+    return feeds
+
+
 def with_causal_tree_mask(session: Any, feeds: dict[str, Any]) -> dict[str, Any]:
     """``feeds`` plus a causal tree_mask sized from input_ids [B, S] when ``session`` takes one.
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
-from specport.contract import TREE_MASK, causal_tree_mask
+from specport.contract import TREE_MASK, causal_tree_mask, row_position_feeds
 from specport.errors import ArtifactError, ContextLengthError, InputError
 from specport.runtime.kv.cache import StepOut
 
@@ -136,19 +136,12 @@ class ConcatKVCache:
             "attention_mask": np.ones((1, n + s), dtype=np.int64),
         }
         feeds.update(zip(self.names, self._row(row)))
-        if tree is not None:
-            if not self.has_tree:
-                raise InputError(
-                    "token-tree verification needs an artifact exported with --tree-mask; "
-                    "re-export with `specport export MODEL --out DIR --tree-mask`."
-                )
-            depths, ancestors = tree
-            feeds["position_ids"] = (n + np.asarray(depths, dtype=np.int64))[None, :]
-            feeds[TREE_MASK] = np.asarray(ancestors, dtype=np.int64)[None]
-        else:
-            feeds["position_ids"] = np.arange(n, n + s, dtype=np.int64)[None, :]
-            if self.has_tree:
-                feeds[TREE_MASK] = causal_tree_mask(1, s)
+        if tree is not None and not self.has_tree:
+            raise InputError(
+                "token-tree verification needs an artifact exported with --tree-mask; "
+                "re-export with `specport export MODEL --out DIR --tree-mask`."
+            )
+        feeds.update(row_position_feeds(n, s, tree, self.has_tree))
         out = self._run(feeds)
         self._apart[row] = out[1 : 1 + self.n_kv]  # [1, Hkv, n+S, D]
         self.lengths[row] = n + s

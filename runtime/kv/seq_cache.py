@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from specport.artifact import Manifest
-from specport.contract import TREE_MASK, causal_tree_mask
+from specport.contract import TREE_MASK, row_position_feeds
 from specport.errors import InputError
 
 
@@ -99,18 +99,11 @@ class ConcatCache:
             "attention_mask": np.ones((1, start + s), dtype=np.int64),  # [1, P+S]
             **dict(zip(self.names, self.past)),  # [1, Hkv, P, D] each
         }
-        if tree is not None:
-            if not self.tree_mask:
-                raise InputError(
-                    "token-tree verification needs a --tree-mask artifact on the concat layout."
-                )
-            depths, mask = tree
-            feeds["position_ids"] = (start + np.asarray(depths, dtype=np.int64))[None, :]
-            feeds[TREE_MASK] = np.asarray(mask, dtype=np.int64)[None]
-        else:
-            feeds["position_ids"] = np.arange(start, start + s, dtype=np.int64)[None, :]
-            if self.tree_mask:
-                feeds[TREE_MASK] = causal_tree_mask(1, s)
+        if tree is not None and not self.tree_mask:
+            raise InputError(
+                "token-tree verification needs a --tree-mask artifact on the concat layout."
+            )
+        feeds.update(row_position_feeds(start, s, tree, self.tree_mask))
         names = self.output_names if logits else self.output_names[1:]
         t0 = time.perf_counter()
         out = self.session.run(names, feeds)
