@@ -17,7 +17,7 @@ from specport.runtime.engine.driver import generate_rows
 from specport.runtime.speculative.loop import (
     default_adaptive,
     generate_speculative,
-    make_proposer,
+    proposer_factory,
 )
 from specport.runtime.speculative.tree import generate_tree
 from specport.runtime.streaming import TextStreams
@@ -115,13 +115,12 @@ def speculative_batch(
     on_token = push if streams.needs_steps else None  # else all text at once afterwards
     eos = [] if ignore_eos else model.manifest.eos_token_ids
     # the engine's one step, driven synchronously, on either KV layout
-    first = make_proposer(method, model, num_draft, draft_model)  # validates, clear errors
-    pool = [first]
+    first, make = proposer_factory(method, model, num_draft, draft_model)
     out = generate_rows(
         model,
         rows,
         max_new_tokens,
-        lambda: pool.pop() if pool else make_proposer(method, model, num_draft, draft_model),
+        make,
         num_draft,
         sampling,
         eos,

@@ -156,6 +156,20 @@ def make_proposer(
     )
 
 
+def proposer_factory(
+    method: str, model: Any, num_draft: int, draft: Any = None
+) -> tuple[Proposer, Callable[[], Proposer]]:
+    """The first proposer (made now, so a bad method or drafter fails before any work) and a
+    factory that hands it out first, then makes one per further row."""
+    first = make_proposer(method, model, num_draft, draft)
+    pool = [first]
+
+    def make() -> Proposer:
+        return pool.pop() if pool else make_proposer(method, model, num_draft, draft)
+
+    return first, make
+
+
 def default_adaptive(proposer: Proposer) -> bool:
     """Whether adaptive draft length is on by default for this proposer (chosen by measurement)."""
     return adopt(proposer).adaptive_default

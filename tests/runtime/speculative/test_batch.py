@@ -18,7 +18,7 @@ from specport.runtime.engine.driver import generate_rows
 from specport.runtime.kv.seq_cache import ConcatCache
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts, adopt
-from specport.runtime.speculative.loop import default_adaptive, make_proposer
+from specport.runtime.speculative.loop import default_adaptive, proposer_factory
 from specport.runtime.speculative.verify import graph_verdict, greedy_rows, greedy_verify
 
 GREEDY = SamplingConfig()
@@ -65,13 +65,12 @@ def _spec(
     graph_verify: bool = True,
 ) -> tuple[list[list[int]], list[str], dict[str, Any]]:
     """What ``Model.generate_batch(speculative=...)`` runs, with token ids in and out."""
-    first = make_proposer(method, model, num_draft, draft)
-    pool = [first]
+    first, make = proposer_factory(method, model, num_draft, draft)
     out = generate_rows(
         model,
         prompts,
         max_new_tokens,
-        lambda: pool.pop() if pool else make_proposer(method, model, num_draft, draft),
+        make,
         num_draft,
         sampling,
         eos,
