@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from specport.errors import ArtifactError, InputError, SpecportError
-from specport.runtime.engine import step
+from specport.runtime.engine import prefill_plan, step
 from specport.runtime.engine.base import (
     QueueIntake,
     Request,
@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 _CLOSE = object()
 COMPACT_MIN_LEFT = 8  # tokens a request must still have to go to be worth moving to a lower row
+GROUP_TOKENS = 512  # padded prompt tokens one prefill run holds at most while no row decodes
 
 
 @dataclass
@@ -79,6 +80,10 @@ class BatchJob:
     @property
     def decoding(self) -> bool:
         return self.done == len(self.prompt)
+
+
+def _created(job: BatchJob) -> float:
+    return job.handle.created
 
 
 class BatchingEngine(QueueIntake):
@@ -135,12 +140,14 @@ class BatchingEngine(QueueIntake):
             self.budget.capacity,
         )  # fmt: skip
         self.cache = PrefixCache(max_batch, enabled=prefix_cache)
+        # rows holding KV prefill together only on graphs that take batched multi-token steps
+        self.batched_steps = takes_batched_steps(Path(model.path) / manifest.model_file)
         self.spec = None
         if speculative is not None:
             self.spec = EngineSpeculation(
                 model, speculative, num_draft, draft, spec_max_rows, max_tokens=spec_max_tokens
             )
-            self.spec.batched = takes_batched_steps(Path(model.path) / manifest.model_file)
+            self.spec.batched = self.batched_steps
             if self.spec.batched and max_batch >= 2 and not self.spec.needs_outputs:
                 self.spec.cost = StepCost.calibrate(self.kv, max_batch)
         self.rows: list[BatchJob | None] = [None] * max_batch
@@ -155,7 +162,8 @@ class BatchingEngine(QueueIntake):
             (
                 "requests", "finished", "errors", "cancelled", "prompt_tokens",
                 "prefill_tokens", "generated_tokens", "decode_steps", "decode_rows",
-                "decode_batch_rows", "compactions", "busy_steps",
+                "decode_batch_rows", "compactions", "busy_steps", "prefill_runs",
+                "prefill_padded_tokens",
             ),
             0,
         )  # fmt: skip
@@ -302,29 +310,58 @@ class BatchingEngine(QueueIntake):
         return frozenset() if request.ignore_eos else self.eos
 
     def _prefill(self) -> None:
-        """Prefill waiting prompts: one chunk per round while rows decode, else all of them."""
+        """Prefill admitted prompts in groups of consecutive rows, one run per group
+        (`prefill_plan.groups`), first tokens out as each group's run ends: a chunk of at most
+        `prefill_chunk` tokens per row, within `prefill_chunk` prompt tokens per round while
+        rows decode (oldest requests first), every prompt whole while none does (groups of at
+        most `GROUP_TOKENS` padded tokens)."""
         decoding = any(job is not None and job.decoding for job in self.rows)
-        budget = self.prefill_chunk if decoding else None
-        for job in sorted((j for j in self.rows if j is not None), key=lambda j: j.handle.created):
-            while not job.decoding and (budget is None or budget > 0):
+        while True:
+            budget = self.prefill_chunk if decoding else None
+            chunks: dict[int, BatchJob] = {}
+            plan: list[prefill_plan.Chunk] = []
+            for job in sorted((j for j in self.rows if j is not None), key=_created):
+                if job.decoding or (budget is not None and budget <= 0):
+                    continue
                 n = min(len(job.prompt) - job.done, self.prefill_chunk)
                 if budget is not None:
                     n = min(n, budget)
                     budget -= n
-                try:
-                    out = self.kv.step_row(
-                        job.row, job.prompt[job.done : job.done + n], last_only=True
-                    )
-                    logits = out.logits[0, -1:].copy()  # [1, V]
-                    greedy = None if out.greedy is None else int(out.greedy[0, -1])
-                except Exception as exc:
-                    logger.exception("prefill failed")
-                    self._end(job, "error", f"prefill failed: {type(exc).__name__}: {exc}")
-                    break
-                job.done += n
-                self.counters["prefill_tokens"] += n
-                if job.decoding:
-                    self._next(job, logits, greedy)
+                chunks[job.row] = job
+                plan.append(prefill_plan.Chunk(job.row, int(self.kv.lengths[job.row]), n))
+            if not plan:
+                return
+            cap = self.prefill_chunk if decoding else max(GROUP_TOKENS, self.prefill_chunk)
+            groups = prefill_plan.groups(plan, cap, self.max_length, self.batched_steps)
+            groups.sort(key=lambda g: min(_created(chunks[c.row]) for c in g))
+            for group in groups:
+                self._prefill_group([chunks[c.row] for c in group], group)
+                self.text.flush()  # this group's first tokens now, not at the round's end
+            if decoding:
+                return
+
+    def _prefill_group(self, jobs: list[BatchJob], group: list[prefill_plan.Chunk]) -> None:
+        """One run over the group's rows; a request whose prompt it completes gets its first
+        token from it."""
+        ids = np.zeros((len(group), max(c.n for c in group)), dtype=np.int64)
+        for i, (job, c) in enumerate(zip(jobs, group)):
+            ids[i, : c.n] = job.prompt[job.done : job.done + c.n]
+        lengths = np.array([c.n for c in group], dtype=np.int64)
+        try:
+            out = self.kv.prefill_rows(group[0].row, ids, lengths)
+        except Exception as exc:
+            logger.exception("prefill failed")
+            for job in jobs:
+                self._end(job, "error", f"prefill failed: {type(exc).__name__}: {exc}")
+            return
+        self.counters["prefill_runs"] += 1
+        self.counters["prefill_padded_tokens"] += ids.size
+        for i, (job, c) in enumerate(zip(jobs, group)):
+            job.done += c.n
+            self.counters["prefill_tokens"] += c.n
+            if job.decoding:
+                greedy = None if out.greedy is None else int(out.greedy[i, -1])
+                self._next(job, out.logits[i, -1:], greedy)  # [1, V] a view: used right away
 
     def _compact(self) -> None:
         """Move the highest decoding row into the lowest free row below it (one per round).

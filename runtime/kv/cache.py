@@ -9,6 +9,9 @@ row r's valid positions. Everything a decode step needs is a method:
   valid KV and keep their lengths;
 * ``step_row(row, ids [S], last_only, tree)``: append S tokens to one row alone (a prompt
   chunk, a verification at batch 1, a token tree scored through the graph's tree mask);
+* ``prefill_rows(first, ids [B, S], lengths [B])`` (the in-place cache only): prompt chunks
+  of several lengths into a block of consecutive rows in one run (the batching engine's
+  prefill groups, ``engine/prefill_plan.py``);
 * ``keep(row, n)``: roll a row back to n positions (rejected drafts), ``keep_positions(row,
   index)``: keep exactly these positions (a tree's accepted path), ``copy_prefix(src, dst,
   n)`` / ``swap(a, b)``: the prefix cache, ``free(row)``.
@@ -183,6 +186,35 @@ class SharedKVCache:
         self.ort_seconds += bound.ort_seconds - before
         self.lengths[row] += len(ids)
         return StepOut(logits, greedy, bound.extra_outputs())
+
+    def prefill_rows(self, first: int, ids: np.ndarray, lengths: np.ndarray) -> StepOut:
+        """Prompt chunks into rows [first, first + B) in one run on their contiguous view.
+
+        ids [B, S] right-padded, row b's ``lengths[b]`` (>= 1) tokens after its valid
+        positions; returns each row's last real token's logits [B, 1, V] (greedy [B, 1]) and
+        the rows advance by their lengths. Rows that are all empty take the graph's prompt
+        path (``BoundSession.prefill``, any shared graph); rows that hold KV (a prefix-cache
+        hit, a later chunk) need, at B > 1, a graph that takes batched multi-token steps
+        (``takes_batched_steps``). A block's view is made per call (1-2 ms beside a run's
+        45 ms and more; kept, the bound buffers of every block and width would add up)."""
+        batch = ids.shape[0]
+        lengths = np.asarray(lengths, dtype=np.int64)
+        held = self.lengths[first : first + batch]
+        bound = self._one(first) if batch == 1 else self._view(first, first + batch)
+        before = bound.ort_seconds
+        if not held.any():
+            bound.kv.lengths = np.zeros(batch, dtype=np.int64)
+            logits, greedy = bound.prefill(np.asarray(ids, dtype=np.int64), lengths)
+            out = StepOut(
+                logits[:, None], None if greedy is None else greedy[:, None], bound.extra_outputs()
+            )
+        else:
+            bound.kv.lengths = held.copy()
+            logits, greedy = bound.extend(np.asarray(ids, dtype=np.int64), last=lengths - 1)
+            out = StepOut(logits, greedy, bound.extra_outputs())
+        self.ort_seconds += bound.ort_seconds - before
+        self.lengths[first : first + batch] += lengths
+        return out
 
     # ---- lengths and positions ------------------------------------------------------
     def fits(self, batch: int, s: int) -> bool:

@@ -228,7 +228,11 @@ class BoundSession:
             self._bind_in(TREE_MASK, self.decode_tree)
 
     def extend(
-        self, ids: np.ndarray, last_only: bool = False, tree: Any = None
+        self,
+        ids: np.ndarray,
+        last_only: bool = False,
+        tree: Any = None,
+        last: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """ids [B, S] appended after each row's cache (e.g. draft tokens to verify).
 
@@ -238,7 +242,10 @@ class BoundSession:
 
         Returns logits [B, S, V] and greedy ids [B, S] for every position; with `last_only` (a
         chunk of a prompt) only the last position's are computed and returned ([B, 1, V],
-        [B, 1]). Both are views of buffers bound for steps of this width, overwritten by the
+        [B, 1]). ``last`` [B] (right-padded prompt chunks of several lengths): like
+        `last_only`, each row scoring its own position ``last[b]``; every row still advances by
+        S (the caller sets the lengths of rows it padded). Both are views of buffers bound for
+        steps of this width, overwritten by the
         next step of the same width (use them before the next run, as every loop does). Undo
         rejected positions with `self.kv.rollback(n)`. onnxruntime's CPU GroupQueryAttention
         takes several new tokens on a non-empty cache only at batch 1.
@@ -258,9 +265,11 @@ class BoundSession:
         seqlens, total = self.kv.step_lengths(s)
         self.seqlens[:] = seqlens
         self.total[...] = total
-        kept = 1 if last_only and self.has_index else s
+        kept = 1 if (last_only or last is not None) and self.has_index else s
         wide = self._wide_buffers(batch, s, kept)
         wide.ids[...] = ids
+        if kept == 1 and self.has_index:  # bound once per width: each call says its own
+            wide.index[:, 0] = s - 1 if last is None else last
         if tree is not None:
             depths, mask = tree
             offsets = np.asarray(depths, dtype=np.int64)
@@ -278,7 +287,10 @@ class BoundSession:
         self._run()
         self.kv.advance(s)
         logits, next_token = wide.logits, wide.next_token
-        if last_only and kept != 1:  # the graph scored every position: keep the last
+        if last is not None and kept != 1:  # the graph scored every position: each row's own
+            rows = np.arange(batch)
+            logits, next_token = logits[rows, last][:, None], next_token[rows, last][:, None]
+        elif last_only and kept != 1:  # the graph scored every position: keep the last
             logits, next_token = logits[:, -1:], next_token[:, -1:]
         return logits, (next_token if self.has_next else None)
 
@@ -359,7 +371,7 @@ class _Wide:
         self.logits = np.zeros((batch, kept, bound.logits.shape[-1]), dtype=np.float32)
         self.next_token = np.zeros((batch, kept), dtype=np.int64)
         index = np.broadcast_to(np.arange(s - kept, s, dtype=np.int64), (batch, kept))
-        self.index = np.ascontiguousarray(index)
+        self.index = np.array(index)  # a writable copy: extend() writes each row's position
         io = bound.io
         ins: dict[str, np.ndarray] = {"input_ids": self.ids}
         if bound.has_positions:

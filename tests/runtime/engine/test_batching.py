@@ -87,6 +87,117 @@ def test_staggered_arrivals_with_chunked_prefill(shared_model, reference):
         eng.close()
 
 
+class _Gated(BatchingEngine):
+    """A batching engine whose worker, after taking a request, waits until `gate` is set:
+    every request submitted meanwhile meets the first one in the same round."""
+
+    def __init__(self, *args, **kwargs):
+        self.gate = threading.Event()
+        self.gate.set()
+        super().__init__(*args, **kwargs)
+
+    def _take(self, block):
+        more = super()._take(block)
+        assert self.gate.wait(60)
+        return more and super()._take(False)
+
+    def close(self):
+        self.gate.set()
+        super().close()
+
+
+def _arrive_together(eng, requests):
+    eng.gate.clear()
+    handles = [eng.submit(r) for r in requests]
+    eng.gate.set()
+    return handles
+
+
+@pytest.mark.parametrize("speculative", [None, "ngram"])
+def test_fresh_prompts_of_several_lengths_prefill_in_one_run(shared_model, reference, speculative):
+    eng = _Gated(shared_model, max_batch=8, speculative=speculative)
+    try:
+        order = [0, 2, 5, 1, 4]  # 5, 9, 7, 2 and 7 tokens: empty rows, right-padded together
+        handles = _arrive_together(
+            eng, [Request(PROMPTS[i], NEW[i], ignore_eos=True) for i in order]
+        )
+        for i, handle in zip(order, handles):
+            assert handle.result(timeout=60).token_ids == reference[i], i
+        stats = eng.stats()
+        assert stats["prefill_runs"] == 1 and stats["prefix_cache_hits"] == 0
+        assert stats["prefill_tokens"] == sum(len(PROMPTS[i]) for i in order)
+        assert stats["prefill_padded_tokens"] == 9 * len(order)
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched-steps", "older-graph"])
+def test_prefix_hit_beside_fresh_prompts_and_a_sampled_one(shared_model, reference, batched):
+    """A follow-up turn that hits the prefix cache, fresh prompts and a seeded sampled request
+    arrive together while nothing decodes: one group on a graph that takes batched steps (a
+    row holding KV runs alone on an older graph); every answer equals its own `generate`."""
+    eng = _Gated(shared_model, max_batch=8)
+    eng.batched_steps = batched
+    sampling = SamplingConfig(greedy=False, temperature=1.5, top_k=50, seed=7)
+    try:
+        first = eng.submit(Request(PROMPTS[3], NEW[3], ignore_eos=True)).result(timeout=60)
+        assert first.token_ids == reference[3]
+        follow = PROMPTS[3] + reference[3][:5] + [40, 41]
+        runs = eng.stats()["prefill_runs"]
+        handles = _arrive_together(
+            eng,
+            [
+                Request(follow, 10, ignore_eos=True),
+                Request(PROMPTS[0], NEW[0], ignore_eos=True),
+                Request(PROMPTS[2], NEW[2], ignore_eos=True),
+                Request(PROMPTS[1], 16, sampling=sampling, ignore_eos=True),
+                Request(PROMPTS[5], NEW[5], ignore_eos=True),
+            ],
+        )
+        got = [h.result(timeout=60) for h in handles]
+        assert got[0].token_ids == _greedy(shared_model, follow, 10).tokens
+        assert got[1].token_ids == reference[0]
+        assert got[2].token_ids == reference[2]
+        assert got[4].token_ids == reference[5]
+        want = shared_model.generate(
+            prompt_ids=PROMPTS[1], max_new_tokens=16, temperature=1.5, top_k=50, seed=7,
+            ignore_eos=True,
+        ).tokens  # fmt: skip
+        assert got[3].token_ids == want
+        stats = eng.stats()
+        assert stats["errors"] == 0 and stats["prefix_cache_hits"] >= 1
+        runs = stats["prefill_runs"] - runs
+        assert runs <= 2 if batched else runs >= 2
+    finally:
+        eng.close()
+
+
+def test_prompts_arriving_while_rows_decode_prefill_within_the_rounds_budget(
+    shared_model, reference
+):
+    """Three prompts arrive while a row decodes: at most `prefill_chunk` prompt tokens per
+    round, later chunks of consecutive rows grouped, and the answers stay exact."""
+    eng = _Gated(shared_model, max_batch=6, prefill_chunk=6)
+    try:
+        first = eng.submit(Request(PROMPTS[1], 40, ignore_eos=True))
+        events = first.events(timeout=60)
+        head = next(events)  # decoding now
+        order = [3, 2, 5]  # 27, 9 and 7 tokens
+        handles = _arrive_together(
+            eng, [Request(PROMPTS[i], NEW[i], ignore_eos=True) for i in order]
+        )
+        for i, handle in zip(order, handles):
+            assert handle.result(timeout=60).token_ids == reference[i], i
+        tokens = [t for ev in [head, *events] for t in ev.token_ids]
+        assert tokens == _greedy(shared_model, PROMPTS[1], 40).tokens
+        stats = eng.stats()
+        assert stats["errors"] == 0
+        # chunks of at most 6 tokens: the 27-token prompt alone takes 5 runs
+        assert stats["prefill_runs"] >= 5
+    finally:
+        eng.close()
+
+
 def test_streamed_events_add_up_to_generate(engine, shared_model):
     want = shared_model.generate(prompt_ids=PROMPTS[0], max_new_tokens=24, ignore_eos=True)
     handle = engine.submit(Request(PROMPTS[0], 24, ignore_eos=True))

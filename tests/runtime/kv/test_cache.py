@@ -77,6 +77,47 @@ def test_keep_positions_moves_a_path_in_place_and_keep_rolls_back(shared_model):
     assert slots.lengths.tolist() == [0, 3]
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["empty-rows", "a-row-holds-a-prefix"])
+def test_prefill_rows_scores_each_rows_last_token_like_its_own_prefill(shared_model, held):
+    """Three prompts of different lengths right-padded into rows [1, 4) in one run: each row's
+    logits and KV are those of its prompt prefilled alone; rows 0 and 4 are untouched."""
+    m = shared_model
+    prompts = [PROMPT[:5], PROMPT, PROMPT[3:12]]
+    ref = BoundSession(m.session, m.manifest, 1, 64)
+    want = []
+    for p in prompts:
+        ref.reset()
+        logits, greedy = ref.prefill(p[None, :], np.array([len(p)]))
+        want.append((logits[0].copy(), None if greedy is None else int(greedy[0])))
+    slots = SharedKVCache(m.session, m.manifest, 5, 64)
+    start = [0, 0, 0]
+    if held:  # row 2 holds its prompt's first 7 positions (a prefix-cache hit)
+        _extend(slots, 2, PROMPT[:7])
+        start[1] = 7
+    before = [(b[0].copy(), b[4].copy()) for b in slots.buffers]
+    chunks = [p[s:] for p, s in zip(prompts, start)]
+    ids = np.zeros((3, max(len(c) for c in chunks)), dtype=np.int64)
+    for i, c in enumerate(chunks):
+        ids[i, : len(c)] = c
+    out = slots.prefill_rows(1, ids, np.array([len(c) for c in chunks]))
+    assert out.logits.shape == (3, 1, m.manifest.vocab_size)
+    assert slots.lengths.tolist() == [0, 5, len(PROMPT), 9, 0]
+    for i, (logits, greedy) in enumerate(want):
+        np.testing.assert_allclose(out.logits[i, 0], logits, atol=1e-4, rtol=1e-4)
+        if greedy is not None:
+            assert int(out.greedy[i, 0]) == greedy
+    for (row0, row4), buf in zip(before, slots.buffers):
+        np.testing.assert_array_equal(buf[0], row0)
+        np.testing.assert_array_equal(buf[4], row4)
+    # the rows go on decoding like rows prefilled one by one
+    nxt = slots.step(np.array([[0], [7], [8], [9]]), np.array([False, True, True, True]))
+    alone = SharedKVCache(m.session, m.manifest, 1, 64)
+    _extend(alone, 0, prompts[1])
+    np.testing.assert_allclose(
+        nxt.logits[2, 0], alone.step_row(0, np.array([8])).logits[0, 0], atol=1e-4, rtol=1e-4
+    )
+
+
 def _extend(slots, row, ids):
     """A prompt chunk on one row: the last position's logits [V] and greedy id."""
     out = slots.step_row(row, ids, last_only=True)

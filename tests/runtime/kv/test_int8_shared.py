@@ -9,6 +9,7 @@ cache, so logits do not depend on how many tokens a run appends).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,47 @@ def test_long_prompt_prefill_in_chunks_matches_one_run(arts, monkeypatch):
     assert n1.tolist() == n8.tolist() == [40] and t1 == t8
     for x, y in zip(b1, b8):
         assert np.array_equal(x[:, :, :40], y[:, :, :40])
+
+
+def test_batching_engine_prefills_int8_rows_together(arts, monkeypatch):
+    """Prompts arriving together prefill in one run on the int8 cache (empty rows, then a
+    prefix hit beside fresh rows) and every answer equals its own plain greedy."""
+    model = arts["kv8"]
+    prompts = _prompts(6, seed=9)
+    want = [
+        model.generate(prompt_ids=p, max_new_tokens=12, ignore_eos=True).tokens for p in prompts
+    ]
+    gate = threading.Event()
+    take = BatchingEngine._take
+
+    def gated(self, block):  # the worker waits for the gate after each take: arrivals meet
+        more = take(self, block)
+        assert gate.wait(60)
+        return more and take(self, False)
+
+    monkeypatch.setattr(BatchingEngine, "_take", gated)
+    eng = BatchingEngine(model, max_batch=8)
+    try:
+        handles = [eng.submit(Request(p, 12, ignore_eos=True)) for p in prompts[:3]]
+        gate.set()
+        assert [h.result(timeout=60).token_ids for h in handles] == want[:3]
+        runs = eng.stats()["prefill_runs"]
+        assert runs < 3  # (split where one run's padding would cost more than a run)
+        follow = prompts[0] + want[0][:4] + [7]
+        gate.clear()
+        handles = [eng.submit(Request(p, 12, ignore_eos=True)) for p in [follow, *prompts[3:]]]
+        gate.set()
+        got = [h.result(timeout=60).token_ids for h in handles]
+        assert got[1:] == want[3:]
+        assert (
+            got[0] == model.generate(prompt_ids=follow, max_new_tokens=12, ignore_eos=True).tokens
+        )
+        stats = eng.stats()
+        assert stats["prefix_cache_hits"] >= 1 and stats["errors"] == 0
+        assert stats["prefill_runs"] - runs < len(handles)
+    finally:
+        gate.set()
+        eng.close()
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft", "mtp"])
