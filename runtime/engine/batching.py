@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 _CLOSE = object()
 COMPACT_MIN_LEFT = 8  # tokens a request must still have to go to be worth moving to a lower row
 GROUP_TOKENS = 512  # padded prompt tokens one prefill run holds at most while no row decodes
+PREFILL_BUDGET = 256  # prompt tokens prefilled per round while rows decode (by default)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class BatchJob:
     sampler: Sampler | None  # None: greedy, the graph's argmax
     eos: frozenset[int]
     done: int = 0  # prompt tokens with KV in the row
+    started: bool = False  # a prefill run wrote its row (its row is then fixed until it decodes)
     tokens: list[int] = field(default_factory=list)  # generated, in order (last not fed yet)
     spec: RowSpec | None = None  # its speculation state (an engine with `speculative=`)
 
@@ -95,6 +97,7 @@ class BatchingEngine(QueueIntake):
         max_batch: int | None = None,
         max_length: int | None = None,
         prefill_chunk: int = 256,
+        prefill_budget: int | None = None,
         prefix_cache: bool = True,
         text_thread: bool | None = None,
         speculative: str | None = None,
@@ -120,6 +123,8 @@ class BatchingEngine(QueueIntake):
             )
         if (max_batch is not None and max_batch < 1) or prefill_chunk < 1:
             raise InputError("max_batch and prefill_chunk must be at least 1.")
+        if prefill_budget is not None and prefill_budget < 1:
+            raise InputError("prefill_budget must be at least 1.")
         if kv_space is not None and kv_space < 1:
             raise InputError("kv_space must be a positive number of bytes.")
         limit = min(manifest.context_length, manifest.kv.max_length or manifest.context_length)
@@ -127,6 +132,7 @@ class BatchingEngine(QueueIntake):
         max_batch = plan_rows(manifest, self.max_length, max_batch)
         self.budget = KVBudget(kv_space or default_kv_space(), token_bytes(manifest))
         self.model, self.max_batch, self.prefill_chunk = model, max_batch, prefill_chunk
+        self.prefill_budget = prefill_budget or PREFILL_BUDGET
         self.vocab = manifest.vocab_size
         self.eos = frozenset(int(e) for e in manifest.eos_token_ids)
         if speculative == "mtp":
@@ -316,8 +322,9 @@ class BatchingEngine(QueueIntake):
         rows decode (oldest requests first), every prompt whole while none does (groups of at
         most `GROUP_TOKENS` padded tokens)."""
         decoding = any(job is not None and job.decoding for job in self.rows)
+        self._order_new_rows()
         while True:
-            budget = self.prefill_chunk if decoding else None
+            budget = self.prefill_budget if decoding else None
             chunks: dict[int, BatchJob] = {}
             plan: list[prefill_plan.Chunk] = []
             for job in sorted((j for j in self.rows if j is not None), key=_created):
@@ -331,7 +338,7 @@ class BatchingEngine(QueueIntake):
                 plan.append(prefill_plan.Chunk(job.row, int(self.kv.lengths[job.row]), n))
             if not plan:
                 return
-            cap = self.prefill_chunk if decoding else max(GROUP_TOKENS, self.prefill_chunk)
+            cap = self.prefill_budget if decoding else max(GROUP_TOKENS, self.prefill_chunk)
             groups = prefill_plan.groups(plan, cap, self.max_length, self.batched_steps)
             groups.sort(key=lambda g: min(_created(chunks[c.row]) for c in g))
             for group in groups:
@@ -339,6 +346,29 @@ class BatchingEngine(QueueIntake):
                 self.text.flush()  # this group's first tokens now, not at the round's end
             if decoding:
                 return
+
+    def _order_new_rows(self) -> None:
+        """Sort the prompts no prefill run has touched yet over the rows they hold, by the
+        tokens they still need: consecutive rows then hold prompts of similar lengths, which
+        group with little padding. A row's prefix-cache hit moves with it (`kv.swap` copies
+        those positions; an empty row costs nothing)."""
+        new = [job for job in self.rows if job is not None and not job.started]
+        if len(new) < 2:
+            return
+        rows = sorted(job.row for job in new)
+        order = sorted(new, key=lambda j: (len(j.prompt) - j.done, j.handle.created))
+        for target, job in zip(rows, order):
+            if job.row != target:
+                self._swap_rows(job.row, target)
+
+    def _swap_rows(self, a: int, b: int) -> None:
+        """Exchange two busy rows: their requests, KV, cached ids and KV reservations."""
+        self.kv.swap(a, b)
+        self.cache.swap(a, b)
+        self.budget.swap(a, b)
+        ja, jb = self.rows[a], self.rows[b]
+        assert ja is not None and jb is not None
+        self.rows[a], self.rows[b], ja.row, jb.row = jb, ja, b, a
 
     def _prefill_group(self, jobs: list[BatchJob], group: list[prefill_plan.Chunk]) -> None:
         """One run over the group's rows; a request whose prompt it completes gets its first
@@ -358,6 +388,7 @@ class BatchingEngine(QueueIntake):
         self.counters["prefill_padded_tokens"] += ids.size
         for i, (job, c) in enumerate(zip(jobs, group)):
             job.done += c.n
+            job.started = True
             self.counters["prefill_tokens"] += c.n
             if job.decoding:
                 greedy = None if out.greedy is None else int(out.greedy[i, -1])

@@ -124,6 +124,14 @@ class KVBudget:
         if old in self.reserved:
             self.reserved[new] = self.reserved.pop(old)
 
+    def swap(self, a: int, b: int) -> None:
+        """Two requests exchanged rows (the engine orders new prompts by length)."""
+        ta, tb = self.reserved.pop(a, None), self.reserved.pop(b, None)
+        if ta is not None:
+            self.reserved[b] = ta
+        if tb is not None:
+            self.reserved[a] = tb
+
     def stats(self) -> dict[str, int]:
         return {
             "kv_space_bytes": self.space,

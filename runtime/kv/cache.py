@@ -249,6 +249,8 @@ class SharedKVCache:
     def swap(self, a: int, b: int) -> None:
         """Exchange the valid positions (and lengths) of rows ``a`` and ``b``."""
         la, lb = int(self.lengths[a]), int(self.lengths[b])
+        if la == lb == 0:
+            return
         for buf in self.kv.buffers:
             keep = buf[b, :, :lb].copy()
             buf[b, :, :la] = buf[a, :, :la]

@@ -177,7 +177,7 @@ def test_prompts_arriving_while_rows_decode_prefill_within_the_rounds_budget(
 ):
     """Three prompts arrive while a row decodes: at most `prefill_chunk` prompt tokens per
     round, later chunks of consecutive rows grouped, and the answers stay exact."""
-    eng = _Gated(shared_model, max_batch=6, prefill_chunk=6)
+    eng = _Gated(shared_model, max_batch=6, prefill_chunk=6, prefill_budget=6)
     try:
         first = eng.submit(Request(PROMPTS[1], 40, ignore_eos=True))
         events = first.events(timeout=60)
