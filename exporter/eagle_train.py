@@ -4,8 +4,17 @@ The head (``eagle_head``) learns the target's own greedy choices from the target
 (``eagle_cache``), with the training-time test over ``depth`` chained drafts. Training stops
 after ``minutes`` of wall time (the time already spent before a resume counts), saves a
 checkpoint about every minute (``checkpoint.pt`` beside the cache: a rerun of the same command
-continues from it) and measures the held-apart sequences' acceptance per draft position at
-each checkpoint, so one run also reports acceptance against training time.
+continues from it) and measures the held-apart sequences' acceptance per draft position about
+a dozen times per run, so one run also reports acceptance against training time.
+
+Where the time goes (SmolLM2-135M, 8192-token draft vocabulary, depth 4, 2 cores): a step is
+about 210 MFLOP per trained position (the draft-vocabulary LM head is half of it, the MLP a
+quarter), so its cost is the arithmetic, ~40 GFLOP per CPU-second on one AVX2 core. What
+wasted it was torch's second thread on a loaded machine: each of the ~300 ops of a step ends
+in an OpenMP barrier that waits for a descheduled thread, and at load 7-9 on 2 cores two
+threads trained 47-96 positions per CPU-second against 160-206 with one (2-3x the wall time
+per step). ``torch_threads`` therefore drops to one thread while other work fills the cores
+and takes the asked threads back when they are free, re-checked at every checkpoint.
 """
 
 from __future__ import annotations
@@ -28,6 +37,39 @@ from specport.progress import Loop
 logger = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
+# the timeline's acceptance is measured on the first held-out sequences holding about this
+# many positions (standard error ~0.01 at rate 0.3): the whole split, measured a dozen times,
+# cost as much wall time as the training between the points on a loaded machine
+TIMELINE_POSITIONS = 2048
+TIMELINE_POINTS = 12
+
+
+def torch_threads(wanted: int, in_use: int) -> int:
+    """Threads for torch now: ``wanted`` while the other work on the machine leaves that many
+    cores free, else 1 (see the module doc: a second OpenMP thread that waits for a busy core
+    makes every op wait too). ``in_use`` is the threads this process has been running, which
+    the load average already counts."""
+    if wanted <= 1:
+        return 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform: trust the caller
+        return wanted
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    others = max(0.0, load - in_use)
+    return wanted if others + wanted <= (cores or 1) + 0.5 else 1
+
+
+def timeline_rows(cache: FeatureCache, rows: Sequence[int]) -> list[int]:
+    """The first of ``rows`` holding about TIMELINE_POSITIONS answer positions (at least one)."""
+    picked: list[int] = []
+    seen = 0
+    for i in rows:
+        picked.append(int(i))
+        seen += int(cache.offsets[int(i) + 1] - cache.offsets[int(i)]) - int(cache.prompts[int(i)])
+        if seen >= TIMELINE_POSITIONS:
+            break
+    return picked
 
 
 def batch_tensors(
@@ -116,26 +158,29 @@ def train_head(
     progress: bool | None = None,
     checkpoint_seconds: float = 60.0,
     max_steps: int = 0,  # > 0: stop after this many steps as well (tests)
+    threads: int = 2,
 ) -> tuple[EagleHead, dict[str, Any]]:
     """The head trained for ``minutes`` (resuming ``work/checkpoint.pt`` if there is one).
 
-    Small batches (2 whole sequences, ~300 positions x ``depth``): on 2 CPU cores a step of 8
-    sequences took 12 s (SmolLM2: the 8k-row LM head and the 1536-wide MLP at every position
-    and depth), so a 20-minute budget made only ~100 updates; 2 sequences give 4x the updates
-    for the same positions seen."""
+    Small batches (2 whole sequences, ~300 positions x ``depth``): a step costs its arithmetic
+    (see the module doc), so per position a batch of 8 trained no faster per CPU-second than
+    a batch of 2 (188-193 vs 161-206 positions, one thread), and 2 give 4x the updates for the
+    same positions seen. Held-out acceptance goes into the timeline every
+    ``max(checkpoint_seconds, minutes / TIMELINE_POINTS)`` on the first held-out sequences
+    (``timeline_rows``) and once at the end on the whole held-out split."""
     torch.manual_seed(0)
     head = EagleHead(cfg, embed, torch.from_numpy(draft_ids)).to(device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     to_draft = draft_map(draft_ids, cfg.vocab)
-    state: dict[str, Any] = {"step": 0, "elapsed": 0.0, "timeline": []}
+    state: dict[str, Any] = {"step": 0, "elapsed": 0.0, "positions": 0, "timeline": []}
     ckpt = Path(work) / CHECKPOINT
     if ckpt.is_file():
         saved = torch.load(ckpt, map_location=device, weights_only=False)
         if list(saved["draft_ids"]) == draft_ids.tolist():
             head.load_state_dict(saved["head"], strict=False)
             opt.load_state_dict(saved["opt"])
-            state = saved["state"]
+            state = {"positions": 0, **saved["state"]}
             logger.info(
                 "resuming from %s: step %d, %.1f minutes trained",
                 ckpt,
@@ -143,14 +188,20 @@ def train_head(
                 state["elapsed"] / 60,
             )
     budget = max(minutes * 60.0, 1.0)
+    eval_seconds = max(checkpoint_seconds, budget / TIMELINE_POINTS)
+    probe = timeline_rows(cache, eval_rows)
     rng = np.random.default_rng(state["step"])
     pool = np.asarray(train_rows)
     warmup = 50
     seconds = int(budget)
     loop = Loop(seconds, "training the draft head", show=progress)
     loop.update(min(int(state["elapsed"]), seconds))
+    used = threads if device == "cpu" else torch.get_num_threads()
+    if device == "cpu":
+        used = torch_threads(threads, used)
+        torch.set_num_threads(used)
     t_start = time.perf_counter() - state["elapsed"]
-    last_ckpt = time.perf_counter()
+    last_ckpt = last_eval = time.perf_counter()
     loss = torch.zeros(())
     while True:
         elapsed = time.perf_counter() - t_start
@@ -171,58 +222,84 @@ def train_head(
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
         state["step"] += 1
+        state["positions"] += int((lab >= 0).sum())
         now = time.perf_counter()
         state["elapsed"] = now - t_start
         loop.update(
             max(0, min(int(state["elapsed"]), seconds) - loop.done), note=f"loss {loss.item():.3f}"
         )
-        if now - last_ckpt >= checkpoint_seconds:
-            _checkpoint(
-                head, opt, state, draft_ids, cache, eval_rows, to_draft, depth, device, ckpt
-            )
+        if now - last_eval >= eval_seconds:
+            _measure(head, state, cache, probe, to_draft, depth, device, used)
+            last_eval = time.perf_counter()
+        if time.perf_counter() - last_ckpt >= checkpoint_seconds:
+            _save(head, opt, state, draft_ids, ckpt)
             last_ckpt = time.perf_counter()
-            t_start += last_ckpt - now  # evaluation time is not training time
+            if device == "cpu":
+                used = torch_threads(threads, used)
+                torch.set_num_threads(used)
+        t_start += time.perf_counter() - now  # evaluation and saving are not training time
     loop.close()
-    _checkpoint(head, opt, state, draft_ids, cache, eval_rows, to_draft, depth, device, ckpt)
+    _measure(head, state, cache, probe, to_draft, depth, device, used)
+    _save(head, opt, state, draft_ids, ckpt)
     head.eval()
     report = {
         "steps": state["step"],
         "minutes": round(state["elapsed"] / 60, 2),
+        "positions_trained": state["positions"],
+        "positions_per_second": round(state["positions"] / max(state["elapsed"], 1e-9), 1),
         "depth": depth,
         "batch": batch,
         "lr": lr,
         "device": device,
-        "final_loss": round(float(loss), 4),
-        "heldout": state["timeline"][-1]["heldout"],
+        "threads": threads,
+        "final_loss": round(float(loss.item()), 4),
+        "heldout": acceptance(head, cache, eval_rows, to_draft, depth, device),
+        "timeline_sequences": len(probe),
         "timeline": state["timeline"],
     }
     return head.cpu(), report
 
 
-def _checkpoint(
+def _measure(
+    head: EagleHead,
+    state: dict[str, Any],
+    cache: FeatureCache,
+    rows: Sequence[int],
+    to_draft: np.ndarray,
+    depth: int,
+    device: str,
+    threads: int,
+) -> None:
+    """Held-out acceptance on ``rows`` now, appended to the timeline and logged."""
+    if state["timeline"] and state["timeline"][-1]["step"] == state["step"]:
+        return
+    held = acceptance(head, cache, rows, to_draft, depth, device)
+    point = {
+        "step": state["step"],
+        "minutes": round(state["elapsed"] / 60, 2),
+        "positions_trained": state.get("positions", 0),
+        "threads": threads,
+        "heldout": held,
+    }
+    state["timeline"].append(point)
+    logger.info(
+        "step %d, %.1f min (%d threads): held-out acceptance per position %s, %.2f tokens per step",
+        state["step"],
+        state["elapsed"] / 60,
+        threads,
+        held["acceptance_per_position"],
+        held["expected_tokens_per_step"],
+    )
+
+
+def _save(
     head: EagleHead,
     opt: torch.optim.Optimizer,
     state: dict[str, Any],
     draft_ids: np.ndarray,
-    cache: FeatureCache,
-    eval_rows: Sequence[int],
-    to_draft: np.ndarray,
-    depth: int,
-    device: str,
     path: Path,
 ) -> None:
-    """Measure held-out acceptance, log it, and save a resumable checkpoint (atomically)."""
-    held = acceptance(head, cache, eval_rows, to_draft, depth, device)
-    point = {"step": state["step"], "minutes": round(state["elapsed"] / 60, 2), "heldout": held}
-    if not state["timeline"] or state["timeline"][-1]["step"] != state["step"]:
-        state["timeline"].append(point)
-    logger.info(
-        "step %d, %.1f min: held-out acceptance per position %s, %.2f tokens per step",
-        state["step"],
-        state["elapsed"] / 60,
-        held["acceptance_per_position"],
-        held["expected_tokens_per_step"],
-    )
+    """Save a resumable checkpoint (atomically)."""
     weights = {k: v for k, v in head.state_dict().items() if k != "embed"}
     tmp = path.with_suffix(".tmp")
     torch.save(

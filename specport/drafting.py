@@ -363,6 +363,7 @@ def _train(
             device=device,
             progress=progress,
             max_steps=max_steps,
+            threads=max(1, threads),
         )
     finally:
         torch.set_num_threads(saved_threads)

@@ -161,6 +161,52 @@ def test_train_draft_writes_a_new_artifact_and_leaves_the_input(chat_artifact, e
     assert "eagle" not in before
 
 
+def test_training_reports_its_speed_and_a_timeline(eagle_artifact):
+    from specport import artifact as art
+
+    training = art.read_manifest(eagle_artifact).extra["eagle"]["training"]
+    assert training["positions_trained"] > 0 and training["positions_per_second"] > 0
+    assert training["timeline"], "at least the final point"
+    last = training["timeline"][-1]
+    assert last["step"] == training["steps"] and last["threads"] >= 1
+    assert last["positions_trained"] == training["positions_trained"]
+
+
+@pytest.mark.parametrize(
+    ("load", "in_use", "wanted", "expected"),
+    [
+        (0.1, 0, 2, 2),  # an idle machine: the asked threads
+        (2.1, 2, 2, 2),  # our own two threads are the load
+        (7.5, 1, 2, 1),  # others fill both cores: one thread
+        (3.0, 0, 2, 1),  # others fill them before we start
+        (9.0, 1, 1, 1),  # one asked, one given
+    ],
+)
+def test_torch_threads_drop_to_one_on_a_busy_machine(monkeypatch, load, in_use, wanted, expected):
+    import os
+
+    from specport.exporter import eagle_train
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
+    assert eagle_train.torch_threads(wanted, in_use) == expected
+
+
+def test_timeline_rows_hold_about_the_budgeted_positions(monkeypatch):
+    from specport.exporter import eagle_train
+    from specport.exporter.eagle_cache import FeatureCache
+
+    lengths = np.array([50, 60, 70, 80])
+    prompts = np.array([10, 20, 30, 40])  # 40 answer positions each
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    n = int(offsets[-1])
+    cache = FeatureCache(np.zeros((n, 3)), np.zeros(n), np.zeros(n), offsets, prompts)
+    monkeypatch.setattr(eagle_train, "TIMELINE_POSITIONS", 80)
+    assert eagle_train.timeline_rows(cache, [3, 1, 0, 2]) == [3, 1]
+    monkeypatch.setattr(eagle_train, "TIMELINE_POSITIONS", 10_000)
+    assert eagle_train.timeline_rows(cache, [0, 1]) == [0, 1]
+
+
 def test_train_draft_refuses_an_existing_out(chat_artifact, eagle_artifact):
     from specport.drafting import train_draft
     from specport.errors import OutputError
