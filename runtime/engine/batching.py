@@ -2,11 +2,27 @@
 
 One worker thread owns the model. Each round it (1) takes new requests, drops cancelled and
 stopped ones, (2) admits waiting requests into free KV rows, the row whose cached ids share the
-longest prefix with the prompt first (`PrefixCache`), (3) prefills admitted prompts in chunks
-of at most `prefill_chunk` tokens per round while other rows are decoding (batch-1 runs on the
-row's own KV view, see `kv.cache.SharedKVCache`), and (4) runs one decode step over rows [0, highest busy
-row]. Tokens go to the `TextOut` thread, which pushes the events. Per request: its own sampler
-(seeded), EOS, max_new_tokens, stop strings and the KV budget ("context"), as `Model.generate`.
+longest prefix with the prompt first (`PrefixCache`), (3) prefills admitted prompts in groups,
+and (4) runs one decode step over rows [0, highest busy row]. Tokens go to the `TextOut`
+thread, which pushes the events. Per request: its own sampler (seeded), EOS, max_new_tokens,
+stop strings and the KV budget ("context"), as `Model.generate`.
+
+Prefill groups: a group is a block of consecutive rows prefilled in one onnxruntime run
+(`SharedKVCache.prefill_rows` on the block's contiguous view of the in-place buffers, no
+copy), each row's chunk right-padded to the group's longest; the request whose prompt a run
+completes gets its first token from it, and the text thread gets those tokens as soon as the
+group's run ends. One run reads every weight once where prompts one by one read them once
+each: 64 eight-token SmolLM2-135M prompts cost ~1.8 s of CPU in one run, ~4.5 s one by one
+(`prefill_plan`). New prompts are first sorted over the rows they were given by the tokens
+they still need (`_order_new_rows`: a prefix-cache hit's positions move along, a copy of the
+hit), then `prefill_plan.groups` cuts the rows where a separate run costs less than the
+padding it saves. A row that already holds KV (a prefix-cache hit, a long prompt's later
+chunk) joins a group only on graphs that take batched multi-token steps; on older exports it
+runs alone. While rows decode a round prefills at most `prefill_budget` prompt tokens (oldest
+requests first, chunks of at most `prefill_chunk` per prompt) so their streams keep flowing;
+when none decodes, every admitted prompt is prefilled before the first decode step (groups of
+at most `GROUP_TOKENS` padded tokens), as vLLM's scheduler fills a step with prefills up to
+its token budget.
 
 Every decode round is the one step (`engine/step.py`: propose -> run once -> verify -> commit)
 over the decoding rows. With `speculative=` ("ngram" | "suffix" | "draft" | "mtp") each request
@@ -60,7 +76,13 @@ logger = logging.getLogger(__name__)
 _CLOSE = object()
 COMPACT_MIN_LEFT = 8  # tokens a request must still have to go to be worth moving to a lower row
 GROUP_TOKENS = 512  # padded prompt tokens one prefill run holds at most while no row decodes
-PREFILL_BUDGET = 256  # prompt tokens prefilled per round while rows decode (by default)
+# Prompt tokens prefilled per round while rows decode (by default). 64 prompts arriving over a
+# few rounds (the load test at 64 concurrent, SmolLM2 fp32, ~335 prompt tokens after prefix
+# hits): at 256 the last third waited a decode step of ~50 rows, TTFT p99 4.6 s vs 2.2 s at 512
+# (in-process replay, load average 5.5-6.7 on 2 cores). A round's prefill stalls the decoding
+# rows' next token by its cost (~1.8 s of CPU at 512 tokens on SmolLM2), as a vLLM step filled
+# with prefills does.
+PREFILL_BUDGET = 512
 
 
 @dataclass
@@ -318,46 +340,52 @@ class BatchingEngine(QueueIntake):
     def _prefill(self) -> None:
         """Prefill admitted prompts in groups of consecutive rows, one run per group
         (`prefill_plan.groups`), first tokens out as each group's run ends: a chunk of at most
-        `prefill_chunk` tokens per row, within `prefill_chunk` prompt tokens per round while
-        rows decode (oldest requests first), every prompt whole while none does (groups of at
-        most `GROUP_TOKENS` padded tokens)."""
+        `prefill_chunk` tokens per prompt, at most `prefill_budget` prompt tokens per round
+        while rows decode (oldest requests first), every prompt whole while none does (groups
+        of at most `GROUP_TOKENS` padded tokens)."""
         decoding = any(job is not None and job.decoding for job in self.rows)
-        self._order_new_rows()
         while True:
             budget = self.prefill_budget if decoding else None
-            chunks: dict[int, BatchJob] = {}
-            plan: list[prefill_plan.Chunk] = []
+            chosen: list[tuple[BatchJob, int]] = []  # (request, prompt tokens it runs now)
             for job in sorted((j for j in self.rows if j is not None), key=_created):
-                if job.decoding or (budget is not None and budget <= 0):
+                if job.decoding:
                     continue
+                if budget is not None and budget <= 0:
+                    break
                 n = min(len(job.prompt) - job.done, self.prefill_chunk)
                 if budget is not None:
                     n = min(n, budget)
                     budget -= n
-                chunks[job.row] = job
-                plan.append(prefill_plan.Chunk(job.row, int(self.kv.lengths[job.row]), n))
-            if not plan:
+                chosen.append((job, n))
+            if not chosen:
                 return
+            self._order_new_rows(chosen)
+            jobs = {job.row: job for job, _ in chosen}
+            plan = [prefill_plan.Chunk(j.row, int(self.kv.lengths[j.row]), n) for j, n in chosen]
             cap = self.prefill_budget if decoding else max(GROUP_TOKENS, self.prefill_chunk)
             groups = prefill_plan.groups(plan, cap, self.max_length, self.batched_steps)
-            groups.sort(key=lambda g: min(_created(chunks[c.row]) for c in g))
+            # the round's groups all run now: the cheapest first, for the most first tokens soonest
+            groups.sort(
+                key=lambda g: (prefill_plan.padded(g), min(_created(jobs[c.row]) for c in g))
+            )
             for group in groups:
-                self._prefill_group([chunks[c.row] for c in group], group)
+                self._prefill_group([jobs[c.row] for c in group], group)
                 self.text.flush()  # this group's first tokens now, not at the round's end
             if decoding:
                 return
 
-    def _order_new_rows(self) -> None:
-        """Sort the prompts no prefill run has touched yet over the rows they hold, by the
-        tokens they still need: consecutive rows then hold prompts of similar lengths, which
-        group with little padding. A row's prefix-cache hit moves with it (`kv.swap` copies
-        those positions; an empty row costs nothing)."""
-        new = [job for job in self.rows if job is not None and not job.started]
+    def _order_new_rows(self, chosen: list[tuple[BatchJob, int]]) -> None:
+        """Sort the chosen prompts that no prefill run has touched yet over the rows they
+        hold, by the tokens they run now: consecutive rows then hold prompts of similar
+        lengths, which group with little padding. A row's prefix-cache hit moves with it
+        (`kv.swap` copies those positions; empty rows cost nothing). Only this round's prompts
+        move: the rest keep their rows (admission order), so they stay together too."""
+        new = [(job, n) for job, n in chosen if not job.started]
         if len(new) < 2:
             return
-        rows = sorted(job.row for job in new)
-        order = sorted(new, key=lambda j: (len(j.prompt) - j.done, j.handle.created))
-        for target, job in zip(rows, order):
+        rows = sorted(job.row for job, _ in new)
+        order = sorted(new, key=lambda jn: (jn[1], _created(jn[0])))
+        for target, (job, _) in zip(rows, order):
             if job.row != target:
                 self._swap_rows(job.row, target)
 
