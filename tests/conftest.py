@@ -28,7 +28,11 @@ def _shared_exports(tmp_path_factory: pytest.TempPathFactory) -> Any:
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "export_cache"
     export_cache.set_root(root)
-    yield
+    from specport.exporter import export
+
+    with pytest.MonkeyPatch.context() as patch:  # every export traces a given model once
+        patch.setattr(export, "trace_to_onnx", export_cache.cached_trace(export.trace_to_onnx))
+        yield
     export_cache.set_root(None)
 
 
@@ -46,6 +50,10 @@ def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> TinyZoo:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Print the tiny-model export times and verification errors of this session."""
     lines = [line for zoo in _ZOOS for line in zoo.summary()]
+    factory = getattr(terminalreporter.config, "_tmp_path_factory", None)
+    if factory is not None:  # the controller's basetemp is the workers' shared parent
+        reuse = export_cache.reuse_summary(factory.getbasetemp() / "export_cache")
+        lines += [reuse] if reuse else []
     if lines:
         terminalreporter.section("tiny model exports")
         for line in lines:

@@ -10,6 +10,16 @@ the caller's source, as `export_model(src, out)` would have written it.
 
 Tests of the exporter itself (progress, signals, memory, verification) call `export_model`
 directly: the cache is for tests that need an artifact, not for tests of exporting.
+
+Beneath it, `cached_trace` stands in for the exporter's `trace_to_onnx` for the run: the same
+tiny model is exported by many test files with different options (concat / shared / standard /
+qnn target, fp16, quantized, tree mask), and every one of them used to trace it again, although
+the traced graph depends only on the PyTorch model (its class, config, weights and buffers) and
+on whether the tree mask is traced. The graph is traced once per such key, saved, and every
+export loads its own copy of the saved graph; the passes, verification against PyTorch and
+everything after the trace still run per export. A streamed export (the model holds no
+weights; they are read from the checkpoint when written) is keyed by the checkpoint's files.
+Models over `TRACE_CACHE_MAX_PARAMS` are traced as usual.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from typing import Any
 from filelock import FileLock
 
 _ROOT: Path | None = None  # set for the session by tests/conftest.py
+TRACE_CACHE_MAX_PARAMS = 20_000_000  # bigger models (SmolLM2) are traced once per run anyway
+TRACE_USES = "trace_uses.txt"
 
 
 def set_root(root: Path | None) -> None:
@@ -96,6 +108,76 @@ def cached_mtp(
         built = _build_once(key, write, str(base))
         shutil.copytree(built / "art", out, dirs_exist_ok=True)
     return read_manifest(out, check_hashes=False)
+
+
+def cached_trace(trace: Any) -> Any:
+    """A stand-in for ``trace_to_onnx`` (``trace``) that traces each distinct model once per run."""
+
+    def traced(
+        torch_model: Any,
+        kv_shapes: list[tuple[int, int, int]],
+        vocab_size: int,
+        tree_mask: bool = False,
+        checkpoint: Any = None,
+        bindings: Any = None,
+    ) -> Any:
+        root = _ROOT
+        key = None if root is None else _model_key(torch_model, checkpoint)
+        if key is None or root is None:
+            return trace(torch_model, kv_shapes, vocab_size, tree_mask, checkpoint, bindings)
+        import onnx_ir as ir
+
+        def build(folder: Path) -> None:
+            folder.mkdir(parents=True)
+            model = trace(torch_model, kv_shapes, vocab_size, tree_mask, checkpoint, bindings)
+            ir.save(model, folder / "traced.onnx", external_data="traced.onnx.data")
+
+        key += f" {kv_shapes!r} {vocab_size} {tree_mask}"
+        built = _build_once("trace " + key, build, type(torch_model).__name__)
+        with (root / TRACE_USES).open("a") as uses:  # for the run's summary (reuse_summary)
+            uses.write(built.name + "\n")
+        return ir.load(built / "art" / "traced.onnx")
+
+    return traced
+
+
+def reuse_summary(root: Path) -> str | None:
+    """'traced N models for M exports' for the run whose cache is ``root`` (None: none traced)."""
+    uses_file = root / TRACE_USES
+    if not uses_file.is_file():
+        return None
+    uses = uses_file.read_text().split()
+    return f"traced {len(set(uses))} tiny models once for {len(uses)} exports"
+
+
+def _model_key(torch_model: Any, checkpoint: Any) -> str | None:
+    """What the traced graph depends on: the model's class and config, and its weights: every
+    parameter and buffer, or with ``checkpoint`` (a streamed export: the model holds no weights)
+    the checkpoint's files. None: too big to be worth caching."""
+    import torch
+
+    tensors = [*torch_model.named_parameters(), *torch_model.named_buffers()]
+    if sum(t.numel() for _, t in tensors) > TRACE_CACHE_MAX_PARAMS:
+        return None
+    h = hashlib.sha256()
+    h.update(f"{type(torch_model).__module__}.{type(torch_model).__qualname__}".encode())
+    config = torch_model.config
+    to_json = getattr(config, "to_json_string", None)
+    h.update((to_json(use_diff=False) if to_json else repr(config)).encode())
+    if checkpoint is not None:
+        files = sorted({info.file for info in checkpoint.tensors.values()})
+        for path in files:
+            h.update(f"{path.name} {source_digest(path)}".encode())
+        tensors = list(torch_model.named_buffers())  # parameters: read from the checkpoint
+    for name, tensor in tensors:
+        if tensor.device.type == "meta":
+            return None
+        h.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+        data = tensor.detach().contiguous()
+        if data.dtype == torch.bfloat16:
+            data = data.view(torch.int16)
+        h.update(data.numpy().tobytes())
+    return h.hexdigest()
 
 
 def _build_once(key_text: str, build: Any, source: str) -> Path:

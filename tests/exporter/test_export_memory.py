@@ -121,6 +121,10 @@ def test_weights_stream_from_checkpoint_before_pytorch_loads(tmp_path: Path, mon
         at_load.append(data[0].stat().st_size if data else -1)
         return real_load(source, *args, **kwargs)
 
+    from specport.exporter import onnx_graph
+
+    # this test is about tracing the hollow model: not the test run's cache of traced graphs
+    monkeypatch.setattr(ex, "trace_to_onnx", onnx_graph.trace_to_onnx)
     monkeypatch.setattr(ckpt, "hollow_model", spy_hollow)
     monkeypatch.setattr(ckpt.Checkpoint, "read", spy_read)
     monkeypatch.setattr(src_mod, "load_model", spy_load)
