@@ -43,7 +43,7 @@ def score(model: Any, prompt: Sequence[int], tokens: Sequence[int], k: int) -> l
         return []
     ids = [int(t) for t in prompt] + [int(t) for t in tokens]
     cache = open_cache(model.session, model.manifest, len(ids))
-    if len(prompt) > 1:  # the prompt's own logits are not needed: no [P, V] copy out
-        cache.step(ids[: len(prompt) - 1], logits=False)
+    if len(prompt) > 1:  # the prompt's own logits are not needed: only its last is kept
+        cache.step(ids[: len(prompt) - 1], last_only=True)
     logits = cache.step(ids[len(prompt) - 1 : -1]).logits  # [N, V]: the scores before each token
     return [token_logprobs(row, t, k) for row, t in zip(logits, ids[len(prompt) :])]

@@ -18,7 +18,7 @@ from specport.errors import ContextLengthError, InputError
 from specport.runtime.kv.cache import SharedKVCache, open_kv_cache
 from specport.runtime.kv.concat_cache import ConcatKVCache
 from specport.runtime.kv.iobinding import BoundSession
-from specport.runtime.kv.seq_cache import ConcatCache
+from specport.runtime.kv.seq_cache import open_cache
 
 PROMPT = np.array([1, 5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43, 44, 45, 46, 47], dtype=np.int64)
 
@@ -280,7 +280,7 @@ def test_concat_cache_scores_equal_one_run_per_row(tiny_llama_artifact):
         out = cache.step(ids, live)
         for r in np.flatnonzero(live).tolist():
             seq = tokens[r] + ids[r].tolist()
-            want = ConcatCache(m.session, m.manifest).step(seq).logits[-s:]
+            want = open_cache(m.session, m.manifest).step(seq).logits[-s:]
             np.testing.assert_allclose(out.logits[r], want, atol=1e-4, rtol=1e-4)
             kept = len(tokens[r]) + int(rng.integers(1, s + 1))  # accepted some of the S
             cache.keep(r, kept)

@@ -15,7 +15,7 @@ import pytest
 
 from specport.errors import ContextLengthError, InputError, UsageError
 from specport.runtime.engine.driver import generate_rows
-from specport.runtime.kv.seq_cache import ConcatCache
+from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts, adopt
 from specport.runtime.speculative.loop import default_adaptive, proposer_factory
@@ -309,11 +309,11 @@ def test_rejection_sampling_preserves_distribution(llama):
     ids = [5, 17, 42]
     cfg = dict(greedy=False, temperature=1.0, top_k=3)
     sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
-    logits = ConcatCache(model.session, model.manifest).step(ids).logits[None]
+    logits = open_cache(model.session, model.manifest).step(ids).logits[None]
     p1 = sampler.probs(logits[:, -1])[0]
     expected: dict[tuple[int, int], float] = {}
     for t1 in np.flatnonzero(p1):
-        l2 = ConcatCache(model.session, model.manifest).step([*ids, int(t1)]).logits[None]
+        l2 = open_cache(model.session, model.manifest).step([*ids, int(t1)]).logits[None]
         p2 = sampler.probs(l2[:, -1])[0]
         for t2 in np.flatnonzero(p2):
             expected[(int(t1), int(t2))] = p1[t1] * p2[t2]

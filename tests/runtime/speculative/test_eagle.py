@@ -80,7 +80,7 @@ def test_sampling_with_the_head_keeps_the_target_distribution(concat_eagle, meth
     """Joint law of the first two sampled tokens equals the target's, over many seeds: the
     drafts (the head's, or the hybrid's choice) change speed, never the distribution."""
     import specport
-    from specport.runtime.kv.seq_cache import ConcatCache
+    from specport.runtime.kv.seq_cache import open_cache
     from specport.runtime.sampler import Sampler, SamplingConfig
 
     model = specport.load(concat_eagle, threads=1)
@@ -89,7 +89,7 @@ def test_sampling_with_the_head_keeps_the_target_distribution(concat_eagle, meth
     sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)  # type: ignore[arg-type]
 
     def probs(context: list[int]) -> np.ndarray:
-        logits = ConcatCache(model.session, model.manifest).step(context).logits[None]
+        logits = open_cache(model.session, model.manifest).step(context).logits[None]
         return sampler.probs(logits[:, -1])[0]
 
     p1 = probs(ids)

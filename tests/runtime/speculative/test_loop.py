@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specport.errors import InputError
-from specport.runtime.kv.seq_cache import ConcatCache
+from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.base import Drafts
 from specport.runtime.speculative.draft import DraftModelProposer
@@ -117,10 +117,10 @@ def test_kv_after_rejections_equals_plain_state(tiny, monkeypatch):
     assert out.tokens == plain.tokens
     assert out.stats.num_accepted_tokens < out.stats.num_draft_tokens  # rejections happened
     # Reference: the cache of prompt + all emitted tokens but the last, computed in one run.
-    ref = ConcatCache(model.session, model.manifest)
+    ref = open_cache(model.session, model.manifest)
     seq = ids + out.tokens[:-1]
     ref.step(seq)
-    presents = ref.past
+    presents = ref.bound._row(0)  # the row's [1, Hkv, L, D] per tensor
     assert kept["kv"][0].shape[2] == len(seq)
     for got, want in zip(kept["kv"], presents):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
@@ -164,11 +164,11 @@ def test_rejection_sampling_preserves_distribution(tiny, request, method):
     from specport.runtime.sampler import Sampler
 
     sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
-    logits = ConcatCache(model.session, model.manifest).step(ids).logits[None]
+    logits = open_cache(model.session, model.manifest).step(ids).logits[None]
     p1 = sampler.probs(logits[:, -1])[0]
     expected: dict[tuple[int, int], float] = {}
     for t1 in np.flatnonzero(p1):
-        l2 = ConcatCache(model.session, model.manifest).step([*ids, int(t1)]).logits[None]
+        l2 = open_cache(model.session, model.manifest).step([*ids, int(t1)]).logits[None]
         p2 = sampler.probs(l2[:, -1])[0]
         for t2 in np.flatnonzero(p2):
             expected[(int(t1), int(t2))] = p1[t1] * p2[t2]

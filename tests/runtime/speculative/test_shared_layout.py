@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from specport.runtime.kv.cache import SharedKVCache
-from specport.runtime.kv.seq_cache import ConcatCache, SharedCache, open_cache
+from specport.runtime.kv.concat_cache import ConcatKVCache
+from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts
 from specport.runtime.speculative.loop import SpeculativeGenerator, generate_speculative
@@ -80,7 +81,7 @@ def test_shared_mtp_verifies_and_drafts_in_one_run(arts):
     assert outs[-3:] == ["mtp_accepted", "mtp_bonus", "mtp_drafts"]
     assert "logits_index" in {i.name for i in mtp.session.get_inputs()}
     cache = open_cache(mtp.session, mtp.manifest, 64)
-    assert isinstance(cache, SharedCache)
+    assert isinstance(cache.bound, SharedKVCache)
     ids = [5, 17, 42, 9]
     first = cache.step(ids, last_only=True)  # a prefill selects the last position only
     bonus = int(first.outputs["mtp_bonus"][0])
@@ -132,15 +133,18 @@ def test_rollback_moves_lengths_and_copies_nothing(arts):
     assert again.tokens != [] and gen.last_kv is cache
 
 
-def test_concat_cache_keeps_a_view(arts):
+def test_concat_cache_keeps_a_prefix(arts):
+    """A concat row cut back to 3 positions goes on as if only those were ever fed."""
     model = arts["concat"]
     cache = open_cache(model.session, model.manifest)
-    assert isinstance(cache, ConcatCache)
+    assert isinstance(cache.bound, ConcatKVCache) and cache.capacity is None
     cache.step([5, 6, 7, 8, 9])
-    presents = cache.past
     cache.keep(3)
     assert cache.length == 3
-    assert all(np.shares_memory(a, b) for a, b in zip(cache.past, presents))
+    got = np.array(cache.step([40, 41]).logits)
+    want = open_cache(model.session, model.manifest).step([5, 6, 7, 40, 41]).logits[-2:]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert cache.length == 5
 
 
 @pytest.mark.parametrize("method", ["draft", "mtp"])
