@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,13 @@ def is_complete(directory: Path) -> bool:
     return (Path(directory) / DONE).is_file()
 
 
+def build_seconds(directory: Path) -> float | None:
+    """How long the cache took to compute (recorded when it was built: a resumed run reports
+    the real cost of its data, not the moment it took to open it)."""
+    seconds = json.loads((Path(directory) / DONE).read_text()).get("seconds")
+    return None if seconds is None else float(seconds)
+
+
 def open_cache(directory: Path) -> FeatureCache:
     d = Path(directory)
     return FeatureCache(
@@ -83,6 +91,7 @@ def build_cache(
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     (d / DONE).unlink(missing_ok=True)
+    t0 = time.perf_counter()
     lengths = np.array([len(s) for s in sequences], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     total = int(offsets[-1])
@@ -105,7 +114,10 @@ def build_cache(
     np.save(d / "choices.npy", choices)
     np.save(d / "offsets.npy", offsets)
     np.save(d / "prompts.npy", np.asarray(prompt_lens, dtype=np.int64))
-    (d / DONE).write_text(json.dumps({"sequences": len(sequences), "positions": total}))
+    seconds = round(time.perf_counter() - t0, 1)
+    (d / DONE).write_text(
+        json.dumps({"sequences": len(sequences), "positions": total, "seconds": seconds})
+    )
     logger.info("feature cache: %d sequences, %d positions in %s", len(sequences), total, d)
     return open_cache(d)
 

@@ -116,10 +116,10 @@ def _train_draft(
 
     stages.start("answering the prompt collection")
     prompts = _prompts(src, target, data, sequences)
-    answers = _answers(work, target, prompts, new_tokens)
+    answers, answer_seconds = _answers(work, target, prompts, new_tokens)
 
     stages.start("computing the target's features")
-    from specport.exporter.eagle_cache import build_cache, is_complete, open_cache
+    from specport.exporter.eagle_cache import build_cache, build_seconds, is_complete, open_cache
 
     cache_dir = work / "features"
     seqs = [p + a for p, a in zip(prompts, answers)]
@@ -162,6 +162,9 @@ def _train_draft(
             "positions": int(cache.offsets[-1]),
             "new_tokens": new_tokens,
             "data_and_features_seconds": round(feature_seconds, 1),
+            # as measured when computed (a resumed run reuses them): the data's real cost
+            "answers_seconds": answer_seconds,
+            "features_seconds": build_seconds(cache_dir),
             "logits_max_abs_diff": logits_diff,
         }
     )
@@ -264,20 +267,26 @@ def _prompts(src: Path, model: Any, data: Any, limit: int) -> list[list[int]]:
     return [template.render_ids([{"role": "user", "content": t}]) for t in texts]
 
 
-def _answers(work: Path, model: Any, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """The model's greedy answers (kept in the work folder: a rerun does not decode again)."""
+def _answers(
+    work: Path, model: Any, prompts: list[list[int]], new_tokens: int
+) -> tuple[list[list[int]], float | None]:
+    """The model's greedy answers and the seconds they took (kept in the work folder: a rerun
+    does not decode again, and reports the seconds of the run that did)."""
     from specport.exporter.mtp_data import greedy_answers
 
     path = work / "answers.json"
     if path.is_file():
         saved = json.loads(path.read_text())
         if saved.get("prompts") == prompts and saved.get("new_tokens") == new_tokens:
-            return [list(a) for a in saved["answers"]]
+            return [list(a) for a in saved["answers"]], saved.get("seconds")
+    t0 = time.perf_counter()
     answers: list[list[int]] = []
     for _, batch in greedy_answers(model, prompts, new_tokens, batch=32, desc="answering"):
         answers.extend(batch)
-    path.write_text(json.dumps({"prompts": prompts, "new_tokens": new_tokens, "answers": answers}))
-    return answers
+    seconds = round(time.perf_counter() - t0, 1)
+    record = {"prompts": prompts, "new_tokens": new_tokens, "answers": answers, "seconds": seconds}
+    path.write_text(json.dumps(record))
+    return answers, seconds
 
 
 def _feature_dim(model: Any) -> int:

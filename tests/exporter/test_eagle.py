@@ -166,6 +166,8 @@ def test_training_reports_its_speed_and_a_timeline(eagle_artifact):
 
     training = art.read_manifest(eagle_artifact).extra["eagle"]["training"]
     assert training["positions_trained"] > 0 and training["positions_per_second"] > 0
+    # the data's cost as measured when it was computed (kept for a resumed run to report)
+    assert training["answers_seconds"] > 0 and training["features_seconds"] > 0
     assert training["timeline"], "at least the final point"
     last = training["timeline"][-1]
     assert last["step"] == training["steps"] and last["threads"] >= 1
