@@ -49,7 +49,7 @@ die() { echo "serve_vs_vllm: $*" >&2; exit 1; }
 [ -f "$TCMALLOC" ] || die "$TCMALLOC missing: apt-get install libtcmalloc-minimal4"
 [ -f "$IOMP" ] || die "$IOMP missing (intel-openmp in the vLLM venv)"
 [ -e "$OUT" ] && die "$OUT exists; give a new OUT="
-SERVERS="specport vllm"
+SERVERS=${SERVERS:-specport vllm}  # e.g. SERVERS=specport for a round of one server
 if [ -n "$LLAMA_SERVER" ]; then
     [ -x "$LLAMA_SERVER" ] && [ -f "$LLAMA_GGUF" ] || die "LLAMA_SERVER needs an executable and LLAMA_GGUF a file"
     SERVERS="$SERVERS llama.cpp"
