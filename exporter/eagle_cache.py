@@ -114,7 +114,7 @@ def build_cache(
     np.save(d / "choices.npy", choices)
     np.save(d / "offsets.npy", offsets)
     np.save(d / "prompts.npy", np.asarray(prompt_lens, dtype=np.int64))
-    seconds = round(time.perf_counter() - t0, 1)
+    seconds = round(time.perf_counter() - t0, 3)
     (d / DONE).write_text(
         json.dumps({"sequences": len(sequences), "positions": total, "seconds": seconds})
     )
