@@ -18,6 +18,7 @@ half of it; the training checkpoint beside it makes a rerun resume.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -57,8 +58,22 @@ class FeatureCache:
         return self.features[a:b], self.tokens[a:b], self.choices[a:b], int(self.prompts[i])
 
 
-def is_complete(directory: Path) -> bool:
-    return (Path(directory) / DONE).is_file()
+def sequences_key(sequences: Sequence[Sequence[int]]) -> str:
+    """A digest of the sequences a cache holds: a rerun whose answers changed (other prompts,
+    another --new-tokens) recomputes the features instead of training on stale ones."""
+    h = hashlib.sha256()
+    for s in sequences:
+        h.update(np.asarray(s, dtype=np.int64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+def is_complete(directory: Path, sequences: Sequence[Sequence[int]] | None = None) -> bool:
+    """The cache in ``directory`` was finished (and holds ``sequences``, when given)."""
+    done = Path(directory) / DONE
+    if not done.is_file():
+        return False
+    return sequences is None or json.loads(done.read_text()).get("key") == sequences_key(sequences)
 
 
 def build_seconds(directory: Path) -> float | None:
@@ -116,7 +131,14 @@ def build_cache(
     np.save(d / "prompts.npy", np.asarray(prompt_lens, dtype=np.int64))
     seconds = round(time.perf_counter() - t0, 3)
     (d / DONE).write_text(
-        json.dumps({"sequences": len(sequences), "positions": total, "seconds": seconds})
+        json.dumps(
+            {
+                "sequences": len(sequences),
+                "positions": total,
+                "seconds": seconds,
+                "key": sequences_key(sequences),
+            }
+        )
     )
     logger.info("feature cache: %d sequences, %d positions in %s", len(sequences), total, d)
     return open_cache(d)

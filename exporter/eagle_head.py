@@ -82,6 +82,16 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * cos + rot * sin
 
 
+@dataclass
+class TTTResult:
+    """What ``EagleHead.ttt_loss`` computed over a batch."""
+
+    loss: torch.Tensor  # mean cross-entropy over the depths
+    stats: list[tuple[int, int]]  # (right, counted) per depth
+    right: torch.Tensor  # [depth, B, T] bool: depth j's draft at position t was the choice
+    counted: torch.Tensor  # [depth, B, T] bool: position t has a label at depth j
+
+
 class EagleHead(nn.Module):
     """One decoder layer fed by the target's features and the next token's embedding."""
 
@@ -175,8 +185,8 @@ class EagleHead(nn.Module):
         labels: torch.Tensor,  # [B, T] draft-vocab index of the target's choice at t+1;
         # -1: no label here, -2: the target chose a token outside the draft vocabulary
         depth: int,
-    ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        """Mean cross-entropy over ``depth`` chained drafts, and (correct, counted) per depth.
+    ) -> TTTResult:
+        """Mean cross-entropy over ``depth`` chained drafts, and which drafts were right.
 
         Depth j at position t continues from origin o = t - j: its input is the head's depth
         j-1 output at t-1 (depth 0: the target's features at t), it attends to depth-0 keys at
@@ -190,6 +200,8 @@ class EagleHead(nn.Module):
         values: list[torch.Tensor] = []
         total = features.new_zeros(())
         stats: list[tuple[int, int]] = []
+        right: list[torch.Tensor] = []
+        counts: list[torch.Tensor] = []
         for j in range(depth):
             q, k, v = self.qkv(next_ids, u, pos)
             keys.append(self._expand(k))
@@ -209,17 +221,18 @@ class EagleHead(nn.Module):
             lab = labels.clone()
             lab[:, :j] = -1  # no origin before position 0
             mask = lab >= 0
-            counted = int((lab != -1).sum())  # out-of-vocabulary choices count as misses
+            counted = lab != -1  # out-of-vocabulary choices count as misses
+            hit = torch.zeros_like(mask)
             if bool(mask.any()):
                 logits = self.logits(g[mask])
                 target = lab[mask]
                 total = total + F.cross_entropy(logits, target)
-                correct = int((logits.argmax(-1) == target).sum())
-                stats.append((correct, counted))
-            else:
-                stats.append((0, counted))
+                hit[mask] = logits.argmax(-1) == target
+            stats.append((int(hit.sum()), int(counted.sum())))
+            right.append(hit)
+            counts.append(counted)
             u = _shift(g, 1)  # depth j+1 at t continues from depth j at t-1
-        return total / depth, stats
+        return TTTResult(total / depth, stats, torch.stack(right), torch.stack(counts))
 
 
 def _shift(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -60,6 +60,14 @@ def torch_threads(wanted: int, in_use: int) -> int:
     return wanted if others + wanted <= (cores or 1) + 0.5 else 1
 
 
+def trained_minutes(checkpoint: Path) -> float:
+    """Minutes of training a checkpoint holds (0.0 without one)."""
+    if not Path(checkpoint).is_file():
+        return 0.0
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    return float(saved["state"]["elapsed"]) / 60.0
+
+
 def timeline_rows(cache: FeatureCache, rows: Sequence[int]) -> list[int]:
     """The first of ``rows`` holding about TIMELINE_POSITIONS answer positions (at least one)."""
     picked: list[int] = []
@@ -80,17 +88,18 @@ def batch_tensors(
     Position t's input token is the one at t+1 and its label the target's choice after t+1
     (the token at t+2) as a draft-vocabulary index: -2 where the target chose a token outside
     it, -1 where there is nothing to learn (padding). Each sequence starts at the prompt's
-    second-to-last token, the first position whose features a decoding loop shows the head;
-    ``window`` > 0 keeps at most the last ``window`` positions."""
+    last token, the first position whose features a decoding loop shows the head (the loops
+    prefill all but the last prompt token and show the head the outputs of the decode steps
+    only: the first step feeds that token and drafts nothing), so the head trains on the KV
+    it has at runtime; ``window`` > 0 keeps at most the last ``window`` positions."""
     parts = []
     for i in rows:
         f, tok, ch, p = cache.sequence(int(i))
         t = len(tok) - 1
         lab = to_draft[ch[1:]]
-        lab[: max(p - 2, 0)] = -1
-        # the runtime shows the head the prompt's features from its last fed token on (a
-        # shared-layout prefill selects one position): train with the same context
-        start = max(p - 2, 0, t - window if window else 0)
+        first = min(max(p - 1, 0), t - 1)  # a prompt filling the sequence keeps one label
+        lab[:first] = -1
+        start = max(first, t - window if window else 0)
         parts.append((np.asarray(f[start:t], np.float32), tok[start + 1 :], lab[start:]))
     width = max(len(p[1]) for p in parts)
     dim = parts[0][0].shape[-1]
@@ -121,24 +130,64 @@ def acceptance(
     device: str = "cpu",
     batch: int = 8,
 ) -> dict[str, Any]:
-    """Greedy acceptance on ``rows``: the rate at each draft position given the earlier drafts
-    were accepted, and the tokens a verify step then yields on average (1 + accepted drafts)."""
+    """Greedy acceptance on ``rows``, as a decoding loop drafting ``depth`` tokens per verify
+    step would see it (see ``chain_acceptance``), and what the loss trains: each depth's
+    accuracy over every position, right or wrong before it (``accuracy_per_depth``)."""
     head.eval()
     hits = np.zeros(depth, np.int64)
     seen = np.zeros(depth, np.int64)
+    tested = np.zeros(depth, np.int64)
+    accepted = np.zeros(depth, np.int64)
     for i in range(0, len(rows), batch):
         f, ids, lab = batch_tensors(cache, rows[i : i + batch], to_draft)
-        _, stats = head.ttt_loss(f.to(device), ids.to(device), lab.to(device), depth)
-        for j, (c, n) in enumerate(stats):
+        res = head.ttt_loss(f.to(device), ids.to(device), lab.to(device), depth)
+        for j, (c, n) in enumerate(res.stats):
             hits[j] += c
             seen[j] += n
+        t, a = chain_counts(res.right.cpu().numpy(), res.counted.cpu().numpy())
+        tested += t
+        accepted += a
     head.train()
-    rates = [float(h) / max(int(s), 1) for h, s in zip(hits, seen)]
-    expected = 1.0 + sum(float(np.prod(rates[: k + 1])) for k in range(depth))
+    return chain_acceptance(tested, accepted) | {
+        "accuracy_per_depth": [round(float(h) / max(int(s), 1), 4) for h, s in zip(hits, seen)],
+    }
+
+
+def chain_counts(right: np.ndarray, counted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(tested, accepted) per draft position k of the chains a decoding loop drafts.
+
+    ``right``/``counted`` [depth, B, T] are ``ttt_loss``'s: depth j at position t drafts for
+    the origin o = t - j. A chain from o tests draft k only when drafts 0..k-1 were accepted
+    (the loop verifies the prefix and stops at the first miss), exactly as at runtime, where
+    draft k is fed the accepted tokens and the head's own hidden states."""
+    depth, _, t = right.shape
+    alive = None
+    tested = np.zeros(depth, np.int64)
+    accepted = np.zeros(depth, np.int64)
+    for k in range(depth):
+        r = np.zeros_like(right[k])  # by origin: r[:, o] = right[k][:, o + k]
+        c = np.zeros_like(counted[k])
+        r[:, : t - k] = right[k][:, k:]
+        c[:, : t - k] = counted[k][:, k:]
+        here = c if alive is None else c & alive
+        tested[k] = int(here.sum())
+        alive = here & r
+        accepted[k] = int(alive.sum())
+    return tested, accepted
+
+
+def chain_acceptance(tested: np.ndarray, accepted: np.ndarray) -> dict[str, Any]:
+    """Acceptance per draft position given the earlier drafts were accepted (what the
+    adaptive draft length estimates), the share of chains that reach past each position
+    (what ``bench`` reports per position at a fixed K), and the tokens a verify step of
+    ``len(tested)`` drafts then yields on average (1 + the accepted prefix)."""
+    rates = [float(a) / max(int(t), 1) for t, a in zip(tested, accepted)]
+    reach = [float(np.prod(rates[: k + 1])) for k in range(len(rates))]
     return {
         "acceptance_per_position": [round(r, 4) for r in rates],
-        "expected_tokens_per_step": round(expected, 3),
-        "positions": int(seen[0]),
+        "reach_per_position": [round(r, 4) for r in reach],
+        "expected_tokens_per_step": round(1.0 + sum(reach), 3),
+        "positions": int(tested[0]) if len(tested) else 0,
     }
 
 
@@ -215,7 +264,7 @@ def train_head(
             group["lr"] = lr * scale
         rows = rng.choice(pool, size=min(batch, len(pool)), replace=False)
         f, ids, lab = batch_tensors(cache, rows.tolist(), to_draft, window=0)
-        loss, _ = head.ttt_loss(f.to(device), ids.to(device), lab.to(device), depth)
+        loss = head.ttt_loss(f.to(device), ids.to(device), lab.to(device), depth).loss
         if loss.requires_grad:
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -1,10 +1,9 @@
 """`specport.train_draft`: give an artifact an EAGLE-3-class draft head, trained on itself.
 
-The steps, each resumable (the work folder ``OUT.work`` keeps what is done until ``OUT`` is
-written, then goes away):
+The steps, each resumable (the training folder ``OUT.training`` keeps what is done):
 
 1. the target graph gets its ``eagle_features`` output (``passes.eagle_features``), written
-   as a copy of the artifact in the work folder; the logits are checked unchanged;
+   as a copy of the artifact in the training folder; the logits are checked unchanged;
 2. the model answers a prompt collection (``--data``: one message per paragraph; default: the
    built-in ``samples.chat_distill`` collection), greedily, with onnxruntime;
 3. each prompt + answer runs through the target once; features, tokens and the target's
@@ -13,7 +12,13 @@ written, then goes away):
    acceptance per draft position;
 5. the draft graph and the manifest's ``eagle`` entry complete the copy, renamed to ``OUT``.
 
-The input artifact is never written to, and ``OUT`` must not exist.
+The answers, the feature cache and the last checkpoint stay in ``OUT.training`` (beside the
+artifact, not in it: the artifact holds what its manifest lists and hashes), so the same
+command with a larger ``minutes`` continues training the head of an existing ``OUT`` without
+recomputing the data (``keep_data=False`` or ``rm -r OUT.training`` frees the disk; for
+SmolLM2-135M's 768 answers it is about 0.5 GB). The input artifact is never written to; an
+existing ``OUT`` is only ever the result of an earlier run on the same input, whose draft graph
+and manifest a longer run replaces.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SEQUENCES = 768
 AUTO_DRAFT_VOCAB = 8192
+RUN_FILE = "run.json"  # in the training folder: the input this data belongs to
 
 
 def train_draft(
@@ -53,9 +59,15 @@ def train_draft(
     threads: int = 2,
     progress: bool | None = None,
     max_steps: int = 0,
+    keep_data: bool = True,
 ) -> art.Manifest:
-    """Train an EAGLE draft head for ``artifact`` and write artifact ``out`` (which must not
-    exist). Returns the new manifest; its ``eagle`` entry holds the training report."""
+    """Train an EAGLE draft head for ``artifact`` and write artifact ``out``. Returns the new
+    manifest; its ``eagle`` entry holds the training report.
+
+    ``out`` must not exist, or be the result of an earlier run on the same ``artifact`` whose
+    training folder (``out.training``) is still there: training then continues from its
+    checkpoint up to ``minutes`` in all, on the same answers and features. ``keep_data``
+    False removes the training folder once ``out`` is written."""
     from specport import history
 
     options = {
@@ -83,7 +95,14 @@ def train_draft(
             threads,
             progress,
             max_steps,
+            keep_data,
         )
+
+
+def training_dir(out: str | os.PathLike[str]) -> Path:
+    """Where ``train_draft`` keeps the answers, the feature cache and the checkpoint of
+    ``out``: beside it, so a longer run resumes (remove it to free the disk)."""
+    return Path(f"{out}.training")
 
 
 def _train_draft(
@@ -99,20 +118,27 @@ def _train_draft(
     threads: int,
     progress: bool | None,
     max_steps: int,
+    keep_data: bool,
 ) -> art.Manifest:
     from specport.loading import load
 
-    manifest = _check(src, dst, data, minutes, device, sequences, depth)
-    work = Path(f"{dst}.work")
+    work = training_dir(dst)
+    resuming = dst.exists()
+    manifest = _check(src, dst, work, data, minutes, device, sequences, depth)
     stages = Stages(total=5, show=progress)
     t0 = time.perf_counter()
 
     stages.start("adding the feature output to the target graph")
-    staged = work / "artifact"
+    staged = dst if resuming else work / "artifact"
     if not (staged / art.MANIFEST_NAME).is_file():
         _stage(src, staged, manifest)
+    _claim(work, src, manifest)
     target = load(staged, threads=threads)
-    logits_diff = _logits_unchanged(load(src, threads=threads), target)
+    if resuming:  # checked when it was written
+        recorded = target.manifest.extra.get("eagle", {}).get("training", {})
+        logits_diff = float(recorded.get("logits_max_abs_diff", 0.0))
+    else:
+        logits_diff = _logits_unchanged(load(src, threads=threads), target)
 
     stages.start("answering the prompt collection")
     prompts = _prompts(src, target, data, sequences)
@@ -126,7 +152,7 @@ def _train_draft(
     dim = _feature_dim(target)
     cache = (
         open_cache(cache_dir)
-        if is_complete(cache_dir)
+        if is_complete(cache_dir, seqs)
         else build_cache(cache_dir, seqs, [len(p) for p in prompts], dim, _runner(target), progress)
     )
     feature_seconds = time.perf_counter() - t0
@@ -147,12 +173,20 @@ def _train_draft(
     )
 
     stages.start("writing the draft graph")
-    from specport.exporter.eagle_artifact import MANIFEST_KEY, eagle_record, export_draft
+    from specport.exporter.eagle_artifact import (
+        DRAFT_FILE,
+        MANIFEST_KEY,
+        eagle_record,
+        export_draft,
+    )
     from specport.interop.files import write_artifact_manifest
     from specport.passes.eagle_features import FEATURES
 
-    export_draft(head, staged / "eagle_draft.onnx")
-    final = art.read_manifest(staged)
+    del target  # its session holds the graph files open
+    tmp = staged / f"{DRAFT_FILE}.tmp"
+    export_draft(head, tmp)
+    os.replace(tmp, staged / DRAFT_FILE)
+    final = art.read_manifest(staged, check_hashes=False)
     feature_pass = next((p for p in final.passes if p.get("output") == FEATURES), {})
     report.update(
         {
@@ -170,25 +204,37 @@ def _train_draft(
     )
     final.extra[MANIFEST_KEY] = eagle_record(head, feature_pass, report)
     write_artifact_manifest(staged, final)
-    if dst.exists():
-        raise OutputError(f"{dst} appeared while training; the result is left in {staged}.")
-    os.replace(staged, dst)
-    shutil.rmtree(work, ignore_errors=True)
+    if not resuming:
+        if dst.exists():
+            raise OutputError(f"{dst} appeared while training; the result is left in {staged}.")
+        os.replace(staged, dst)
+    if not keep_data:
+        shutil.rmtree(work, ignore_errors=True)
     stages.done()
     return final
 
 
+def data_size(out: str | os.PathLike[str]) -> int:
+    """Bytes the training folder of ``out`` holds (0 when there is none)."""
+    work = training_dir(out)
+    return sum(p.stat().st_size for p in work.rglob("*") if p.is_file()) if work.is_dir() else 0
+
+
 def _check(
-    src: Path, dst: Path, data: Any, minutes: float, device: str, sequences: int, depth: int
+    src: Path,
+    dst: Path,
+    work: Path,
+    data: Any,
+    minutes: float,
+    device: str,
+    sequences: int,
+    depth: int,
 ) -> art.Manifest:
     manifest = art.read_manifest(src)  # a clear error for a folder that is not an artifact
-    if dst.exists():
-        raise OutputError(
-            f"--out {dst} exists; train-draft writes a new artifact and never replaces one. "
-            "Choose a new directory."
-        )
     if dst.resolve() == src.resolve():
         raise UsageError("--out must differ from the input artifact.")
+    if dst.exists():
+        _check_resume(src, dst, work, manifest, minutes)
     if data is not None and not Path(data).is_file():
         raise InputError(
             f"--data {data} is not a file; pass a text file, one message per paragraph."
@@ -215,6 +261,52 @@ def _check(
             src,
         )
     return manifest
+
+
+def _check_resume(src: Path, dst: Path, work: Path, manifest: art.Manifest, minutes: float) -> None:
+    """An existing ``dst`` may only be trained further: it must be this input's train-draft
+    result with its training folder, trained for less than ``minutes``."""
+    from specport.exporter.eagle_train import CHECKPOINT, trained_minutes
+
+    if not (work / CHECKPOINT).is_file() or not (dst / art.MANIFEST_NAME).is_file():
+        raise OutputError(
+            f"--out {dst} exists and has no training folder ({work}) to continue; train-draft "
+            "writes a new artifact and never replaces one. Choose a new directory."
+        )
+    if _source_key(src, manifest) != _read_run(work).get("source_key"):
+        raise OutputError(
+            f"--out {dst} was trained from another artifact than {src}; choose a new directory."
+        )
+    done = trained_minutes(work / CHECKPOINT)
+    if minutes <= done + 0.01:
+        raise UsageError(
+            f"{dst}'s head has trained {done:.1f} minutes already; pass --minutes larger than "
+            "that to train it longer."
+        )
+
+
+def _source_key(src: Path, manifest: art.Manifest) -> str:
+    """What identifies the input: its graph's and weights' hashes (a moved copy still matches)."""
+    return json.dumps(sorted(manifest.files.items()))
+
+
+def _read_run(work: Path) -> dict[str, Any]:
+    path = work / RUN_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _claim(work: Path, src: Path, manifest: art.Manifest) -> None:
+    """Record which input the training folder's data belongs to (checked on resume)."""
+    record = {"source": str(src.resolve()), "source_key": _source_key(src, manifest)}
+    saved = _read_run(work)
+    if saved.get("source_key") not in (None, record["source_key"]):
+        raise OutputError(
+            f"{work} holds the training data of another artifact ({saved.get('source')}); "
+            "remove it or choose another --out."
+        )
+    if saved != record:
+        work.mkdir(parents=True, exist_ok=True)
+        (work / RUN_FILE).write_text(json.dumps(record))
 
 
 def _stage(src: Path, staged: Path, manifest: art.Manifest) -> None:

@@ -29,7 +29,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "train-draft", help="train an EAGLE draft head and write an artifact that carries it"
     )
     p.add_argument("artifact", help="artifact exported by `specport export` (never modified)")
-    p.add_argument("--out", required=True, help="artifact directory to write (must not exist)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="artifact directory to write: a new one, or one an earlier run wrote from the same "
+        "artifact, whose head then trains on up to --minutes in all",
+    )
     p.add_argument(
         "--data",
         help="messages to answer, one per paragraph (default: the built-in prompt collection); "
@@ -40,7 +45,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_minutes,
         default=10.0,
         help="training time for the head after the answers and features are computed "
-        "(default 10); a rerun of the same command resumes",
+        "(default 10); a rerun with the same --out resumes, a larger value trains further",
+    )
+    p.add_argument(
+        "--discard-data",
+        action="store_true",
+        help="remove OUT.training (the answers, the feature cache and the checkpoint, kept "
+        "by default so a longer run resumes) once OUT is written",
     )
     p.add_argument(
         "--device",
@@ -77,6 +88,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specport.drafting import data_size, training_dir
+
     manifest = specport.train_draft(
         args.artifact,
         args.out,
@@ -89,11 +102,15 @@ def run(args: argparse.Namespace) -> int:
         depth=args.depth,
         threads=args.threads,
         progress=False if args.json else None,
+        keep_data=not args.discard_data,
     )
     training = manifest.extra["eagle"]["training"]
     held = training["heldout"]
+    work = training_dir(args.out)
+    size = data_size(args.out)
     if args.json:
-        emit_json({"artifact": str(args.out), "training": training})
+        data = {"path": str(work), "bytes": size} if size else None
+        emit_json({"artifact": str(args.out), "training": training, "training_data": data})
     else:
         rates = ", ".join(f"{r:.2f}" for r in held["acceptance_per_position"])
         print(
@@ -102,4 +119,9 @@ def run(args: argparse.Namespace) -> int:
             f"acceptance per position [{rates}], {held['expected_tokens_per_step']} tokens per "
             f"verify step expected. Run it with --speculative eagle."
         )
+        if size:
+            print(
+                f"the training data stays in {work} ({size / 1e6:.0f} MB): rerun with a larger "
+                f"--minutes to train further, or remove it (rm -r {work})."
+            )
     return 0

@@ -156,7 +156,9 @@ def test_train_draft_writes_a_new_artifact_and_leaves_the_input(chat_artifact, e
     assert len(held["acceptance_per_position"]) == eagle["training"]["depth"]
     assert 1.0 <= held["expected_tokens_per_step"] <= 1 + eagle["training"]["depth"]
     assert FEATURES in {o["name"] for o in manifest.io["outputs"]}
-    assert not Path(f"{eagle_artifact}.work").exists()  # the work folder is gone once done
+    # the training data stays beside the artifact (for a longer run), never in its files
+    assert (Path(f"{eagle_artifact}.training") / "features" / "done.json").is_file()
+    assert not any(f.startswith("training") for f in manifest.files)
     assert json.loads((chat_artifact / "specport.json").read_text()) == before
     assert "eagle" not in before
 
@@ -209,12 +211,46 @@ def test_timeline_rows_hold_about_the_budgeted_positions(monkeypatch):
     assert eagle_train.timeline_rows(cache, [0, 1]) == [0, 1]
 
 
-def test_train_draft_refuses_an_existing_out(chat_artifact, eagle_artifact):
+def test_train_draft_refuses_an_out_it_cannot_continue(
+    chat_artifact, eagle_artifact, tiny_llama_artifact, tmp_path
+):
     from specport.drafting import train_draft
-    from specport.errors import OutputError
+    from specport.errors import OutputError, UsageError
 
-    with pytest.raises(OutputError, match="exists"):
-        train_draft(chat_artifact, eagle_artifact, minutes=0.1)
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(OutputError, match="exists"):  # not a train-draft result
+        train_draft(chat_artifact, other, minutes=0.1)
+    with pytest.raises(UsageError, match="trained .* minutes already"):
+        train_draft(chat_artifact, eagle_artifact, minutes=0.001)
+    with pytest.raises(OutputError, match="another artifact"):
+        train_draft(tiny_llama_artifact, eagle_artifact, minutes=5)
+
+
+@pytest.mark.slow
+def test_a_longer_run_continues_the_head_on_the_kept_data(chat_artifact, tmp_path):
+    """`--minutes` larger on the same --out: training resumes from the checkpoint on the same
+    answers and feature cache (not recomputed), and the artifact's head and report are
+    replaced in place (hashes valid)."""
+    from specport import artifact as art
+    from specport.drafting import train_draft, training_dir
+
+    data = tmp_path / "messages.txt"
+    data.write_text("\n\n".join(f"name the colour {i}" for i in range(16)))
+    out = tmp_path / "eagle"
+    opts = dict(data=data, sequences=16, new_tokens=8, threads=1, progress=False)
+    first = train_draft(chat_artifact, out, minutes=0.05, max_steps=6, **opts)
+    done = training_dir(out) / "features" / "done.json"
+    stamp = done.stat().st_mtime_ns
+    second = train_draft(chat_artifact, out, minutes=0.5, max_steps=12, **opts)
+    t1, t2 = first.extra["eagle"]["training"], second.extra["eagle"]["training"]
+    assert t1["steps"] == 6 and t2["steps"] == 12  # continued, not restarted
+    assert t2["answers_seconds"] == t1["answers_seconds"]  # the answers were not recomputed
+    assert done.stat().st_mtime_ns == stamp  # nor the features
+    assert [p["step"] for p in t2["timeline"]][: len(t1["timeline"])] == [
+        p["step"] for p in t1["timeline"]
+    ]
+    assert art.read_manifest(out).extra["eagle"]["training"]["steps"] == 12  # hashes checked
 
 
 def test_inspect_shows_the_draft_head(eagle_artifact, capsys):
@@ -226,3 +262,96 @@ def test_inspect_shows_the_draft_head(eagle_artifact, capsys):
     assert main(["inspect", str(eagle_artifact), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["eagle"]["graph"] == "eagle_draft.onnx"
+
+
+def test_chain_counts_follow_each_origin_until_its_first_miss():
+    from specport.exporter.eagle_train import chain_acceptance, chain_counts
+
+    # depth j at position t drafts for origin t - j; origins 0..3 of one row
+    right = np.zeros((3, 1, 4), bool)
+    counted = np.ones((3, 1, 4), bool)
+    counted[1, 0, 0] = counted[2, 0, :2] = False  # no origin before position 0
+    right[0, 0, [0, 1, 2]] = True  # depth 0 right for origins 0, 1, 2
+    right[1, 0, 1] = right[1, 0, 3] = True  # depth 1 right for origins 0 and 2
+    right[2, 0, 2] = True  # depth 2 right for origin 0 ...
+    right[2, 0, 3] = True  # ... and origin 1, whose depth 1 missed: never tested
+    tested, accepted = chain_counts(right, counted)
+    assert tested.tolist() == [4, 3, 1]  # origin 3's chain runs past the sequence at depth 1
+    assert accepted.tolist() == [3, 2, 1]
+    report = chain_acceptance(tested, accepted)
+    assert report["acceptance_per_position"] == [0.75, 0.6667, 1.0]
+    assert report["expected_tokens_per_step"] == pytest.approx(1 + 0.75 + 0.5 + 0.5, abs=1e-3)
+
+
+class _TorchSession:
+    """The draft graph's contract, computed by the torch head (the runtime proposer's session)."""
+
+    def __init__(self, head: EagleHead) -> None:
+        self.head = head
+
+    def run(self, _names, feed):
+        with torch.no_grad():
+            out = self.head(*(torch.from_numpy(np.asarray(feed[k])) for k in feed))
+        return [o.numpy() for o in out]
+
+
+def test_heldout_acceptance_is_what_the_runtime_proposer_accepts():
+    """The training report's acceptance per position equals what `EagleProposer`, fed the
+    target's features the way a decoding loop feeds them (from the prompt's last token on),
+    accepts when it drafts from every origin of the same sequences."""
+    from types import SimpleNamespace
+
+    from specport.exporter.eagle_cache import FeatureCache
+    from specport.exporter.eagle_train import acceptance, draft_map
+    from specport.runtime.speculative.eagle import EagleProposer
+
+    head, depth, p = _head(), 3, 4
+    manifest = SimpleNamespace(extra={"eagle": {"graph": "g", "config": CFG.to_json()}})
+    rng = np.random.default_rng(1)
+    seqs, feats = [], []
+    for _ in range(2):  # sequences that follow the head's first draft most of the time
+        n = 24
+        f = rng.standard_normal((n, 96)).astype(np.float32)
+        tok = list(rng.integers(0, 50, p + 1))
+        while len(tok) < n:
+            x = len(tok) - 2
+            with torch.no_grad():
+                t0, *_ = head(
+                    torch.tensor([tok[p : x + 2]]), torch.from_numpy(f[None, p - 1 : x + 1]),
+                    torch.zeros(1, x + 2 - p, 32), torch.zeros(1, 2, 0, 8), torch.zeros(1, 2, 0, 8),
+                )  # fmt: skip
+            tok.append(int(t0[0]) if rng.random() < 0.7 else int(rng.integers(0, 50)))
+        seqs.append(tok)
+        feats.append(f)
+    tested, accepted = np.zeros(depth, int), np.zeros(depth, int)
+    for tok, f in zip(seqs, feats):
+        choices = [*tok[1:], 0]  # greedy data: the target's choice is the next token
+        for o in range(p - 1, len(tok) - 1):  # origin o: real features up to o
+            proposer = EagleProposer(_TorchSession(head), manifest)  # type: ignore[arg-type]
+            proposer.observe({"eagle_features": f[None, p - 1 : o + 1]}, _accepted(o - p + 1))
+            drafts = proposer.propose([tok[: o + 2]], depth).row(0)
+            truth = choices[o + 1 : o + 1 + depth]
+            for k in range(len(truth)):
+                tested[k] += 1
+                if drafts[k] != truth[k]:
+                    break
+                accepted[k] += 1
+    lengths = np.array([len(s) for s in seqs])
+    cache = FeatureCache(
+        np.concatenate(feats),
+        np.concatenate(seqs),
+        np.concatenate([[*s[1:], 0] for s in seqs]),
+        np.concatenate([[0], np.cumsum(lengths)]),
+        np.array([p, p]),
+    )
+    report = acceptance(head, cache, [0, 1], draft_map(head.draft_ids.numpy(), 50), depth)
+    assert accepted[1] > 0  # the chains reach past their first draft
+    rates = [round(a / t, 4) for a, t in zip(accepted, tested)]
+    assert report["acceptance_per_position"] == rates
+    assert report["positions"] == tested[0]
+
+
+def _accepted(n: int):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(accepted=np.array([n]))
