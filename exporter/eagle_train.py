@@ -208,6 +208,7 @@ def train_head(
     checkpoint_seconds: float = 60.0,
     max_steps: int = 0,  # > 0: stop after this many steps as well (tests)
     threads: int = 2,
+    also: dict[str, FeatureCache] | None = None,
 ) -> tuple[EagleHead, dict[str, Any]]:
     """The head trained for ``minutes`` (resuming ``work/checkpoint.pt`` if there is one).
 
@@ -216,7 +217,9 @@ def train_head(
     a batch of 2 (188-193 vs 161-206 positions, one thread), and 2 give 4x the updates for the
     same positions seen. Held-out acceptance goes into the timeline every
     ``max(checkpoint_seconds, minutes / TIMELINE_POINTS)`` on the first held-out sequences
-    (``timeline_rows``) and once at the end on the whole held-out split."""
+    (``timeline_rows``) and once at the end on the whole held-out split. ``also``: other
+    evaluation sets (e.g. the benchmark's chat prompts, whose answers are unlike the training
+    collection's), measured whole beside the held-out split at every point."""
     torch.manual_seed(0)
     head = EagleHead(cfg, embed, torch.from_numpy(draft_ids)).to(device)
     params = [p for p in head.parameters() if p.requires_grad]
@@ -239,6 +242,8 @@ def train_head(
     budget = max(minutes * 60.0, 1.0)
     eval_seconds = max(checkpoint_seconds, budget / TIMELINE_POINTS)
     probe = timeline_rows(cache, eval_rows)
+    sets = {"heldout": (cache, probe)}
+    sets |= {name: (c, list(range(c.num_sequences))) for name, c in (also or {}).items()}
     rng = np.random.default_rng(state["step"])
     pool = np.asarray(train_rows)
     warmup = 50
@@ -278,7 +283,7 @@ def train_head(
             max(0, min(int(state["elapsed"]), seconds) - loop.done), note=f"loss {loss.item():.3f}"
         )
         if now - last_eval >= eval_seconds:
-            _measure(head, state, cache, probe, to_draft, depth, device, used)
+            _measure(head, state, sets, to_draft, depth, device, used)
             last_eval = time.perf_counter()
         if time.perf_counter() - last_ckpt >= checkpoint_seconds:
             _save(head, opt, state, draft_ids, ckpt)
@@ -288,7 +293,7 @@ def train_head(
                 torch.set_num_threads(used)
         t_start += time.perf_counter() - now  # evaluation and saving are not training time
     loop.close()
-    _measure(head, state, cache, probe, to_draft, depth, device, used)
+    _measure(head, state, sets, to_draft, depth, device, used)
     _save(head, opt, state, draft_ids, ckpt)
     head.eval()
     report = {
@@ -303,6 +308,7 @@ def train_head(
         "threads": threads,
         "final_loss": round(float(loss.item()), 4),
         "heldout": acceptance(head, cache, eval_rows, to_draft, depth, device),
+        **{name: state["timeline"][-1][name] for name in also or {}},
         "timeline_sequences": len(probe),
         "timeline": state["timeline"],
     }
@@ -312,32 +318,34 @@ def train_head(
 def _measure(
     head: EagleHead,
     state: dict[str, Any],
-    cache: FeatureCache,
-    rows: Sequence[int],
+    sets: dict[str, tuple[FeatureCache, list[int]]],
     to_draft: np.ndarray,
     depth: int,
     device: str,
     threads: int,
 ) -> None:
-    """Held-out acceptance on ``rows`` now, appended to the timeline and logged."""
+    """Acceptance on each evaluation set now, appended to the timeline and logged."""
     if state["timeline"] and state["timeline"][-1]["step"] == state["step"]:
         return
-    held = acceptance(head, cache, rows, to_draft, depth, device)
-    point = {
+    point: dict[str, Any] = {
         "step": state["step"],
         "minutes": round(state["elapsed"] / 60, 2),
         "positions_trained": state.get("positions", 0),
         "threads": threads,
-        "heldout": held,
     }
+    for name, (cache, rows) in sets.items():
+        point[name] = acceptance(head, cache, rows, to_draft, depth, device)
     state["timeline"].append(point)
     logger.info(
-        "step %d, %.1f min (%d threads): held-out acceptance per position %s, %.2f tokens per step",
+        "step %d, %.1f min (%d threads): %s",
         state["step"],
         state["elapsed"] / 60,
         threads,
-        held["acceptance_per_position"],
-        held["expected_tokens_per_step"],
+        "; ".join(
+            f"{name} acceptance per position {point[name]['acceptance_per_position']}, "
+            f"{point[name]['expected_tokens_per_step']:.2f} tokens per step"
+            for name in sets
+        ),
     )
 
 

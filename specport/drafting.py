@@ -156,6 +156,7 @@ def _train_draft(
         else build_cache(cache_dir, seqs, [len(p) for p in prompts], dim, _runner(target), progress)
     )
     feature_seconds = time.perf_counter() - t0
+    chat = _chat_cache(src, target, work, new_tokens, dim, progress)
 
     stages.start(f"training the draft head ({minutes:g} minutes)")
     head, report = _train(
@@ -170,6 +171,7 @@ def _train_draft(
         threads,
         progress,
         max_steps,
+        {} if chat is None else {"chat_prompts": chat},
     )
 
     stages.start("writing the draft graph")
@@ -360,13 +362,13 @@ def _prompts(src: Path, model: Any, data: Any, limit: int) -> list[list[int]]:
 
 
 def _answers(
-    work: Path, model: Any, prompts: list[list[int]], new_tokens: int
+    work: Path, model: Any, prompts: list[list[int]], new_tokens: int, name: str = "answers.json"
 ) -> tuple[list[list[int]], float | None]:
-    """The model's greedy answers and the seconds they took (kept in the work folder: a rerun
-    does not decode again, and reports the seconds of the run that did)."""
+    """The model's greedy answers and the seconds they took (kept in the training folder: a
+    rerun does not decode again, and reports the seconds of the run that did)."""
     from specport.exporter.mtp_data import greedy_answers
 
-    path = work / "answers.json"
+    path = work / name
     if path.is_file():
         saved = json.loads(path.read_text())
         if saved.get("prompts") == prompts and saved.get("new_tokens") == new_tokens:
@@ -379,6 +381,35 @@ def _answers(
     record = {"prompts": prompts, "new_tokens": new_tokens, "answers": answers, "seconds": seconds}
     path.write_text(json.dumps(record))
     return answers, seconds
+
+
+def _chat_cache(
+    src: Path, model: Any, work: Path, new_tokens: int, dim: int, progress: bool | None
+) -> Any:
+    """The feature cache of the model's answers to the 16 chat prompts ``bench --prompt-set
+    chat`` runs (``samples.chat_prompts``), an evaluation set unlike the training collection
+    (whose held-out split shares its templates and rewritten paragraphs); None for a model
+    without a chat template."""
+    from specport.chat_template import load_chat_template
+    from specport.exporter.eagle_cache import build_cache, is_complete, open_cache
+    from specport.samples.chat_prompts import chat_prompts
+
+    template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
+    if template is None:
+        return None
+    from specport.runtime.kv.seq_cache import context_limit
+
+    limit = context_limit(model.manifest) - new_tokens
+    prompts = [template.render_ids([{"role": "user", "content": t}]) for t in chat_prompts()]
+    if limit < 8:
+        return None
+    prompts = [p[-limit:] for p in prompts]  # a short context keeps the end of the template
+    answers, _ = _answers(work, model, prompts, new_tokens, "chat_answers.json")
+    seqs = [p + a for p, a in zip(prompts, answers)]
+    cache_dir = work / "chat_features"
+    if is_complete(cache_dir, seqs):
+        return open_cache(cache_dir)
+    return build_cache(cache_dir, seqs, [len(p) for p in prompts], dim, _runner(model), progress)
 
 
 def _feature_dim(model: Any) -> int:
@@ -416,6 +447,7 @@ def _train(
     threads: int,
     progress: bool | None,
     max_steps: int,
+    also: dict[str, Any],
 ) -> tuple[Any, dict[str, Any]]:
     import torch
 
@@ -465,6 +497,7 @@ def _train(
             progress=progress,
             max_steps=max_steps,
             threads=max(1, threads),
+            also=also,
         )
     finally:
         torch.set_num_threads(saved_threads)

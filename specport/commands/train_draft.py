@@ -119,6 +119,13 @@ def run(args: argparse.Namespace) -> int:
             f"acceptance per position [{rates}], {held['expected_tokens_per_step']} tokens per "
             f"verify step expected. Run it with --speculative eagle."
         )
+        chat = training.get("chat_prompts")
+        if chat:
+            rates = ", ".join(f"{r:.2f}" for r in chat["acceptance_per_position"])
+            print(
+                f"on the benchmark's chat prompts (bench --prompt-set chat): acceptance per "
+                f"position [{rates}], {chat['expected_tokens_per_step']} tokens per step"
+            )
         if size:
             print(
                 f"the training data stays in {work} ({size / 1e6:.0f} MB): rerun with a larger "

@@ -174,6 +174,10 @@ def test_training_reports_its_speed_and_a_timeline(eagle_artifact):
     last = training["timeline"][-1]
     assert last["step"] == training["steps"] and last["threads"] >= 1
     assert last["positions_trained"] == training["positions_trained"]
+    # the benchmark's chat prompts, measured beside the held-out split at every point
+    assert all("chat_prompts" in point for point in training["timeline"])
+    assert training["chat_prompts"] == last["chat_prompts"]
+    assert training["chat_prompts"]["positions"] > 0
 
 
 @pytest.mark.parametrize(
