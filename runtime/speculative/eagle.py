@@ -75,9 +75,10 @@ class EagleProposer(ProposerBase):
         self.reset()
 
     def observe_prefill(self, outputs: dict[str, np.ndarray]) -> None:
-        """The prompt's prefill run (all but the last prompt token): the features of its last
-        position, the context the head was trained with (a shared-layout prefill selects only
-        that position; on concat the others are dropped to match)."""
+        """A prefill run's outputs (all but the last prompt token), for a loop that shows them:
+        the features of its last position, so the first step drafts too. The loops do not
+        (their first step feeds the last prompt token and drafts nothing), and the head is
+        trained on the KV they give it, from the last prompt token on (``eagle_train``)."""
         self.reset()
         feats = outputs.get(self.features_name)
         if feats is not None:
