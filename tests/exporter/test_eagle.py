@@ -257,6 +257,15 @@ def test_a_longer_run_continues_the_head_on_the_kept_data(chat_artifact, tmp_pat
     assert art.read_manifest(out).extra["eagle"]["training"]["steps"] == 12  # hashes checked
 
 
+def test_the_command_refuses_a_shorter_run_in_one_line(chat_artifact, eagle_artifact, capsys):
+    from specport.cli import main
+
+    assert main(["train-draft", str(chat_artifact), "--out", str(eagle_artifact),
+                 "--minutes", "0.001"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "minutes already" in err and "Traceback" not in err
+
+
 def test_inspect_shows_the_draft_head(eagle_artifact, capsys):
     from specport.cli import main
 
