@@ -37,16 +37,34 @@ from specport.runtime.generator import (
 )
 from specport.runtime.kv.iobinding import BoundSession
 
+# A batch-1 call's buffers hold at least this many positions (or the context, if shorter), so
+# later calls that extend its sequence find them long enough and reuse its KV.
+BATCH_1_POSITIONS = 2048
 
-def bound_session(gen: Generator, batch: int, max_length: int) -> BoundSession:
-    """Reuse the generator's bound buffers when they fit (same batch, long enough), else allocate."""
-    cached: BoundSession | None = getattr(gen, "_bound", None)
+
+def bound_session(gen: Generator, batch: int, max_length: int) -> tuple[BoundSession, int]:
+    """The generator's bound buffers when they fit (same batch, long enough), else new ones;
+    and how many positions of row 0 still hold the KV of ``gen.held_ids`` (0: none)."""
+    cached: BoundSession | None = gen.bound
+    held, gen.held_ids = gen.held_ids, None  # valid again only once this call ends cleanly
     if cached is not None and cached.batch == batch and cached.kv.max_length >= max_length:
+        kept = len(held) if held is not None and batch == 1 else 0
         cached.reset()
-        return cached
-    fresh = BoundSession(gen.session, gen.manifest, batch, max_length)
-    gen._bound = fresh  # type: ignore[attr-defined]
-    return fresh
+        return cached, kept
+    if batch == 1:  # room for a chat's next turns: pages are committed only as written
+        max_length = min(gen.context_length, max(2 * max_length, BATCH_1_POSITIONS))
+    gen.bound = BoundSession(gen.session, gen.manifest, batch, max_length)
+    return gen.bound, 0
+
+
+def reusable_prefix(held: np.ndarray, prompt: Sequence[int]) -> int:
+    """How many of ``prompt``'s first tokens are ``held``'s, leaving at least one to run (its
+    logits choose the first new token)."""
+    n = min(len(held), len(prompt) - 1)
+    if n <= 0:
+        return 0
+    diff = np.flatnonzero(held[:n] != np.asarray(prompt[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
 
 
 def run_bound(
@@ -65,7 +83,9 @@ def run_bound(
     ids = np.full((batch, longest), pad_id, dtype=np.int64)
     for row, p in enumerate(prompts):
         ids[row, : len(p)] = p
-    bound = bound_session(gen, batch, longest + budget)
+    held = gen.held_ids
+    bound, kept = bound_session(gen, batch, longest + budget)
+    reuse = reusable_prefix(held[:kept], prompts[0]) if kept and held is not None else 0
     greedy = select is greedy_select and bound.has_next
     eos = np.array(sorted(set(int(e) for e in eos_ids)), dtype=np.int64)
     out_tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -96,7 +116,11 @@ def run_bound(
     alive = list(range(batch))  # rows still generating, kept in step with `active`
     try:
         t_start = time.perf_counter()
-        logits, next_ids = bound.prefill(ids, lengths)
+        if reuse:  # a chat's next turn: only the new part of its prompt runs
+            bound.kv.lengths[0] = reuse
+            logits, next_ids = bound.continue_prompt(ids[:, reuse:])
+        else:
+            logits, next_ids = bound.prefill(ids, lengths)
         prefill_ort = bound.ort_seconds
         new = choose(logits, next_ids, 0)
         t_first = time.perf_counter()
@@ -136,6 +160,9 @@ def run_bound(
                     break
             new = choose(logits, next_ids, steps)
         t_end = time.perf_counter()
+        if batch == 1:  # row 0's positions hold the prompt and the tokens fed back since
+            fed = int(bound.kv.lengths[0])
+            gen.held_ids = np.concatenate([ids[0], np.asarray(out_tokens[0], np.int64)])[:fed]
     finally:
         if worker is not None:
             worker.shutdown(wait=True)
@@ -155,6 +182,7 @@ def run_bound(
             "io_binding": True,
             "greedy_in_graph": greedy,
             "overlapped_callbacks": worker is not None,
+            "cached_prompt_tokens": reuse,
         }
     )
     return GenerationOutput(out_tokens, reasons, metrics)

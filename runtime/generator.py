@@ -73,6 +73,11 @@ class Generator:
         # shared layout: run on_step for token t while onnxruntime computes step t+1 (only pays
         # with a core to spare; on 2 cores / 2 threads it raised overhead from 2.7% to 7.8%)
         self.overlap_callbacks = spare_core(session)
+        # shared layout: the bound buffers, kept between calls, and the token ids whose KV
+        # row 0 holds after a batch-1 call, so the next call's prompt that starts with them (a
+        # chat's next turn) prefills only what follows (`bound_loop.run_bound`)
+        self.bound: Any = None
+        self.held_ids: np.ndarray | None = None
 
     def check_fits(self, prompt_lengths: Sequence[int]) -> None:
         longest = max(prompt_lengths)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -20,6 +22,7 @@ from specport.errors import UsageError
 from specport.options import option
 from specport.plain_calls import plain_batch
 from specport.results import GenerationResult
+from specport.runtime.generator import Generator
 from specport.runtime.kv.layouts import align_kv_dtype
 from specport.runtime.session import SessionConfig, make_session
 from specport.runtime.speculative.suffix import SuffixIndex
@@ -49,6 +52,8 @@ class Model:
         self.tokenizer = tokenizer
         self.session_config = session_config  # how `session` was opened (to reopen it)
         self._suffix_index: Any = None
+        self._generator: Generator | None = None
+        self._generator_lock = threading.Lock()
 
     @property
     def suffix_index(self) -> Any:
@@ -62,6 +67,23 @@ class Model:
     @suffix_index.setter
     def suffix_index(self, index: Any) -> None:  # e.g. one corpus for two sessions of a model
         self._suffix_index = index
+
+    @contextmanager
+    def plain_generator(self) -> Iterator[Generator]:
+        """The plain loop's `Generator`, kept between calls: its KV buffers and the ids they
+        hold, so a prompt that starts with the previous call's prompt and answer (a chat's next
+        turn) prefills only what follows, as llama.cpp's server and onnxruntime-genai's
+        generator keep a sequence's cache. A call made while another one runs (threads) gets
+        a fresh generator of its own."""
+        if not self._generator_lock.acquire(blocking=False):
+            yield Generator(self.session, self.manifest)
+            return
+        try:
+            if self._generator is None or self._generator.session is not self.session:
+                self._generator = Generator(self.session, self.manifest)
+            yield self._generator
+        finally:
+            self._generator_lock.release()
 
     @property
     def has_mtp_branch(self) -> bool:

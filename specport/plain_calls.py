@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specport.results import GenerationResult, row_metrics
-from specport.runtime.generator import Generator, greedy_select
+from specport.runtime.generator import greedy_select
 from specport.runtime.sampler import Sampler
 from specport.runtime.streaming import TextStreams
 
@@ -57,11 +57,11 @@ def plain_batch(
         return streams.push(new, active)
 
     eos = [] if ignore_eos else model.manifest.eos_token_ids
-    gen = Generator(model.session, model.manifest)
     per_step = needs_history or streams.needs_steps
-    out = gen.generate(
-        rows, max_new_tokens, select=select, eos_ids=eos, on_step=on_step if per_step else None
-    )
+    with model.plain_generator() as gen:
+        out = gen.generate(
+            rows, max_new_tokens, select=select, eos_ids=eos, on_step=on_step if per_step else None
+        )
     if not per_step:
         streams.push_all(out.tokens)
     texts = streams.finish()

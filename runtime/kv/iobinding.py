@@ -212,8 +212,22 @@ class BoundSession:
         reads every position through the cache whatever the split, so the logits are those of
         one run; onnxruntime 1.32's CPU GroupQueryAttention attends over an int8 cache ~4x
         slower than over fp32 in one long run, and shorter runs roughly halve that (README)."""
-        for start in range(0, ids.shape[1], INT8_CHUNK):
-            logits, next_ids = self.extend(ids[:, start : start + INT8_CHUNK], last_only=True)
+        return self.continue_prompt(ids, chunk=INT8_CHUNK)
+
+    def continue_prompt(
+        self, ids: np.ndarray, chunk: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The rest of a prompt, ids [B, S], after each row's cached positions (a prefix kept
+        from an earlier call), ``chunk`` tokens per run; returns what `prefill` returns: the
+        last token's logits [B, V] and the graph's greedy id [B] (None without it), in the
+        decode buffers. An int8 cache takes INT8_CHUNK runs past 2 * INT8_CHUNK tokens (see
+        `_prefill_chunks`)."""
+        width = ids.shape[1]
+        if chunk is None:
+            int8 = any(b.dtype == np.int8 for b in self.kv.buffers)
+            chunk = INT8_CHUNK if int8 and width > 2 * INT8_CHUNK else width
+        for start in range(0, width, chunk):
+            logits, next_ids = self.extend(ids[:, start : start + chunk], last_only=True)
         self.logits[:, 0] = logits[:, -1]
         if next_ids is not None:
             self.next_token[:, 0] = next_ids[:, -1]

@@ -238,3 +238,39 @@ def test_shared_export_refuses_head_dims_gqa_cannot_run(tmp_path):
     with pytest.raises(ExportError, match="multiple of 16"):
         cached_export(hf, tmp_path / "out", kv_layout="shared", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_chats_next_turn_reuses_the_kv_of_the_last_call(fused):
+    """Model.generate keeps a batch-1 call's KV: a prompt that continues the previous prompt and
+    answer prefills only its new tokens, and gives exactly what a fresh generator gives."""
+
+    def fresh(prompt, n):
+        return Generator(fused.session, fused.manifest).generate([prompt], n).tokens[0]
+
+    first = fused.generate(prompt_ids=PROMPTS[2], max_new_tokens=8, ignore_eos=True)
+    turn = [*PROMPTS[2], *first.tokens, 40, 41, 42]  # the answer, then the user's next message
+    second = fused.generate(prompt_ids=turn, max_new_tokens=8, ignore_eos=True)
+    assert second.tokens == fresh(turn, 8)
+    assert second.metrics["cached_prompt_tokens"] == len(PROMPTS[2]) + 7  # the last token unfed
+    edited = [*turn[:6], 99, *turn[7:]]  # an edit mid-history: only the prefix before it is kept
+    third = fused.generate(prompt_ids=edited, max_new_tokens=6, ignore_eos=True)
+    assert third.tokens == fresh(edited, 6) and third.metrics["cached_prompt_tokens"] == 6
+    other = fused.generate_batch(prompt_ids=PROMPTS, max_new_tokens=4, ignore_eos=True)
+    assert other[0].metrics["cached_prompt_tokens"] == 0  # a batch forgets the held sequence
+    again = fused.generate(prompt_ids=edited, max_new_tokens=6, ignore_eos=True)
+    assert again.tokens == third.tokens and again.metrics["cached_prompt_tokens"] == 0
+
+
+def test_a_call_that_fails_midway_leaves_no_kv_to_reuse(fused):
+    prompt = PROMPTS[0]
+
+    def fail(piece):
+        raise KeyboardInterrupt
+
+    fused.generate(prompt_ids=prompt, max_new_tokens=4, ignore_eos=True)  # held: reusable
+    with pytest.raises(KeyboardInterrupt):
+        fused.generate(prompt_ids=[*prompt, 7, 8], max_new_tokens=6, on_text=fail, ignore_eos=True)
+    after = fused.generate(prompt_ids=[*prompt, 7, 8, 9], max_new_tokens=6, ignore_eos=True)
+    assert after.metrics["cached_prompt_tokens"] == 0
+    want = Generator(fused.session, fused.manifest).generate([[*prompt, 7, 8, 9]], 6)
+    assert after.tokens == want.tokens[0]
