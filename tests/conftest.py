@@ -12,6 +12,8 @@ from specport.settings import shared_dir as _shared_dir
 from tests import export_cache
 from tests.fixtures import TinyZoo
 
+pytest_plugins = ["tests.gc_freeze"]  # long-lived objects kept out of gc.collect()
+
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:

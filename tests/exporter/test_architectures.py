@@ -19,6 +19,7 @@ import torch
 
 import specport
 from specport.exporter.registry import lookup, rope_types, supported
+from tests.export_cache import cached_export
 from tests.fixtures import (
     LONG_PROMPT,
     SHORT_PROMPT,
@@ -323,8 +324,7 @@ def stories_hf_artifact(shared_dir: Path, tmp_path_factory: pytest.TempPathFacto
     if not (src / "config.json").exists():
         pytest.skip(f"{src} is absent")
     out = tmp_path_factory.mktemp("stories") / "hf"
-    proc = _cli("export", str(src), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
+    cached_export(src, out)  # `specport export SRC --out OUT`'s defaults; shared with interop
     return out
 
 
@@ -335,8 +335,7 @@ def stories_llama2c_artifact(shared_dir: Path, tmp_path_factory: pytest.TempPath
     if not (ckpt.exists() and tok.exists()):
         pytest.skip(f"{ckpt} or {tok} is absent")
     out = tmp_path_factory.mktemp("stories") / "llama2c"
-    proc = _cli("export", str(ckpt), "--tokenizer", str(tok), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
+    cached_export(ckpt, out, tokenizer=tok)  # as `specport export CKPT --tokenizer TOK`
     return out
 
 
