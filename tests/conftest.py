@@ -56,6 +56,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if factory is not None:  # the controller's basetemp is the workers' shared parent
         reuse = export_cache.reuse_summary(factory.getbasetemp() / "export_cache")
         lines += [reuse] if reuse else []
+        lines += export_cache.slowest_builds(factory.getbasetemp() / "export_cache")
     if lines:
         terminalreporter.section("tiny model exports")
         for line in lines:

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from filelock import FileLock
 _ROOT: Path | None = None  # set for the session by tests/conftest.py
 TRACE_CACHE_MAX_PARAMS = 20_000_000  # bigger models (SmolLM2) are traced once per run anyway
 TRACE_USES = "trace_uses.txt"
+BUILDS = "builds.tsv"  # seconds, kind, source, the test that built it
 
 
 def set_root(root: Path | None) -> None:
@@ -150,6 +152,21 @@ def reuse_summary(root: Path) -> str | None:
     return f"traced {len(set(uses))} tiny models once for {len(uses)} exports"
 
 
+def slowest_builds(root: Path, count: int = 15) -> list[str]:
+    """The run's costliest cached builds (traces and exports), with the test that paid each."""
+    log = root / BUILDS
+    if not log.is_file():
+        return []
+    rows = [line.split("\t") for line in log.read_text().splitlines() if line.count("\t") == 3]
+    rows.sort(key=lambda r: -float(r[0]))
+    total = sum(float(r[0]) for r in rows)
+    lines = [f"{len(rows)} cached builds, {total:.0f} s (an export includes its trace); slowest:"]
+    return lines + [
+        f"{float(s):7.1f}s {kind:<6} {Path(src).name:<24} {test}"
+        for s, kind, src, test in rows[:count]
+    ]
+
+
 def _model_key(torch_model: Any, checkpoint: Any) -> str | None:
     """What the traced graph depends on: the model's class and config, and its weights: every
     parameter and buffer, or with ``checkpoint`` (a streamed export: the model holds no weights)
@@ -190,9 +207,14 @@ def _build_once(key_text: str, build: Any, source: str) -> Path:
         if not built.is_dir():
             partial = _ROOT / f"{key}.building"
             shutil.rmtree(partial, ignore_errors=True)
+            t0 = time.perf_counter()
             build(partial / "art")
             (partial / "source.txt").write_text(source)
             partial.rename(built)
+            test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+            with (_ROOT / BUILDS).open("a") as log:  # for the run's summary: who paid what
+                kind = "trace" if key_text.startswith("trace ") else "export"
+                log.write(f"{time.perf_counter() - t0:.1f}\t{kind}\t{source}\t{test}\n")
     return built
 
 
