@@ -11,7 +11,6 @@ overwritten by the next step.
 from __future__ import annotations
 
 import logging
-import mmap
 from typing import Any, Protocol
 
 import numpy as np
@@ -20,31 +19,6 @@ from specport.artifact import Manifest
 from specport.errors import ArtifactError, ContextLengthError
 
 logger = logging.getLogger(__name__)
-
-
-# Below this a buffer is small enough that how its pages are committed does not matter.
-_SMALL_BUFFER_BYTES = 1 << 22
-
-
-def kv_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A zeroed KV buffer whose memory is committed page by page (4 KiB) as positions are written.
-
-    numpy asks Linux for transparent huge pages on every array over 4 MiB. In the layout
-    [rows, heads, positions, dim] a head's positions span ``max_length * dim`` elements (1 MiB
-    for SmolLM2-135M at 4,096 positions), so with 2 MiB pages a row's first token commits
-    the whole row: 189 MB and 0.2-0.5 s of page zeroing inside a request's time to first token,
-    and a reserved row costs memory before it holds anything. An anonymous map advised
-    against huge pages commits only what is written (measured: a fresh row's 40-token prefill
-    +2 MB instead of +230 MB, 157 ms instead of 355-665 ms). Where the advice is not
-    available (not Linux) this is plain ``np.zeros``.
-    """
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    if nbytes < _SMALL_BUFFER_BYTES or not hasattr(mmap, "MADV_NOHUGEPAGE"):
-        return np.zeros(shape, dtype)
-    region = mmap.mmap(-1, nbytes)  # anonymous and zero-filled; freed with the last view
-    region.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(region, dtype).reshape(shape)
 
 
 # onnxruntime's input type -> numpy's name (what KVLayout.dtype holds)
@@ -150,7 +124,7 @@ class SharedKV:
             for dim in (kd, vd):
                 shape = (batch, heads, max_length, dim)
                 if buffers is None:
-                    self.buffers.append(kv_buffer(shape, dtype))
+                    self.buffers.append(np.zeros(shape, dtype))
                     continue
                 given = buffers[len(self.buffers)]
                 if given.shape != shape or given.dtype != dtype or not given.flags.c_contiguous:

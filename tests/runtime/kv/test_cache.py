@@ -8,7 +8,6 @@ what each query sees), and a real concat graph's scores equal a one-run referenc
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,6 @@ from specport.errors import ContextLengthError, InputError
 from specport.runtime.kv.cache import SharedKVCache, open_kv_cache
 from specport.runtime.kv.concat_cache import ConcatKVCache
 from specport.runtime.kv.iobinding import BoundSession
-from specport.runtime.kv.layouts import kv_buffer
 from specport.runtime.kv.seq_cache import open_cache
 
 PROMPT = np.array([1, 5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43, 44, 45, 46, 47], dtype=np.int64)
@@ -287,23 +285,3 @@ def test_concat_cache_scores_equal_one_run_per_row(tiny_llama_artifact):
             kept = len(tokens[r]) + int(rng.integers(1, s + 1))  # accepted some of the S
             cache.keep(r, kept)
             tokens[r] = seq[:kept]
-
-
-def _resident_kib() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page accounting is Linux's")
-def test_a_kv_buffer_commits_only_the_pages_its_positions_are_written_to():
-    """A reserved row must cost memory only as it fills: a first token written into each head of
-    a fresh row commits a few pages, not the row (with 2 MiB pages it committed all of it)."""
-    rows, heads, positions, dim = 4, 3, 4096, 64  # one head spans 1 MiB, as SmolLM2's do
-    buffer = kv_buffer((rows, heads, positions, dim), np.dtype(np.float32))
-    assert buffer.flags.c_contiguous and buffer.flags.writeable and not buffer.any()
-    before = _resident_kib()
-    buffer[1, :, 0, :] = 1.0  # row 1's first position in every head
-    assert _resident_kib() - before < 512
-    assert float(buffer.sum()) == heads * dim
-    small = kv_buffer((1, 1, 8, 4), np.dtype(np.float32))  # small buffers stay plain arrays
-    assert small.shape == (1, 1, 8, 4) and not small.any()
