@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from specport.runtime.engine.prefix_cache import common_prefix
 from specport.runtime.generator import (
     GenerationOutput,
     Generator,
@@ -44,29 +45,20 @@ from specport.runtime.kv.iobinding import BoundSession
 BATCH_1_POSITIONS = 2048
 
 
-def bound_session(gen: Generator, batch: int, max_length: int) -> tuple[BoundSession, int]:
+def bound_session(
+    gen: Generator, batch: int, max_length: int
+) -> tuple[BoundSession, np.ndarray | None]:
     """The generator's bound buffers when they fit (same batch, long enough), else new ones;
-    and how many positions of row 0 still hold the KV of ``gen.held_ids`` (0: none)."""
+    and the ids whose KV row 0 still holds from the last batch-1 call (None: nothing reusable)."""
     cached: BoundSession | None = gen.bound
     held, gen.held_ids = gen.held_ids, None  # valid again only once this call ends cleanly
     if cached is not None and cached.batch == batch and cached.kv.max_length >= max_length:
-        kept = len(held) if held is not None and batch == 1 else 0
         cached.reset()
-        return cached, kept
+        return cached, held if batch == 1 else None
     if batch == 1:  # room for a chat's next turns (llama.cpp reserves its whole context)
         max_length = min(gen.context_length, max(2 * max_length, BATCH_1_POSITIONS))
     gen.bound = BoundSession(gen.session, gen.manifest, batch, max_length)
-    return gen.bound, 0
-
-
-def reusable_prefix(held: np.ndarray, prompt: Sequence[int]) -> int:
-    """How many of ``prompt``'s first tokens are ``held``'s, leaving at least one to run (its
-    logits choose the first new token)."""
-    n = min(len(held), len(prompt) - 1)
-    if n <= 0:
-        return 0
-    diff = np.flatnonzero(held[:n] != np.asarray(prompt[:n], dtype=np.int64))
-    return int(diff[0]) if diff.size else n
+    return gen.bound, None
 
 
 def run_bound(
@@ -85,9 +77,9 @@ def run_bound(
     ids = np.full((batch, longest), pad_id, dtype=np.int64)
     for row, p in enumerate(prompts):
         ids[row, : len(p)] = p
-    held = gen.held_ids
-    bound, kept = bound_session(gen, batch, longest + budget)
-    reuse = reusable_prefix(held[:kept], prompts[0]) if kept and held is not None else 0
+    bound, held = bound_session(gen, batch, longest + budget)
+    # at least one prompt token runs: its logits choose the first new token
+    reuse = 0 if held is None else min(common_prefix(held, ids[0]), len(prompts[0]) - 1)
     greedy = select is greedy_select and bound.has_next
     eos = np.array(sorted(set(int(e) for e in eos_ids)), dtype=np.int64)
     out_tokens: list[list[int]] = [[] for _ in range(batch)]
