@@ -18,6 +18,7 @@ import onnx_ir as ir
 from specport import artifact as art
 from specport.contract import TREE_MASK
 from specport.errors import ExportError
+from specport.exporter.traced_optimizer import optimize_traced
 from specport.exporter.weights import detach_weights, fold_weight_transposes, release_weights
 from specport.exporter.wrapper import (
     FlatKVWrapper,
@@ -82,7 +83,7 @@ def trace_to_onnx(
                 raise ExportError("torch.onnx.export returned no program; upgrade torch (>= 2.6).")
             detach_weights(program.model, checkpoint=checkpoint, bindings=bindings)
             fold_weight_transposes(program.model)
-            program.optimize()
+            optimize_traced(program.model)  # ONNXProgram.optimize(), in linear time
         except ExportError:
             raise
         except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
