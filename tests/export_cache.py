@@ -179,8 +179,13 @@ def _model_key(torch_model: Any, checkpoint: Any) -> str | None:
     h = hashlib.sha256()
     h.update(f"{type(torch_model).__module__}.{type(torch_model).__qualname__}".encode())
     config = torch_model.config
-    to_json = getattr(config, "to_json_string", None)
-    h.update((to_json(use_diff=False) if to_json else repr(config)).encode())
+    to_dict = getattr(config, "to_dict", None)
+    if to_dict is None:
+        h.update(repr(config).encode())
+    else:  # where the config was read from is no part of the graph: each xdist worker and
+        # each test's tmp_path keeps its own copy of the same tiny model
+        fields = {k: v for k, v in to_dict().items() if k != "_name_or_path"}
+        h.update(json.dumps(fields, sort_keys=True, default=repr).encode())
     if checkpoint is not None:
         files = sorted({info.file for info in checkpoint.tensors.values()})
         for path in files:
