@@ -265,6 +265,12 @@ def _run(
             totals[name]["tokens"] += counts[name]
             for key in ("drafted", "accepted", "steps"):
                 totals[name][key] += int(stats.get(name, {}).get(key, 0))
+            for key in ("drafted_per_position", "accepted_per_position"):
+                counts_at = stats.get(name, {}).get(key, [])
+                summed = totals[name].setdefault(key, [])
+                summed.extend([0] * (len(counts_at) - len(summed)))
+                for i, count in enumerate(counts_at):
+                    summed[i] += int(count)
     loop.close()
     plain_s = totals["plain"]["seconds"]
     rows = []
@@ -282,6 +288,12 @@ def _run(
             row["mean_accepted_length"] = round(1 + t["accepted"] / t["steps"], 3)
             if t["drafted"]:
                 row["acceptance_rate"] = round(t["accepted"] / t["drafted"], 3)
+            drafted, accepted = t.get("drafted_per_position"), t.get("accepted_per_position")
+            if drafted:  # where drafts stop paying, and how often adaptive K drafted at all
+                row["acceptance_rate_per_position"] = [
+                    round(a / d, 3) if d else 0.0 for a, d in zip(accepted, drafted)
+                ]
+                row["steps_that_drafted"] = round(drafted[0] / t["steps"], 3)
         rows.append(row)
     return {
         "artifact": artifact,

@@ -40,6 +40,8 @@ def test_draft_beside_other_methods_in_one_run(tiny_llama_artifact):
     assert set(rows) == {"plain", "ngram", "draft"}
     assert rows["ngram"]["tokens_equal_plain"] and rows["draft"]["tokens_equal_plain"]
     assert rows["draft"]["acceptance_rate"] == 1.0
+    assert rows["draft"]["acceptance_rate_per_position"] == [1.0, 1.0]
+    assert 0.5 < rows["draft"]["steps_that_drafted"] <= 1.0  # adaptive off: all but a last step
 
 
 def test_cli_bench_speculative_json(tiny_llama_artifact, capsys):
