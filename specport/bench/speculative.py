@@ -288,7 +288,8 @@ def _run(
             row["mean_accepted_length"] = round(1 + t["accepted"] / t["steps"], 3)
             if t["drafted"]:
                 row["acceptance_rate"] = round(t["accepted"] / t["drafted"], 3)
-            drafted, accepted = t.get("drafted_per_position"), t.get("accepted_per_position")
+            drafted = t.get("drafted_per_position", [])
+            accepted = t.get("accepted_per_position", [])
             if drafted:  # where drafts stop paying, and how often adaptive K drafted at all
                 row["acceptance_rate_per_position"] = [
                     round(a / d, 3) if d else 0.0 for a, d in zip(accepted, drafted)
