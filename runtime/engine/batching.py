@@ -243,6 +243,7 @@ class BatchingEngine(QueueIntake):
             if not self._take(block=not busy and not self.waiting):
                 break
             t0, ort0 = time.perf_counter(), self.kv.ort_seconds
+            before = dict(self.counters) if logger.isEnabledFor(logging.DEBUG) else None
             try:
                 self._sweep()
                 self._admit()
@@ -258,11 +259,29 @@ class BatchingEngine(QueueIntake):
                 self.busy_ort_seconds += self.kv.ort_seconds - ort0
                 self.counters["busy_steps"] += 1
             self.text.flush()  # the round's tokens to the text thread, one wake-up
+            if before is not None:
+                self._log_round(before, time.perf_counter() - t0)
         for handle in self.waiting:
             self._reject(handle, "cancelled")
         for job in self.rows:
             if job is not None:
                 self._end(job, "cancelled")
+
+    def _log_round(self, before: dict[str, int], seconds: float) -> None:
+        """One debug line per round (`specport serve -vv`): what a scheduling choice did to
+        the rounds is read from these, e.g. where a late request's first token waited."""
+        delta = {k: v - before.get(k, 0) for k, v in self.counters.items()}
+        logger.debug(
+            "round %.0f ms: %d waiting, %d rows busy, %d prefill runs (%d tokens, %d padded), "
+            "%d decode rows",
+            seconds * 1000,
+            len(self.waiting),
+            sum(job is not None for job in self.rows),
+            delta.get("prefill_runs", 0),
+            delta.get("prefill_tokens", 0),
+            delta.get("prefill_padded_tokens", 0),
+            delta.get("decode_rows", 0),
+        )
 
     def _take(self, block: bool) -> bool:
         """Move new requests to `waiting`; False once `close()` was called."""
