@@ -29,7 +29,7 @@ from specport.loading import load
 from specport.progress import Loop
 from specport.results import GenerationResult
 from specport.runtime.speculative.loop import SpeculativeGenerator
-from specport.runtime.speculative.metrics import step_overhead_ms
+from specport.runtime.speculative.metrics import SpecDecodingStats, step_overhead_ms
 from specport.runtime.speculative.replay import ReplayProposer
 from specport.runtime.speculative.tree import generate_tree
 from specport.samples.chat_prompts import chat_prompts
@@ -265,12 +265,13 @@ def _run(
             totals[name]["tokens"] += counts[name]
             for key in ("drafted", "accepted", "steps"):
                 totals[name][key] += int(stats.get(name, {}).get(key, 0))
-            for key in ("drafted_per_position", "accepted_per_position"):
-                counts_at = stats.get(name, {}).get(key, [])
-                summed = totals[name].setdefault(key, [])
-                summed.extend([0] * (len(counts_at) - len(summed)))
-                for i, count in enumerate(counts_at):
-                    summed[i] += int(count)
+            one = stats.get(name, {})
+            totals[name].setdefault("positions", SpecDecodingStats()).merge(
+                SpecDecodingStats(
+                    drafted_per_pos=list(one.get("drafted_per_position", [])),
+                    accepted_per_pos=list(one.get("accepted_per_position", [])),
+                )
+            )
     loop.close()
     plain_s = totals["plain"]["seconds"]
     rows = []
@@ -288,13 +289,12 @@ def _run(
             row["mean_accepted_length"] = round(1 + t["accepted"] / t["steps"], 3)
             if t["drafted"]:
                 row["acceptance_rate"] = round(t["accepted"] / t["drafted"], 3)
-            drafted = t.get("drafted_per_position", [])
-            accepted = t.get("accepted_per_position", [])
-            if drafted:  # where drafts stop paying, and how often adaptive K drafted at all
-                row["acceptance_rate_per_position"] = [
-                    round(a / d, 3) if d else 0.0 for a, d in zip(accepted, drafted)
-                ]
-                row["steps_that_drafted"] = round(drafted[0] / t["steps"], 3)
+            positions = t.get("positions")
+            if positions is not None and positions.drafted_per_pos:
+                # where drafts stop paying, and how often adaptive K drafted at all
+                rates = positions.acceptance_rate_per_pos
+                row["acceptance_rate_per_position"] = [round(r, 3) for r in rates]
+                row["steps_that_drafted"] = round(positions.drafted_per_pos[0] / t["steps"], 3)
         rows.append(row)
     return {
         "artifact": artifact,
