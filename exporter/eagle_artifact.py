@@ -35,6 +35,8 @@ from specport.passes.eagle_features import FEATURES, ExposeEagleFeaturesPass
 logger = logging.getLogger(__name__)
 
 DRAFT_FILE = "eagle_draft.onnx"
+# the same head with int8 weights, what the CPU provider runs (``quantize_draft``)
+INT8_DRAFT_FILE = "eagle_draft.int8.onnx"
 MANIFEST_KEY = "eagle"
 
 
@@ -138,12 +140,40 @@ def export_draft(head: EagleHead, path: Path) -> None:
         head.embed = saved
 
 
+def quantize_draft(graph: Path, out: Path) -> None:
+    """``graph`` with its MatMul weights in int8 (one scale per output channel; activations
+    quantized per run by onnxruntime's dynamic quantization), written to ``out``.
+
+    A draft run multiplies one position by every weight of the head, so on a CPU its time is
+    the bytes of the weights it reads (the 8,192-row LM head alone a third of it). Measured on
+    SmolLM2-135M's head (one thread, 200 past positions, machine loaded by a training run):
+    4.8 ms a run in float32 against 1.4-2.7 ms in int8; over the model's answers to the 16
+    chat prompts (1,494 positions) the first draft's accuracy was 0.2718 in float32 and
+    0.2711 in int8 (the same token at 93% of positions). Drafts never change the output (the
+    target verifies them), only how often they are accepted."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from specport.errors import ExportError
+
+    try:
+        quantize_dynamic(
+            str(graph),
+            str(out),
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul"],
+            per_channel=True,
+        )
+    except Exception as e:  # noqa: BLE001 - the quantizer raises many kinds
+        raise ExportError(f"quantizing the EAGLE draft head to int8 failed: {e}") from e
+
+
 def eagle_record(
     head: EagleHead, feature_report: dict[str, Any], training: dict[str, Any]
 ) -> dict[str, Any]:
     """The manifest's ``eagle`` entry."""
     return {
         "graph": DRAFT_FILE,
+        "int8_graph": INT8_DRAFT_FILE,
         "features": FEATURES,
         "feature_layers": feature_report.get("layers"),
         "inputs": list(INPUTS),

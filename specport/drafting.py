@@ -177,9 +177,11 @@ def _train_draft(
     stages.start("writing the draft graph")
     from specport.exporter.eagle_artifact import (
         DRAFT_FILE,
+        INT8_DRAFT_FILE,
         MANIFEST_KEY,
         eagle_record,
         export_draft,
+        quantize_draft,
     )
     from specport.interop.files import write_artifact_manifest
     from specport.passes.eagle_features import FEATURES
@@ -188,6 +190,9 @@ def _train_draft(
     tmp = staged / f"{DRAFT_FILE}.tmp"
     export_draft(head, tmp)
     os.replace(tmp, staged / DRAFT_FILE)
+    tmp = staged / f"{INT8_DRAFT_FILE}.tmp"
+    quantize_draft(staged / DRAFT_FILE, tmp)
+    os.replace(tmp, staged / INT8_DRAFT_FILE)
     final = art.read_manifest(staged, check_hashes=False)
     feature_pass = next((p for p in final.passes if p.get("output") == FEATURES), {})
     report.update(

@@ -88,6 +88,10 @@ def resolve_num_draft(model: Any, speculative: str | None, num_draft: int | None
     return int(num_draft)
 
 
+# the methods whose drafts can form a token tree (--tree-width > 1)
+TREE_METHODS = ("ngram", "mtp", "eagle")
+
+
 def check_generation(
     model: Any,
     *,
@@ -104,11 +108,11 @@ def check_generation(
             f"unknown {option('speculative', speculative)}; choose one of {', '.join(METHODS)}."
         )
     if tree_width != 1:
-        if speculative not in ("ngram", "mtp"):
+        if speculative not in TREE_METHODS:
             raise UsageError(
-                f"{option('tree_width')} needs {option('speculative', 'ngram')} or "
-                f"{option('speculative', 'mtp')} (tree candidates come from n-gram matches or "
-                "the MTP heads)."
+                f"{option('tree_width')} needs {option('speculative', 'ngram')}, "
+                f"{option('speculative', 'mtp')} or {option('speculative', 'eagle')} (tree "
+                "candidates come from n-gram matches, the MTP heads or the EAGLE head)."
             )
         if batch != 1:
             raise UsageError(f"{option('tree_width')} runs one prompt at a time; pass one prompt.")

@@ -210,8 +210,8 @@ class Model:
         `speculative` ("ngram" | "draft" | "mtp") drafts `num_draft` tokens per step and verifies
         them in one run of this model; greedy output is token-for-token that of plain greedy.
         `adaptive` picks the draft length per step from recent acceptance (None: per-method default).
-        `tree_width` > 1 (ngram or mtp, artifact exported with `--tree-mask`) verifies that many
-        candidate continuations at once as a token tree. `num_draft` None: all of an MTP
+        `tree_width` > 1 (ngram, mtp or eagle; artifact exported with `--tree-mask`) verifies
+        that many candidate continuations at once as a token tree. `num_draft` None: all of an MTP
         artifact's heads, else 4. `sampling` (a `SamplingConfig`, e.g. with OpenAI's presence /
         frequency penalties or a logit bias) replaces the separate sampling arguments.
         """

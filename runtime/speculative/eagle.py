@@ -13,6 +13,12 @@ the head, with its own one-layer KV cache (``exporter.eagle_artifact``). The pro
 the first token; then one single-position run per further draft, fed the head's own hidden
 output (their KV is dropped afterwards: only verified positions get real features). Greedy
 drafts carry no probabilities, so every verifier (greedy, rejection sampling) stays lossless.
+
+``tree_paths``: a dynamic token tree instead of a chain (``--tree-width W`` on an artifact
+exported with ``--tree-mask``): the same first run, then a beam of the W most likely paths
+by the head's cumulative probability, one batched run per depth (each path on its own copy
+of the draft KV), every path the head gives at least ``MIN_PROB`` kept. The tree loop
+verifies them in one target run and ``observe_path`` keeps the accepted path's features.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +38,9 @@ from specport.runtime.speculative.base import Drafts, ProposerBase
 logger = logging.getLogger(__name__)
 
 FEATURES = "eagle_features"
+# A tree path the head gives a lower cumulative probability is left out: every scored node
+# costs target time (SmolLM2-135M, 2 threads: ~4 ms per extra node on a ~50 ms verify run)
+MIN_PROB = 0.05
 
 
 def eagle_info(manifest: Manifest) -> dict[str, Any]:
@@ -52,10 +62,15 @@ class EagleProposer(ProposerBase):
     adaptive_default = True
     needs_outputs = True  # the features come out of the target's own run
 
-    def __init__(self, session: Any, manifest: Manifest) -> None:
+    def __init__(
+        self, session: Any, manifest: Manifest, draft_ids: np.ndarray | None = None
+    ) -> None:
+        """``draft_ids``: the target id of each draft-vocabulary row (trees rank the head's
+        logits over them; a chain reads the graph's own ``draft_token``)."""
         info = eagle_info(manifest)
         cfg = info["config"]
         self.session = session
+        self.draft_ids = draft_ids
         self.features_name = str(info.get("features") or FEATURES)
         self.hidden = int(cfg["hidden"])
         self.feat_dim = int(cfg["feature_layers"]) * self.hidden
@@ -86,11 +101,16 @@ class EagleProposer(ProposerBase):
 
     def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
         """Keep the features of the fed positions that were accepted (last token + drafts)."""
+        kept = int(np.asarray(result.accepted).reshape(-1)[0]) + 1
+        self.observe_path(outputs, list(range(kept)))
+
+    def observe_path(self, outputs: dict[str, np.ndarray], path: list[int]) -> None:
+        """Keep the features of rows ``path`` of the run (a token tree's accepted nodes from
+        its root, or a chain's fed prefix): the positions the context now holds."""
         feats = outputs.get(self.features_name)
         if feats is None:
             return  # a loop that shows no outputs: later drafts attend to fewer positions
-        kept = int(np.asarray(result.accepted).reshape(-1)[0]) + 1
-        self.pending.append(np.array(feats[0, :kept], dtype=np.float32))
+        self.pending.append(np.array(feats[0, path], dtype=np.float32))
 
     def draft_cost(self, target: Any) -> float:
         # one position of one layer plus a draft-vocabulary head, against the target's step
@@ -100,9 +120,58 @@ class EagleProposer(ProposerBase):
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         if len(context) != 1:
             raise InputError(f"the EAGLE proposer drafts one row, got {len(context)}")
-        ctx = context[0]
         if num_draft <= 0 or not self.pending:
             return Drafts.one([])
+        token, _, hidden, key, value = self._advance(context[0])
+        drafts = [int(token[0])]
+        while len(drafts) < num_draft:
+            token, _, hidden, key, value = self._run(
+                np.asarray([[drafts[-1]]], dtype=np.int64), self._zero_feat, hidden, key, value
+            )
+            drafts.append(int(token[0]))
+        return Drafts.one(drafts)
+
+    def tree_paths(
+        self, context: list[int], depth: int, width: int, min_prob: float = MIN_PROB
+    ) -> list[list[int]]:
+        """Up to ``width`` paths per depth, best first by the head's cumulative probability
+        (a path's prefix is always listed before it): a beam of width ``width``, one batched
+        head run per depth; paths below ``min_prob`` are dropped, so the tree shrinks to
+        nothing (a plain step) where the head is unsure."""
+        if depth <= 0 or not self.pending:
+            return []
+        if self.draft_ids is None:
+            raise InputError("EAGLE token trees need the head's draft vocabulary (draft_ids)")
+        _, logits, hidden, key, value = self._advance(context)
+        min_logp = float(np.log(min_prob)) if min_prob > 0 else -np.inf
+        paths: list[list[int]] = [[]]
+        scores = np.zeros(1)
+        out: list[tuple[float, list[int]]] = []
+        for d in range(depth):
+            if d:
+                ids = np.asarray([[p[-1]] for p in paths], dtype=np.int64)
+                feats = np.zeros((len(paths), 1, self.feat_dim), np.float32)
+                _, logits, hidden, key, value = self._run(ids, feats, hidden, key, value)
+            logp = _log_softmax(logits)  # [n, Vd]
+            k = min(width, logp.shape[1])
+            top = np.argpartition(-logp, k - 1, axis=1)[:, :k]  # [n, k] each path's best k
+            total = scores[:, None] + np.take_along_axis(logp, top, 1)
+            best = np.argsort(-total, axis=None, kind="stable")[:width]
+            best = best[total.ravel()[best] >= min_logp]
+            if best.size == 0:
+                break
+            rows, cols = np.unravel_index(best, total.shape)
+            tokens = self.draft_ids[top[rows, cols]]
+            paths = [[*paths[r], int(t)] for r, t in zip(rows.tolist(), tokens.tolist())]
+            scores = total[rows, cols]
+            hidden, key, value = hidden[rows], key[rows], value[rows]
+            out.extend(zip(scores.tolist(), paths))
+        out.sort(key=lambda sp: -sp[0])  # a prefix scores at least its extensions: first
+        return [p for _, p in out]
+
+    def _advance(self, ctx: list[int]) -> tuple[np.ndarray, ...]:
+        """Run the head over the pending real positions (their KV becomes the head's past):
+        ``_run``'s outputs for the first draft, from which later drafts continue."""
         feats = np.concatenate(self.pending, 0)  # rows for positions end-n+1 .. len(ctx)-2
         n = min(len(feats), len(ctx) - 1)
         feats = feats[len(feats) - n :]
@@ -117,25 +186,20 @@ class EagleProposer(ProposerBase):
             self.past_key,
             self.past_value,
         )
-        token, hidden, self.past_key, self.past_value = out
-        drafts = [token]
-        key, value = self.past_key, self.past_value
-        while len(drafts) < num_draft:
-            token, hidden, key, value = self._run(
-                np.asarray([[token]], dtype=np.int64), self._zero_feat, hidden, key, value
-            )
-            drafts.append(token)
-        return Drafts.one(drafts)
+        self.past_key, self.past_value = out[3], out[4]
+        return out
 
     def _run(
         self,
-        ids: np.ndarray,  # [1, S] int64
-        feats: np.ndarray,  # [1, S, 3H]
-        hidden: np.ndarray,  # [1, S, H]
-        key: np.ndarray,  # [1, Hkv, P, Dh]
+        ids: np.ndarray,  # [n, S] int64
+        feats: np.ndarray,  # [n, S, 3H]
+        hidden: np.ndarray,  # [n, S, H]
+        key: np.ndarray,  # [n, Hkv, P, Dh]
         value: np.ndarray,
-    ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-        token, _, out_hidden, present_key, present_value = self.session.run(
+    ) -> tuple[np.ndarray, ...]:
+        """(greedy draft [n] as target ids, draft-vocabulary logits [n, Vd], the hidden output
+        of the last position [n, 1, H], present key, present value)."""
+        token, logits, out_hidden, present_key, present_value = self.session.run(
             None,
             {
                 "input_ids": ids,
@@ -145,26 +209,50 @@ class EagleProposer(ProposerBase):
                 "past_value": value,
             },
         )
-        return int(token[0]), out_hidden[:, -1:], present_key, present_value
+        return token, logits, out_hidden[:, -1:], present_key, present_value
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def make_eagle_proposer(model: Any) -> EagleProposer:
+def make_eagle_proposer(model: Any, tree: bool = False) -> EagleProposer:
     """The proposer for a loaded model whose artifact carries an EAGLE head: the draft graph
     opens on the model's provider, one thread (a one-layer graph gains nothing from more),
-    once per model (every request's proposer shares it; a session holds no request state)."""
+    once per model (every request's proposer shares it; a session holds no request state).
+    ``tree``: it also drafts token trees (``tree_paths``; reads the draft vocabulary)."""
     info = eagle_info(model.manifest)
     try:
-        session = _SESSIONS.get(model)
+        opened = _SESSIONS.get(model)
     except TypeError:  # not weakly referenceable
-        session = None
-    if session is None:
-        session = _open_draft(model, info)
+        opened = None
+    if opened is None:
+        opened = {"session": _open_draft(model, info)}
         with contextlib.suppress(TypeError):
-            _SESSIONS[model] = session
-    return EagleProposer(session, model.manifest)
+            _SESSIONS[model] = opened
+    if tree and "draft_ids" not in opened:
+        opened["draft_ids"] = draft_vocabulary(model.path / draft_graph(model, info))
+    return EagleProposer(opened["session"], model.manifest, opened.get("draft_ids"))
+
+
+def draft_vocabulary(graph: Path) -> np.ndarray:
+    """The target id of each row of the head's draft vocabulary: the draft graph's
+    ``draft_ids`` constant (``exporter.eagle_head``), read once per loaded model."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(graph), load_external_data=False)
+    for init in model.graph.initializer:
+        if init.name.endswith("draft_ids"):
+            return numpy_helper.to_array(init).astype(np.int64)
+    raise InputError(
+        f"{graph}: the draft graph has no draft_ids constant, which EAGLE token trees need; "
+        "rerun `specport train-draft`, or use the chain (tree width 1)."
+    )
 
 
 def _open_draft(model: Any, info: dict[str, Any]) -> Any:
@@ -184,5 +272,16 @@ def _open_draft(model: Any, info: dict[str, Any]) -> Any:
         huge_pages=False,
         provider_options=dict(base.provider_options),
     )
-    session, _ = make_session(model.path / info["graph"], config)
+    session, _ = make_session(model.path / draft_graph(model, info), config)
     return session
+
+
+def draft_graph(model: Any, info: dict[str, Any]) -> str:
+    """The draft graph to run: the int8 one on the CPU provider when the artifact has it (a
+    draft run's time there is the bytes of its weights: see ``exporter.eagle_artifact.
+    quantize_draft``), else the float one."""
+    int8 = info.get("int8_graph")
+    cpu = str(getattr(model, "provider", "cpu") or "cpu").lower() in ("cpu", "cpuexecutionprovider")
+    if int8 and cpu and (Path(model.path) / int8).is_file():
+        return str(int8)
+    return str(info["graph"])

@@ -81,12 +81,12 @@ class MTPTreeCandidates:
         self.seed: np.ndarray | None = None  # [H] hidden state of the last accepted node
         self.head_seconds = 0.0
 
-    def observe(self, outputs: dict[str, np.ndarray], row: int) -> None:
-        """Keep the hidden state the verify run computed at the accepted node (``row``)."""
+    def observe(self, outputs: dict[str, np.ndarray], path: list[int]) -> None:
+        """Keep the hidden state the verify run computed at the last accepted node."""
         from specport.passes.mtp import HIDDEN_OUTPUT
 
         hidden = outputs[HIDDEN_OUTPUT]  # [1, S, H]
-        self.seed = np.array(hidden[0, row], dtype=np.float32)  # a copy: buffers are reused
+        self.seed = np.array(hidden[0, path[-1]], dtype=np.float32)  # a copy: buffers are reused
 
     def __call__(self, context: list[int], depth: int, width: int) -> list[list[int]]:
         """The beam's paths, depth by depth, best first (each path's prefix comes before it)."""

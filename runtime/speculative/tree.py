@@ -20,7 +20,9 @@ Candidates come from n-gram matches (``token_tree.ngram_candidates``): every dis
 longest suffix n-grams that recur in prompt + output, most recent first (the chain n-gram
 proposer keeps only the most recent); or from an MTP artifact's heads
 (``runtime.speculative.mtp_tree``): a beam of their top-W tokens per depth, seeded with the
-hidden state of the node the previous run accepted (an ``observer`` sees every run's outputs).
+hidden state of the node the previous run accepted (an ``observer`` sees every run's outputs);
+or from an EAGLE head (``runtime.speculative.eagle``, ``EagleProposer.tree_paths``): its beam
+over the draft vocabulary, fed the features of the path the previous run accepted.
 
 Greedy output is token-for-token the plain greedy output (up to float ties). Sampling is
 lossless (multi-round speculative sampling with one-hot drafts). Both rules live with the
@@ -61,9 +63,10 @@ METHOD = "ngram-tree"
 # candidates(context, depth, width) -> up to `width` continuations of up to `depth` tokens,
 # best first (earlier candidates win node slots and are tried first when sampling)
 CandidateSource = Callable[[list[int], int, int], list[list[int]]]
-# observer(outputs, row): a run's extra graph outputs and the row of the node it accepted (-1:
-# the prefill's last position); a stateful candidate source reads what it needs from them
-RunObserver = Callable[[dict[str, np.ndarray], int], None]
+# observer(outputs, path): a run's extra graph outputs and the rows of the nodes it accepted,
+# from the root ([0] for a run without a tree); a stateful candidate source reads what it
+# needs from them
+RunObserver = Callable[[dict[str, np.ndarray], list[int]], None]
 
 
 def has_tree_mask(session: Any) -> bool:
@@ -76,8 +79,8 @@ def check_tree_width(tree_width: int, limit: int = MAX_TREE_WIDTH) -> int:
 
 class TreeProposer(ProposerBase):
     """Drafts a token tree (``Drafts.tree``) of up to ``width`` candidates from ``candidates``,
-    as deep as the step's cap; ``observer`` sees every run's outputs and the node it accepted
-    (the root when the run had no tree)."""
+    as deep as the step's cap; ``observer`` sees every run's outputs and the path of nodes it
+    accepted (the root alone when the run had no tree)."""
 
     def __init__(
         self,
@@ -107,7 +110,7 @@ class TreeProposer(ProposerBase):
 
     def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
         if self.observer is not None:
-            self.observer(outputs, result.paths[0][-1] if result.paths else 0)
+            self.observer(outputs, list(result.paths[0]) if result.paths else [0])
 
 
 class TreeSpeculativeGenerator:
@@ -188,7 +191,8 @@ def generate_tree(
 
     ``num_draft``: the tree's depth (tokens per candidate); ``tree_width``: how many distinct
     candidates it holds (at most ``1 + num_draft * tree_width`` nodes scored per run), from
-    n-gram matches (``method="ngram"``) or the MTP heads (``"mtp"``, an MTP artifact).
+    n-gram matches (``method="ngram"``), the MTP heads (``"mtp"``, an MTP artifact) or the
+    EAGLE head's beam (``"eagle"``, an artifact from ``train-draft``).
     The artifact must have been exported with ``--tree-mask``. Returns (new tokens, finish
     reason, metrics) with the keys of ``generate_speculative``'s metrics.
     """
@@ -201,8 +205,21 @@ def generate_tree(
         gen = mtp_tree_generator(model, num_draft, tree_width)
     elif method == "ngram":
         gen = TreeSpeculativeGenerator(model.session, model.manifest, num_draft, tree_width)
+    elif method == "eagle":
+        from specport.runtime.speculative.eagle import make_eagle_proposer
+
+        head = make_eagle_proposer(model, tree=True)
+        gen = TreeSpeculativeGenerator(
+            model.session,
+            model.manifest,
+            num_draft,
+            tree_width,
+            candidates=head.tree_paths,
+            observer=head.observe_path,
+            method="eagle-tree",
+        )
     else:
-        raise InputError(f"token trees take candidates from ngram or mtp, not {method!r}")
+        raise InputError(f"token trees take candidates from ngram, mtp or eagle, not {method!r}")
     out = gen.generate(prompt_ids, max_new_tokens, sampling, eos_ids, on_token)
     out.metrics["provider"] = getattr(model, "provider", None)
     return out.tokens, out.finish_reason, out.metrics

@@ -25,6 +25,7 @@ import specport
 from specport.bench.spec_peers import SpecPeer, check_spec_peer_name
 from specport.chat_template import load_chat_template
 from specport.errors import InputError
+from specport.generation_args import TREE_METHODS
 from specport.loading import load
 from specport.progress import Loop
 from specport.results import GenerationResult
@@ -185,7 +186,7 @@ def _run(
     engines += [
         (m + suffix, m, adaptive, 0) for m in config.methods for suffix, adaptive in variants
     ]
-    tree_methods = [m for m in config.methods if m in ("ngram", "mtp")] or ["ngram"]
+    tree_methods = [m for m in config.methods if m in TREE_METHODS] or ["ngram"]
     # a tree engine (width > 0) runs the tree loop even at width 1 (MTP: the heads run on the
     # host beside a stripped graph, instead of the chain's in-graph branch)
     engines += [(f"{m}-tree{w}", m, None, w) for m in tree_methods for w in config.tree_widths]

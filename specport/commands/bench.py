@@ -113,7 +113,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int_between(1, 16),
         action="append",
         default=[],
-        help="also run ngram / mtp (those given with --speculative; ngram when neither) as a "
+        help="also run ngram / mtp / eagle (those given with --speculative; ngram when none) as a "
         "token tree of this many candidates (repeatable; 1 runs the tree loop on a chain; the "
         "artifact must be exported with --tree-mask)",
     )

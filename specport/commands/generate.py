@@ -21,6 +21,7 @@ from specport.commands._args import (
     int_between,
 )
 from specport.errors import InputError, UsageError
+from specport.generation_args import TREE_METHODS
 
 __all__ = ["add_parser", "add_runtime_options", "add_speculative_options", "run"]
 
@@ -59,8 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--tree-width",
         type=int_between(1, 16),
         default=1,
-        help="ngram or mtp: verify this many candidate continuations as a token tree in one run "
-        "(the artifact must be exported with --tree-mask; for mtp, heads trained on it)",
+        help="ngram, mtp or eagle: verify this many candidate continuations as a token tree in "
+        "one run (the artifact must be exported with --tree-mask; for mtp and eagle, heads "
+        "trained on it)",
     )
     add_runtime_options(p)
     p.add_argument(
@@ -90,10 +92,10 @@ def check_args(args: argparse.Namespace) -> bool:
     if args.system is not None and not args.chat:
         raise UsageError("--system goes with --chat; add --chat TEXT or drop --system.")
     if args.tree_width != 1:
-        if args.speculative not in ("ngram", "mtp"):
+        if args.speculative not in TREE_METHODS:
             raise UsageError(
-                "--tree-width needs --speculative ngram or mtp (tree candidates come from n-gram "
-                "matches or the MTP heads)."
+                "--tree-width needs --speculative ngram, mtp or eagle (tree candidates come from "
+                "n-gram matches, the MTP heads or the EAGLE head)."
             )
         if n > 1:
             raise UsageError("--tree-width runs one prompt at a time; pass a single prompt.")

@@ -133,8 +133,11 @@ def eagle_line(eagle: dict[str, Any]) -> str:
     acceptance); the whole record stays in --json."""
     training = eagle.get("training") or {}
     layers = ", ".join(str(x) for x in eagle.get("feature_layers") or [])
+    graph = f"{eagle.get('graph')} (one layer, own KV)"
+    if eagle.get("int8_graph"):
+        graph += f" and {eagle['int8_graph']} (int8 weights, run on CPU)"
     parts = [
-        f"{eagle.get('graph')} (one layer, own KV)",
+        graph,
         f"features of layers {layers}",
         f"draft vocabulary {eagle.get('draft_vocab')}",
     ]

@@ -41,7 +41,7 @@ def test_tree_width_with_a_draft_model_is_refused(capsys, tiny_llama_artifact):
         ]
     )
     assert rc == 2  # a usage error, found before the artifact loads
-    assert "--tree-width needs --speculative ngram or mtp" in capsys.readouterr().err
+    assert "--tree-width needs --speculative ngram, mtp or eagle" in capsys.readouterr().err
 
 
 @pytest.mark.slow

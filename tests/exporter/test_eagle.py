@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx_ir as ir
@@ -151,6 +152,7 @@ def test_train_draft_writes_a_new_artifact_and_leaves_the_input(chat_artifact, e
     manifest = art.read_manifest(eagle_artifact)  # hashes checked
     eagle = manifest.extra["eagle"]
     assert (eagle_artifact / eagle["graph"]).is_file()
+    assert (eagle_artifact / eagle["int8_graph"]).is_file()
     assert eagle["training"]["logits_max_abs_diff"] == 0.0
     held = eagle["training"]["heldout"]
     assert len(held["acceptance_per_position"]) == eagle["training"]["depth"]
@@ -161,6 +163,37 @@ def test_train_draft_writes_a_new_artifact_and_leaves_the_input(chat_artifact, e
     assert not any(f.startswith("training") for f in manifest.files)
     assert json.loads((chat_artifact / "specport.json").read_text()) == before
     assert "eagle" not in before
+
+
+def test_the_int8_draft_graph_computes_the_heads_logits_and_runs_on_cpu(eagle_artifact):
+    """The CPU provider runs the head with int8 weights (a draft run's time is its weights'
+    bytes); its logits follow the float graph's (random inputs of unit scale, wider than
+    the real features, with activations quantized per run: ~10% of the largest logit)."""
+    import onnxruntime as ort
+
+    import specport
+    from specport.runtime.speculative.eagle import draft_graph, eagle_info
+
+    info = eagle_info(specport.load(eagle_artifact, threads=1).manifest)
+    cfg = info["config"]
+    rng = np.random.default_rng(0)
+    feed = {
+        "input_ids": rng.integers(0, cfg["vocab"], (1, 3)),
+        "features": rng.standard_normal((1, 3, 3 * cfg["hidden"])).astype(np.float32),
+        "hidden_in": np.zeros((1, 3, cfg["hidden"]), np.float32),
+        "past_key": rng.standard_normal((1, cfg["kv_heads"], 4, cfg["head_dim"])).astype(np.float32),
+        "past_value": rng.standard_normal((1, cfg["kv_heads"], 4, cfg["head_dim"])).astype(np.float32),
+    }  # fmt: skip
+    logits = [
+        ort.InferenceSession(str(eagle_artifact / info[key])).run(["draft_logits"], feed)[0]
+        for key in ("graph", "int8_graph")
+    ]
+    scale = float(np.abs(logits[0]).max())
+    assert float(np.abs(logits[0] - logits[1]).max()) < 0.2 * scale
+    assert np.corrcoef(logits[0].ravel(), logits[1].ravel())[0, 1] > 0.98
+    model = SimpleNamespace(path=eagle_artifact, provider="cpu")
+    assert draft_graph(model, info) == info["int8_graph"]
+    assert draft_graph(SimpleNamespace(path=eagle_artifact, provider="cuda"), info) == info["graph"]
 
 
 def test_training_reports_its_speed_and_a_timeline(eagle_artifact):
@@ -312,7 +345,6 @@ def test_heldout_acceptance_is_what_the_runtime_proposer_accepts():
     """The training report's acceptance per position equals what `EagleProposer`, fed the
     target's features the way a decoding loop feeds them (from the prompt's last token on),
     accepts when it drafts from every origin of the same sequences."""
-    from types import SimpleNamespace
 
     from specport.exporter.eagle_cache import FeatureCache
     from specport.exporter.eagle_train import acceptance, draft_map
@@ -365,6 +397,5 @@ def test_heldout_acceptance_is_what_the_runtime_proposer_accepts():
 
 
 def _accepted(n: int):
-    from types import SimpleNamespace
 
     return SimpleNamespace(accepted=np.array([n]))

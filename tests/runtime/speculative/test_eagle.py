@@ -3,6 +3,7 @@ positions only; features pair with the right tokens whatever the loop shows it."
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -113,6 +114,45 @@ def test_sampling_with_the_head_keeps_the_target_distribution(concat_eagle, meth
     assert tv < 0.07, (tv, counts, expected)
 
 
+@pytest.fixture(scope="module")
+def tree_eagle(tiny_zoo, tmp_path_factory) -> Path:
+    return _drafted(tmp_path_factory.mktemp("eagle-tree"), tiny_zoo.shared("llama", tree_mask=True))
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_greedy_eagle_tree_equals_plain_greedy(tree_eagle, width):
+    """The head's beam as a token tree, verified in one run through the tree mask: plain
+    greedy's tokens, with every path kept (no probability cut) so the tree really branches."""
+    import specport
+    from specport.runtime.speculative.eagle import make_eagle_proposer
+    from specport.runtime.speculative.tree import TreeSpeculativeGenerator
+
+    model = specport.load(tree_eagle, threads=1)
+    nodes = 0
+    for prompt in PROMPTS:
+        plain = model.generate(prompt_ids=prompt, max_new_tokens=24, greedy=True)
+        head = make_eagle_proposer(model, tree=True)
+        gen = TreeSpeculativeGenerator(
+            model.session,
+            model.manifest,
+            3,
+            width,
+            candidates=functools.partial(head.tree_paths, min_prob=0.0),
+            observer=head.observe_path,
+            method="eagle-tree",
+        )
+        out = gen.generate(prompt, 24, eos_ids=model.manifest.eos_token_ids)
+        assert list(out.tokens) == list(plain.tokens), prompt
+        nodes += int(out.metrics["speculative"]["drafted"])
+        # the public path (probability cut on) is exact too
+        api = model.generate(
+            prompt_ids=prompt, max_new_tokens=24, greedy=True, speculative="eagle",
+            num_draft=3, tree_width=width,
+        )  # fmt: skip
+        assert list(api.tokens) == list(plain.tokens), prompt
+    assert nodes > 0
+
+
 def test_an_artifact_without_a_head_gets_the_command_that_makes_one(tiny_llama_artifact):
     import specport
     from specport.errors import SpecportError
@@ -186,3 +226,41 @@ def test_a_plain_step_between_proposals_keeps_the_pairing():
     proposer.propose([context], 1)
     assert session.calls[-1]["input_ids"].tolist() == [[30, 31]]
     assert session.calls[-1]["features"][0, :, 0].tolist() == [1.0, 2.0]
+
+
+class _TreeSession:
+    """A fake draft graph for trees: the same draft distribution after every input (0.6 /
+    0.3 / 0.08 / 0.02 over draft rows 0..3), any batch; records the batch of each run."""
+
+    probs = np.array([0.6, 0.3, 0.08, 0.02])
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def run(self, _names: Any, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        ids, past = feed["input_ids"], feed["past_key"]
+        n, s = ids.shape
+        self.batches.append(n)
+        present = np.concatenate([past, np.zeros((n, 1, s, 2), np.float32)], 2)
+        logits = np.tile(np.log(self.probs), (n, 1))
+        return [np.zeros(n, np.int64), logits, feed["hidden_in"] * 0 + 1, present, present]
+
+
+def test_a_tree_is_the_heads_beam_best_first_cut_below_min_prob():
+    cfg = {"hidden": 4, "feature_layers": 3, "kv_heads": 1, "head_dim": 2, "draft_vocab": 4}
+    manifest = SimpleNamespace(extra={"eagle": {"graph": "g", "config": {**cfg, "vocab": 16}}})
+    session = _TreeSession()
+    head = EagleProposer(session, manifest, draft_ids=np.array([10, 11, 12, 13]))  # type: ignore[arg-type]
+    head.observe_prefill(_features([0]))
+    # depth 1: 10 (0.6), 11 (0.3); depth 2 beam of 2: 10,10 (0.36), 10,11 (0.18)
+    assert head.tree_paths([7, 8], depth=2, width=2, min_prob=0.0) == [
+        [10], [10, 10], [11], [10, 11]
+    ]  # fmt: skip
+    assert session.batches == [1, 2]  # one run per depth, the beam batched
+    assert head.past_key.shape[2] == 1  # only the real position stays in the head's KV
+    head.observe_path(_features([1, 2, 3]), [0, 2])  # the run accepted the root and node 2
+    assert head.pending[-1][:, 0].tolist() == [1.0, 3.0]
+    # a cut at 0.2 keeps 10, 11 and 10,10; at 0.7 nothing (a plain step)
+    assert head.tree_paths([7, 8, 10, 42], 2, 2, min_prob=0.2) == [[10], [10, 10], [11]]
+    head.observe_path(_features([4]), [0])
+    assert head.tree_paths([7, 8, 10, 42, 5], 2, 2, min_prob=0.7) == []

@@ -160,7 +160,7 @@ def test_width_one_beam_is_the_chain_branch_drafts(arts):
         hidden = verify.run([HIDDEN_OUTPUT], prefill_feeds(verify, ids_arr))[0]  # [1, S, H]
         source = MTPTreeCandidates(heads, heads_graph_record(mtp.manifest), 3)
         assert source([*ids, bonus], 3, 1) == []  # nothing observed yet: no candidates
-        source.observe({HIDDEN_OUTPUT: hidden}, accepted)
+        source.observe({HIDDEN_OUTPUT: hidden}, [accepted])  # the path ends at that row
         paths = source([*ids, bonus], 3, 1)
         assert paths[-1] == outs["mtp_drafts"][0].tolist()
         assert [len(p) for p in paths] == [1, 2, 3]
@@ -168,7 +168,7 @@ def test_width_one_beam_is_the_chain_branch_drafts(arts):
         assert len(wide) == 8 and len({tuple(p) for p in wide}) == 8
         assert all(p[:1] in wide[:4] for p in wide[4:])
         sure = MTPTreeCandidates(heads, heads_graph_record(mtp.manifest), 3, min_prob=0.999)
-        sure.observe({HIDDEN_OUTPUT: hidden}, accepted)
+        sure.observe({HIDDEN_OUTPUT: hidden}, [accepted])
         assert sure([*ids, bonus], 3, 4) == []  # no path that likely: the root alone
 
 
@@ -184,7 +184,7 @@ def test_penalty_and_seeded_sampling(arts):
     a = generate_tree(mtp, ids, 20, 3, 3, cfg, method="mtp")[0]
     assert a == generate_tree(mtp, ids, 20, 3, 3, cfg, method="mtp")[0]  # seeded: reproducible
     assert len(a) == 20 and all(0 <= t < mtp.manifest.vocab_size for t in a)
-    with pytest.raises(InputError, match="ngram or mtp"):
+    with pytest.raises(InputError, match="ngram, mtp or eagle"):
         generate_tree(mtp, ids, 4, 3, 2, method="draft")
     with pytest.raises(InputError, match="has 3"):
         generate_tree(mtp, ids, 4, 4, 2, method="mtp")
