@@ -155,6 +155,11 @@ def quantize_draft(graph: Path, out: Path) -> None:
 
     from specport.errors import ExportError
 
+    # the quantizer advises pre-processing through the root logger (which also installs a
+    # stderr handler when there is none): neither belongs on the user's terminal
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    root.setLevel(logging.ERROR)
     try:
         quantize_dynamic(
             str(graph),
@@ -165,6 +170,11 @@ def quantize_draft(graph: Path, out: Path) -> None:
         )
     except Exception as e:  # noqa: BLE001 - the quantizer raises many kinds
         raise ExportError(f"quantizing the EAGLE draft head to int8 failed: {e}") from e
+    finally:
+        root.setLevel(level)
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
 
 
 def eagle_record(
