@@ -115,14 +115,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Terminated:
         print("terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
+    except Exception:
+        if not _TERMINATING:
+            return _report_error(args)
+        # the handler raised inside a library that turned it into its own error (numpy's
+        # shape discovery reports "could not determine the shape ..." in its place): still
+        # a termination, and every `finally` above has run on the way out
+        print("terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _report_error(args: argparse.Namespace) -> int:
+    """One line for the error being handled, and the exit code."""
+    try:
+        raise
     except SpecportError as e:
         _report(args, str(e), type(e).__name__)
         if e.exit_code == 2:
             print(f"(see: specport {args.command} --help)", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # e.g. `specport generate ... | head -1`
         _silence_stdout()
         return 0
@@ -145,9 +162,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             type(e).__name__,
         )
         return 1
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 class Terminated(BaseException):
@@ -156,7 +170,12 @@ class Terminated(BaseException):
     A BaseException, like KeyboardInterrupt, so no `except Exception` swallows it."""
 
 
+_TERMINATING = False  # set by the SIGTERM handler: the process is being stopped
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    global _TERMINATING
+    _TERMINATING = True
     raise Terminated
 
 

@@ -33,3 +33,17 @@ def test_sigterm_during_export_leaves_nothing_behind(tiny_zoo, tmp_path: Path) -
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "terminated" in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no artifact, no temp folder
+
+
+def test_an_error_while_terminating_still_ends_as_terminated(monkeypatch, tmp_path, capsys):
+    """A SIGTERM that a library turned into its own error (numpy's shape discovery reports
+    "could not determine the shape ..." in its place) ends as a termination, not a bug report."""
+    from specport import cli
+
+    monkeypatch.setattr(cli, "_TERMINATING", True)
+    assert cli.main(["inspect", str(tmp_path / "missing")]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert "terminated" in err and "bug" not in err
+    monkeypatch.setattr(cli, "_TERMINATING", False)
+    assert cli.main(["inspect", str(tmp_path / "missing")]) != 128 + signal.SIGTERM
+    assert "terminated" not in capsys.readouterr().err
