@@ -34,12 +34,14 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.errors import InputError
 from specport.runtime.speculative.base import Drafts, ProposerBase
+from specport.runtime.speculative.token_tree import beam_step
 
 logger = logging.getLogger(__name__)
 
 FEATURES = "eagle_features"
 # A tree path the head gives a lower cumulative probability is left out: every scored node
-# costs target time (SmolLM2-135M, 2 threads: ~4 ms per extra node on a ~50 ms verify run)
+# costs target time. The MTP trees' cut (runtime.speculative.mtp_tree.MIN_PROB, measured
+# there), not tuned for EAGLE heads, which are over-confident on unseen chat (see the guide)
 MIN_PROB = 0.05
 
 
@@ -110,7 +112,8 @@ class EagleProposer(ProposerBase):
         feats = outputs.get(self.features_name)
         if feats is None:
             return  # a loop that shows no outputs: later drafts attend to fewer positions
-        self.pending.append(np.array(feats[0, path], dtype=np.float32))
+        # indexing with a list copies (the run's buffers are reused)
+        self.pending.append(np.asarray(feats[0, path], dtype=np.float32))
 
     def draft_cost(self, target: Any) -> float:
         # one position of one layer plus a draft-vocabulary head, against the target's step
@@ -155,15 +158,11 @@ class EagleProposer(ProposerBase):
             logp = _log_softmax(logits)  # [n, Vd]
             k = min(width, logp.shape[1])
             top = np.argpartition(-logp, k - 1, axis=1)[:, :k]  # [n, k] each path's best k
-            total = scores[:, None] + np.take_along_axis(logp, top, 1)
-            best = np.argsort(-total, axis=None, kind="stable")[:width]
-            best = best[total.ravel()[best] >= min_logp]
-            if best.size == 0:
+            top_logp = np.take_along_axis(logp, top, 1)
+            step = beam_step(paths, scores, self.draft_ids[top], top_logp, width, min_logp)
+            if step is None:
                 break
-            rows, cols = np.unravel_index(best, total.shape)
-            tokens = self.draft_ids[top[rows, cols]]
-            paths = [[*paths[r], int(t)] for r, t in zip(rows.tolist(), tokens.tolist())]
-            scores = total[rows, cols]
+            rows, paths, scores = step
             hidden, key, value = hidden[rows], key[rows], value[rows]
             out.extend(zip(scores.tolist(), paths))
         out.sort(key=lambda sp: -sp[0])  # a prefix scores at least its extensions: first

@@ -34,6 +34,7 @@ import numpy as np
 from specport.errors import InputError
 from specport.runtime.speculative.loop import check_num_draft
 from specport.runtime.speculative.mtp import mtp_info
+from specport.runtime.speculative.token_tree import beam_step
 from specport.runtime.speculative.tree import (
     TreeSpeculativeGenerator,
     check_tree_width,
@@ -100,16 +101,11 @@ class MTPTreeCandidates:
         out: list[list[int]] = []
         for d in range(min(depth, self.num_heads)):
             nxt, ids, logp = self._run(d, hidden, tokens)  # [n, H], [n, W], [n, W]
-            ids, logp = ids[:, :width], logp[:, :width]
-            total = scores[:, None] + logp  # [n, W] cumulative log-probability
-            best = np.argsort(-total, axis=None, kind="stable")[:width]
-            best = best[total.ravel()[best] >= self.min_logp]
-            if best.size == 0:
+            step = beam_step(paths, scores, ids[:, :width], logp[:, :width], width, self.min_logp)
+            if step is None:
                 break
-            rows, cols = np.unravel_index(best, total.shape)
-            paths = [[*paths[r], int(ids[r, c])] for r, c in zip(rows.tolist(), cols.tolist())]
-            scores = total[rows, cols]
-            hidden, tokens = nxt[rows], ids[rows, cols]
+            rows, paths, scores = step
+            hidden, tokens = nxt[rows], np.asarray([p[-1] for p in paths], dtype=np.int64)
             out.extend(paths)
         return out
 

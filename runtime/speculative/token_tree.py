@@ -89,6 +89,28 @@ class TokenTree:
         )
 
 
+def beam_step(
+    paths: list[list[int]],  # the beam's n paths so far
+    scores: np.ndarray,  # [n] their cumulative log-probabilities
+    ids: np.ndarray,  # [n, k] each path's candidate next tokens
+    logp: np.ndarray,  # [n, k] their log-probabilities
+    width: int,
+    min_logp: float,
+) -> tuple[np.ndarray, list[list[int]], np.ndarray] | None:
+    """One depth of a token-tree beam (MTP heads, an EAGLE head): the ``width`` best
+    extensions of ``paths`` by cumulative log-probability, those below ``min_logp`` dropped.
+    Returns (the kept extensions' parent rows, their paths, their scores), best first, or
+    None when none is left (the tree stops at this depth)."""
+    total = scores[:, None] + logp  # [n, k]
+    best = np.argsort(-total, axis=None, kind="stable")[:width]
+    best = best[total.ravel()[best] >= min_logp]
+    if best.size == 0:
+        return None
+    rows, cols = np.unravel_index(best, total.shape)
+    kept = [[*paths[r], int(ids[r, c])] for r, c in zip(rows.tolist(), cols.tolist())]
+    return rows, kept, total[rows, cols]
+
+
 def ngram_candidates(
     tokens: Sequence[int] | np.ndarray,  # [L] the context so far
     length: int,
