@@ -13,7 +13,8 @@ the labels) are written to one directory::
     done.json                        written last: the cache is complete
 
 ``done.json`` is written last, so an interrupted run recomputes the cache rather than train on
-half of it; the training checkpoint beside it makes a rerun resume.
+half of it; the training checkpoint beside it makes a rerun resume. A rerun on more sequences
+copies the ones the cache holds and runs only the others.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -102,46 +105,89 @@ def build_cache(
     run_target: RunTarget,
     progress: bool | None = None,
 ) -> FeatureCache:
-    """Run every sequence through the target once and write the cache (see the module doc)."""
+    """Run every sequence through the target once and write the cache (see the module doc).
+
+    Sequences that a complete cache already in ``directory`` holds are copied from it, not run
+    again (a training run on more data pays only for the new sequences); the new cache is
+    written beside it and replaces it only once complete."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / DONE).unlink(missing_ok=True)
+    old = open_cache(d) if is_complete(d) else None
+    reuse = _rows_by_sequence(old) if old is not None else {}
+    if old is not None and old.features.shape[1] != feature_dim:
+        reuse = {}
+    new = d.with_name(d.name + ".new")
+    new.mkdir(parents=True, exist_ok=True)
+    (new / DONE).unlink(missing_ok=True)
     t0 = time.perf_counter()
     lengths = np.array([len(s) for s in sequences], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     total = int(offsets[-1])
     feats = np.lib.format.open_memmap(
-        d / "features.npy", mode="w+", dtype=np.float16, shape=(total, feature_dim)
+        new / "features.npy", mode="w+", dtype=np.float16, shape=(total, feature_dim)
     )
     tokens = np.zeros(total, dtype=np.int64)
     choices = np.zeros(total, dtype=np.int64)
+    copied = 0
     with Loop(total, "computing the target's features", show=progress) as loop:
         for i, seq in enumerate(sequences):
             a, b = int(offsets[i]), int(offsets[i + 1])
-            f, c = run_target(list(seq))
-            feats[a:b] = f.astype(np.float16)
+            rows = reuse.get(tuple(int(t) for t in seq))
+            if rows is not None and old is not None:
+                feats[a:b] = old.features[rows[0] : rows[1]]
+                choices[a:b] = old.choices[rows[0] : rows[1]]
+                copied += b - a
+            else:
+                f, c = run_target(list(seq))
+                feats[a:b] = f.astype(np.float16)
+                choices[a:b] = c
             tokens[a:b] = seq
-            choices[a:b] = c
             loop.update(b - a)
     feats.flush()
     del feats
-    np.save(d / "tokens.npy", tokens)
-    np.save(d / "choices.npy", choices)
-    np.save(d / "offsets.npy", offsets)
-    np.save(d / "prompts.npy", np.asarray(prompt_lens, dtype=np.int64))
-    seconds = round(time.perf_counter() - t0, 3)
-    (d / DONE).write_text(
+    np.save(new / "tokens.npy", tokens)
+    np.save(new / "choices.npy", choices)
+    np.save(new / "offsets.npy", offsets)
+    np.save(new / "prompts.npy", np.asarray(prompt_lens, dtype=np.int64))
+    seconds = time.perf_counter() - t0
+    if old is not None and copied:  # what the copied rows cost when they were computed
+        before = build_seconds(d) or 0.0
+        seconds += before * copied / max(int(old.offsets[-1]), 1)
+    (new / DONE).write_text(
         json.dumps(
             {
                 "sequences": len(sequences),
                 "positions": total,
-                "seconds": seconds,
+                "seconds": round(seconds, 3),
                 "key": sequences_key(sequences),
             }
         )
     )
-    logger.info("feature cache: %d sequences, %d positions in %s", len(sequences), total, d)
+    del old
+    if d.exists():
+        stale = d.with_name(d.name + ".old")
+        shutil.rmtree(stale, ignore_errors=True)
+        os.replace(d, stale)
+        os.replace(new, d)
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        os.replace(new, d)
+    logger.info(
+        "feature cache: %d sequences, %d positions (%d copied from the earlier cache) in %s",
+        len(sequences),
+        total,
+        copied,
+        d,
+    )
     return open_cache(d)
+
+
+def _rows_by_sequence(cache: FeatureCache) -> dict[tuple[int, ...], tuple[int, int]]:
+    """token ids of each cached sequence -> its rows."""
+    out = {}
+    for i in range(cache.num_sequences):
+        a, b = int(cache.offsets[i]), int(cache.offsets[i + 1])
+        out[tuple(int(t) for t in cache.tokens[a:b])] = (a, b)
+    return out
 
 
 def frequent_choices(cache: FeatureCache, rows: Sequence[int], size: int, vocab: int) -> np.ndarray:

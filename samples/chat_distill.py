@@ -91,15 +91,120 @@ REWRITES = [
 ]
 
 
+# The broader part of the collection: other kinds of request, other subjects and other texts
+# to rewrite, so that a head trained on it meets more than 16 phrasings of a question.
+MORE_TOPICS = [
+    "the railway", "penguins", "the piano", "wool", "lighthouses", "the metric system",
+    "rainbows", "volcanic islands", "umbrellas", "the alphabet", "milk", "a city park",
+    "wolves", "the calendar", "soap", "tides", "owls", "fire", "the post office", "kites",
+    "elephants", "glass", "paper", "the moon landing", "hiking", "sunscreen", "compost",
+    "traffic lights", "the violin", "rice", "ants", "thunderstorms", "a first job interview",
+    "learning to swim", "moving to a new city", "a birthday party", "the weekend",
+    "a rainy day", "the library card", "a job in a bakery", "a small business", "a road trip",
+    "the first day of school", "meditation", "drinking water", "cats", "dogs", "horses",
+    "the desert fox", "ice cream", "the alarm clock", "the microwave oven", "a vegetable garden",
+    "the night sky", "a budget", "online shopping", "passwords", "board games", "museums",
+    "the seaside",
+]  # fmt: skip
+MORE_TEMPLATES = [
+    "Can you tell me about {t}?",
+    "I want to learn about {t}. Where should I start?",
+    "Give me some tips about {t}.",
+    "What is the history of {t}?",
+    "Write a haiku about {t}.",
+    "Write a limerick about {t}.",
+    "Explain {t} in simple terms.",
+    "Give me a fun fact about {t}.",
+    "What are some myths about {t}?",
+    "Write a short dialogue between two friends about {t}.",
+    "Write three quiz questions about {t}, with the answers.",
+    "How has {t} changed over the last hundred years?",
+    "Write a short speech about {t}.",
+    "What jobs have to do with {t}?",
+    "Describe a day in the life of someone who works with {t}.",
+    "Write a news headline and a short article about {t}.",
+    "How would you explain {t} to someone from the year 1800?",
+    "Write a diary entry about {t}.",
+    "What should a beginner know about {t}?",
+    "Is {t} good or bad? Give both sides.",
+    "Write an advert for {t}.",
+    "Write a thank-you note that mentions {t}.",
+    "Make a short to-do list about {t}.",
+    "Answer in one sentence: what is {t}?",
+]
+MORE_PARAGRAPHS = [
+    "Our café is open from seven to three every day except Monday. We bake our bread each "
+    "morning, and the soup changes every week. Dogs are welcome on the terrace, and we take "
+    "cards and cash.",
+    "dear parents, the swimming lessons start again on the fourth of may. children need a "
+    "towel, a swimming cap and a bottle of water. the lesson lasts forty minutes and parents "
+    "can watch from the gallery.",
+    "The moon has no air and no liquid water. Its surface is covered in grey dust and craters "
+    "made by rocks from space. Because it has no wind, the footprints left by astronauts in "
+    "1969 are probably still there today.",
+    "To plant a tree, dig a hole twice as wide as its roots and just as deep. Put the tree in "
+    "the middle, fill the hole with soil, and press it down gently. Water the tree well every "
+    "week during its first summer.",
+    "The museum has three floors. The ground floor shows old tools and farm machines, the "
+    "first floor has paintings from the town, and the top floor is for children, with games "
+    "and a small theatre. Entry is free on Sundays.",
+    "Please remember that the office will be closed on Friday for cleaning. The printers "
+    "will be moved to the second floor, and the kitchen will get a new fridge. Take your food "
+    "home on Thursday evening.",
+    "Penguins cannot fly, but they are excellent swimmers. They use their wings like flippers "
+    "and can dive deep to catch fish. Most penguins live in the southern half of the world, "
+    "and some live on the ice of Antarctica all year.",
+    "Before a long drive, check the tyres, the oil and the lights. Plan a stop every two "
+    "hours, drink water, and never drive when you feel tired. Keep a phone charger and a "
+    "blanket in the car in case of a breakdown.",
+    "my brother and me went to the beach yesterday. we swims in the sea and ate ice cream, "
+    "then it start raining so we run back to the car. it was a fun day anyway",
+    "The town council will build a new cycle path along the river next spring. It will be "
+    "four kilometres long and link the station to the university. Work starts in March and "
+    "should be finished before the summer holidays.",
+    "Green tea comes from the same plant as black tea. The leaves are heated soon after they "
+    "are picked, which keeps them green. It has less caffeine than coffee, and many people "
+    "drink it without milk or sugar.",
+    "A good night's sleep helps the brain store what it learned during the day. Children need "
+    "about ten hours, teenagers about nine and adults seven to eight. Screens in the bedroom "
+    "make it harder to fall asleep.",
+]
+MORE_REWRITES = [
+    "Summarise this text:\n{p}",
+    "Make this text shorter:\n{p}",
+    "Rewrite this text so that it is easier to read:\n{p}",
+    "Put this text into bullet points:\n{p}",
+    "Correct the mistakes in this text:\n{p}",
+    "Write this text again as a short poem:\n{p}",
+    "What is the main idea of this text?\n{p}",
+    "Ask three questions about this text:\n{p}",
+    "Give this text a title:\n{p}",
+    "Rewrite this text as if you were talking to a friend:\n{p}",
+]
+CORE = 768  # the first part of the collection, unchanged since the collection had only it
+
+
 def prompts() -> list[str]:
     """Every message, in a fixed shuffled order: `--sequences N` (the first N) then covers
-    every kind of question and rewriting task, not only the first templates."""
+    every kind of question and rewriting task, not only the first templates.
+
+    The first ``CORE`` are the first collection's (16 question templates over 96 subjects and
+    6 rewrites of 8 texts), in the order they always had, so training data of ``--sequences
+    768`` is what it was; the rest mixes those with the broader set (``MORE_*``): 24 other
+    kinds of request, 60 more subjects and 10 rewrites of 20 texts."""
     import random
 
-    out = [tpl.format(t=t) for tpl in TEMPLATES for t in TOPICS]
-    out += [tpl.format(p=p) for tpl in REWRITES for p in PARAGRAPHS]
-    random.Random(0).shuffle(out)
-    return out
+    first = [tpl.format(t=t) for tpl in TEMPLATES for t in TOPICS]
+    first += [tpl.format(p=p) for tpl in REWRITES for p in PARAGRAPHS]
+    random.Random(0).shuffle(first)
+    topics = TOPICS + MORE_TOPICS
+    rest = first[CORE:]
+    rest += [tpl.format(t=t) for tpl in TEMPLATES for t in MORE_TOPICS]
+    rest += [tpl.format(t=t) for tpl in MORE_TEMPLATES for t in topics]
+    rest += [tpl.format(p=p) for tpl in REWRITES for p in MORE_PARAGRAPHS]
+    rest += [tpl.format(p=p) for tpl in MORE_REWRITES for p in PARAGRAPHS + MORE_PARAGRAPHS]
+    random.Random(1).shuffle(rest)
+    return first[:CORE] + rest
 
 
 def main(argv: list[str] | None = None) -> int:

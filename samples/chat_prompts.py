@@ -60,6 +60,47 @@ CHAT_PROMPTS: list[dict[str, str]] = [
 ]
 
 
-def chat_prompts(kind: str | None = None) -> list[str]:
-    """The prompt texts, all or only one kind (question | instruction | rewrite)."""
-    return [p["text"] for p in CHAT_PROMPTS if kind is None or p["kind"] == kind]
+PARAGRAPH_GARDEN = (
+    "The community garden on Elm Street has forty small plots. Anyone who lives nearby can rent "
+    "one for a year. Tools are kept in the green shed, the water is free, and there is a "
+    "meeting on the first Saturday of every month to plan the work."
+)
+PARAGRAPH_NOTICE = (
+    "dear customers, from next monday the shop will open at 9 instead of 8. we are sorry for "
+    "any trouble. the bakery counter stays the same and you can still order cakes by phone "
+    "or on our website"
+)
+PARAGRAPH_SALT = (
+    "Salt was once so valuable that it was used as money. Roman soldiers were sometimes paid "
+    "with it, and cities grew up along the roads that carried it. Today most salt comes from "
+    "mines or from drying sea water in shallow pools."
+)
+
+# A second set of 16, for checking that a drafter tuned on the first set also pays on
+# requests it has not seen: the same three kinds, other wording, other texts. Neither set is
+# in the training collection of ``samples.chat_distill``.
+MORE_CHAT_PROMPTS: list[dict[str, str]] = [
+    {"kind": "question", "text": "How many legs does a spider have?"},
+    {"kind": "question", "text": "Why do leaves change colour in autumn?"},
+    {"kind": "question", "text": "What is the difference between weather and climate?"},
+    {"kind": "question", "text": "How does a refrigerator keep food cold?"},
+    {"kind": "question", "text": "Who invented the telephone, and when?"},
+    {"kind": "instruction", "text": "Write a four-line poem about a lost umbrella."},
+    {"kind": "instruction", "text": "Suggest a name for a small bakery and explain why."},
+    {"kind": "instruction", "text": "Give me a simple recipe for pancakes."},
+    {"kind": "instruction", "text": "Write a short message thanking a teacher."},
+    {"kind": "instruction", "text": "Describe a sunset to someone who has never seen one."},
+    {"kind": "rewrite", "text": f"Summarise this in one sentence:\n\n{PARAGRAPH_GARDEN}"},
+    {"kind": "rewrite", "text": f"Make this notice polite and correct:\n\n{PARAGRAPH_NOTICE}"},
+    {"kind": "rewrite", "text": f"Explain this paragraph to a child:\n\n{PARAGRAPH_SALT}"},
+    {"kind": "rewrite", "text": f"List the facts in this paragraph:\n\n{PARAGRAPH_GARDEN}"},
+    {"kind": "rewrite", "text": f"Rewrite this in the future tense:\n\n{PARAGRAPH_SALT}"},
+    {"kind": "rewrite", "text": f"Give this notice a subject line:\n\n{PARAGRAPH_NOTICE}"},
+]
+
+
+def chat_prompts(kind: str | None = None, *, more: bool = False) -> list[str]:
+    """The prompt texts, all or only one kind (question | instruction | rewrite), of the
+    benchmark set or (``more``) of the second set."""
+    rows = MORE_CHAT_PROMPTS if more else CHAT_PROMPTS
+    return [p["text"] for p in rows if kind is None or p["kind"] == kind]

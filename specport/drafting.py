@@ -16,7 +16,7 @@ The answers, the feature cache and the last checkpoint stay in ``OUT.training`` 
 artifact, not in it: the artifact holds what its manifest lists and hashes), so the same
 command with a larger ``minutes`` continues training the head of an existing ``OUT`` without
 recomputing the data (``keep_data=False`` or ``rm -r OUT.training`` frees the disk; for
-SmolLM2-135M's 768 answers it is about 0.5 GB). The input artifact is never written to; an
+SmolLM2-135M's 2,048 answers it is about 1.2 GB). The input artifact is never written to; an
 existing ``OUT`` is only ever the result of an earlier run on the same input, whose draft graph
 and manifest a longer run replaces.
 """
@@ -40,8 +40,9 @@ from specport.progress import Stages
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SEQUENCES = 768
+DEFAULT_SEQUENCES = 2048  # 768 learned the collection's templates, not chat (docs: Measured)
 AUTO_DRAFT_VOCAB = 8192
+FEATURE_NOISE = 0.0  # exporter.eagle_train.noisy: noise on the features, x each block's RMS
 RUN_FILE = "run.json"  # in the training folder: the input this data belongs to
 
 
@@ -156,7 +157,7 @@ def _train_draft(
         else build_cache(cache_dir, seqs, [len(p) for p in prompts], dim, _runner(target), progress)
     )
     feature_seconds = time.perf_counter() - t0
-    chat = _chat_cache(src, target, work, new_tokens, dim, progress)
+    chat = _chat_caches(src, target, work, new_tokens, dim, progress)
 
     stages.start(f"training the draft head ({minutes:g} minutes)")
     head, report = _train(
@@ -171,7 +172,7 @@ def _train_draft(
         threads,
         progress,
         max_steps,
-        {} if chat is None else {"chat_prompts": chat},
+        chat,
     )
 
     stages.start("writing the draft graph")
@@ -369,52 +370,88 @@ def _prompts(src: Path, model: Any, data: Any, limit: int) -> list[list[int]]:
 def _answers(
     work: Path, model: Any, prompts: list[list[int]], new_tokens: int, name: str = "answers.json"
 ) -> tuple[list[list[int]], float | None]:
-    """The model's greedy answers and the seconds they took (kept in the training folder: a
-    rerun does not decode again, and reports the seconds of the run that did)."""
+    """The model's greedy answers and the seconds they took, kept in the training folder: a
+    rerun decodes only the prompts it has no answer for (a larger ``--sequences`` or another
+    ``--data`` adds to what is there), and reports the seconds the answers it uses cost when
+    they were decoded (pro rata to their tokens when it uses part of a batch's)."""
     from specport.exporter.mtp_data import greedy_answers
 
     path = work / name
+    known: dict[tuple[int, ...], list[int]] = {}
+    spent = 0.0  # seconds the answers in `known` took
     if path.is_file():
         saved = json.loads(path.read_text())
-        if saved.get("prompts") == prompts and saved.get("new_tokens") == new_tokens:
-            return [list(a) for a in saved["answers"]], saved.get("seconds")
-    t0 = time.perf_counter()
-    answers: list[list[int]] = []
-    for _, batch in greedy_answers(model, prompts, new_tokens, batch=32, desc="answering"):
-        answers.extend(batch)
-    seconds = round(time.perf_counter() - t0, 3)  # ms: a tiny model's answers take < 0.1 s
-    record = {"prompts": prompts, "new_tokens": new_tokens, "answers": answers, "seconds": seconds}
-    path.write_text(json.dumps(record))
-    return answers, seconds
+        if saved.get("new_tokens") == new_tokens:
+            known = {tuple(p): list(a) for p, a in zip(saved["prompts"], saved["answers"])}
+            spent = float(saved.get("seconds") or 0.0)
+    todo = list({tuple(p): None for p in prompts if tuple(p) not in known})
+    if todo:
+        logger.info(
+            "answering %d prompts (%d answered before)", len(todo), len(prompts) - len(todo)
+        )
+        t0 = time.perf_counter()
+        for chunk, batch in greedy_answers(
+            model, [list(p) for p in todo], new_tokens, batch=32, desc="answering"
+        ):
+            known.update({tuple(p): list(a) for p, a in zip(chunk, batch)})
+        spent += time.perf_counter() - t0
+        record = {
+            "prompts": [list(p) for p in known],
+            "new_tokens": new_tokens,
+            "answers": list(known.values()),
+            "seconds": round(spent, 3),  # ms: a tiny model's answers take < 0.1 s
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    answers = [known[tuple(p)] for p in prompts]
+    if not known:
+        return answers, None
+    held = sum(len(a) for a in known.values()) or 1
+    share = sum(len(a) for a in answers) / held
+    return answers, round(spent * share, 3)
 
 
-def _chat_cache(
+def _chat_caches(
     src: Path, model: Any, work: Path, new_tokens: int, dim: int, progress: bool | None
-) -> Any:
-    """The feature cache of the model's answers to the 16 chat prompts ``bench --prompt-set
-    chat`` runs (``samples.chat_prompts``), an evaluation set unlike the training collection
-    (whose held-out split shares its templates and rewritten paragraphs); None for a model
-    without a chat template."""
+) -> dict[str, Any]:
+    """Feature caches of the model's answers to the two chat sets of ``samples.chat_prompts``,
+    evaluation sets unlike the training collection (whose held-out split shares its templates
+    and rewritten texts): ``chat_prompts``, the 16 ``bench --prompt-set chat`` runs, and
+    ``more_chat_prompts``, 16 others (``--prompt-set chat-more``), which show whether what was
+    tuned on the first set holds on requests nobody tuned on. Empty for a model without a chat
+    template."""
     from specport.chat_template import load_chat_template
     from specport.exporter.eagle_cache import build_cache, is_complete, open_cache
     from specport.samples.chat_prompts import chat_prompts
 
     template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
     if template is None:
-        return None
+        return {}
     from specport.runtime.kv.seq_cache import context_limit
 
     limit = context_limit(model.manifest) - new_tokens
-    prompts = [template.render_ids([{"role": "user", "content": t}]) for t in chat_prompts()]
     if limit < 8:
-        return None
-    prompts = [p[-limit:] for p in prompts]  # a short context keeps the end of the template
-    answers, _ = _answers(work, model, prompts, new_tokens, "chat_answers.json")
-    seqs = [p + a for p, a in zip(prompts, answers)]
-    cache_dir = work / "chat_features"
-    if is_complete(cache_dir, seqs):
-        return open_cache(cache_dir)
-    return build_cache(cache_dir, seqs, [len(p) for p in prompts], dim, _runner(model), progress)
+        return {}
+    caches = {}
+    for name, more, folder in (
+        ("chat_prompts", False, "chat"),
+        ("more_chat_prompts", True, "more_chat"),
+    ):
+        texts = chat_prompts(more=more)
+        prompts = [template.render_ids([{"role": "user", "content": t}]) for t in texts]
+        prompts = [p[-limit:] for p in prompts]  # a short context keeps the end of the template
+        answers, _ = _answers(work, model, prompts, new_tokens, f"{folder}_answers.json")
+        seqs = [p + a for p, a in zip(prompts, answers)]
+        cache_dir = work / f"{folder}_features"
+        caches[name] = (
+            open_cache(cache_dir)
+            if is_complete(cache_dir, seqs)
+            else build_cache(
+                cache_dir, seqs, [len(p) for p in prompts], dim, _runner(model), progress
+            )
+        )
+    return caches
 
 
 def _feature_dim(model: Any) -> int:
@@ -503,6 +540,7 @@ def _train(
             max_steps=max_steps,
             threads=max(1, threads),
             also=also,
+            feature_noise=FEATURE_NOISE,
         )
     finally:
         torch.set_num_threads(saved_threads)

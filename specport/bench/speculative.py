@@ -56,7 +56,7 @@ PROMPT_SETS: dict[str, list[str]] = {
     ],
 }
 # Chat prompt sets (``samples.chat_prompts``): rendered with the artifact's chat template.
-CHAT_SETS = ("chat", "chat-question", "chat-instruction", "chat-rewrite")
+CHAT_SETS = ("chat", "chat-question", "chat-instruction", "chat-rewrite", "chat-more")
 
 
 def chat_prompt_ids(model: Any, prompt_set: str) -> list[list[int]]:
@@ -67,8 +67,10 @@ def chat_prompt_ids(model: Any, prompt_set: str) -> list[list[int]]:
         raise InputError(
             f"--prompt-set {prompt_set} needs a model with a chat template; use story or copy."
         )
-    kind = prompt_set.split("-", 1)[1] if "-" in prompt_set else None
-    return [template.render_ids([{"role": "user", "content": t}]) for t in chat_prompts(kind)]
+    more = prompt_set == "chat-more"  # the second set, unseen by drafters tuned on the first
+    kind = prompt_set.split("-", 1)[1] if "-" in prompt_set and not more else None
+    texts = chat_prompts(kind, more=more)
+    return [template.render_ids([{"role": "user", "content": t}]) for t in texts]
 
 
 @dataclass

@@ -127,7 +127,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     spec.add_argument(
         "--prompt-set",
         help="built-in prompts when no --prompt: story (default) | copy | chat (16 chat "
-        "prompts, chat template) | chat-question | chat-instruction | chat-rewrite; with "
+        "prompts, chat template) | chat-question | chat-instruction | chat-rewrite | chat-more "
+        "(16 other chat prompts, to check a drafter tuned on chat); with "
         "--requests: the requests' prompts (default: random ids said twice)",
     )
     load = p.add_argument_group(

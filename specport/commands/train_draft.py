@@ -12,6 +12,7 @@ import argparse
 import specport
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE, int_at_least, int_between
+from specport.drafting import DEFAULT_SEQUENCES
 
 
 def _minutes(text: str) -> float:
@@ -62,8 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--sequences",
         type=int_at_least(16),
-        default=768,
-        help="prompts to answer for training (default 768)",
+        default=DEFAULT_SEQUENCES,
+        help=f"prompts to answer for training (default {DEFAULT_SEQUENCES}); a rerun with more "
+        "answers only the new ones",
     )
     p.add_argument(
         "--new-tokens", type=POSITIVE, default=128, help="tokens per answer (default 128)"
@@ -119,13 +121,17 @@ def run(args: argparse.Namespace) -> int:
             f"acceptance per position [{rates}], {held['expected_tokens_per_step']} tokens per "
             f"verify step expected. Run it with --speculative eagle."
         )
-        chat = training.get("chat_prompts")
-        if chat:
-            rates = ", ".join(f"{r:.2f}" for r in chat["acceptance_per_position"])
-            print(
-                f"on the benchmark's chat prompts (bench --prompt-set chat): acceptance per "
-                f"position [{rates}], {chat['expected_tokens_per_step']} tokens per step"
-            )
+        for key, label in (
+            ("chat_prompts", "the benchmark's chat prompts (bench --prompt-set chat)"),
+            ("more_chat_prompts", "16 other chat prompts (--prompt-set chat-more)"),
+        ):
+            chat = training.get(key)
+            if chat:
+                rates = ", ".join(f"{r:.2f}" for r in chat["acceptance_per_position"])
+                print(
+                    f"on {label}: acceptance per position [{rates}], "
+                    f"{chat['expected_tokens_per_step']} tokens per step"
+                )
         if size:
             print(
                 f"the training data stays in {work} ({size / 1e6:.0f} MB): rerun with a larger "

@@ -4,6 +4,7 @@ graph, and `train_draft` end to end on a tiny chat model (seconds)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -211,6 +212,9 @@ def test_training_reports_its_speed_and_a_timeline(eagle_artifact):
     assert all("chat_prompts" in point for point in training["timeline"])
     assert training["chat_prompts"] == last["chat_prompts"]
     assert training["chat_prompts"]["positions"] > 0
+    # and the second chat set, which nothing is tuned on
+    assert all("more_chat_prompts" in point for point in training["timeline"])
+    assert training["more_chat_prompts"]["positions"] > 0
 
 
 @pytest.mark.parametrize(
@@ -288,6 +292,70 @@ def test_a_longer_run_continues_the_head_on_the_kept_data(chat_artifact, tmp_pat
         p["step"] for p in t1["timeline"]
     ]
     assert art.read_manifest(out).extra["eagle"]["training"]["steps"] == 12  # hashes checked
+
+
+def test_feature_noise_is_relative_to_each_layer_block():
+    from specport.exporter.eagle_train import noisy
+
+    torch.manual_seed(0)
+    f = torch.cat([torch.full((2, 400, 8), 0.1), torch.full((2, 400, 8), 10.0)], -1)
+    out = noisy(f, 0.1, 8)
+    spread = (out - f).view(2, 400, 2, 8).std(dim=(0, 1, 3))
+    np.testing.assert_allclose(spread.numpy(), [0.01, 1.0], rtol=0.1)
+    assert out.shape == f.shape
+
+
+def test_a_cache_on_more_sequences_runs_only_the_new_ones(tmp_path):
+    """A rerun on more data copies the features of the sequences the cache holds (same rows
+    as computing them again) and runs the target on the others only."""
+    from specport.exporter.eagle_cache import build_cache, build_seconds, is_complete
+
+    ran: list[list[int]] = []
+
+    def run(ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        ran.append(ids)
+        x = np.asarray(ids, np.float32)[:, None]
+        return np.concatenate([x, 2 * x, 3 * x], 1), np.asarray(ids) + 1
+
+    first = [[1, 2, 3], [4, 5]]
+    build_cache(tmp_path / "f", first, [1, 1], 3, run, progress=False)
+    ran.clear()
+    more = [[4, 5], [6, 7, 8, 9], [1, 2, 3]]  # reordered, with one new sequence
+    cache = build_cache(tmp_path / "f", more, [1, 2, 1], 3, run, progress=False)
+    assert ran == [[6, 7, 8, 9]]
+    assert is_complete(tmp_path / "f", more) and not (tmp_path / "f.new").exists()
+    assert build_seconds(tmp_path / "f") is not None
+    for i, seq in enumerate(more):
+        feats, tokens, choices, p = cache.sequence(i)
+        assert tokens.tolist() == seq and choices.tolist() == [t + 1 for t in seq]
+        assert feats[:, 2].tolist() == [3.0 * t for t in seq] and p == [1, 2, 1][i]
+
+
+@pytest.mark.slow
+def test_more_messages_answer_only_the_new_ones(chat_artifact, tmp_path, caplog):
+    """The same --out trained again on a larger --data: the messages answered before are not
+    decoded again, their features are copied, and the head trains on all of them."""
+    import logging
+
+    from specport.drafting import train_draft, training_dir
+
+    data = tmp_path / "messages.txt"
+    data.write_text("\n\n".join(f"name the colour {i}" for i in range(16)))
+    out = tmp_path / "eagle"
+    opts = dict(data=data, new_tokens=8, threads=1, progress=False)
+    first = train_draft(chat_artifact, out, minutes=0.05, max_steps=4, sequences=16, **opts)
+    answers = json.loads((training_dir(out) / "answers.json").read_text())
+    data.write_text("\n\n".join(f"name the colour {i}" for i in range(20)))
+    with caplog.at_level(logging.INFO):
+        second = train_draft(chat_artifact, out, minutes=0.5, max_steps=8, sequences=20, **opts)
+    assert "answering 4 prompts (16 answered before)" in caplog.text
+    copied = re.search(r"\((\d+) copied from the earlier cache\)", caplog.text)
+    assert copied and int(copied.group(1)) > 0
+    kept = json.loads((training_dir(out) / "answers.json").read_text())
+    assert kept["answers"][:16] == answers["answers"] and len(kept["answers"]) == 20
+    t1, t2 = first.extra["eagle"]["training"], second.extra["eagle"]["training"]
+    assert t1["sequences"] == 16 and t2["sequences"] == 20
+    assert t2["answers_seconds"] >= t1["answers_seconds"]
 
 
 def test_the_command_refuses_a_shorter_run_in_one_line(chat_artifact, eagle_artifact, capsys):
