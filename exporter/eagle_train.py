@@ -153,17 +153,6 @@ def acceptance(
     }
 
 
-def noisy(features: torch.Tensor, scale: float, hidden: int) -> torch.Tensor:
-    """``features`` [B, T, n*H] with Gaussian noise of ``scale`` times each layer block's RMS
-    at each position added: a head that trains on a few hundred answers learns to read the
-    target's features without fitting their exact values (EAGLE trained on noised features
-    for the same reason; the blocks' scales differ ~10x, hence noise relative to each)."""
-    b, t, width = features.shape
-    x = features.view(b, t, width // hidden, hidden)
-    rms = x.pow(2).mean(-1, keepdim=True).sqrt()
-    return (x + scale * rms * torch.randn_like(x)).view(b, t, width)
-
-
 def chain_counts(right: np.ndarray, counted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(tested, accepted) per draft position k of the chains a decoding loop drafts.
 
@@ -220,7 +209,6 @@ def train_head(
     max_steps: int = 0,  # > 0: stop after this many steps as well (tests)
     threads: int = 2,
     also: dict[str, FeatureCache] | None = None,
-    feature_noise: float = 0.0,
 ) -> tuple[EagleHead, dict[str, Any]]:
     """The head trained for ``minutes`` (resuming ``work/checkpoint.pt`` if there is one).
 
@@ -287,8 +275,6 @@ def train_head(
             group["lr"] = lr * scale
         rows = rng.choice(pool, size=min(batch, len(pool)), replace=False)
         f, ids, lab = batch_tensors(cache, rows.tolist(), to_draft, window=0)
-        if feature_noise > 0:
-            f = noisy(f, feature_noise, cfg.hidden)
         loss = head.ttt_loss(f.to(device), ids.to(device), lab.to(device), depth).loss
         if loss.requires_grad:
             opt.zero_grad(set_to_none=True)
@@ -324,7 +310,6 @@ def train_head(
         "depth": depth,
         "batch": batch,
         "lr": lr,
-        "feature_noise": feature_noise,
         "device": device,
         "threads": threads,
         "final_loss": round(float(loss.item()), 4),

@@ -42,7 +42,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SEQUENCES = 2048  # 768 learned the collection's templates, not chat (docs: Measured)
 AUTO_DRAFT_VOCAB = 8192
-FEATURE_NOISE = 0.0  # exporter.eagle_train.noisy: noise on the features, x each block's RMS
 RUN_FILE = "run.json"  # in the training folder: the input this data belongs to
 
 
@@ -540,7 +539,6 @@ def _train(
             max_steps=max_steps,
             threads=max(1, threads),
             also=also,
-            feature_noise=FEATURE_NOISE,
         )
     finally:
         torch.set_num_threads(saved_threads)

@@ -294,17 +294,6 @@ def test_a_longer_run_continues_the_head_on_the_kept_data(chat_artifact, tmp_pat
     assert art.read_manifest(out).extra["eagle"]["training"]["steps"] == 12  # hashes checked
 
 
-def test_feature_noise_is_relative_to_each_layer_block():
-    from specport.exporter.eagle_train import noisy
-
-    torch.manual_seed(0)
-    f = torch.cat([torch.full((2, 400, 8), 0.1), torch.full((2, 400, 8), 10.0)], -1)
-    out = noisy(f, 0.1, 8)
-    spread = (out - f).view(2, 400, 2, 8).std(dim=(0, 1, 3))
-    np.testing.assert_allclose(spread.numpy(), [0.01, 1.0], rtol=0.1)
-    assert out.shape == f.shape
-
-
 def test_a_cache_on_more_sequences_runs_only_the_new_ones(tmp_path):
     """A rerun on more data copies the features of the sequences the cache holds (same rows
     as computing them again) and runs the target on the others only."""
