@@ -2,15 +2,19 @@
 
 The head trains for many epochs over the same sequences; the 30-layer target is what costs, so
 each sequence (prompt + the model's own answer) runs through the target once and its features
-([3H] per position, float16), tokens and greedy choices (the target's argmax at each position:
-the labels) are written to one directory::
+([3H] per position, float16), tokens, greedy choices (the target's argmax at each position:
+the labels) and the target's most likely next tokens with their probabilities (the soft
+labels: a head learns more from the target's whole preference than from its first choice
+alone) are written to one directory::
 
     features.npy  float16 [N, 3H]   all sequences' positions, concatenated
     tokens.npy    int64   [N]
     choices.npy   int64   [N]       the target's argmax after each position
+    top_ids.npy   int32   [N, K]    the target's K most likely next tokens (first: the argmax)
+    top_probs.npy float16 [N, K]    their probabilities (softmax over the whole vocabulary)
     offsets.npy   int64   [n + 1]   sequence i is rows offsets[i]:offsets[i+1]
     prompts.npy   int64   [n]       prompt length of each sequence (its answer follows)
-    done.json                        written last: the cache is complete
+    done.json                        written last: the cache is complete (and its format)
 
 ``done.json`` is written last, so an interrupted run recomputes the cache rather than train on
 half of it; the training checkpoint beside it makes a rerun resume. A rerun on more sequences
@@ -36,9 +40,12 @@ from specport.progress import Loop
 logger = logging.getLogger(__name__)
 
 DONE = "done.json"
+FORMAT = 2  # 2: with the soft labels (top_ids, top_probs); a cache of another format is rebuilt
+TOP_K = 16  # soft labels kept per position: their mass is most of the target's on chat
 
-# ids [S] -> (features [S, 3H] float, argmax [S] int64): one target run over a whole sequence
-RunTarget = Callable[[list[int]], tuple[np.ndarray, np.ndarray]]
+# ids [S] -> (features [S, 3H] float, top ids [S, K] with the argmax first, their
+# probabilities [S, K]): one target run over a whole sequence
+RunTarget = Callable[[list[int]], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -50,6 +57,8 @@ class FeatureCache:
     choices: np.ndarray  # [N] int64
     offsets: np.ndarray  # [n + 1] int64
     prompts: np.ndarray  # [n] int64
+    top_ids: np.ndarray | None = None  # [N, K] int32 (None: greedy labels only)
+    top_probs: np.ndarray | None = None  # [N, K] float16
 
     @property
     def num_sequences(self) -> int:
@@ -59,6 +68,33 @@ class FeatureCache:
         """(features [T, 3H], tokens [T], choices [T], prompt length) of sequence i."""
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.features[a:b], self.tokens[a:b], self.choices[a:b], int(self.prompts[i])
+
+    def soft(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(top ids [T, K], their probabilities [T, K]) of sequence i, None without them."""
+        if self.top_ids is None or self.top_probs is None:
+            return None
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.top_ids[a:b], self.top_probs[a:b]
+
+
+def top_k(logits: np.ndarray, k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [S, k] int32, probabilities [S, k] float16) of the k most likely tokens at each
+    row of ``logits`` [S, V], most likely first, ties by lower id, and the first column
+    exactly ``logits.argmax(-1)``, the greedy label. (torch's top-k: a full sort of a 49k
+    vocabulary per position would cost half as much again as the target's run.)"""
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32))
+    k = min(k, x.shape[-1])
+    vals, part = torch.topk(x, k, dim=-1)
+    log_z = torch.logsumexp(x, -1, keepdim=True)
+    vals_np, part_np = vals.numpy(), part.numpy()
+    order = np.lexsort((part_np, -vals_np), axis=-1)
+    ids = np.take_along_axis(part_np, order, -1)
+    top = np.take_along_axis(vals_np, order, -1)
+    ids[:, 0] = x.argmax(-1).numpy()  # the first of more than k tied maxima, if ever
+    probs = np.exp(top - log_z.numpy())
+    return ids.astype(np.int32), probs.astype(np.float16)
 
 
 def sequences_key(sequences: Sequence[Sequence[int]]) -> str:
@@ -76,7 +112,10 @@ def is_complete(directory: Path, sequences: Sequence[Sequence[int]] | None = Non
     done = Path(directory) / DONE
     if not done.is_file():
         return False
-    return sequences is None or json.loads(done.read_text()).get("key") == sequences_key(sequences)
+    record = json.loads(done.read_text())
+    if record.get("format") != FORMAT:
+        return False
+    return sequences is None or record.get("key") == sequences_key(sequences)
 
 
 def build_seconds(directory: Path) -> float | None:
@@ -94,6 +133,8 @@ def open_cache(directory: Path) -> FeatureCache:
         np.load(d / "choices.npy"),
         np.load(d / "offsets.npy"),
         np.load(d / "prompts.npy"),
+        np.load(d / "top_ids.npy", mmap_mode="r"),
+        np.load(d / "top_probs.npy", mmap_mode="r"),
     )
 
 
@@ -127,25 +168,33 @@ def build_cache(
     )
     tokens = np.zeros(total, dtype=np.int64)
     choices = np.zeros(total, dtype=np.int64)
+    top_ids = np.zeros((total, TOP_K), dtype=np.int32)
+    top_probs = np.zeros((total, TOP_K), dtype=np.float16)
     copied = 0
     with Loop(total, "computing the target's features", show=progress) as loop:
         for i, seq in enumerate(sequences):
             a, b = int(offsets[i]), int(offsets[i + 1])
             rows = reuse.get(tuple(int(t) for t in seq))
-            if rows is not None and old is not None:
+            if rows is not None and old is not None and old.top_ids is not None:
                 feats[a:b] = old.features[rows[0] : rows[1]]
                 choices[a:b] = old.choices[rows[0] : rows[1]]
+                top_ids[a:b] = old.top_ids[rows[0] : rows[1]]
+                top_probs[a:b] = np.asarray(old.top_probs)[rows[0] : rows[1]]
                 copied += b - a
             else:
-                f, c = run_target(list(seq))
+                f, ids, probs = run_target(list(seq))
                 feats[a:b] = f.astype(np.float16)
-                choices[a:b] = c
+                choices[a:b] = ids[:, 0]
+                top_ids[a:b, : ids.shape[1]] = ids
+                top_probs[a:b, : ids.shape[1]] = probs
             tokens[a:b] = seq
             loop.update(b - a)
     feats.flush()
     del feats
     np.save(new / "tokens.npy", tokens)
     np.save(new / "choices.npy", choices)
+    np.save(new / "top_ids.npy", top_ids)
+    np.save(new / "top_probs.npy", top_probs)
     np.save(new / "offsets.npy", offsets)
     np.save(new / "prompts.npy", np.asarray(prompt_lens, dtype=np.int64))
     seconds = time.perf_counter() - t0
@@ -159,6 +208,8 @@ def build_cache(
                 "positions": total,
                 "seconds": round(seconds, 3),
                 "key": sequences_key(sequences),
+                "format": FORMAT,
+                "top_k": TOP_K,
             }
         )
     )

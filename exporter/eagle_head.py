@@ -185,13 +185,18 @@ class EagleHead(nn.Module):
         labels: torch.Tensor,  # [B, T] draft-vocab index of the target's choice at t+1;
         # -1: no label here, -2: the target chose a token outside the draft vocabulary
         depth: int,
+        soft: tuple[torch.Tensor, torch.Tensor] | None = None,  # [B, T, K] draft indices
+        # of the target's top-K choices after t+1 (-1: outside the draft vocabulary), probs
     ) -> TTTResult:
         """Mean cross-entropy over ``depth`` chained drafts, and which drafts were right.
 
         Depth j at position t continues from origin o = t - j: its input is the head's depth
         j-1 output at t-1 (depth 0: the target's features at t), it attends to depth-0 keys at
         positions <= o and to its own depth-i keys at o + i (i = 1..j), exactly the KV an
-        inference draft from o sees. Its label is the target's choice after t+1."""
+        inference draft from o sees. Its label is the target's choice after t+1: the
+        cross-entropy is against that choice, or with ``soft`` against the target's top-K
+        distribution renormalised over the draft vocabulary (the EAGLE-3 objective, cut to
+        the K tokens that hold most of the mass). Hits count against the choice either way."""
         t = next_ids.shape[1]
         pos = torch.arange(t)
         scale = 1.0 / math.sqrt(self.cfg.head_dim)
@@ -226,13 +231,27 @@ class EagleHead(nn.Module):
             if bool(mask.any()):
                 logits = self.logits(g[mask])
                 target = lab[mask]
-                total = total + F.cross_entropy(logits, target)
+                if soft is None:
+                    total = total + F.cross_entropy(logits, target)
+                else:
+                    total = total + _soft_cross_entropy(logits, soft[0][mask], soft[1][mask])
                 hit[mask] = logits.argmax(-1) == target
             stats.append((int(hit.sum()), int(counted.sum())))
             right.append(hit)
             counts.append(counted)
             u = _shift(g, 1)  # depth j+1 at t continues from depth j at t-1
         return TTTResult(total / depth, stats, torch.stack(right), torch.stack(counts))
+
+
+def _soft_cross_entropy(
+    logits: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor
+) -> torch.Tensor:
+    """Mean over rows of -sum_k p_k log q(ids_k), p the top-K probabilities renormalised over
+    the ids inside the draft vocabulary (ids < 0 weigh nothing)."""
+    weight = torch.where(ids >= 0, probs, torch.zeros_like(probs))
+    weight = weight / weight.sum(-1, keepdim=True).clamp_min(1e-9)
+    logp = logits.log_softmax(-1).gather(-1, ids.clamp_min(0))
+    return -(weight * logp).sum(-1).mean()
 
 
 def _shift(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ CHECKPOINT = "checkpoint.pt"
 # cost as much wall time as the training between the points on a loaded machine
 TIMELINE_POSITIONS = 2048
 TIMELINE_POINTS = 12
+LABELS = ("soft", "greedy")
 
 
 def torch_threads(wanted: int, in_use: int) -> int:
@@ -80,10 +81,28 @@ def timeline_rows(cache: FeatureCache, rows: Sequence[int]) -> list[int]:
     return picked
 
 
+class Batch(NamedTuple):
+    """A training or evaluation batch (see ``batch_tensors``)."""
+
+    features: torch.Tensor  # [B, T, 3H]
+    next_ids: torch.Tensor  # [B, T] the token at t+1
+    labels: torch.Tensor  # [B, T] draft index of the target's choice after t+1, -1 / -2
+    soft: tuple[torch.Tensor, torch.Tensor] | None  # draft indices [B, T, K] (-1: none), probs
+
+    def to(self, device: str) -> Batch:
+        soft = None if self.soft is None else (self.soft[0].to(device), self.soft[1].to(device))
+        return Batch(
+            self.features.to(device), self.next_ids.to(device), self.labels.to(device), soft
+        )
+
+
 def batch_tensors(
-    cache: FeatureCache, rows: Sequence[int], to_draft: np.ndarray, window: int = 0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(features [B, T, 3H], next ids [B, T], labels [B, T]) for sequences ``rows``.
+    cache: FeatureCache,
+    rows: Sequence[int],
+    to_draft: np.ndarray,
+    soft: bool = False,
+) -> Batch:
+    """Features [B, T, 3H], next ids [B, T] and labels [B, T] for sequences ``rows``.
 
     Position t's input token is the one at t+1 and its label the target's choice after t+1
     (the token at t+2) as a draft-vocabulary index: -2 where the target chose a token outside
@@ -91,7 +110,10 @@ def batch_tensors(
     last token, the first position whose features a decoding loop shows the head (the loops
     prefill all but the last prompt token and show the head the outputs of the decode steps
     only: the first step feeds that token and drafts nothing), so the head trains on the KV
-    it has at runtime; ``window`` > 0 keeps at most the last ``window`` positions."""
+    it has at runtime (a head trained on whole sequences, its KV holding the prompt's
+    positions too, did no better: see the guide). ``soft``
+    (with a cache that holds them): the target's top-K choices after t+1 as draft indices
+    (-1 outside the draft vocabulary) and their probabilities, the soft labels."""
     parts = []
     for i in rows:
         f, tok, ch, p = cache.sequence(int(i))
@@ -99,18 +121,35 @@ def batch_tensors(
         lab = to_draft[ch[1:]]
         first = min(max(p - 1, 0), t - 1)  # a prompt filling the sequence keeps one label
         lab[:first] = -1
-        start = max(first, t - window if window else 0)
-        parts.append((np.asarray(f[start:t], np.float32), tok[start + 1 :], lab[start:]))
+        start = first
+        top = cache.soft(int(i)) if soft else None
+        extra = None
+        if top is not None:
+            ids = to_draft[np.asarray(top[0][start + 1 :], np.int64)]
+            extra = (np.where(ids >= 0, ids, -1), np.asarray(top[1][start + 1 :], np.float32))
+        parts.append((np.asarray(f[start:t], np.float32), tok[start + 1 :], lab[start:], extra))
     width = max(len(p[1]) for p in parts)
     dim = parts[0][0].shape[-1]
     feats = np.zeros((len(parts), width, dim), np.float32)
     ids = np.zeros((len(parts), width), np.int64)
     labels = np.full((len(parts), width), -1, np.int64)
-    for b, (f, tok, lab) in enumerate(parts):
+    with_soft = all(p[3] is not None for p in parts)
+    k = parts[0][3][0].shape[-1] if with_soft and parts[0][3] is not None else 0
+    soft_ids = np.full((len(parts), width, k), -1, np.int64)
+    soft_probs = np.zeros((len(parts), width, k), np.float32)
+    for b, (f, tok, lab, extra) in enumerate(parts):
         feats[b, : len(tok)] = f
         ids[b, : len(tok)] = tok
         labels[b, : len(tok)] = lab
-    return torch.from_numpy(feats), torch.from_numpy(ids), torch.from_numpy(labels)
+        if with_soft and extra is not None:
+            soft_ids[b, : len(tok)] = extra[0]
+            soft_probs[b, : len(tok)] = extra[1]
+    return Batch(
+        torch.from_numpy(feats),
+        torch.from_numpy(ids),
+        torch.from_numpy(labels),
+        (torch.from_numpy(soft_ids), torch.from_numpy(soft_probs)) if with_soft else None,
+    )
 
 
 def draft_map(draft_ids: np.ndarray, vocab: int) -> np.ndarray:
@@ -139,8 +178,8 @@ def acceptance(
     tested = np.zeros(depth, np.int64)
     accepted = np.zeros(depth, np.int64)
     for i in range(0, len(rows), batch):
-        f, ids, lab = batch_tensors(cache, rows[i : i + batch], to_draft)
-        res = head.ttt_loss(f.to(device), ids.to(device), lab.to(device), depth)
+        b = batch_tensors(cache, rows[i : i + batch], to_draft).to(device)
+        res = head.ttt_loss(b.features, b.next_ids, b.labels, depth)
         for j, (c, n) in enumerate(res.stats):
             hits[j] += c
             seen[j] += n
@@ -209,6 +248,7 @@ def train_head(
     max_steps: int = 0,  # > 0: stop after this many steps as well (tests)
     threads: int = 2,
     also: dict[str, FeatureCache] | None = None,
+    labels: str = "soft",
 ) -> tuple[EagleHead, dict[str, Any]]:
     """The head trained for ``minutes`` (resuming ``work/checkpoint.pt`` if there is one).
 
@@ -219,7 +259,12 @@ def train_head(
     ``max(checkpoint_seconds, minutes / TIMELINE_POINTS)`` on the first held-out sequences
     (``timeline_rows``) and once at the end on the whole held-out split. ``also``: other
     evaluation sets (e.g. the benchmark's chat prompts, whose answers are unlike the training
-    collection's), measured whole beside the held-out split at every point."""
+    collection's), measured whole beside the held-out split at every point. ``labels``:
+    "soft" learns the target's top-K distribution where the cache holds it (the greedy
+    choice where it does not), "greedy" its first choice only."""
+    if labels not in LABELS:
+        raise ValueError(f"labels must be one of {LABELS}, not {labels!r}")
+    soft = labels == "soft" and cache.top_ids is not None
     torch.manual_seed(0)
     head = EagleHead(cfg, embed, torch.from_numpy(draft_ids)).to(device)
     params = [p for p in head.parameters() if p.requires_grad]
@@ -274,15 +319,15 @@ def train_head(
         for group in opt.param_groups:
             group["lr"] = lr * scale
         rows = rng.choice(pool, size=min(batch, len(pool)), replace=False)
-        f, ids, lab = batch_tensors(cache, rows.tolist(), to_draft, window=0)
-        loss = head.ttt_loss(f.to(device), ids.to(device), lab.to(device), depth).loss
+        b = batch_tensors(cache, rows.tolist(), to_draft, soft=soft).to(device)
+        loss = head.ttt_loss(b.features, b.next_ids, b.labels, depth, b.soft).loss
         if loss.requires_grad:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
         state["step"] += 1
-        state["positions"] += int((lab >= 0).sum())
+        state["positions"] += int((b.labels >= 0).sum())
         now = time.perf_counter()
         state["elapsed"] = now - t_start
         loop.update(
@@ -312,6 +357,9 @@ def train_head(
         "lr": lr,
         "device": device,
         "threads": threads,
+        "labels": f"soft (the target's top {cache.top_ids.shape[1]})"
+        if soft and cache.top_ids is not None
+        else "greedy (the target's choice)",
         "final_loss": round(float(loss.item()), 4),
         "heldout": acceptance(head, cache, eval_rows, to_draft, depth, device),
         **{name: state["timeline"][-1][name] for name in also or {}},

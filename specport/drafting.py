@@ -60,6 +60,7 @@ def train_draft(
     progress: bool | None = None,
     max_steps: int = 0,
     keep_data: bool = True,
+    labels: str = "soft",
 ) -> art.Manifest:
     """Train an EAGLE draft head for ``artifact`` and write artifact ``out``. Returns the new
     manifest; its ``eagle`` entry holds the training report.
@@ -67,7 +68,8 @@ def train_draft(
     ``out`` must not exist, or be the result of an earlier run on the same ``artifact`` whose
     training folder (``out.training``) is still there: training then continues from its
     checkpoint up to ``minutes`` in all, on the same answers and features. ``keep_data``
-    False removes the training folder once ``out`` is written."""
+    False removes the training folder once ``out`` is written. ``labels``: "soft" (the
+    target's top-K distribution) or "greedy" (its choice only), see ``eagle_train``."""
     from specport import history
 
     options = {
@@ -78,6 +80,7 @@ def train_draft(
         "new_tokens": new_tokens,
         "draft_vocab": draft_vocab,
         "depth": depth,
+        "labels": labels,
     }
     with history.operation(
         "train-draft", artifact, history.defaults_of(train_draft), out=out, **options
@@ -96,6 +99,7 @@ def train_draft(
             progress,
             max_steps,
             keep_data,
+            labels,
         )
 
 
@@ -119,6 +123,7 @@ def _train_draft(
     progress: bool | None,
     max_steps: int,
     keep_data: bool,
+    labels: str,
 ) -> art.Manifest:
     from specport.loading import load
 
@@ -172,6 +177,7 @@ def _train_draft(
         progress,
         max_steps,
         chat,
+        labels,
     )
 
     stages.start("writing the draft graph")
@@ -462,16 +468,16 @@ def _feature_dim(model: Any) -> int:
 
 
 def _runner(model: Any) -> Any:
-    """ids -> (features [S, 3H], the target's argmax [S]) in one run of the target."""
+    """ids -> (features [S, 3H], the target's top ids [S, K] (argmax first), their
+    probabilities [S, K]) in one run of the target."""
+    from specport.exporter.eagle_cache import top_k
     from specport.passes.eagle_features import FEATURES
     from specport.runtime.kv.seq_cache import open_cache
 
-    def run(ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def run(ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         step = open_cache(model.session, model.manifest, len(ids) + 1).step(ids)
-        return (
-            np.array(step.outputs[FEATURES][0, : len(ids)], copy=True),
-            np.asarray(step.logits[: len(ids)]).argmax(-1),
-        )
+        top_ids, top_probs = top_k(np.asarray(step.logits[: len(ids)]))
+        return np.array(step.outputs[FEATURES][0, : len(ids)], copy=True), top_ids, top_probs
 
     return run
 
@@ -489,6 +495,7 @@ def _train(
     progress: bool | None,
     max_steps: int,
     also: dict[str, Any],
+    labels: str,
 ) -> tuple[Any, dict[str, Any]]:
     import torch
 
@@ -539,6 +546,7 @@ def _train(
             max_steps=max_steps,
             threads=max(1, threads),
             also=also,
+            labels=labels,
         )
     finally:
         torch.set_num_threads(saved_threads)

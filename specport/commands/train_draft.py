@@ -84,6 +84,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=4,
         help="draft positions trained (training-time test; default 4)",
     )
+    p.add_argument(
+        "--labels",
+        choices=("soft", "greedy"),
+        default="soft",
+        help="what the head learns: the target's top-16 distribution (soft, default) or its "
+        "greedy choice only",
+    )
     p.add_argument("--threads", type=POSITIVE, default=2, help="threads (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=run)
@@ -105,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         progress=False if args.json else None,
         keep_data=not args.discard_data,
+        labels=args.labels,
     )
     training = manifest.extra["eagle"]["training"]
     held = training["heldout"]

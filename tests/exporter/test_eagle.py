@@ -117,6 +117,37 @@ def test_draft_graph_matches_the_head(tmp_path):
     assert hidden.shape == (1, 3, 32) and key.shape == (1, 2, 3, 8)
 
 
+def test_soft_labels_are_the_targets_top_k_with_its_argmax_first():
+    from specport.exporter.eagle_cache import top_k
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((5, 300)).astype(np.float32)
+    logits[2, [7, 3, 250]] = 9.0  # a three-way tie: the lowest id is the greedy choice
+    ids, probs = top_k(logits, 4)
+    assert ids[:, 0].tolist() == logits.argmax(-1).tolist()
+    assert ids[2, :3].tolist() == [3, 7, 250]
+    full = torch.from_numpy(logits).softmax(-1).numpy()
+    np.testing.assert_allclose(probs, np.take_along_axis(full, ids, -1), rtol=2e-3)
+    assert (np.diff(probs.astype(np.float32), axis=-1) <= 0).all()
+
+
+def test_soft_labels_on_the_choice_alone_train_what_greedy_labels_train():
+    """With all the target's mass on its choice (or the rest outside the draft vocabulary),
+    the soft objective is the greedy cross-entropy; spread mass changes it."""
+    head = _head()
+    t = 8
+    feats, ids = torch.randn(1, t, 96), torch.randint(0, 50, (1, t))
+    labels = torch.randint(0, 20, (1, t))
+    greedy = head.ttt_loss(feats, ids, labels, 2).loss
+    top = torch.stack([labels, torch.full_like(labels, -1)], -1)
+    one_hot = head.ttt_loss(feats, ids, labels, 2, (top, torch.tensor([0.6, 0.4]).expand(1, t, 2)))
+    torch.testing.assert_close(one_hot.loss, greedy)
+    spread = torch.stack([labels, (labels + 1) % 20], -1)
+    other = head.ttt_loss(feats, ids, labels, 2, (spread, torch.full((1, t, 2), 0.5)))
+    assert not torch.isclose(other.loss, greedy)
+    assert other.stats == one_hot.stats  # hits count against the choice either way
+
+
 @pytest.fixture(scope="module")
 def chat_artifact(tiny_zoo, tmp_path_factory) -> Path:
     from tests.fixtures import add_chat_tokenizer
@@ -215,6 +246,7 @@ def test_training_reports_its_speed_and_a_timeline(eagle_artifact):
     # and the second chat set, which nothing is tuned on
     assert all("more_chat_prompts" in point for point in training["timeline"])
     assert training["more_chat_prompts"]["positions"] > 0
+    assert training["labels"] == "soft (the target's top 16)"  # the default objective
 
 
 @pytest.mark.parametrize(
@@ -301,10 +333,11 @@ def test_a_cache_on_more_sequences_runs_only_the_new_ones(tmp_path):
 
     ran: list[list[int]] = []
 
-    def run(ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def run(ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ran.append(ids)
         x = np.asarray(ids, np.float32)[:, None]
-        return np.concatenate([x, 2 * x, 3 * x], 1), np.asarray(ids) + 1
+        top = np.asarray(ids)[:, None] + 1 + np.arange(2)[None, :]
+        return np.concatenate([x, 2 * x, 3 * x], 1), top, np.full(top.shape, 0.25)
 
     first = [[1, 2, 3], [4, 5]]
     build_cache(tmp_path / "f", first, [1, 1], 3, run, progress=False)
@@ -317,6 +350,9 @@ def test_a_cache_on_more_sequences_runs_only_the_new_ones(tmp_path):
     for i, seq in enumerate(more):
         feats, tokens, choices, p = cache.sequence(i)
         assert tokens.tolist() == seq and choices.tolist() == [t + 1 for t in seq]
+        soft = cache.soft(i)
+        assert soft is not None and soft[0][:, 1].tolist() == [t + 2 for t in seq]
+        assert soft[1][:, :2].tolist() == [[0.25, 0.25]] * len(seq)
         assert feats[:, 2].tolist() == [3.0 * t for t in seq] and p == [1, 2, 1][i]
 
 
