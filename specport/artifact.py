@@ -173,11 +173,12 @@ def atomic_artifact_dir(out: Path, overwrite: bool = True) -> Iterator[Path]:
             "Choose an empty or new --out directory."
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; an artifact is meant to be shared
-    try:
+    tmp: Path | None = None
+    try:  # made inside the try: a SIGTERM raised just after mkdtemp still removes it
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; an artifact is meant to be shared
         yield tmp
         if out.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
@@ -187,7 +188,8 @@ def atomic_artifact_dir(out: Path, overwrite: bool = True) -> Iterator[Path]:
         else:
             os.replace(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

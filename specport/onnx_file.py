@@ -340,9 +340,10 @@ def save_onnx_atomic(
     model.metadata_props[OPTIMIZED_MARK] = mark
     made = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp: Path | None = None
     done = False
-    try:
+    try:  # made inside the try: a SIGTERM raised just after mkdtemp still removes it
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         ir.save(model, str(tmp / out.name), external_data=data.name)
         if check is not None:
             check(tmp / out.name)
@@ -353,7 +354,8 @@ def save_onnx_atomic(
         os.replace(tmp / out.name, out)
         done = True
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if not done:
             for d in made:  # the folders made for the output, innermost first
                 try:
