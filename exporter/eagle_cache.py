@@ -2,15 +2,14 @@
 
 The head trains for many epochs over the same sequences; the 30-layer target is what costs, so
 each sequence (prompt + the model's own answer) runs through the target once and its features
-([3H] per position, float16), tokens, greedy choices (the target's argmax at each position:
-the labels) and the target's most likely next tokens with their probabilities (the soft
-labels: a head learns more from the target's whole preference than from its first choice
-alone) are written to one directory::
+([3H] per position, float16), tokens and the target's most likely next tokens with their
+probabilities (the first is its greedy choice, the label a verify step accepts; the rest
+make the soft labels: a head learns more from the target's whole preference than from its
+first choice alone) are written to one directory::
 
     features.npy  float16 [N, 3H]   all sequences' positions, concatenated
     tokens.npy    int64   [N]
-    choices.npy   int64   [N]       the target's argmax after each position
-    top_ids.npy   int32   [N, K]    the target's K most likely next tokens (first: the argmax)
+    top_ids.npy   int32   [N, K]    the target's K most likely next tokens (first: its argmax)
     top_probs.npy float16 [N, K]    their probabilities (softmax over the whole vocabulary)
     offsets.npy   int64   [n + 1]   sequence i is rows offsets[i]:offsets[i+1]
     prompts.npy   int64   [n]       prompt length of each sequence (its answer follows)
@@ -54,7 +53,7 @@ class FeatureCache:
 
     features: np.ndarray  # [N, 3H] float16
     tokens: np.ndarray  # [N] int64
-    choices: np.ndarray  # [N] int64
+    choices: np.ndarray  # [N] int64 the target's argmax after each position (top_ids[:, 0])
     offsets: np.ndarray  # [n + 1] int64
     prompts: np.ndarray  # [n] int64
     top_ids: np.ndarray | None = None  # [N, K] int32 (None: greedy labels only)
@@ -127,13 +126,14 @@ def build_seconds(directory: Path) -> float | None:
 
 def open_cache(directory: Path) -> FeatureCache:
     d = Path(directory)
+    top_ids = np.load(d / "top_ids.npy", mmap_mode="r")
     return FeatureCache(
         np.load(d / "features.npy", mmap_mode="r"),
         np.load(d / "tokens.npy"),
-        np.load(d / "choices.npy"),
+        np.asarray(top_ids[:, 0], dtype=np.int64),
         np.load(d / "offsets.npy"),
         np.load(d / "prompts.npy"),
-        np.load(d / "top_ids.npy", mmap_mode="r"),
+        top_ids,
         np.load(d / "top_probs.npy", mmap_mode="r"),
     )
 
@@ -167,7 +167,6 @@ def build_cache(
         new / "features.npy", mode="w+", dtype=np.float16, shape=(total, feature_dim)
     )
     tokens = np.zeros(total, dtype=np.int64)
-    choices = np.zeros(total, dtype=np.int64)
     top_ids = np.zeros((total, TOP_K), dtype=np.int32)
     top_probs = np.zeros((total, TOP_K), dtype=np.float16)
     copied = 0
@@ -177,14 +176,12 @@ def build_cache(
             rows = reuse.get(tuple(int(t) for t in seq))
             if rows is not None and old is not None and old.top_ids is not None:
                 feats[a:b] = old.features[rows[0] : rows[1]]
-                choices[a:b] = old.choices[rows[0] : rows[1]]
                 top_ids[a:b] = old.top_ids[rows[0] : rows[1]]
                 top_probs[a:b] = np.asarray(old.top_probs)[rows[0] : rows[1]]
                 copied += b - a
             else:
                 f, ids, probs = run_target(list(seq))
                 feats[a:b] = f.astype(np.float16)
-                choices[a:b] = ids[:, 0]
                 top_ids[a:b, : ids.shape[1]] = ids
                 top_probs[a:b, : ids.shape[1]] = probs
             tokens[a:b] = seq
@@ -192,7 +189,6 @@ def build_cache(
     feats.flush()
     del feats
     np.save(new / "tokens.npy", tokens)
-    np.save(new / "choices.npy", choices)
     np.save(new / "top_ids.npy", top_ids)
     np.save(new / "top_probs.npy", top_probs)
     np.save(new / "offsets.npy", offsets)
