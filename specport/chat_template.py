@@ -61,6 +61,24 @@ class ChatTemplate:
         # the template writes BOS and friends itself, as with HF apply_chat_template
         return list(self.tokenizer.encode(self.render(messages), add_special_tokens=False).ids)
 
+    def user_prefix_ids(self) -> list[int]:
+        """The ids a conversation starts with up to where the first user message's text
+        begins (the template's BOS, default system message and user header): what an
+        instruction-tuned model continues with a user's request."""
+        marker = "\x1fspecport-user-message\x1f"
+        messages = [{"role": "user", "content": marker}]
+        if self._compiled is None:
+            text = str(
+                self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False
+                )
+            )
+            prefix = text[: text.index(marker)]
+            return [int(t) for t in self.tokenizer.encode(prefix, add_special_tokens=False)]
+        text = self.render(messages)
+        prefix = text[: text.index(marker)]
+        return list(self.tokenizer.encode(prefix, add_special_tokens=False).ids)
+
 
 def _raise_template_error(message: str) -> None:
     raise InputError(f"the chat template refused these messages: {message}")

@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SEQUENCES = 2048  # 768 learned the collection's templates, not chat (docs: Measured)
 AUTO_DRAFT_VOCAB = 8192
+# what the model answers without --data: the built-in collection, requests it writes itself, or
+# half of each (docs: Measured)
+MESSAGES = ("builtin", "self", "mixed")
+DEFAULT_MESSAGES = "builtin"
 RUN_FILE = "run.json"  # in the training folder: the input this data belongs to
 
 
@@ -61,6 +65,7 @@ def train_draft(
     max_steps: int = 0,
     keep_data: bool = True,
     labels: str = "soft",
+    messages: str = DEFAULT_MESSAGES,
 ) -> art.Manifest:
     """Train an EAGLE draft head for ``artifact`` and write artifact ``out``. Returns the new
     manifest; its ``eagle`` entry holds the training report.
@@ -69,7 +74,9 @@ def train_draft(
     training folder (``out.training``) is still there: training then continues from its
     checkpoint up to ``minutes`` in all, on the same answers and features. ``keep_data``
     False removes the training folder once ``out`` is written. ``labels``: "soft" (the
-    target's top-K distribution) or "greedy" (its choice only), see ``eagle_train``."""
+    target's top-K distribution) or "greedy" (its choice only), see ``eagle_train``.
+    ``messages`` (without ``data``): what the model answers, one of ``MESSAGES``: the built-in
+    collection, requests the model writes itself (``self_messages``), or half of each."""
     from specport import history
 
     options = {
@@ -81,6 +88,7 @@ def train_draft(
         "draft_vocab": draft_vocab,
         "depth": depth,
         "labels": labels,
+        "messages": messages,
     }
     with history.operation(
         "train-draft", artifact, history.defaults_of(train_draft), out=out, **options
@@ -100,6 +108,7 @@ def train_draft(
             max_steps,
             keep_data,
             labels,
+            messages,
         )
 
 
@@ -124,12 +133,13 @@ def _train_draft(
     max_steps: int,
     keep_data: bool,
     labels: str,
+    messages: str,
 ) -> art.Manifest:
     from specport.loading import load
 
     work = training_dir(dst)
     resuming = dst.exists()
-    manifest = _check(src, dst, work, data, minutes, device, sequences, depth)
+    manifest = _check(src, dst, work, data, minutes, device, sequences, depth, messages)
     stages = Stages(total=5, show=progress)
     t0 = time.perf_counter()
 
@@ -146,7 +156,7 @@ def _train_draft(
         logits_diff = _logits_unchanged(load(src, threads=threads), target)
 
     stages.start("answering the prompt collection")
-    prompts = _prompts(src, target, data, sequences)
+    prompts = _prompts(src, target, data, sequences, messages, work)
     answers, answer_seconds = _answers(work, target, prompts, new_tokens)
 
     stages.start("computing the target's features")
@@ -191,6 +201,7 @@ def _train_draft(
     )
     from specport.interop.files import write_artifact_manifest
     from specport.passes.eagle_features import FEATURES
+    from specport.self_messages import sampling_seconds
 
     del target  # its session holds the graph files open
     tmp = staged / f"{DRAFT_FILE}.tmp"
@@ -204,7 +215,7 @@ def _train_draft(
     report.update(
         {
             "source": "self-distillation (the model's own greedy answers)",
-            "data": str(data) if data else "built-in prompt collection (samples.chat_distill)",
+            "data": _data_description(data, messages),
             "sequences": len(seqs),
             "positions": int(cache.offsets[-1]),
             "new_tokens": new_tokens,
@@ -212,6 +223,7 @@ def _train_draft(
             # as measured when computed (a resumed run reuses them): the data's real cost
             "answers_seconds": answer_seconds,
             "features_seconds": build_seconds(cache_dir),
+            "messages_seconds": None if data else sampling_seconds(work),
             "logits_max_abs_diff": logits_diff,
         }
     )
@@ -225,6 +237,16 @@ def _train_draft(
         shutil.rmtree(work, ignore_errors=True)
     stages.done()
     return final
+
+
+def _data_description(data: Any, messages: str) -> str:
+    if data:
+        return str(data)
+    return {
+        "builtin": "built-in prompt collection (samples.chat_distill)",
+        "self": "requests the model wrote itself (self_messages)",
+        "mixed": "built-in prompt collection and requests the model wrote itself, alternating",
+    }[messages]
 
 
 def data_size(out: str | os.PathLike[str]) -> int:
@@ -242,6 +264,7 @@ def _check(
     device: str,
     sequences: int,
     depth: int,
+    messages: str,
 ) -> art.Manifest:
     manifest = art.read_manifest(src)  # a clear error for a folder that is not an artifact
     if dst.resolve() == src.resolve():
@@ -252,6 +275,8 @@ def _check(
         raise InputError(
             f"--data {data} is not a file; pass a text file, one message per paragraph."
         )
+    if messages not in MESSAGES:
+        raise UsageError(f"--messages must be one of {', '.join(MESSAGES)}, got {messages!r}.")
     if not minutes > 0:
         raise UsageError(f"--minutes must be positive, got {minutes}.")
     if sequences < 16:
@@ -352,21 +377,36 @@ def _logits_unchanged(plain: Any, featured: Any) -> float:
     return diff
 
 
-def _prompts(src: Path, model: Any, data: Any, limit: int) -> list[list[int]]:
+def _prompts(
+    src: Path, model: Any, data: Any, limit: int, messages: str, work: Path
+) -> list[list[int]]:
     """Token ids of each message: under the chat template when the model has one, else the
-    message's own tokens (a base model continues the text)."""
+    message's own tokens (a base model continues the text). ``messages`` "mixed" alternates
+    the built-in collection's and the model's own (so the held-out split, the first
+    sequences, holds both)."""
     from specport.chat_template import load_chat_template
 
-    if data is None:
+    template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
+    if data is not None:
+        texts = [d.strip() for d in Path(data).read_text(encoding="utf-8").split("\n\n")]
+    elif messages == "builtin":
         from specport.samples.chat_distill import prompts as builtin
 
         texts = builtin()
     else:
-        texts = [d.strip() for d in Path(data).read_text(encoding="utf-8").split("\n\n")]
+        from specport.samples.chat_distill import prompts as builtin
+        from specport.self_messages import self_messages
+
+        own = self_messages(
+            model, template, limit if messages == "self" else (limit + 1) // 2, work
+        )
+        if messages == "self":
+            texts = own
+        else:
+            texts = [t for pair in zip(builtin(), own) for t in pair]
     texts = [t for t in texts if t][:limit]
     if len(texts) < 16:
         raise InputError(f"--data {data} has {len(texts)} messages; at least 16 are needed.")
-    template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
     if template is None:
         return [model.encode(t)[:64] for t in texts]
     return [template.render_ids([{"role": "user", "content": t}]) for t in texts]

@@ -12,7 +12,7 @@ import argparse
 import specport
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE, int_at_least, int_between
-from specport.drafting import DEFAULT_SEQUENCES
+from specport.drafting import DEFAULT_MESSAGES, DEFAULT_SEQUENCES, MESSAGES
 
 
 def _minutes(text: str) -> float:
@@ -40,6 +40,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--data",
         help="messages to answer, one per paragraph (default: the built-in prompt collection); "
         "the head learns the model's own answers to them",
+    )
+    p.add_argument(
+        "--messages",
+        choices=MESSAGES,
+        default=None,
+        help="without --data, what the model answers: the built-in prompt collection, "
+        "requests the model writes itself (sampled after its chat template's user header), or "
+        f"half of each (default {DEFAULT_MESSAGES})",
     )
     p.add_argument(
         "--minutes",
@@ -98,6 +106,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specport.drafting import data_size, training_dir
+    from specport.errors import UsageError
+
+    if args.data and args.messages:
+        raise UsageError("give --data FILE or --messages, not both: --data is what is answered.")
 
     manifest = specport.train_draft(
         args.artifact,
@@ -113,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         progress=False if args.json else None,
         keep_data=not args.discard_data,
         labels=args.labels,
+        messages=args.messages or DEFAULT_MESSAGES,
     )
     training = manifest.extra["eagle"]["training"]
     held = training["heldout"]

@@ -492,3 +492,85 @@ def test_heldout_acceptance_is_what_the_runtime_proposer_accepts():
 def _accepted(n: int):
 
     return SimpleNamespace(accepted=np.array([n]))
+
+
+def test_the_user_prefix_is_where_the_template_puts_a_message(chat_artifact):
+    import specport
+    from specport.chat_template import load_chat_template
+
+    model = specport.load(chat_artifact, threads=1)
+    template = load_chat_template(model)
+    prefix = template.user_prefix_ids()
+    ids = template.render_ids([{"role": "user", "content": "hello"}])
+    assert prefix and ids[: len(prefix)] == prefix and len(ids) > len(prefix)
+    header = model.tokenizer.encode("<|im_start|>user\n", add_special_tokens=False).ids
+    assert prefix == header
+
+
+def test_self_messages_keep_what_the_model_ended_and_a_rerun_reads_them(chat_artifact, tmp_path):
+    """What the model ends within the token limit is kept, distinct; a rerun asking for as
+    many samples nothing."""
+    import specport
+    from specport.chat_template import load_chat_template
+    from specport.self_messages import FILE, MAX_TOKENS, self_messages
+
+    model = specport.load(chat_artifact, threads=1)
+    template = load_chat_template(model)
+    got = self_messages(model, template, 16, tmp_path)
+    assert len(got) == 16 and len(set(got)) == 16 and all(got)
+    assert all(len(model.encode(m)) <= MAX_TOKENS + 2 for m in got)
+    saved = json.loads((tmp_path / FILE).read_text())
+    assert self_messages(model, template, 16, tmp_path) == got
+    assert json.loads((tmp_path / FILE).read_text())["batches"] == saved["batches"]
+
+
+def test_a_model_that_never_ends_a_message_gets_a_clear_error(chat_artifact, tmp_path, monkeypatch):
+    """Nothing can end within 2 tokens (a message needs 4): sampling stops after a bounded
+    number of batches and says what to do instead of looping."""
+    import specport
+    from specport import self_messages as sm
+    from specport.chat_template import load_chat_template
+    from specport.errors import InputError
+
+    monkeypatch.setattr(sm, "MAX_TOKENS", 2)
+    model = specport.load(chat_artifact, threads=1)
+    with pytest.raises(InputError, match="does not write requests.*--data FILE"):
+        sm.self_messages(model, load_chat_template(model), 16, tmp_path)
+
+
+def test_train_draft_refuses_messages_and_data_together(chat_artifact, tmp_path, capsys):
+    from specport.cli import main
+
+    data = tmp_path / "m.txt"
+    data.write_text("hi")
+    code = main(["train-draft", str(chat_artifact), "--out", str(tmp_path / "o"),
+                 "--data", str(data), "--messages", "self"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "not both" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_train_draft_on_mixed_messages_answers_both_kinds(chat_artifact, tmp_path):
+    """--messages mixed alternates the built-in collection's and the model's own requests
+    (so the held-out split, the first sequences, holds both) and reports what it used."""
+    import specport
+    from specport.chat_template import load_chat_template
+    from specport.drafting import train_draft, training_dir
+    from specport.samples.chat_distill import prompts as builtin
+    from specport.self_messages import FILE
+
+    out = tmp_path / "eagle"
+    manifest = train_draft(
+        chat_artifact, out, messages="mixed", minutes=0.05, max_steps=4, sequences=16,
+        new_tokens=8, threads=1, progress=False,
+    )  # fmt: skip
+    training = manifest.extra["eagle"]["training"]
+    assert training["sequences"] == 16 and "wrote itself" in training["data"]
+    assert training["messages_seconds"] > 0
+    own = json.loads((training_dir(out) / FILE).read_text())["messages"]
+    assert len(own) >= 8
+    answered = json.loads((training_dir(out) / "answers.json").read_text())["prompts"]
+    template = load_chat_template(specport.load(chat_artifact, threads=1))
+    expected = [t for pair in zip(builtin()[:8], own[:8]) for t in pair]
+    assert answered == [template.render_ids([{"role": "user", "content": t}]) for t in expected]

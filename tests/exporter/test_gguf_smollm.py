@@ -86,3 +86,20 @@ def test_tokenizer_matches_transformers_gguf_tokenizer(smollm: Any, gguf_path: P
         ids = smollm.encode(text)
         assert ids == ref.encode(text), text
         assert smollm.tokenizer.decode(ids, skip_special_tokens=False) == ref.decode(ids), text
+
+
+def test_the_model_writes_requests_after_its_user_header(smollm: Any, tmp_path: Path) -> None:
+    """`train-draft --messages self`: sampled after the chat template's user header, the
+    real chat model writes distinct user requests (most of them questions) and ends them."""
+    from specport.chat_template import load_chat_template
+    from specport.self_messages import MAX_TOKENS, self_messages
+
+    template = load_chat_template(smollm)
+    assert smollm.tokenizer.decode(template.user_prefix_ids(), skip_special_tokens=False) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\n"
+    )
+    got = self_messages(smollm, template, 16, tmp_path)
+    assert len(set(got)) == 16
+    assert all(4 <= len(smollm.encode(m)) <= MAX_TOKENS for m in got)
+    assert sum(m.endswith("?") for m in got) >= 8, got
