@@ -223,7 +223,7 @@ def _train_draft(
             # as measured when computed (a resumed run reuses them): the data's real cost
             "answers_seconds": answer_seconds,
             "features_seconds": build_seconds(cache_dir),
-            "messages_seconds": None if data else sampling_seconds(work),
+            "messages_seconds": None if data or messages == "builtin" else sampling_seconds(work),
             "logits_max_abs_diff": logits_diff,
         }
     )
@@ -385,25 +385,19 @@ def _prompts(
     the built-in collection's and the model's own (so the held-out split, the first
     sequences, holds both)."""
     from specport.chat_template import load_chat_template
+    from specport.samples.chat_distill import prompts as builtin
+    from specport.self_messages import self_messages
 
     template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
     if data is not None:
         texts = [d.strip() for d in Path(data).read_text(encoding="utf-8").split("\n\n")]
     elif messages == "builtin":
-        from specport.samples.chat_distill import prompts as builtin
-
         texts = builtin()
+    elif messages == "self":
+        texts = self_messages(model, template, limit, work)
     else:
-        from specport.samples.chat_distill import prompts as builtin
-        from specport.self_messages import self_messages
-
-        own = self_messages(
-            model, template, limit if messages == "self" else (limit + 1) // 2, work
-        )
-        if messages == "self":
-            texts = own
-        else:
-            texts = [t for pair in zip(builtin(), own) for t in pair]
+        own = self_messages(model, template, (limit + 1) // 2, work)
+        texts = [t for pair in zip(builtin(), own) for t in pair]
     texts = [t for t in texts if t][:limit]
     if len(texts) < 16:
         raise InputError(f"--data {data} has {len(texts)} messages; at least 16 are needed.")
