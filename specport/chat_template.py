@@ -67,16 +67,20 @@ class ChatTemplate:
         instruction-tuned model continues with a user's request."""
         marker = "\x1fspecport-user-message\x1f"
         messages = [{"role": "user", "content": marker}]
-        if self._compiled is None:
-            text = str(
-                self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=False
-                )
+        hf = self._compiled is None  # a transformers tokenizer renders its own template
+        text = str(
+            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            if hf
+            else self.render(messages)
+        )
+        if marker not in text:
+            raise InputError(
+                "the chat template does not write a user message's text as given, so there is "
+                "no user header to continue; pass --data FILE instead."
             )
-            prefix = text[: text.index(marker)]
-            return [int(t) for t in self.tokenizer.encode(prefix, add_special_tokens=False)]
-        text = self.render(messages)
         prefix = text[: text.index(marker)]
+        if hf:
+            return [int(t) for t in self.tokenizer.encode(prefix, add_special_tokens=False)]
         return list(self.tokenizer.encode(prefix, add_special_tokens=False).ids)
 
 

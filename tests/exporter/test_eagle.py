@@ -574,3 +574,12 @@ def test_train_draft_on_mixed_messages_answers_both_kinds(chat_artifact, tmp_pat
     template = load_chat_template(specport.load(chat_artifact, threads=1))
     expected = [t for pair in zip(builtin()[:8], own[:8]) for t in pair]
     assert answered == [template.render_ids([{"role": "user", "content": t}]) for t in expected]
+
+
+def test_a_template_that_drops_the_message_has_no_user_header():
+    from specport.chat_template import ChatTemplate
+    from specport.errors import InputError
+
+    template = ChatTemplate(None, "{{ 'always the same text' }}", {})
+    with pytest.raises(InputError, match="no user header.*--data FILE"):
+        template.user_prefix_ids()
