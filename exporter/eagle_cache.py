@@ -148,10 +148,13 @@ def build_cache(
 ) -> FeatureCache:
     """Run every sequence through the target once and write the cache (see the module doc).
 
-    Sequences that a complete cache already in ``directory`` holds are copied from it, not run
-    again (a training run on more data pays only for the new sequences); the new cache is
-    written beside it and replaces it only once complete."""
+    A complete cache of exactly these sequences in ``directory`` is opened as it is (a rerun
+    pays nothing). Sequences that a complete cache of other sequences holds are copied from it,
+    not run again (a training run on more data pays only for the new sequences); the new cache
+    is written beside it and replaces it only once complete."""
     d = Path(directory)
+    if is_complete(d, sequences):
+        return open_cache(d)
     old = open_cache(d) if is_complete(d) else None
     reuse = _rows_by_sequence(old) if old is not None else {}
     if old is not None and old.features.shape[1] != feature_dim:

@@ -120,14 +120,13 @@ def batch_tensors(
         t = len(tok) - 1
         lab = to_draft[ch[1:]]
         first = min(max(p - 1, 0), t - 1)  # a prompt filling the sequence keeps one label
-        lab[:first] = -1
-        start = first
         top = cache.soft(int(i)) if soft else None
         extra = None
         if top is not None:
-            ids = to_draft[np.asarray(top[0][start + 1 :], np.int64)]
-            extra = (np.where(ids >= 0, ids, -1), np.asarray(top[1][start + 1 :], np.float32))
-        parts.append((np.asarray(f[start:t], np.float32), tok[start + 1 :], lab[start:], extra))
+            ids = to_draft[np.asarray(top[0][first + 1 :], np.int64)]
+            # -2 (a choice outside the draft vocabulary) weighs nothing in the soft loss: -1
+            extra = (np.where(ids >= 0, ids, -1), np.asarray(top[1][first + 1 :], np.float32))
+        parts.append((np.asarray(f[first:t], np.float32), tok[first + 1 :], lab[first:], extra))
     width = max(len(p[1]) for p in parts)
     dim = parts[0][0].shape[-1]
     feats = np.zeros((len(parts), width, dim), np.float32)

@@ -160,15 +160,12 @@ def _train_draft(
     answers, answer_seconds = _answers(work, target, prompts, new_tokens)
 
     stages.start("computing the target's features")
-    from specport.exporter.eagle_cache import build_cache, build_seconds, is_complete, open_cache
+    from specport.exporter.eagle_cache import build_cache, build_seconds
 
-    cache_dir = work / "features"
     seqs = [p + a for p, a in zip(prompts, answers)]
     dim = _feature_dim(target)
-    cache = (
-        open_cache(cache_dir)
-        if is_complete(cache_dir, seqs)
-        else build_cache(cache_dir, seqs, [len(p) for p in prompts], dim, _runner(target), progress)
+    cache = build_cache(
+        work / "features", seqs, [len(p) for p in prompts], dim, _runner(target), progress
     )
     feature_seconds = time.perf_counter() - t0
     chat = _chat_caches(src, target, work, new_tokens, dim, progress)
@@ -222,7 +219,7 @@ def _train_draft(
             "data_and_features_seconds": round(feature_seconds, 1),
             # as measured when computed (a resumed run reuses them): the data's real cost
             "answers_seconds": answer_seconds,
-            "features_seconds": build_seconds(cache_dir),
+            "features_seconds": build_seconds(work / "features"),
             "messages_seconds": None if data or messages == "builtin" else sampling_seconds(work),
             "logits_max_abs_diff": logits_diff,
         }
@@ -461,7 +458,7 @@ def _chat_caches(
     tuned on the first set holds on requests nobody tuned on. Empty for a model without a chat
     template."""
     from specport.chat_template import load_chat_template
-    from specport.exporter.eagle_cache import build_cache, is_complete, open_cache
+    from specport.exporter.eagle_cache import build_cache
     from specport.samples.chat_prompts import chat_prompts
 
     template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
@@ -482,13 +479,13 @@ def _chat_caches(
         prompts = [p[-limit:] for p in prompts]  # a short context keeps the end of the template
         answers, _ = _answers(work, model, prompts, new_tokens, f"{folder}_answers.json")
         seqs = [p + a for p, a in zip(prompts, answers)]
-        cache_dir = work / f"{folder}_features"
-        caches[name] = (
-            open_cache(cache_dir)
-            if is_complete(cache_dir, seqs)
-            else build_cache(
-                cache_dir, seqs, [len(p) for p in prompts], dim, _runner(model), progress
-            )
+        caches[name] = build_cache(
+            work / f"{folder}_features",
+            seqs,
+            [len(p) for p in prompts],
+            dim,
+            _runner(model),
+            progress,
         )
     return caches
 
