@@ -298,8 +298,12 @@ def train_head(
     pool = np.asarray(train_rows)
     warmup = 50
     seconds = int(budget)
-    loop = Loop(seconds, "training the draft head", show=progress)
-    loop.update(min(int(state["elapsed"]), seconds))
+    loop = Loop(
+        seconds,
+        "training the draft head",
+        show=progress,
+        initial=min(int(state["elapsed"]), seconds),
+    )
     used = threads if device == "cpu" else torch.get_num_threads()
     if device == "cpu":
         used = torch_threads(threads, used)

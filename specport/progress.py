@@ -76,12 +76,20 @@ class Loop:
     every `HEARTBEAT_S` seconds while steps complete."""
 
     def __init__(
-        self, total: int, desc: str, show: bool | None = None, every_step: bool = False
+        self,
+        total: int,
+        desc: str,
+        show: bool | None = None,
+        every_step: bool = False,
+        initial: int = 0,
     ) -> None:
         self.total = max(0, int(total))
         self.desc = desc
         self.every_step = every_step  # a line per step (few long steps: model layers)
-        self.done = 0
+        # steps done before this run (a resumed job): counted as done, not in the rate, so a
+        # job resumed at 50% does not promise its second half in the time its first minute took
+        self.initial = max(0, int(initial))
+        self.done = self.initial
         self._show = enabled(show)
         self._t0 = time.perf_counter()
         self._last_line_t = self._t0
@@ -90,7 +98,13 @@ class Loop:
         if self._show and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=self.total or None, desc=desc, file=sys.stderr, leave=False)
+            self._bar = tqdm(
+                total=self.total or None,
+                initial=self.initial,
+                desc=desc,
+                file=sys.stderr,
+                leave=False,
+            )
 
     def _tenth(self) -> int:
         """The step count of the next line: the next tenth of `total` above what is done."""
@@ -127,12 +141,14 @@ class Loop:
     def _line(self, note: str) -> None:
         elapsed = time.perf_counter() - self._t0
         pct = 100 * self.done / self.total
-        left = elapsed * (self.total - self.done) / self.done if self.done else 0.0
-        eta = "done" if self.done >= self.total else f"ETA {duration(left)}"
+        ran = self.done - self.initial
+        left = elapsed * (self.total - self.done) / ran if ran > 0 else 0.0
+        eta = "done" if self.done >= self.total else (f"ETA {duration(left)}" if ran > 0 else "")
         tail = f", {note}" if note else ""
         _say(
-            f"{self.desc}: {self.done}/{self.total} ({pct:.0f}%), {duration(elapsed)} elapsed, "
-            f"{eta}{tail}"
+            f"{self.desc}: {self.done}/{self.total} ({pct:.0f}%), {duration(elapsed)} elapsed"
+            + (f", {eta}" if eta else "")
+            + tail
         )
 
     def close(self) -> None:

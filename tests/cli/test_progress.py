@@ -44,6 +44,22 @@ def test_logs_get_a_line_per_tenth_with_elapsed_and_eta(monkeypatch):
     assert lines[-1].startswith("train: 30/30 (100%)") and "done" in lines[-1]
 
 
+def test_a_resumed_loop_counts_earlier_steps_as_done_but_not_in_its_eta(monkeypatch):
+    """A job resumed at half way (train-draft with a larger --minutes) must not promise its
+    second half in the time its first new steps took."""
+    stream = _Stream(False)
+    monkeypatch.setattr(sys, "stderr", stream)
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+    with progress.Loop(100, "train", show=True, initial=50) as loop:
+        for _ in range(10):
+            now[0] += 1.0  # one step per second
+            loop.update()
+    first = stream.getvalue().splitlines()[0]
+    # 10 steps in 10 s: the 40 left take 40 s (counting the 50 resumed steps would say 6.7 s)
+    assert first.startswith("train: 60/100 (60%), 10.0s elapsed, ETA 40.0s"), first
+
+
 def test_logs_get_a_heartbeat_when_a_tenth_takes_long(monkeypatch):
     """A tenth of a long job (an 8B export's layer loop) can take minutes: a line at least
     every HEARTBEAT_S keeps a log from looking hung."""
