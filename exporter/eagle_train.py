@@ -124,7 +124,7 @@ def batch_tensors(
         extra = None
         if top is not None:
             ids = to_draft[np.asarray(top[0][first + 1 :], np.int64)]
-            # -2 (a choice outside the draft vocabulary) weighs nothing in the soft loss: -1
+            # to_draft's -2 (outside the draft vocabulary) becomes -1: no weight in the soft loss
             extra = (np.where(ids >= 0, ids, -1), np.asarray(top[1][first + 1 :], np.float32))
         parts.append((np.asarray(f[first:t], np.float32), tok[first + 1 :], lab[first:], extra))
     width = max(len(p[1]) for p in parts)
