@@ -289,6 +289,13 @@ def _check(
             raise InputError("--device cuda: torch sees no CUDA GPU here; use --device cpu.")
     if manifest.tokenizer.get("kind") in (None, "none"):
         raise InputError(f"{src} has no tokenizer; train-draft reads prompts with it.")
+    if data is None and messages != "builtin":  # the model writes requests after its template
+        from specport.chat_template import load_chat_template
+        from specport.self_messages import user_prefix
+        from specport.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(src, manifest.tokenizer)
+        user_prefix(load_chat_template(SimpleNamespace(tokenizer=tokenizer, path=src)))
     if manifest.quant:
         logger.warning(
             "%s is quantized: the head learns this artifact's own choices (train on the fp32 "

@@ -32,16 +32,23 @@ TOP_P = 0.95
 FILE = "self_messages.json"  # in the training folder: what was sampled, reused by a rerun
 
 
-def self_messages(model: Any, template: Any, count: int, work: Path, seed: int = 0) -> list[str]:
-    """``count`` distinct user messages sampled from ``model`` after ``template``'s user
-    header, kept in ``work``/``FILE``: a rerun samples only the batches it lacks (batch ``i``
-    uses seed ``seed + i``, so the messages do not depend on how the work was split)."""
+def user_prefix(template: Any) -> list[int]:
+    """The ids the model continues to write a request: its chat template up to where a user's
+    text begins. A clear error for an artifact without a template, or with one that does not
+    write the user's text (``train-draft`` checks this before its long work)."""
     if template is None:
         raise InputError(
             "--messages self needs the artifact's chat template (the model writes requests "
             "after its user header); this artifact has none: pass --data FILE instead."
         )
-    prefix = template.user_prefix_ids()
+    return list(template.user_prefix_ids())
+
+
+def self_messages(model: Any, template: Any, count: int, work: Path, seed: int = 0) -> list[str]:
+    """``count`` distinct user messages sampled from ``model`` after ``template``'s user
+    header, kept in ``work``/``FILE``: a rerun samples only the batches it lacks (batch ``i``
+    uses seed ``seed + i``, so the messages do not depend on how the work was split)."""
+    prefix = user_prefix(template)
     path = work / FILE
     saved = _read(path, prefix, seed)
     messages: list[str] = saved["messages"]

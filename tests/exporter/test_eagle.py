@@ -550,6 +550,32 @@ def test_train_draft_refuses_messages_and_data_together(chat_artifact, tmp_path,
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("messages", ["self", "mixed"])
+def test_train_draft_without_a_chat_template_refuses_own_messages_up_front(
+    chat_artifact, tmp_path, capsys, messages
+):
+    """The model writes its requests after its template's user header: an artifact without a
+    template is refused before any work (no staging, no output, no training folder)."""
+    import shutil
+
+    from specport import artifact as art
+    from specport.cli import main
+    from specport.interop.files import write_artifact_manifest
+
+    plain = tmp_path / "no_template"
+    shutil.copytree(chat_artifact, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    write_artifact_manifest(plain, art.read_manifest(plain, check_hashes=False))  # rehashed
+    out = tmp_path / "o"
+    code = main(["train-draft", str(plain), "--out", str(out), "--messages", messages])
+    err = capsys.readouterr().err
+    assert code != 0 and "needs the artifact's chat template" in err and "--data FILE" in err
+    assert "Traceback" not in err and "[1/5]" not in err
+    assert not out.exists() and not out.with_name("o.training").exists()
+
+
 @pytest.mark.slow
 def test_train_draft_on_mixed_messages_answers_both_kinds(chat_artifact, tmp_path):
     """--messages mixed alternates the built-in collection's and the model's own requests
