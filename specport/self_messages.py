@@ -17,10 +17,13 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specport.errors import InputError
 from specport.progress import Loop
+
+if TYPE_CHECKING:
+    from specport.chat_template import ChatTemplate
 
 logger = logging.getLogger(__name__)
 
@@ -32,16 +35,16 @@ TOP_P = 0.95
 FILE = "self_messages.json"  # in the training folder: what was sampled, reused by a rerun
 
 
-def user_prefix(template: Any) -> list[int]:
+def user_prefix(template: ChatTemplate | None) -> list[int]:
     """The ids the model continues to write a request: its chat template up to where a user's
     text begins. A clear error for an artifact without a template, or with one that does not
     write the user's text (``train-draft`` checks this before its long work)."""
     if template is None:
         raise InputError(
-            "--messages self needs the artifact's chat template (the model writes requests "
-            "after its user header); this artifact has none: pass --data FILE instead."
+            "--messages self and mixed need the artifact's chat template (the model writes "
+            "requests after its user header); this artifact has none: pass --data FILE instead."
         )
-    return list(template.user_prefix_ids())
+    return template.user_prefix_ids()
 
 
 def self_messages(model: Any, template: Any, count: int, work: Path, seed: int = 0) -> list[str]:

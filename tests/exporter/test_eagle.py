@@ -571,7 +571,7 @@ def test_train_draft_without_a_chat_template_refuses_own_messages_up_front(
     out = tmp_path / "o"
     code = main(["train-draft", str(plain), "--out", str(out), "--messages", messages])
     err = capsys.readouterr().err
-    assert code != 0 and "needs the artifact's chat template" in err and "--data FILE" in err
+    assert code != 0 and "need the artifact's chat template" in err and "--data FILE" in err
     assert "Traceback" not in err and "[1/5]" not in err
     assert not out.exists() and not out.with_name("o.training").exists()
 
