@@ -17,20 +17,27 @@ from specport.runtime.speculative.base import Drafts
 
 
 class ReplayProposer:
-    """Drafts the next tokens of ``continuation``, the known output after ``prompt_len``
-    prompt tokens. Past its end (or off its track) it drafts nothing."""
+    """Drafts the next tokens of ``continuation``, the known output after the prompt. Past
+    its end it drafts nothing; off its track, nothing too, or with ``keep_width`` the last
+    token repeated: a guess that keeps every verify run as wide as on the track, so that the
+    run's own output is what wide verify runs choose (on int8-activation artifacts they
+    round differently from one-token steps, and the bench's ceiling reruns on that output)."""
 
     name = "ceiling"
 
-    def __init__(self, prompt: Sequence[int], continuation: Sequence[int]) -> None:
+    def __init__(
+        self, prompt: Sequence[int], continuation: Sequence[int], keep_width: bool = False
+    ) -> None:
         self.prompt = [int(t) for t in prompt]
         self.continuation = [int(t) for t in continuation]
+        self.keep_width = keep_width
 
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         return Drafts.from_lists([self._row(row, num_draft) for row in context])
 
     def _row(self, row: list[int], num_draft: int) -> list[int]:
         produced = len(row) - len(self.prompt)
+        k = max(int(num_draft), 0)
         if produced < 0 or row[len(self.prompt) :] != self.continuation[:produced]:
-            return []  # not the run this continuation came from
-        return self.continuation[produced : produced + max(int(num_draft), 0)]
+            return [row[-1]] * k if self.keep_width and row else []  # off this track
+        return self.continuation[produced : produced + k]

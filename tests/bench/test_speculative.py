@@ -121,3 +121,30 @@ def test_ceiling_rows_accept_every_draft_and_keep_tokens(tiny_llama_artifact, ca
         assert row["tokens_equal_plain"]
         assert row["acceptance_rate"] == 1.0  # every draft was plain greedy's next token
         assert row["mean_accepted_length"] > k  # K + 1 per step but for a short last step
+
+
+def test_ceiling_reruns_on_its_own_output_when_verify_runs_round_differently():
+    """`follow_own_track`: a run that keeps its track is run once; one that leaves it (an
+    int8-activation artifact's wide verify runs flip a near-tie) is rerun on its own output,
+    at most `runs` times, and the last run is the result."""
+    from specport.bench.speculative import follow_own_track
+    from specport.results import GenerationResult
+
+    def runner(outputs):
+        tracks = []
+
+        def run(track):
+            tracks.append(list(track))
+            return GenerationResult(outputs[len(tracks) - 1], "", "length", {}, [1])
+
+        return run, tracks
+
+    run, tracks = runner([[4, 5, 6]])
+    assert follow_own_track(run, [4, 5, 6], 3).tokens == [4, 5, 6]
+    assert tracks == [[4, 5, 6]]
+    run, tracks = runner([[4, 9, 9], [4, 9, 9]])
+    assert follow_own_track(run, [4, 5, 6], 3).tokens == [4, 9, 9]
+    assert tracks == [[4, 5, 6], [4, 9, 9]]
+    run, tracks = runner([[4, 9, 9], [4, 9, 8], [4, 9, 7]])
+    assert follow_own_track(run, [4, 5, 6], 3).tokens == [4, 9, 7]
+    assert len(tracks) == 3
