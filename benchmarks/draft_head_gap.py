@@ -8,8 +8,9 @@ where the head's draft is the target's greedy choice: the first position's accep
 - the held-out split (the collection's first 5%: the same templates, other subjects),
 - the answers to the bench's chat prompts and to the other chat prompts,
 
-each split into buckets of the target's own top-1 probability at that position, beside a
-bigram and a trigram table of the training answers (next input token -> the target's most
+each split into buckets of the target's own top-1 probability at that position (and the chat
+sets also by kind of prompt: question, instruction, rewrite), beside a bigram and a trigram
+table of the training answers (next input token -> the target's most
 frequent choice after it). A head that is right where the target is sure on the training
 sequences but not on chat has met its data's limits, not the target's entropy's. Usage:
 
@@ -32,6 +33,7 @@ from specport.drafting import _embedding
 from specport.exporter.eagle_cache import FeatureCache, open_cache
 from specport.exporter.eagle_head import EagleConfig, EagleHead
 from specport.exporter.eagle_train import CHECKPOINT, batch_tensors, draft_map
+from specport.samples.chat_prompts import CHAT_PROMPTS, MORE_CHAT_PROMPTS
 
 BUCKETS = ((0.0, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.01))
 TRAIN_SAMPLE = 96  # training sequences measured (every few, across the split)
@@ -107,10 +109,18 @@ def main(out: Path) -> None:
         "training (sample)": (train, train_rows[:: max(1, len(train_rows) // TRAIN_SAMPLE)]),
         "held-out": (train, list(range(n_eval))),
     }
-    for name, folder in (("chat", "chat_features"), ("chat-more", "more_chat_features")):
+    chat_sets = (
+        ("chat", "chat_features", CHAT_PROMPTS),
+        ("chat-more", "more_chat_features", MORE_CHAT_PROMPTS),
+    )
+    for name, folder, prompts in chat_sets:
         if (work / folder).is_dir():
             c = open_cache(work / folder)
             splits[name] = (c, list(range(c.num_sequences)))
+            if c.num_sequences == len(prompts):  # the caches keep the prompts' order
+                for kind in ("question", "instruction", "rewrite"):
+                    rows = [i for i, p in enumerate(prompts) if p["kind"] == kind]
+                    splits[f"{name}: {kind}s"] = (c, rows)
     header = " | ".join(f"p1 {lo:.1f}-{min(hi, 1.0):.1f}" for lo, hi in BUCKETS)
     print(
         f"| split | positions | first draft right | target's mean p1 | {header} | bigram | trigram |"
