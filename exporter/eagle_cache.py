@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 DONE = "done.json"
 FORMAT = 2  # 2: with the soft labels (top_ids, top_probs); a cache of another format is rebuilt
 TOP_K = 16  # soft labels kept per position: their mass is most of the target's on chat
+# what a head can learn from the cache: the top-K distribution (soft) or the argmax (greedy);
+# here, not in the torch-bound trainer, so the CLI offers them without importing torch
+LABELS = ("soft", "greedy")
 
 # ids [S] -> (features [S, 3H] float, top ids [S, K] with the argmax first, their
 # probabilities [S, K]): one target run over a whole sequence

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from specport.exporter.eagle_cache import FeatureCache
+from specport.exporter.eagle_cache import LABELS, FeatureCache
 from specport.exporter.eagle_head import EagleConfig, EagleHead
 from specport.progress import Loop
 
@@ -42,7 +42,6 @@ CHECKPOINT = "checkpoint.pt"
 # cost as much wall time as the training between the points on a loaded machine
 TIMELINE_POSITIONS = 2048
 TIMELINE_POINTS = 12
-LABELS = ("soft", "greedy")
 
 
 def torch_threads(wanted: int, in_use: int) -> int:

@@ -13,6 +13,7 @@ import specport
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE, int_at_least, int_between
 from specport.drafting import DEFAULT_MESSAGES, DEFAULT_SEQUENCES, MESSAGES
+from specport.exporter.eagle_cache import LABELS, TOP_K
 
 
 def _minutes(text: str) -> float:
@@ -94,10 +95,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--labels",
-        choices=("soft", "greedy"),
-        default="soft",
-        help="what the head learns: the target's top-16 distribution (soft, default) or its "
-        "greedy choice only",
+        choices=LABELS,
+        default=LABELS[0],
+        help=f"what the head learns: the target's top-{TOP_K} distribution (soft, default) or "
+        "its greedy choice only",
     )
     p.add_argument("--threads", type=POSITIVE, default=2, help="threads (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
