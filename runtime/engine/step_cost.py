@@ -17,7 +17,10 @@ machine and artifact: the table is kept in `settings.cache_dir()/step_costs.json
 the artifact's file hashes, the provider, the thread count and the CPU, so a second run reads
 it instead of measuring (about 40 target runs). The proposers that size their drafts from it
 (`speculative.hybrid`) read relative costs: a verify of k drafts costs `verify_costs[k]`
-plain steps.
+plain steps. That table comes from ~40 runs timed once; a machine that was busy then would
+steer every later run. So the hybrid also times its own steps (`LiveVerifyCosts`): once it
+has enough plain and verify steps, their ratio corrects the table, and a table that was off
+by more than `LIVE_KEEP` is replaced on disk by the corrected one.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import os
 import platform
 import time
 import weakref
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +45,14 @@ from specport.runtime.kv.cache import KVCache
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StepCost", "best_width", "measure_widths", "verify_costs"]
+__all__ = [
+    "LiveVerifyCosts",
+    "StepCost",
+    "best_width",
+    "keep_verify_costs",
+    "measure_widths",
+    "verify_costs",
+]
 
 CALIBRATION_TOKENS = (1, 8, 16)  # tokens per calibration run (the first is a plain step)
 CALIBRATION_REPEATS = 5  # rounds over every size; each size's fastest run counts
@@ -207,6 +218,107 @@ def verify_costs(model: Any, max_draft: int = 16) -> list[float]:
     with contextlib.suppress(TypeError):
         _MEMO[model] = costs
     return _extend(costs, max_draft)
+
+
+def keep_verify_costs(model: Any, costs: Sequence[float]) -> None:
+    """Replace ``model``'s kept verify costs (``costs[k]``: verifying k drafts, a plain step
+    being 1) in memory and on disk: what the next run on this machine starts from."""
+    costs = [float(c) for c in costs]
+    with contextlib.suppress(TypeError):
+        _MEMO[model] = costs
+    key = _key(model)
+    if key:
+        widths = list(range(1, len(costs) + 1))
+        _write(key, {"widths": widths, "seconds": costs, "from": "decoding"})
+
+
+LIVE_WINDOW = 64  # the latest timed steps kept per draft count
+LIVE_MIN = 16  # timed steps of a draft count, and of plain steps, before they correct its cost
+LIVE_EVERY = 32  # timed steps between corrections
+LIVE_KEEP = 0.10  # a draft count's cost this far off the kept table replaces it on disk
+PROBE_EVERY = 16  # timed steps between probes while one-draft verifies are too few to judge
+
+
+class LiveVerifyCosts:
+    """Verify costs corrected by the steps decoding times itself.
+
+    ``verify_costs`` keeps a table timed once in ~40 runs: measured while other work held the
+    cores, it is off for good (a tiny model's 2-token verify read 1.3 plain steps under load
+    and 1.0 idle). Decoding times hundreds of steps of each kind: per draft count k, the lower
+    quartile of its latest steps (verify run and host work; stalls only add time) over the
+    plain steps' is what verifying k drafts costs now. Each count measured corrects its own
+    cost, counts never drafted take the factor of the nearest measured one, and costs stay
+    non-decreasing. When a measured count is off the kept table by more than ``LIVE_KEEP``,
+    ``keep`` stores the corrected table (``keep_verify_costs``), so the next run starts right.
+
+    A table that prices drafts too high stops them, and with them the steps that would show
+    it: so while fewer than ``LIVE_MIN`` one-draft verifies were timed, ``probe`` asks for one
+    every ``PROBE_EVERY`` steps (a free draft at hand, a suffix match, is verified though the
+    table says it does not pay; under greedy decoding a draft changes speed, never tokens).
+    """
+
+    def __init__(
+        self, costs: Sequence[float], keep: Callable[[list[float]], None] | None = None
+    ) -> None:
+        self.table = [float(c) for c in costs]  # what the corrections scale
+        self.costs = list(self.table)  # the corrected costs now
+        self._kept = list(self.table)  # what the disk holds
+        self._keep = keep
+        self._times: dict[int, deque[float]] = {}
+        self._since = 0
+        self.steps = 0  # timed steps seen
+        self._probed = 0  # ``steps`` at the last probe
+
+    def probe(self) -> bool:
+        """Whether to verify one draft now that the costs say not to (see the class doc)."""
+        if len(self._times.get(1, ())) >= LIVE_MIN or self.steps - self._probed < PROBE_EVERY:
+            return False
+        self._probed = self.steps
+        return True
+
+    def observe(self, drafts: int, seconds: float) -> bool:
+        """One timed step that verified ``drafts`` drafts (0: a plain step); True when the
+        costs changed."""
+        if seconds <= 0.0 or drafts >= len(self.table):
+            return False
+        self._times.setdefault(int(drafts), deque(maxlen=LIVE_WINDOW)).append(float(seconds))
+        self.steps += 1
+        self._since += 1
+        if self._since < LIVE_EVERY:
+            return False
+        self._since = 0
+        return self._correct()
+
+    def _correct(self) -> bool:
+        plain = self._times.get(0, ())
+        if len(plain) < LIVE_MIN:
+            return False
+        base = float(np.quantile(plain, 0.25))
+        factors = {
+            k: float(np.quantile(t, 0.25)) / base / self.table[k]
+            for k, t in self._times.items()
+            if k > 0 and len(t) >= LIVE_MIN
+        }
+        if not factors:
+            return False
+        measured = sorted(factors)
+        costs = [1.0]
+        for k in range(1, len(self.table)):
+            near = min(measured, key=lambda m: (abs(m - k), m))  # ties: the smaller count
+            costs.append(max(costs[-1], self.table[k] * factors[near]))
+        changed = any(abs(c - o) > 0.01 * o for c, o in zip(costs, self.costs))
+        self.costs = costs
+        if changed:
+            logger.info(
+                "verify costs from %d timed steps: %s",
+                self.steps,
+                ", ".join(f"{k} drafts {self.table[k]:.2f} -> {costs[k]:.2f}" for k in measured),
+            )
+        off = max(abs(costs[k] / self._kept[k] - 1.0) for k in measured)
+        if off > LIVE_KEEP and self._keep is not None:
+            self._keep(list(costs))
+            self._kept = list(costs)
+        return changed
 
 
 def _extend(costs: list[float], max_draft: int) -> list[float]:

@@ -17,9 +17,9 @@ has, by **expected tokens per unit of step cost**, and drafts with the best:
   draft token equals the emitted one with the probability that rejection sampling accepts
   it, so the estimate stays unbiased. The model is scored when it ran;
 * **cost, measured**: verifying k drafts costs ``engine.step_cost.verify_costs(model)[k]``
-  plain steps (measured once per machine and artifact), plus what the drafter costs per
-  draft (its prior, ``draft_cost``; under greedy decoding, its timed runs against the timed
-  rest of the step).
+  plain steps (measured once per machine and artifact; under greedy decoding corrected by the
+  steps' own times, ``LiveVerifyCosts``), plus what the drafter costs per draft (its prior,
+  ``draft_cost``; under greedy decoding, its timed runs against the timed rest of the step).
 
 The candidates are plain decoding (value 1), the suffix draft at its best length, and the
 model's draft at its best length (run only when it wins: an EAGLE head that would not pay is
@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from specport.runtime.engine.step_cost import LiveVerifyCosts
 from specport.runtime.speculative.base import Drafts, Proposer, ProposerBase
 from specport.runtime.speculative.metrics import AdaptiveDraftLength
 from specport.runtime.speculative.suffix import SuffixProposer
@@ -85,6 +86,15 @@ class HybridState:
         self.model_cost = float(model_cost)  # per draft, relative to a plain step
         self.plain_s: float | None = None  # a plain step's seconds (timed, greedy only)
         self.model_s: float | None = None  # the drafter's seconds per draft (timed)
+        self.costs = list(verify_costs)  # verifying k = 0..max_draft drafts, a plain step = 1
+        self.live: LiveVerifyCosts | None = None  # corrects ``costs`` from timed steps
+
+    def time_step(self, drafts: int, seconds: float) -> None:
+        """A timed step's verify run and host work: corrects the verify costs (if tracked)."""
+        if self.live is not None and self.live.observe(drafts, seconds):
+            self.costs = self.live.costs[: len(self.costs)]
+            for ctl in self.sources.values():
+                ctl.set_verify_costs(self.costs)
 
     def model_ctl(self) -> AdaptiveDraftLength:
         ctl = self.sources["model"]
@@ -118,7 +128,8 @@ class HybridProposer(ProposerBase):
         self._shared = shared
         self.state = self._fresh()
         self.timed = False
-        self.choices: dict[str, int] = {}  # steps per choice (plain, suffix, model, model+suffix)
+        self.choices: dict[str, int] = {}  # steps per choice (plain, suffix, model, model+suffix,
+        # probe: a one-draft verify timed for the costs)
         # drafts waiting for the tokens that score them: (estimate, draft, context position,
         # leading tokens that must come true before the rest is scored: an extension's)
         self._tests: list[tuple[AdaptiveDraftLength, list[int], int, int]] = []
@@ -221,6 +232,8 @@ class HybridProposer(ProposerBase):
                 return self._model(ctx, cap, m_k, mctl)
         if best == "suffix":
             return self._chose("suffix", sdraft[:s_k])
+        if sdraft and self.timed and state.live is not None and state.live.probe():
+            return self._chose("probe", sdraft[:1])  # times a one-draft verify (LiveVerifyCosts)
         return self._chose("plain", [])
 
     def _model(self, ctx: list[int], cap: int, k: int, mctl: AdaptiveDraftLength) -> list[int]:
@@ -261,11 +274,14 @@ class HybridProposer(ProposerBase):
     def _time_rest(self, now: float) -> None:
         """The time since the last propose returned: the rest of that step (its verify run
         and host work), which costs ``verify_costs[fed]`` plain steps."""
-        if not self.timed or self._end is None or self.state.sources.get("model") is None:
+        if not self.timed or self._end is None:
             return
         rest = now - self._end
-        plain = rest / self._costs[min(self._fed, len(self._costs) - 1)]
         state = self.state
+        state.time_step(self._fed, rest)
+        if state.sources.get("model") is None:
+            return
+        plain = rest / state.costs[min(self._fed, len(state.costs) - 1)]
         if state.plain_s is None:
             state.plain_s = plain
         elif plain < 4.0 * state.plain_s:  # a stall (or a new request's prefill) is no trend
@@ -300,6 +316,21 @@ class HybridProposer(ProposerBase):
 _STATES: weakref.WeakKeyDictionary[Any, HybridState] = weakref.WeakKeyDictionary()
 
 
+def _keeper(model: Any) -> Any:
+    """Stores corrected verify costs for ``model`` without keeping it alive (the state that
+    holds this is itself kept per model, weakly)."""
+    from specport.runtime.engine.step_cost import keep_verify_costs
+
+    ref = weakref.ref(model)
+
+    def keep(costs: list[float]) -> None:
+        held = ref()
+        if held is not None:
+            keep_verify_costs(held, costs)
+
+    return keep
+
+
 def make_hybrid_proposer(
     model: Any, num_draft: int, draft_model: Any | None = None
 ) -> HybridProposer:
@@ -309,7 +340,8 @@ def make_hybrid_proposer(
     from specport.runtime.engine.step_cost import verify_costs
 
     drafter, prior, model_max = _drafter(model, draft_model)
-    costs = verify_costs(model, max(int(num_draft), 1))
+    table = verify_costs(model, MAX_DRAFT)
+    costs = table[: max(int(num_draft), 1) + 1]
     suffix = SuffixProposer(model.suffix_index, max_draft=max(int(num_draft), 1))
     shared = None
     try:
@@ -320,6 +352,7 @@ def make_hybrid_proposer(
             or len(next(iter(shared.sources.values())).rate) != len(costs) - 1
         ):
             shared = HybridState(len(costs) - 1, costs, prior, 0.0)
+            shared.live = LiveVerifyCosts(table, _keeper(model))
             _STATES[model] = shared
     except TypeError:  # not weakly referenceable: estimates per request
         shared = None

@@ -160,3 +160,69 @@ def test_verify_costs_are_measured_once_per_machine_and_artifact(tmp_path, monke
     step_cost.verify_costs(model("b"), 4)  # another artifact: measured
     assert len(runs) == 2
     assert len(json.loads((tmp_path / "step_costs.json").read_text())) == 2
+
+
+def test_timed_steps_correct_verify_costs_measured_under_load():
+    kept: list[list[float]] = []
+    live = step_cost.LiveVerifyCosts([1.0, 1.3, 1.5, 1.7, 1.9], kept.append)
+    for i in range(2 * step_cost.LIVE_MIN):  # plain 10 ms, one draft 10.5 ms, some stalls
+        stall = 5.0 if i % 7 == 0 else 1.0
+        live.observe(i % 2, stall * (0.010 if i % 2 == 0 else 0.0105))
+    assert live.costs[1] == pytest.approx(1.05, rel=0.01)
+    assert live.costs[2] == pytest.approx(1.5 * 1.05 / 1.3, rel=0.01)  # the nearest's factor
+    assert kept == [live.costs]  # off by more than LIVE_KEEP: the next run starts from it
+
+
+def test_a_table_that_holds_is_kept_and_probes_stop_once_one_draft_is_timed():
+    kept: list[list[float]] = []
+    live = step_cost.LiveVerifyCosts([1.0, 1.05, 1.1], kept.append)
+    probes = 0
+    for _ in range(20 * step_cost.PROBE_EVERY):
+        if live.probe():
+            probes += 1
+            live.observe(1, 0.0106)
+        else:
+            live.observe(0, 0.010)
+    assert probes == step_cost.LIVE_MIN
+    assert live.costs[1] == pytest.approx(1.06, rel=0.01) and kept == []
+
+
+def test_the_hybrid_probes_a_table_that_prices_drafts_out_and_drafts_once_corrected(
+    monkeypatch,
+):
+    from specport.runtime.speculative import hybrid as hybrid_module
+    from specport.runtime.speculative.hybrid import HybridState
+
+    clock = [0.0]
+    monkeypatch.setattr(hybrid_module.time, "perf_counter", lambda: clock[0])
+    pessimistic = [1.0, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3]  # measured under load
+    shared = HybridState(8, pessimistic, None, 0.0)
+    shared.live = step_cost.LiveVerifyCosts(pessimistic)
+    hybrid = HybridProposer(
+        SuffixProposer(SuffixIndex(), max_draft=8), None, pessimistic, None, shared=shared
+    )
+    hybrid.start(None)
+    ctx = [1, 2, 3, 4, 1, 2, 3]
+    for _ in range(40 * step_cost.PROBE_EVERY):
+        for ctl in shared.sources.values():
+            ctl.rate = [0.3] * 8  # 1.3 tokens for a 1.6 verify: the table says never draft
+        drafts = hybrid.propose([ctx], 8).row(0)
+        clock[0] += 0.0105 if drafts else 0.010  # what this machine really takes
+        ctx.append(ctx[-4])
+    assert hybrid.choices["probe"] == step_cost.LIVE_MIN
+    assert shared.costs[1] == pytest.approx(1.05, rel=0.01)
+    assert shared.sources["own-long"].verify_costs == shared.costs
+    assert len(hybrid.propose([ctx], 8).row(0)) >= 1 and hybrid.choices["suffix"] >= 1
+
+
+def test_corrected_costs_are_kept_for_the_next_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPORT_CACHE", str(tmp_path))
+    loaded = [0.010] + [0.016 + 0.001 * (w - 2) for w in step_cost.WIDTHS[1:]]
+    monkeypatch.setattr(step_cost, "measure_widths", lambda *args: loaded)
+    model = SimpleNamespace(
+        manifest=SimpleNamespace(files={"model.onnx": "c"}), path=tmp_path, session=None
+    )
+    assert step_cost.verify_costs(model, 2) == pytest.approx([1.0, 1.6, 1.7])
+    step_cost.keep_verify_costs(model, [1.0, 1.05, 1.1, 1.2])
+    step_cost._MEMO.clear()  # a new process: read from disk
+    assert step_cost.verify_costs(model, 3) == pytest.approx([1.0, 1.05, 1.1, 1.2])
