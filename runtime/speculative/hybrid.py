@@ -88,6 +88,7 @@ class HybridState:
         self.model_s: float | None = None  # the drafter's seconds per draft (timed)
         self.costs = list(verify_costs)  # verifying k = 0..max_draft drafts, a plain step = 1
         self.live: LiveVerifyCosts | None = None  # corrects ``costs`` from timed steps
+        self.last: int | None = None  # id() of the proposer that proposed last
 
     def time_step(self, drafts: int, seconds: float) -> None:
         """A timed step's verify run and host work: corrects the verify costs (if tracked)."""
@@ -273,11 +274,15 @@ class HybridProposer(ProposerBase):
     # ---- timing (greedy only: under sampling the choice must not depend on the clock) ----
     def _time_rest(self, now: float) -> None:
         """The time since the last propose returned: the rest of that step (its verify run
-        and host work), which costs ``verify_costs[fed]`` plain steps."""
-        if not self.timed or self._end is None:
+        and host work), which costs ``verify_costs[fed]`` plain steps. Timed only where the
+        step was this row's alone: rows decoding together (a batch, several completions)
+        share the estimates, and one row's time would then hold the others' work."""
+        state = self.state
+        alone = state.last == id(self)  # no other row's work since this row's last step
+        state.last = id(self)
+        if not self.timed or self._end is None or not alone:
             return
         rest = now - self._end
-        state = self.state
         state.time_step(self._fed, rest)
         if state.sources.get("model") is None:
             return

@@ -226,3 +226,23 @@ def test_corrected_costs_are_kept_for_the_next_run(tmp_path, monkeypatch):
     step_cost.keep_verify_costs(model, [1.0, 1.05, 1.1, 1.2])
     step_cost._MEMO.clear()  # a new process: read from disk
     assert step_cost.verify_costs(model, 3) == pytest.approx([1.0, 1.05, 1.1, 1.2])
+
+
+def test_rows_decoding_together_do_not_time_each_others_steps():
+    from specport.runtime.speculative.hybrid import HybridState
+
+    shared = HybridState(8, CHEAP, None, 0.0)
+    shared.live = step_cost.LiveVerifyCosts(CHEAP)
+    rows = [
+        HybridProposer(SuffixProposer(SuffixIndex()), None, CHEAP, None, shared=shared)
+        for _ in range(2)
+    ]
+    for row in rows:
+        row.start(None)
+    for _ in range(4):  # a batched run: both rows propose every step
+        for row in rows:
+            row.propose([[1, 2, 3]], 4)
+    assert shared.live.steps == 0
+    for _ in range(4):  # one row alone
+        rows[0].propose([[1, 2, 3]], 4)
+    assert shared.live.steps == 3  # its first step still followed the other row's
