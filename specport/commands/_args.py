@@ -113,7 +113,8 @@ def add_suffix_corpus_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--suffix-corpus",
         metavar="FILE",
-        help="for --speculative suffix: earlier answers to draft from, one JSON object per line "
+        help="for --speculative suffix or auto: earlier answers to draft from, one JSON object "
+        "per line "
         'with "ids" or "text" (python -m specport.samples.suffix_corpus makes one)',
     )
 
@@ -142,7 +143,8 @@ def check_speculative(args: argparse.Namespace) -> None:
         raise UsageError("--draft is used only with --speculative draft; add it or drop --draft.")
     if args.suffix_corpus and args.speculative not in ("suffix", "auto"):
         raise UsageError(
-            "--suffix-corpus is read only by --speculative suffix; add it or drop --suffix-corpus."
+            "--suffix-corpus is read only by --speculative suffix or auto; add one or drop "
+            "--suffix-corpus."
         )
     if getattr(args, "suffix_record", None) and args.speculative not in ("suffix", "auto"):
         raise UsageError(

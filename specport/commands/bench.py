@@ -195,8 +195,10 @@ def run(args: argparse.Namespace) -> int:
         from specport.bench.plot import check_plot_path
 
         args.plot = check_plot_path(args.plot)
-    if args.suffix_corpus and "suffix" not in (args.speculative or []):
-        raise UsageError("--suffix-corpus is read only by --speculative suffix; add it or drop it.")
+    if args.suffix_corpus and not {"suffix", "auto"} & set(args.speculative or []):
+        raise UsageError(
+            "--suffix-corpus is read only by --speculative suffix or auto; add one or drop it."
+        )
     if args.request_rate is not None:  # checked here, not by argparse: one line, no usage
         args.request_rate = _request_rate(args.request_rate)
     if args.requests is not None and args.ceiling:
