@@ -25,6 +25,7 @@ from specport.results import GenerationResult
 from specport.runtime.generator import Generator
 from specport.runtime.kv.layouts import align_kv_dtype
 from specport.runtime.session import SessionConfig, make_session
+from specport.runtime.speculative.loop import KVSlot
 from specport.runtime.speculative.suffix import SuffixIndex
 from specport.speculative_calls import speculative_batch, speculative_one
 from specport.text_stream import TextStream
@@ -54,6 +55,8 @@ class Model:
         self._suffix_index: Any = None
         self._generator: Generator | None = None
         self._generator_lock = threading.Lock()
+        self._spec_slot = KVSlot()
+        self._spec_lock = threading.Lock()
 
     @property
     def suffix_index(self) -> Any:
@@ -84,6 +87,19 @@ class Model:
             yield self._generator
         finally:
             self._generator_lock.release()
+
+    @contextmanager
+    def speculative_slot(self) -> Iterator[KVSlot]:
+        """The KV cache speculative calls keep between them (see `plain_generator`): a chat's
+        next turn prefills only what follows the previous prompt and answer. A call made
+        while another one runs gets an empty slot of its own."""
+        if not self._spec_lock.acquire(blocking=False):
+            yield KVSlot()
+            return
+        try:
+            yield self._spec_slot
+        finally:
+            self._spec_lock.release()
 
     @property
     def has_mtp_branch(self) -> bool:

@@ -69,18 +69,20 @@ def speculative_one(
             method=method,
         )
     else:
-        tokens, reason, metrics = generate_speculative(
-            model,
-            prompt_ids,
-            max_new_tokens,
-            method,
-            num_draft,
-            draft_model,
-            sampling,
-            eos,
-            on_token,
-            adaptive,
-        )
+        with model.speculative_slot() as slot:
+            tokens, reason, metrics = generate_speculative(
+                model,
+                prompt_ids,
+                max_new_tokens,
+                method,
+                num_draft,
+                draft_model,
+                sampling,
+                eos,
+                on_token,
+                adaptive,
+                slot,
+            )
     if on_token is None:
         streams.push_all([tokens])
     text = streams.finish()[0] if model.tokenizer is not None else ""

@@ -14,6 +14,10 @@ together, as in the serving engine.
 The verifier is chosen once per request (``verify.make_verifier``): under plain greedy decoding
 with a proposer whose graph verifies its own drafts (an MTP branch) it is the graph's verdict,
 read from the run's outputs instead of recomputed on the host.
+
+One prompt on a cache kept from the previous call (``cache`` and ``held``, the ids its row
+holds) prefills only what follows their common prefix, as the plain loop does: a chat's next
+turn starts with the previous turn's prompt and answer.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from specport.runtime.bound_loop import BATCH_1_POSITIONS
 from specport.runtime.engine import step
+from specport.runtime.engine.prefix_cache import common_prefix
 from specport.runtime.kv.cache import KVCache, open_kv_cache, takes_batched_steps
 from specport.runtime.kv.seq_cache import context_limit
 from specport.runtime.sampler import Sampler, SamplingConfig
@@ -53,6 +59,7 @@ class RowsOutput:
     metrics: dict[str, Any] = field(default_factory=dict)
     cache: KVCache | None = None  # the KV after the last step (reusable by the next call)
     stats: list[SpecDecodingStats] = field(default_factory=list)  # acceptance per row
+    held: list[int] | None = None  # one row: the ids whose KV ``cache`` holds (see ``held``)
 
 
 def generate_rows(
@@ -71,6 +78,7 @@ def generate_rows(
     cache: KVCache | None = None,
     graph_verify: bool = True,
     tree_width: int = 0,
+    held: Sequence[int] | None = None,
 ) -> RowsOutput:
     """Decode ``prompts`` together through the one step (see the module docstring).
 
@@ -79,7 +87,9 @@ def generate_rows(
     when it is large enough (its buffers stay allocated and bound); ``graph_verify``: trust
     an MTP branch's in-graph verdict under plain greedy decoding (False: verify on the host);
     ``tree_width``: the widest token tree the proposer drafts (KV room for its nodes; 0 for
-    chains)."""
+    chains); ``held``: the ids whose KV ``cache``'s row 0 holds (an earlier call's
+    ``RowsOutput.held``): one prompt on the shared layout prefills only what follows their
+    common prefix."""
     manifest = model.manifest
     session = session if session is not None else model.session
     limit = context_limit(manifest)
@@ -96,8 +106,16 @@ def generate_rows(
         or cache.max_length < length
         or cache.session is not session
     ):
-        cache = open_kv_cache(session, manifest, n, length)  # the artifact's layout
+        if n == 1:  # room for a chat's next turns, as the plain loop keeps
+            length = min(limit, max(2 * length, BATCH_1_POSITIONS))
+        cache, held = open_kv_cache(session, manifest, n, length), None  # the artifact's layout
     cache.reset()
+    reuse = 0  # prompt positions whose KV the cache already holds
+    if held is not None and n == 1 and manifest.kv.layout == "shared":
+        prompt = np.asarray(rows[0], dtype=np.int64)
+        reuse = min(common_prefix(np.asarray(held, dtype=np.int64), prompt), len(prompt) - 1)
+        cache.lengths[0] = reuse
+    held_out: list[int] | None = None
     length = cache.max_length
     batched = (
         n == 1
@@ -142,8 +160,8 @@ def generate_rows(
 
     t_start = time.perf_counter()
     for r, prompt in enumerate(rows):  # all but the last token: the first step feeds it
-        if len(prompt) > 1:
-            cache.step_row(r, np.asarray(prompt[:-1], dtype=np.int64), last_only=True)
+        if len(prompt) - 1 > reuse:
+            cache.step_row(r, np.asarray(prompt[reuse:-1], dtype=np.int64), last_only=True)
     t_prefill = time.perf_counter()
     prefill_ort = cache.ort_seconds
     t_first: float | None = None
@@ -191,6 +209,8 @@ def generate_rows(
                     if why is not None:
                         reasons[r] = why
                         live.remove(row)
+                        if n == 1:  # what the next call may reuse (KV past EOS is not held)
+                            held_out = contexts[r][: int(cache.lengths[r])]
                         cache.free(r)  # concat: out of the next runs' KV
                         break
         if t_first is None:
@@ -202,6 +222,8 @@ def generate_rows(
         make_proposer is not None,
     )  # fmt: skip
     metrics["kv_layout"] = manifest.kv.layout
+    if n == 1:
+        metrics["cached_prompt_tokens"] = reuse
     if tree_width and "speculative" in metrics:
         steps = metrics["speculative"].get("steps") or 0
         metrics["speculative"].update(
@@ -213,7 +235,7 @@ def generate_rows(
         )
     if make_proposer is not None and n == 1:
         stats[0].log()
-    return RowsOutput(out, reasons, metrics, cache, stats)
+    return RowsOutput(out, reasons, metrics, cache, stats, held_out)
 
 
 def _groups(

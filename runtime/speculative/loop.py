@@ -72,6 +72,7 @@ class SpeculativeGenerator:
         self.adaptive = default_adaptive(proposer) if adaptive is None else bool(adaptive)
         self.fast = fast  # greedy MTP: trust the graph's own verification (``GraphVerifier``)
         self.last_kv: Any = None  # the KV after the last generation (reused by the next)
+        self.last_ids: list[int] | None = None  # the ids whose KV ``last_kv`` holds
 
     def generate(
         self,
@@ -95,10 +96,20 @@ class SpeculativeGenerator:
             self.proposer.name,
             cache=self.last_kv,
             graph_verify=self.fast,
+            held=self.last_ids,
         )
-        self.last_kv = out.cache
+        self.last_kv, self.last_ids = out.cache, out.held
         out.metrics["speculative"].pop("rows", None)  # one row: the totals are its own
         return SpeculativeOutput(out.tokens[0], out.finish_reasons[0], out.metrics, out.stats[0])
+
+
+@dataclass
+class KVSlot:
+    """A model's KV cache kept between speculative calls and the ids its row holds (None:
+    nothing reusable, e.g. after a call that did not finish)."""
+
+    cache: Any = None
+    held: list[int] | None = None
 
 
 class SessionModel:
@@ -186,6 +197,7 @@ def generate_speculative(
     eos_ids: Sequence[int] = (),
     on_token: OnToken | None = None,
     adaptive: bool | None = None,
+    slot: KVSlot | None = None,
 ) -> tuple[list[int], str, dict[str, Any]]:
     """Speculative generation for one prompt with a loaded ``specport.api.Model``.
 
@@ -199,6 +211,11 @@ def generate_speculative(
     num_draft = check_num_draft(num_draft)
     proposer = make_proposer(method, model, num_draft, draft_model)
     gen = SpeculativeGenerator(model.session, model.manifest, proposer, num_draft, adaptive)
+    if slot is not None:  # a cache from the model's last call: its prefix is not prefilled
+        gen.last_kv, gen.last_ids = slot.cache, slot.held
+        slot.held = None  # the cache changes now: held again only once this call ends
     out = gen.generate(prompt_ids, max_new_tokens, sampling, eos_ids, on_token)
+    if slot is not None:
+        slot.cache, slot.held = gen.last_kv, gen.last_ids
     out.metrics["provider"] = getattr(model, "provider", None)
     return out.tokens, out.finish_reason, out.metrics

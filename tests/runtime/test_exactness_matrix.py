@@ -147,6 +147,40 @@ def test_batch1_loops_equal_plain(arts, layout, proposer, verifier, adaptive):
 
 
 @slow
+@pytest.mark.parametrize("proposer", ["ngram", "suffix", "mtp", "auto"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_chat_turns_reuse_the_kv_and_equal_plain(arts, layout, proposer):
+    """A chat's next turn (the last prompt + its answer + a new message) prefills only what
+    follows the KV kept from the last call, on the shared layout; every turn equals plain
+    greedy on its whole prompt. A call that did not finish leaves nothing to reuse."""
+    base = arts[layout]
+    model = arts[f"mtp_{layout}"] if proposer == "mtp" else base
+    kw: dict[str, Any] = dict(max_new_tokens=NEW, ignore_eos=True, num_draft=2)
+    prompt = list(PROMPTS[0])
+    for turn in range(3):
+        got = model.generate(prompt_ids=prompt, speculative=proposer, **kw)
+        assert got.tokens == base.generate(prompt_ids=prompt, **kw).tokens, (turn, proposer)
+        cached = got.metrics["cached_prompt_tokens"]
+        if layout == "concat":
+            assert cached == 0
+        elif turn:  # (the first turn may continue an earlier test's call)
+            assert cached >= len(prompt) - 5  # all but the new message (and the last token)
+        prompt = [*prompt, *got.tokens, 1, 5, 6, 7]
+    model.generate(prompt_ids=prompt, speculative=proposer, **kw)
+    again = model.generate(prompt_ids=prompt, speculative=proposer, **kw)  # the same prompt
+    assert again.metrics["cached_prompt_tokens"] == (len(prompt) - 1) * (layout == "shared")
+
+    def stop(text: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        model.generate(prompt_ids=prompt, speculative=proposer, on_text=stop, **kw)
+    after = model.generate(prompt_ids=prompt, speculative=proposer, **kw)
+    assert after.metrics["cached_prompt_tokens"] == 0
+    assert after.tokens == again.tokens
+
+
+@slow
 @pytest.mark.parametrize("adaptive", [False, True], ids=["fixed-k", "adaptive"])
 @pytest.mark.parametrize("verifier", list(VERIFIERS))
 @pytest.mark.parametrize("proposer", ["ngram", "suffix", "mtp", "auto"])
