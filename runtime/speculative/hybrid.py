@@ -37,12 +37,12 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from specport.runtime.engine.step_cost import LiveVerifyCosts
+from specport.runtime.engine.step_cost import LiveVerifyCosts, keep_verify_costs
 from specport.runtime.speculative.base import Drafts, Proposer, ProposerBase
 from specport.runtime.speculative.metrics import AdaptiveDraftLength
 from specport.runtime.speculative.suffix import SuffixProposer
@@ -321,11 +321,9 @@ class HybridProposer(ProposerBase):
 _STATES: weakref.WeakKeyDictionary[Any, HybridState] = weakref.WeakKeyDictionary()
 
 
-def _keeper(model: Any) -> Any:
+def _keeper(model: Any) -> Callable[[list[float]], None]:
     """Stores corrected verify costs for ``model`` without keeping it alive (the state that
     holds this is itself kept per model, weakly)."""
-    from specport.runtime.engine.step_cost import keep_verify_costs
-
     ref = weakref.ref(model)
 
     def keep(costs: list[float]) -> None:

@@ -83,6 +83,7 @@ class SpeculativeGenerator:
         on_token: OnToken | None = None,
     ) -> SpeculativeOutput:
         """The engine's one step over a batch of one (its cache reused)."""
+        held, self.last_ids = self.last_ids, None  # the cache changes now: held once it ends
         out = generate_rows(
             SessionModel(self.session, self.manifest),
             [prompt],
@@ -96,7 +97,7 @@ class SpeculativeGenerator:
             self.proposer.name,
             cache=self.last_kv,
             graph_verify=self.fast,
-            held=self.last_ids,
+            held=held,
         )
         self.last_kv, self.last_ids = out.cache, out.held
         out.metrics["speculative"].pop("rows", None)  # one row: the totals are its own

@@ -114,8 +114,7 @@ def add_suffix_corpus_option(p: argparse.ArgumentParser) -> None:
         "--suffix-corpus",
         metavar="FILE",
         help="for --speculative suffix or auto: earlier answers to draft from, one JSON object "
-        "per line "
-        'with "ids" or "text" (python -m specport.samples.suffix_corpus makes one)',
+        'per line with "ids" or "text" (python -m specport.samples.suffix_corpus makes one)',
     )
 
 
