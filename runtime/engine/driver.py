@@ -224,6 +224,9 @@ def generate_rows(
     metrics["kv_layout"] = manifest.kv.layout
     if n == 1:
         metrics["cached_prompt_tokens"] = reuse
+        choices = getattr(first, "choices", None)  # auto: what it chose, step by step
+        if isinstance(choices, dict) and "speculative" in metrics:
+            metrics["speculative"]["choices"] = dict(choices)
     if tree_width and "speculative" in metrics:
         steps = metrics["speculative"].get("steps") or 0
         metrics["speculative"].update(

@@ -129,8 +129,8 @@ class HybridProposer(ProposerBase):
         self._shared = shared
         self.state = self._fresh()
         self.timed = False
-        self.choices: dict[str, int] = {}  # steps per choice (plain, suffix, model, model+suffix,
-        # probe: a one-draft verify timed for the costs)
+        self.choices: dict[str, int] = {}  # this request's steps per choice (plain, suffix,
+        # model, model+suffix; probe: a one-draft verify timed for the costs)
         # drafts waiting for the tokens that score them: (estimate, draft, context position,
         # leading tokens that must come true before the rest is scored: an extension's)
         self._tests: list[tuple[AdaptiveDraftLength, list[int], int, int]] = []
@@ -154,6 +154,7 @@ class HybridProposer(ProposerBase):
         self.timed = greedy
         self.state = self._shared if greedy and self._shared is not None else self._fresh()
         self._tests, self._tested, self._fed, self._end = [], set(), 0, None
+        self.choices = {}
         self.suffix.start(sampling, stream)
         if self.model is not None:
             self.model.start(sampling, stream)

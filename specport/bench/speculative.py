@@ -272,6 +272,9 @@ def _run(
             totals[name]["tokens"] += counts[name]
             for key in ("drafted", "accepted", "steps"):
                 totals[name][key] += int(stats.get(name, {}).get(key, 0))
+            for what, steps in stats.get(name, {}).get("choices", {}).items():
+                chose = totals[name].setdefault("choices", {})  # auto: steps per choice
+                chose[what] = chose.get(what, 0) + steps
             one = stats.get(name, {})
             totals[name].setdefault("positions", SpecDecodingStats()).merge(
                 SpecDecodingStats(
@@ -302,6 +305,8 @@ def _run(
                 rates = positions.acceptance_rate_per_pos
                 row["acceptance_rate_per_position"] = [round(r, 3) for r in rates]
                 row["steps_that_drafted"] = round(positions.drafted_per_pos[0] / t["steps"], 3)
+        if t.get("choices"):  # auto: steps per choice, counted like the steps above
+            row["choices"] = dict(sorted(t["choices"].items(), key=lambda kv: -kv[1]))
         rows.append(row)
     return {
         "artifact": artifact,
@@ -388,4 +393,9 @@ def format_speculative_table(report: dict[str, Any]) -> str:
             f"{'-' if mal is None else f'{mal:.2f}':>15}{'yes' if r['tokens_equal_plain'] else 'NO':>8}"
             f"{'-' if over is None else f'{over:.2f}':>9}"
         )
+    for r in report["rows"]:
+        if r.get("choices"):
+            total = sum(r["choices"].values())
+            shares = ", ".join(f"{what} {100 * n / total:.0f}%" for what, n in r["choices"].items())
+            lines.append(f"{r['engine']} chose per step: {shares}")
     return "\n".join(lines)

@@ -23,6 +23,25 @@ def test_ngram_bench_reports_equal_tokens_and_acceptance(tiny_llama_artifact):
     assert all(rows[name]["step_overhead_ms"] >= 0 for name in ("plain", "ngram"))
 
 
+def test_auto_reports_what_it_chose_step_by_step(tiny_llama_artifact):
+    """auto's row says how its steps split between plain decoding, suffix matches and probes
+    (counted over every prompt), and the table prints the shares."""
+    from specport.bench.speculative import format_speculative_table
+
+    ids = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [9, 10, 11, 12]]
+    report = run_speculative_bench(
+        str(tiny_llama_artifact),
+        SpecBenchConfig(
+            methods=["auto"], num_draft=3, prompt_ids=ids, max_new_tokens=12, runs=1, threads=1
+        ),
+    )
+    row = {r["engine"]: r for r in report["rows"]}["auto"]
+    assert row["tokens_equal_plain"]
+    assert sum(row["choices"].values()) > 0
+    assert set(row["choices"]) <= {"plain", "suffix", "model", "model+suffix", "probe"}
+    assert "auto chose per step: " in format_speculative_table(report)
+
+
 def test_draft_beside_other_methods_in_one_run(tiny_llama_artifact):
     """The draft artifact goes to the draft rows only: n-gram and draft bench in one run."""
     report = run_speculative_bench(

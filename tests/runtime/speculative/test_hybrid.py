@@ -66,6 +66,8 @@ def test_a_suffix_match_expected_to_yield_more_replaces_the_model_draft():
     drafts = hybrid.propose([[1, 2, 3, 4, 5, 1, 2, 3]], 8)
     assert drafts.row(0)[:2] == [4, 5] and model.runs == 0  # the model is not even run
     assert hybrid.choices == {"suffix": 1}
+    hybrid.start(None)
+    assert hybrid.choices == {}  # counted per request
 
 
 def test_the_model_drafts_when_its_acceptance_pays_and_a_match_extends_it():
