@@ -307,17 +307,6 @@ class HybridProposer(ProposerBase):
         if state.plain_s and state.model_s is not None:
             state.model_cost = min(state.model_s / state.plain_s, 4.0)
 
-    def report(self) -> dict[str, Any]:
-        """The estimates now (per source: acceptance per position) and the choices made."""
-        return {
-            "choices": dict(self.choices),
-            "model_cost": round(self.state.model_cost, 4),
-            "acceptance": {
-                name: [round(r, 3) for r in ctl.rate[:4]]
-                for name, ctl in self.state.sources.items()
-            },
-        }
-
 
 _STATES: weakref.WeakKeyDictionary[Any, HybridState] = weakref.WeakKeyDictionary()
 
