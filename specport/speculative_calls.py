@@ -56,20 +56,21 @@ def speculative_one(
     # of detokenization between runs); otherwise all at once afterwards, the same text
     on_token = push if streams.needs_steps else None
     eos = [] if ignore_eos else model.manifest.eos_token_ids
-    if tree_width != 1:
-        tokens, reason, metrics = generate_tree(
-            model,
-            prompt_ids,
-            max_new_tokens,
-            num_draft,
-            tree_width,
-            sampling,
-            eos,
-            on_token,
-            method=method,
-        )
-    else:
-        with model.speculative_slot() as slot:
+    with model.speculative_slot() as slot:
+        if tree_width != 1:
+            tokens, reason, metrics = generate_tree(
+                model,
+                prompt_ids,
+                max_new_tokens,
+                num_draft,
+                tree_width,
+                sampling,
+                eos,
+                on_token,
+                method=method,
+                slot=slot,
+            )
+        else:
             tokens, reason, metrics = generate_speculative(
                 model,
                 prompt_ids,

@@ -48,6 +48,7 @@ from specport.runtime.speculative.base import (
     check_int_range,
 )
 from specport.runtime.speculative.loop import (
+    KVSlot,
     OnToken,
     SessionModel,
     SpeculativeOutput,
@@ -146,6 +147,7 @@ class TreeSpeculativeGenerator:
         self.observer = observer
         self.method = method
         self.last_kv: Any = None  # the KV after the last generation (reused by the next)
+        self.last_ids: list[int] | None = None  # the ids whose KV ``last_kv`` holds
 
     def generate(
         self,
@@ -155,8 +157,10 @@ class TreeSpeculativeGenerator:
         eos_ids: Sequence[int] = (),
         on_token: OnToken | None = None,
     ) -> SpeculativeOutput:
-        """The engine's one step over a batch of one, drafting trees."""
+        """The engine's one step over a batch of one, drafting trees (its cache reused: a
+        prompt that continues the last call's ids prefills only what follows them)."""
         proposer = TreeProposer(self.tree_width, self.candidates, self.observer, self.method)
+        held, self.last_ids = self.last_ids, None  # the cache changes now: held once it ends
         out = generate_rows(
             SessionModel(self.session, self.manifest),
             [prompt],
@@ -170,8 +174,9 @@ class TreeSpeculativeGenerator:
             session=self.session,
             cache=self.last_kv,
             tree_width=self.tree_width,
+            held=held,
         )
-        self.last_kv = out.cache
+        self.last_kv, self.last_ids = out.cache, out.held
         out.metrics["speculative"].pop("rows", None)  # one row: the totals are its own
         return SpeculativeOutput(out.tokens[0], out.finish_reasons[0], out.metrics, out.stats[0])
 
@@ -186,6 +191,7 @@ def generate_tree(
     eos_ids: Sequence[int] = (),
     on_token: OnToken | None = None,
     method: str = "ngram",
+    slot: KVSlot | None = None,
 ) -> tuple[list[int], str, dict[str, Any]]:
     """Tree speculative generation for one prompt with a loaded ``specport.api.Model``.
 
@@ -194,7 +200,9 @@ def generate_tree(
     n-gram matches (``method="ngram"``), the MTP heads (``"mtp"``, an MTP artifact) or the
     EAGLE head's beam (``"eagle"``, an artifact from ``train-draft``).
     The artifact must have been exported with ``--tree-mask``. Returns (new tokens, finish
-    reason, metrics) with the keys of ``generate_speculative``'s metrics.
+    reason, metrics) with the keys of ``generate_speculative``'s metrics. ``slot``: the
+    model's KV kept between calls, as ``generate_speculative`` takes it (a cache of another
+    session, e.g. MTP trees' verify graph after a chain call, is not reused).
     """
     from specport.runtime.speculative.exactness import warn_if_not_token_exact
 
@@ -220,6 +228,11 @@ def generate_tree(
         )
     else:
         raise InputError(f"token trees take candidates from ngram, mtp or eagle, not {method!r}")
+    if slot is not None:  # a cache from the model's last call: its prefix is not prefilled
+        gen.last_kv, gen.last_ids = slot.cache, slot.held
+        slot.held = None  # the cache changes now: held again only once this call ends
     out = gen.generate(prompt_ids, max_new_tokens, sampling, eos_ids, on_token)
+    if slot is not None:
+        slot.cache, slot.held = gen.last_kv, gen.last_ids
     out.metrics["provider"] = getattr(model, "provider", None)
     return out.tokens, out.finish_reason, out.metrics

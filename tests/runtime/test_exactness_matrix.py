@@ -147,19 +147,24 @@ def test_batch1_loops_equal_plain(arts, layout, proposer, verifier, adaptive):
 
 
 @slow
-@pytest.mark.parametrize("proposer", ["ngram", "suffix", "mtp", "auto"])
+@pytest.mark.parametrize("proposer", ["ngram", "suffix", "mtp", "auto", "ngram-tree"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_chat_turns_reuse_the_kv_and_equal_plain(arts, layout, proposer):
     """A chat's next turn (the last prompt + its answer + a new message) prefills only what
-    follows the KV kept from the last call, on the shared layout; every turn equals plain
-    greedy on its whole prompt. A call that did not finish leaves nothing to reuse."""
+    follows the KV kept from the last call, on the shared layout, for chains and token trees;
+    every turn equals plain greedy on its whole prompt. A call that did not finish leaves
+    nothing to reuse."""
     base = arts[layout]
     model = arts[f"mtp_{layout}"] if proposer == "mtp" else base
     kw: dict[str, Any] = dict(max_new_tokens=NEW, ignore_eos=True, num_draft=2)
+    plain_kw = dict(kw)
+    if proposer == "ngram-tree":
+        proposer = "ngram"
+        kw["tree_width"] = 3
     prompt = list(PROMPTS[0])
     for turn in range(3):
         got = model.generate(prompt_ids=prompt, speculative=proposer, **kw)
-        assert got.tokens == base.generate(prompt_ids=prompt, **kw).tokens, (turn, proposer)
+        assert got.tokens == base.generate(prompt_ids=prompt, **plain_kw).tokens, (turn, proposer)
         cached = got.metrics["cached_prompt_tokens"]
         if layout == "concat":
             assert cached == 0
