@@ -194,7 +194,7 @@ def _train_draft(
         MANIFEST_KEY,
         eagle_record,
         export_draft,
-        quantize_draft,
+        write_cpu_draft,
     )
     from specport.interop.files import write_artifact_manifest
     from specport.passes.eagle_features import FEATURES
@@ -204,10 +204,10 @@ def _train_draft(
     tmp = staged / f"{DRAFT_FILE}.tmp"
     export_draft(head, tmp)
     os.replace(tmp, staged / DRAFT_FILE)
-    tmp = staged / f"{INT8_DRAFT_FILE}.tmp"
-    quantize_draft(staged / DRAFT_FILE, tmp)
-    os.replace(tmp, staged / INT8_DRAFT_FILE)
     final = art.read_manifest(staged, check_hashes=False)
+    tmp = staged / f"{INT8_DRAFT_FILE}.tmp"
+    int8_attention = write_cpu_draft(head, staged / DRAFT_FILE, tmp, final.context_length)
+    os.replace(tmp, staged / INT8_DRAFT_FILE)
     feature_pass = next((p for p in final.passes if p.get("output") == FEATURES), {})
     report.update(
         {
@@ -224,7 +224,7 @@ def _train_draft(
             "logits_max_abs_diff": logits_diff,
         }
     )
-    final.extra[MANIFEST_KEY] = eagle_record(head, feature_pass, report)
+    final.extra[MANIFEST_KEY] = eagle_record(head, feature_pass, report, int8_attention)
     write_artifact_manifest(staged, final)
     if not resuming:
         if dst.exists():

@@ -135,7 +135,9 @@ def eagle_line(eagle: dict[str, Any]) -> str:
     layers = ", ".join(str(x) for x in eagle.get("feature_layers") or [])
     graph = f"{eagle.get('graph')} (one layer, own KV)"
     if eagle.get("int8_graph"):
-        graph += f" and {eagle['int8_graph']} (int8 weights, run on CPU)"
+        fused = eagle.get("int8_attention") == "GroupQueryAttention"
+        how = "int8 weights, fused attention" if fused else "int8 weights"
+        graph += f" and {eagle['int8_graph']} ({how}, run on CPU)"
     parts = [
         graph,
         f"features of layers {layers}",

@@ -3,6 +3,7 @@ graph, and `train_draft` end to end on a tiny chat model (seconds)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -82,39 +83,66 @@ def test_head_with_kv_computes_what_training_time_test_trains():
     torch.testing.assert_close(seen[2][7 - 2], l2[0], atol=1e-5, rtol=0)
 
 
-def test_draft_graph_matches_the_head(tmp_path):
-    import onnxruntime as ort
-
+def _write_torch_export(head: EagleHead, path: Path) -> None:
     from specport.exporter.eagle_artifact import export_draft
 
-    head = _head()
-    export_draft(head, tmp_path / "d.onnx")
-    sess = ort.InferenceSession(str(tmp_path / "d.onnx"))
-    ids = np.array([[3, 7, 11]])
-    feats = np.random.default_rng(0).standard_normal((1, 3, 96)).astype(np.float32)
-    empty = np.zeros((1, 2, 0, 8), np.float32)  # no past: the first run of a request
-    token, logits, hidden, key, _ = sess.run(
-        None,
-        {
-            "input_ids": ids,
-            "features": feats,
-            "hidden_in": np.zeros((1, 3, 32), np.float32),
-            "past_key": empty,
-            "past_value": empty,
-        },
-    )
+    export_draft(head, path)
+
+
+def _write_fused(head: EagleHead, path: Path) -> None:
+    import onnx
+
+    from specport.exporter.eagle_graph import fused_draft_graph
+
+    onnx.save(fused_draft_graph(head, max_positions=32), str(path))
+
+
+@pytest.mark.parametrize("write", [_write_torch_export, _write_fused], ids=["torch", "fused"])
+@pytest.mark.parametrize(
+    "batch,new,past",
+    [(1, 3, 0), (1, 1, 0), (1, 1, 5), (1, 4, 6), (3, 1, 4)],
+    ids=["prefill", "one", "one-after-past", "several-after-past", "beam"],
+)
+def test_draft_graph_matches_the_head(tmp_path, write, batch, new, past):
+    """Both draft graphs (the TorchScript export, the one on onnxruntime's fused attention)
+    compute the torch head: the first run of a request (no past), drafts after a past, the
+    pending positions of a verify (several new), a tree's beam (several rows)."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)  # head size 16: what onnxruntime's GroupQueryAttention takes
+    head = EagleHead(
+        dataclasses.replace(CFG, heads=2, kv_heads=1, head_dim=16),
+        torch.randn(50, 32),
+        torch.arange(0, 40, 2),
+    ).eval()
+    write(head, tmp_path / "d.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "d.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(past + 10 * new + 100 * batch)
+    feeds = {
+        "input_ids": rng.integers(0, 50, (batch, new)).astype(np.int64),
+        "features": rng.standard_normal((batch, new, 96)).astype(np.float32),
+        "hidden_in": 0.1 * rng.standard_normal((batch, new, 32)).astype(np.float32),
+        "past_key": rng.standard_normal((batch, 1, past, 16)).astype(np.float32),
+        "past_value": rng.standard_normal((batch, 1, past, 16)).astype(np.float32),
+    }
+    token, logits, hidden, key, value = sess.run(None, feeds)
     with torch.no_grad():
-        t_tok, t_logits, _, _, _ = head(
-            torch.from_numpy(ids),
-            torch.from_numpy(feats),
-            torch.zeros(1, 3, 32),
-            torch.zeros(1, 2, 0, 8),
-            torch.zeros(1, 2, 0, 8),
-        )
-    assert int(token[0]) == int(t_tok[0])
-    assert int(token[0]) in range(0, 40, 2)  # a target id of the draft vocabulary
-    np.testing.assert_allclose(logits, t_logits.numpy(), atol=2e-3)  # fp16 embedding table
-    assert hidden.shape == (1, 3, 32) and key.shape == (1, 2, 3, 8)
+        expect = head(*(torch.from_numpy(feeds[k]) for k in feeds))
+    np.testing.assert_array_equal(token, expect[0].numpy())
+    assert set(token.tolist()) <= set(range(0, 40, 2))  # target ids of the draft vocabulary
+    np.testing.assert_allclose(logits, expect[1].numpy(), atol=2e-3)  # fp16 embedding table
+    np.testing.assert_allclose(hidden, expect[2].numpy(), atol=2e-3)
+    np.testing.assert_allclose(key, expect[3].numpy(), atol=2e-3)
+    np.testing.assert_allclose(value, expect[4].numpy(), atol=2e-3)
+    assert key.shape == value.shape == (batch, 1, past + new, 16)
+
+
+def test_heads_the_fused_attention_cannot_take_say_why():
+    from specport.exporter.eagle_graph import fusable, fused_draft_graph
+
+    assert fusable(CFG) == "head size 8 is not a multiple of 16"
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fused_draft_graph(_head(), max_positions=32)
 
 
 def test_soft_labels_are_the_targets_top_k_with_its_argmax_first():
@@ -198,8 +226,8 @@ def test_train_draft_writes_a_new_artifact_and_leaves_the_input(chat_artifact, e
 
 
 def test_the_int8_draft_graph_computes_the_heads_logits_and_runs_on_cpu(eagle_artifact):
-    """The CPU provider runs the head with int8 weights (a draft run's time is its weights'
-    bytes); its logits follow the float graph's (random inputs of unit scale, wider than
+    """The CPU provider runs the head with int8 weights on onnxruntime's fused attention (a
+    draft run's time is its weights' bytes and its node count); its logits follow the float graph's (random inputs of unit scale, wider than
     the real features, with activations quantized per run: ~10% of the largest logit)."""
     import onnxruntime as ort
 
@@ -208,6 +236,7 @@ def test_the_int8_draft_graph_computes_the_heads_logits_and_runs_on_cpu(eagle_ar
 
     info = eagle_info(specport.load(eagle_artifact, threads=1).manifest)
     cfg = info["config"]
+    assert info["int8_attention"] == "GroupQueryAttention"  # head size 16: the fused graph
     rng = np.random.default_rng(0)
     feed = {
         "input_ids": rng.integers(0, cfg["vocab"], (1, 3)),
