@@ -79,6 +79,7 @@ def generate_rows(
     graph_verify: bool = True,
     tree_width: int = 0,
     held: Sequence[int] | None = None,
+    verify_costs: Sequence[float] | None = None,
 ) -> RowsOutput:
     """Decode ``prompts`` together through the one step (see the module docstring).
 
@@ -89,7 +90,9 @@ def generate_rows(
     ``tree_width``: the widest token tree the proposer drafts (KV room for its nodes; 0 for
     chains); ``held``: the ids whose KV ``cache``'s row 0 holds (an earlier call's
     ``RowsOutput.held``): one prompt on the shared layout prefills only what follows their
-    common prefix."""
+    common prefix. ``verify_costs``: what verifying k drafts costs on this machine (a plain
+    step being 1; ``engine.step_cost.verify_costs``), weighed by the adaptive draft length of
+    a greedy batch-1 row in place of its linear prior."""
     manifest = model.manifest
     session = session if session is not None else model.session
     limit = context_limit(manifest)
@@ -141,6 +144,8 @@ def generate_rows(
     # and the step's time is the row's own; with sampling K decides how the random stream is
     # consumed, so a seeded run must not depend on the clock (the static prior stays).
     timed = n == 1 and sampling.greedy and controllers[0] is not None
+    if timed and verify_costs is not None:
+        controllers[0].set_verify_costs(list(verify_costs))  # type: ignore[union-attr]
     per_draft = first is not None and first.draft_cost(manifest) > 0
     stats = [SpecDecodingStats() for _ in range(n)]
     contexts = [list(r) for r in rows]

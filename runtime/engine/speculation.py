@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specport.runtime.engine.step_cost import StepCost, best_width
+from specport.runtime.engine.step_cost import StepCost, best_width, verify_costs
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Proposer
 from specport.runtime.speculative.loop import METHODS, default_adaptive, make_proposer
@@ -117,6 +117,11 @@ class EngineSpeculation:
         )
         proposer.start(sampling)
         controller = AdaptiveDraftLength(self.num_draft) if self.adaptive else None
+        if controller is not None and sampling.greedy:
+            # the verify costs measured on this machine, not the linear prior (where one
+            # more token costs a lot, e.g. int8 activations, drafting pays less); under
+            # sampling the draft length must not depend on a measurement (seeded requests)
+            controller.set_verify_costs(verify_costs(self.model, self.num_draft))
         return RowSpec(proposer, controller, make_verifier(sampler))
 
     def detach(self, spec: RowSpec, answer: Sequence[int] = ()) -> None:

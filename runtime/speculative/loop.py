@@ -73,6 +73,9 @@ class SpeculativeGenerator:
         self.fast = fast  # greedy MTP: trust the graph's own verification (``GraphVerifier``)
         self.last_kv: Any = None  # the KV after the last generation (reused by the next)
         self.last_ids: list[int] | None = None  # the ids whose KV ``last_kv`` holds
+        # measured costs of verifying k drafts (``engine.step_cost.verify_costs``): what the
+        # adaptive draft length weighs under greedy decoding instead of its linear prior
+        self.verify_costs: list[float] | None = None
 
     def generate(
         self,
@@ -98,6 +101,7 @@ class SpeculativeGenerator:
             cache=self.last_kv,
             graph_verify=self.fast,
             held=held,
+            verify_costs=self.verify_costs,
         )
         self.last_kv, self.last_ids = out.cache, out.held
         out.metrics["speculative"].pop("rows", None)  # one row: the totals are its own
@@ -205,13 +209,20 @@ def generate_speculative(
     ``method``: ``ngram`` | ``draft`` (needs ``draft_model``, same vocabulary) | ``mtp`` (needs
     an artifact with MTP heads). ``adaptive``: choose the draft length per step (at most
     ``num_draft``) from recent acceptance per position (``metrics.AdaptiveDraftLength``); None
-    takes the proposer's measured default (``adaptive_default``: on for draft and MTP). Returns (new tokens,
+    takes the proposer's measured default (``adaptive_default``: on for draft and MTP); under
+    greedy decoding it weighs the verify costs measured on this machine
+    (``engine.step_cost.verify_costs``, as ``auto`` does), so a drafter that does not pay
+    leaves the steps plain. Returns (new tokens,
     finish reason, metrics); metrics carry the plain generator's timing keys plus
     ``speculative`` (acceptance counters).
     """
     num_draft = check_num_draft(num_draft)
     proposer = make_proposer(method, model, num_draft, draft_model)
     gen = SpeculativeGenerator(model.session, model.manifest, proposer, num_draft, adaptive)
+    if gen.adaptive and (sampling is None or sampling.greedy):
+        from specport.runtime.engine.step_cost import verify_costs
+
+        gen.verify_costs = verify_costs(model, num_draft)
     if slot is not None:  # a cache from the model's last call: its prefix is not prefilled
         gen.last_kv, gen.last_ids = slot.cache, slot.held
         slot.held = None  # the cache changes now: held again only once this call ends

@@ -196,6 +196,24 @@ def test_self_draft_accepts_everything(llama):
 
 
 @slow
+def test_adaptive_draft_length_weighs_the_measured_verify_costs(llama):
+    """Under greedy decoding at batch 1 the adaptive draft length prices drafts by the verify
+    costs it is given (what ``engine.step_cost.verify_costs`` measured): n-gram drafts on a
+    prompt that repeats itself are made where verifying is free and not where verifying a
+    draft costs ten plain steps; the tokens are plain greedy's either way."""
+    model, _, _ = llama
+    prompt = _prompts(4, seed=3)[2]  # a short sequence three times
+    want = _plain(model, [prompt], 24, eos=False)
+    _, make = proposer_factory("ngram", model, 4)  # proposing costs nothing
+    for costs, drafts in (([1.0, 10.0, 20.0, 30.0, 40.0], False), ([1.0] * 5, True)):
+        out = generate_rows(
+            model, [prompt], 24, make, 4, GREEDY, (), None, True, "ngram", verify_costs=costs
+        )
+        assert out.tokens == want
+        assert (out.metrics["speculative"]["drafted"] > 0) is drafts, costs
+
+
+@slow
 def test_mtp_greedy_equals_plain(llama):
     """Both verifications: the graph's own (greedy default) and the host's."""
     model, _, mtp = llama
