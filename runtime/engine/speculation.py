@@ -82,6 +82,9 @@ class EngineSpeculation:
         self.draft = model.draft_model(draft) if method == "draft" else None
         first = make_proposer(method, model, self.num_draft, self.draft)  # clear errors early
         self.adaptive = default_adaptive(first) if adaptive is None else bool(adaptive)
+        # what verifying k drafts costs at batch 1, measured once per machine and artifact
+        # (kept on disk) here rather than when the first request arrives
+        self.verify_costs = verify_costs(model, self.num_draft) if self.adaptive else None
         self.max_rows = int(max_rows)
         self.max_tokens = int(max_tokens)
         self.batched = False  # set by the engine: its graph takes batched multi-token steps
@@ -117,11 +120,11 @@ class EngineSpeculation:
         )
         proposer.start(sampling)
         controller = AdaptiveDraftLength(self.num_draft) if self.adaptive else None
-        if controller is not None and sampling.greedy:
+        if controller is not None and sampling.greedy and self.verify_costs is not None:
             # the verify costs measured on this machine, not the linear prior (where one
             # more token costs a lot, e.g. int8 activations, drafting pays less); under
             # sampling the draft length must not depend on a measurement (seeded requests)
-            controller.set_verify_costs(verify_costs(self.model, self.num_draft))
+            controller.set_verify_costs(self.verify_costs)
         return RowSpec(proposer, controller, make_verifier(sampler))
 
     def detach(self, spec: RowSpec, answer: Sequence[int] = ()) -> None:
