@@ -137,12 +137,28 @@ def test_draft_graph_matches_the_head(tmp_path, write, batch, new, past):
     assert key.shape == value.shape == (batch, 1, past + new, 16)
 
 
-def test_heads_the_fused_attention_cannot_take_say_why():
+def test_heads_the_fused_attention_cannot_take_get_the_exported_graph_in_int8(tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    from specport.exporter.eagle_artifact import export_draft, write_cpu_draft
     from specport.exporter.eagle_graph import fusable, fused_draft_graph
 
     assert fusable(CFG) == "head size 8 is not a multiple of 16"
     with pytest.raises(ValueError, match="multiple of 16"):
         fused_draft_graph(_head(), max_positions=32)
+    head = _head()
+    export_draft(head, tmp_path / "d.onnx")
+    assert write_cpu_draft(head, tmp_path / "d.onnx", tmp_path / "d8.onnx", 32) == "exported"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.onnx", "d8.onnx"]  # no leftovers
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "d8.onnx")).graph.node}
+    assert "MatMulInteger" in ops and "GroupQueryAttention" not in ops
+    sess = ort.InferenceSession(str(tmp_path / "d8.onnx"), providers=["CPUExecutionProvider"])
+    empty = np.zeros((1, 2, 0, 8), np.float32)
+    feeds = {"input_ids": np.array([[3, 7]]), "features": np.ones((1, 2, 96), np.float32)}
+    feeds |= {"hidden_in": np.zeros((1, 2, 32), np.float32)}
+    token = sess.run(["draft_token"], {**feeds, "past_key": empty, "past_value": empty})[0]
+    assert int(token[0]) in range(0, 40, 2)
 
 
 def test_soft_labels_are_the_targets_top_k_with_its_argmax_first():
