@@ -10,7 +10,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-from specport.generation_args import METHODS
+from specport.generation_args import METHODS, TREE_METHODS
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -109,6 +109,18 @@ def add_speculative_options(
     add_suffix_corpus_option(p)
 
 
+def add_tree_width_option(p: argparse.ArgumentParser) -> None:
+    """--tree-width (generate and chat; checked by ``check_speculative``)."""
+    p.add_argument(
+        "--tree-width",
+        type=int_between(1, 16),
+        default=1,
+        help="ngram, mtp or eagle: verify this many candidate continuations as a token tree in "
+        "one run (the artifact must be exported with --tree-mask; for mtp and eagle, heads "
+        "trained on it)",
+    )
+
+
 def add_suffix_corpus_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--suffix-corpus",
@@ -133,6 +145,11 @@ def check_speculative(args: argparse.Namespace) -> None:
     """The speculative options that cannot work together (generate, chat and serve)."""
     from specport.errors import UsageError
 
+    if getattr(args, "tree_width", 1) != 1 and args.speculative not in TREE_METHODS:
+        raise UsageError(
+            "--tree-width needs --speculative ngram, mtp or eagle (tree candidates come from "
+            "n-gram matches, the MTP heads or the EAGLE head)."
+        )
     if args.speculative == "draft" and not args.draft:
         raise UsageError(
             "--speculative draft needs --draft DIR (a small artifact with the same vocabulary, "

@@ -23,7 +23,8 @@ def load_model(args: argparse.Namespace) -> tuple[Any, int | None]:
         args.artifact,
         provider=args.provider,
         threads=args.threads,
-        mtp_branch=args.speculative == "mtp",
+        # MTP trees derive their own graph from the artifact
+        mtp_branch=args.speculative == "mtp" and getattr(args, "tree_width", 1) == 1,
         suffix_corpus=corpus_to_read(args.suffix_corpus, record),
     )
     return model, largest

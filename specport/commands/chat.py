@@ -6,7 +6,8 @@ ends; Ctrl-C stops an answer mid-way (it is kept as far as it got) and, at the p
 the chat. When the conversation outgrows the context, the oldest turns are dropped (the
 system message stays) with a note on stderr. Stdin may be a pipe: one message per line.
 
-`--speculative` drafts and verifies as in `generate` (greedy answers are plain greedy's);
+`--speculative` (and `--tree-width`) drafts and verifies as in `generate` (greedy answers are
+plain greedy's);
 with `suffix`, each finished answer is learned, so later turns (and, with `--suffix-record`,
 later chats) draft from earlier answers.
 """
@@ -23,6 +24,7 @@ from specport.commands._args import (
     add_sampling_options,
     add_speculative_options,
     add_suffix_record_option,
+    add_tree_width_option,
     check_sampling,
     check_speculative,
 )
@@ -47,6 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "learns every answer, so later turns draft from earlier ones",
         num_draft_default=None,
     )
+    add_tree_width_option(p)
     add_suffix_record_option(p)
     add_runtime_options(p)
     p.set_defaults(run=run)
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
     options = generation_options(args, sampling)
+    options["tree_width"] = args.tree_width
     if args.draft:  # loaded once, not per turn
         options["draft"] = specport.load(args.draft, provider=model.provider, threads=args.threads)
     recorder = start_recording(model, args, record_largest)

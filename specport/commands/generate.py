@@ -16,12 +16,11 @@ from specport.commands._args import (
     add_runtime_options,
     add_sampling_options,
     add_speculative_options,
+    add_tree_width_option,
     check_sampling,
     check_speculative,
-    int_between,
 )
 from specport.errors import InputError, UsageError
-from specport.generation_args import TREE_METHODS
 
 __all__ = ["add_parser", "add_runtime_options", "add_speculative_options", "run"]
 
@@ -56,14 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="choose the draft length per step from recent acceptance (default: per method)",
     )
-    p.add_argument(
-        "--tree-width",
-        type=int_between(1, 16),
-        default=1,
-        help="ngram, mtp or eagle: verify this many candidate continuations as a token tree in "
-        "one run (the artifact must be exported with --tree-mask; for mtp and eagle, heads "
-        "trained on it)",
-    )
+    add_tree_width_option(p)
     add_runtime_options(p)
     p.add_argument(
         "--json",
@@ -91,15 +83,9 @@ def check_args(args: argparse.Namespace) -> bool:
     n = len(args.prompt or args.prompt_ids or args.chat or [])
     if args.system is not None and not args.chat:
         raise UsageError("--system goes with --chat; add --chat TEXT or drop --system.")
-    if args.tree_width != 1:
-        if args.speculative not in TREE_METHODS:
-            raise UsageError(
-                "--tree-width needs --speculative ngram, mtp or eagle (tree candidates come from "
-                "n-gram matches, the MTP heads or the EAGLE head)."
-            )
-        if n > 1:
-            raise UsageError("--tree-width runs one prompt at a time; pass a single prompt.")
     check_speculative(args)
+    if args.tree_width != 1 and n > 1:
+        raise UsageError("--tree-width runs one prompt at a time; pass a single prompt.")
     if args.adaptive is not None and args.speculative is None:
         raise UsageError("--adaptive tunes speculative decoding; add --speculative or drop it.")
     return sampling

@@ -221,6 +221,18 @@ def test_chat_speculative_answers_equal_plain_greedy(tiny_chat_artifact, tmp_pat
     assert again.startswith(first) and [json.loads(x)["ids"] for x in again.splitlines()][2] == a1
 
 
+@pytest.mark.slow
+def test_chat_token_trees_answer_as_plain_greedy(tiny_zoo, tmp_path):
+    """`chat --speculative ngram --tree-width 3` on a --tree-mask export: two turns, the very
+    answers of plain greedy (the second turn on the KV the first left)."""
+    from tests.fixtures import add_chat_tokenizer
+
+    art = add_chat_tokenizer(tiny_zoo.shared("llama", tree_mask=True), tmp_path / "chat")
+    _, _, want = _two_turns(specport.load(art))
+    trees = ["--speculative", "ngram", "--tree-width", "3"]
+    assert _chat(art, "Hello\nHow are you?\n", *trees).stdout == want
+
+
 @pytest.mark.parametrize(
     "extra, words",
     [
@@ -229,6 +241,8 @@ def test_chat_speculative_answers_equal_plain_greedy(tiny_chat_artifact, tmp_pat
         (["--draft", "d"], "--draft is used only with --speculative draft"),
         (["--speculative", "draft"], "--speculative draft needs --draft DIR"),
         (["--num-draft", "3"], "--num-draft sets the draft length"),
+        (["--tree-width", "2"], "--tree-width needs --speculative ngram, mtp or eagle"),
+        (["--speculative", "suffix", "--tree-width", "2"], "--tree-width needs"),
     ],
 )
 def test_chat_speculative_usage_errors(cli, tiny_chat_artifact, extra, words):
