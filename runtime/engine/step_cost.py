@@ -165,8 +165,12 @@ def measure_widths(session: Any, manifest: Any, widths: Sequence[int] = WIDTHS) 
     """Seconds of one batch-1 run feeding each of ``widths`` tokens (the fastest of
     ``WIDTH_REPEATS`` interleaved rounds after a warm-up round: on a shared machine other
     processes only ever add time), on a cache of its own with ``CONTEXT`` positions filled."""
+    from specport.progress import Stages
     from specport.runtime.kv.cache import open_kv_cache  # the engine's cache, opened here only
 
+    # a second on a small model, up to a minute on an 8B one: say what it is and what it took
+    stage = Stages(1)
+    stage.start(f"measuring verify costs once for this machine and artifact ({len(widths)} widths)")
     cache = open_kv_cache(session, manifest, 1, CONTEXT + max(widths) + 1)
     live = np.ones(1, dtype=bool)
     cache.step(np.zeros((1, CONTEXT), dtype=np.int64), live)
@@ -178,6 +182,7 @@ def measure_widths(session: Any, manifest: Any, widths: Sequence[int] = WIDTHS) 
             cache.step(np.zeros((1, w), dtype=np.int64), live)
             if repeat:
                 times[w] = min(times[w], time.perf_counter() - t0)
+    stage.done()
     return [times[w] for w in widths]
 
 
