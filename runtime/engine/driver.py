@@ -34,6 +34,7 @@ import numpy as np
 from specport.runtime.bound_loop import BATCH_1_POSITIONS
 from specport.runtime.engine import step
 from specport.runtime.engine.prefix_cache import common_prefix
+from specport.runtime.engine.step_cost import LiveVerifyCosts
 from specport.runtime.kv.cache import KVCache, open_kv_cache, takes_batched_steps
 from specport.runtime.kv.seq_cache import context_limit
 from specport.runtime.sampler import Sampler, SamplingConfig
@@ -79,7 +80,7 @@ def generate_rows(
     graph_verify: bool = True,
     tree_width: int = 0,
     held: Sequence[int] | None = None,
-    verify_costs: Sequence[float] | None = None,
+    verify_costs: LiveVerifyCosts | None = None,
 ) -> RowsOutput:
     """Decode ``prompts`` together through the one step (see the module docstring).
 
@@ -90,9 +91,10 @@ def generate_rows(
     ``tree_width``: the widest token tree the proposer drafts (KV room for its nodes; 0 for
     chains); ``held``: the ids whose KV ``cache``'s row 0 holds (an earlier call's
     ``RowsOutput.held``): one prompt on the shared layout prefills only what follows their
-    common prefix. ``verify_costs``: what verifying k drafts costs on this machine (a plain
-    step being 1; ``engine.step_cost.verify_costs``), weighed by the adaptive draft length of
-    a greedy batch-1 row in place of its linear prior."""
+    common prefix. ``verify_costs``: what verifying k drafts costs on this machine, as the
+    model's tracker has it (``engine.step_cost.live_verify_costs``): a greedy batch-1 row's
+    adaptive draft length weighs it in place of its linear prior, and its timed steps correct
+    it (probing one draft now and then while too few one-draft verifies were timed)."""
     manifest = model.manifest
     session = session if session is not None else model.session
     limit = context_limit(manifest)
@@ -144,8 +146,9 @@ def generate_rows(
     # and the step's time is the row's own; with sampling K decides how the random stream is
     # consumed, so a seeded run must not depend on the clock (the static prior stays).
     timed = n == 1 and sampling.greedy and controllers[0] is not None
-    if timed and verify_costs is not None:
-        controllers[0].set_verify_costs(list(verify_costs))  # type: ignore[union-attr]
+    live_costs = verify_costs if timed else None
+    if live_costs is not None:
+        controllers[0].set_verify_costs(live_costs.costs[: num_draft + 1])  # type: ignore[union-attr]
     per_draft = first is not None and first.draft_cost(manifest) > 0
     stats = [SpecDecodingStats() for _ in range(n)]
     contexts = [list(r) for r in rows]
@@ -161,7 +164,8 @@ def generate_rows(
     runs = 0
     propose_s = 0.0
     nodes = 0
-    last_step: tuple[int, float, float] | None = None  # (cap, start, propose seconds), timed
+    # (cap, start, propose seconds, drafts verified) of the last step, timed
+    last_step: tuple[int, float, float, int] | None = None
 
     t_start = time.perf_counter()
     for r, prompt in enumerate(rows):  # all but the last token: the first step feeds it
@@ -178,15 +182,20 @@ def generate_rows(
                 room = min(budgets[r] - len(out[r]) - 1, row.room)
                 ctl = controllers[r]
                 row.cap = min(num_draft if ctl is None else ctl.choose(), room)
+                if not row.cap and room > 0 and live_costs is not None and live_costs.probe():
+                    row.cap = 1  # a one-draft verify timed for the costs (greedy: same tokens)
         t0 = time.perf_counter()
         if timed and last_step is not None:  # the previous step's share of proposing
-            cap, t_prev, propose_prev = last_step
-            controllers[0].observe_cost(cap, propose_prev, t0 - t_prev - propose_prev, per_draft)  # type: ignore[union-attr]
+            cap, t_prev, propose_prev, fed = last_step
+            rest = t0 - t_prev - propose_prev
+            controllers[0].observe_cost(cap, propose_prev, rest, per_draft)  # type: ignore[union-attr]
+            if live_costs is not None and live_costs.observe(fed, rest):
+                controllers[0].set_verify_costs(live_costs.costs[: num_draft + 1])  # type: ignore[union-attr]
         widest = step.propose(live)
         t1 = time.perf_counter()
         propose_s += t1 - t0
         if timed:
-            last_step = (live[0].cap, t0, t1 - t0)
+            last_step = (live[0].cap, t0, t1 - t0, int(live[0].drafts.lengths[0]))
         for group, width, alone in _groups(list(live), widest, batched, cache):
             verdicts = step.run(cache, group, width, alone)
             runs += 1

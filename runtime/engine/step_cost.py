@@ -50,6 +50,8 @@ __all__ = [
     "StepCost",
     "best_width",
     "keep_verify_costs",
+    "keeper",
+    "live_verify_costs",
     "measure_widths",
     "verify_costs",
 ]
@@ -324,6 +326,39 @@ class LiveVerifyCosts:
             self._keep(list(costs))
             self._kept = list(costs)
         return changed
+
+
+_LIVE: weakref.WeakKeyDictionary[Any, LiveVerifyCosts] = weakref.WeakKeyDictionary()
+
+
+def keeper(model: Any) -> Callable[[list[float]], None]:
+    """Stores corrected verify costs for ``model`` (``keep_verify_costs``) without keeping it
+    alive."""
+    ref = weakref.ref(model)
+
+    def keep(costs: list[float]) -> None:
+        held = ref()
+        if held is not None:
+            keep_verify_costs(held, costs)
+
+    return keep
+
+
+def live_verify_costs(model: Any) -> LiveVerifyCosts:
+    """``model``'s verify costs with the tracker that corrects them from timed steps, one per
+    loaded model: a table that prices drafts out is found out only after ``LIVE_MIN`` probes,
+    more than one answer's worth, so the tracker outlives a call."""
+    with contextlib.suppress(TypeError):
+        if model in _LIVE:
+            return _LIVE[model]
+    try:
+        keep: Callable[[list[float]], None] | None = keeper(model)
+    except TypeError:  # not weakly referenceable: corrections stay in this tracker
+        keep = None
+    live = LiveVerifyCosts(verify_costs(model), keep)
+    with contextlib.suppress(TypeError):
+        _LIVE[model] = live
+    return live
 
 
 def _extend(costs: list[float], max_draft: int) -> list[float]:

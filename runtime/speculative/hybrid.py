@@ -37,12 +37,12 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from specport.runtime.engine.step_cost import LiveVerifyCosts, keep_verify_costs
+from specport.runtime.engine.step_cost import LiveVerifyCosts, keeper
 from specport.runtime.speculative.base import Drafts, Proposer, ProposerBase
 from specport.runtime.speculative.metrics import AdaptiveDraftLength
 from specport.runtime.speculative.suffix import SuffixProposer
@@ -311,19 +311,6 @@ class HybridProposer(ProposerBase):
 _STATES: weakref.WeakKeyDictionary[Any, HybridState] = weakref.WeakKeyDictionary()
 
 
-def _keeper(model: Any) -> Callable[[list[float]], None]:
-    """Stores corrected verify costs for ``model`` without keeping it alive (the state that
-    holds this is itself kept per model, weakly)."""
-    ref = weakref.ref(model)
-
-    def keep(costs: list[float]) -> None:
-        held = ref()
-        if held is not None:
-            keep_verify_costs(held, costs)
-
-    return keep
-
-
 def make_hybrid_proposer(
     model: Any, num_draft: int, draft_model: Any | None = None
 ) -> HybridProposer:
@@ -345,7 +332,7 @@ def make_hybrid_proposer(
             or len(next(iter(shared.sources.values())).rate) != len(costs) - 1
         ):
             shared = HybridState(len(costs) - 1, costs, prior, 0.0)
-            shared.live = LiveVerifyCosts(table, _keeper(model))
+            shared.live = LiveVerifyCosts(table, keeper(model))
             _STATES[model] = shared
     except TypeError:  # not weakly referenceable: estimates per request
         shared = None

@@ -24,6 +24,7 @@ from typing import Any
 from specport.artifact import Manifest
 from specport.errors import InputError
 from specport.runtime.engine.driver import generate_rows
+from specport.runtime.engine.step_cost import LiveVerifyCosts
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.base import Proposer, adopt, check_int_range
 from specport.runtime.speculative.draft import DraftModelProposer
@@ -73,9 +74,9 @@ class SpeculativeGenerator:
         self.fast = fast  # greedy MTP: trust the graph's own verification (``GraphVerifier``)
         self.last_kv: Any = None  # the KV after the last generation (reused by the next)
         self.last_ids: list[int] | None = None  # the ids whose KV ``last_kv`` holds
-        # measured costs of verifying k drafts (``engine.step_cost.verify_costs``): what the
-        # adaptive draft length weighs under greedy decoding instead of its linear prior
-        self.verify_costs: list[float] | None = None
+        # the model's measured verify costs and their tracker (``engine.step_cost.
+        # live_verify_costs``): what the adaptive draft length weighs under greedy decoding
+        self.verify_costs: LiveVerifyCosts | None = None
 
     def generate(
         self,
@@ -210,9 +211,9 @@ def generate_speculative(
     an artifact with MTP heads). ``adaptive``: choose the draft length per step (at most
     ``num_draft``) from recent acceptance per position (``metrics.AdaptiveDraftLength``); None
     takes the proposer's measured default (``adaptive_default``: on for draft and MTP); under
-    greedy decoding it weighs the verify costs measured on this machine
-    (``engine.step_cost.verify_costs``, as ``auto`` does), so a drafter that does not pay
-    leaves the steps plain. Returns (new tokens,
+    greedy decoding it weighs the verify costs measured on this machine, corrected by its timed
+    steps (``engine.step_cost.live_verify_costs``, as ``auto`` does), so a drafter that does
+    not pay leaves the steps plain. Returns (new tokens,
     finish reason, metrics); metrics carry the plain generator's timing keys plus
     ``speculative`` (acceptance counters).
     """
@@ -220,9 +221,9 @@ def generate_speculative(
     proposer = make_proposer(method, model, num_draft, draft_model)
     gen = SpeculativeGenerator(model.session, model.manifest, proposer, num_draft, adaptive)
     if gen.adaptive and (sampling is None or sampling.greedy):
-        from specport.runtime.engine.step_cost import verify_costs
+        from specport.runtime.engine.step_cost import live_verify_costs
 
-        gen.verify_costs = verify_costs(model, num_draft)
+        gen.verify_costs = live_verify_costs(model)
     if slot is not None:  # a cache from the model's last call: its prefix is not prefilled
         gen.last_kv, gen.last_ids = slot.cache, slot.held
         slot.held = None  # the cache changes now: held again only once this call ends

@@ -198,19 +198,28 @@ def test_self_draft_accepts_everything(llama):
 @slow
 def test_adaptive_draft_length_weighs_the_measured_verify_costs(llama):
     """Under greedy decoding at batch 1 the adaptive draft length prices drafts by the verify
-    costs it is given (what ``engine.step_cost.verify_costs`` measured): n-gram drafts on a
-    prompt that repeats itself are made where verifying is free and not where verifying a
-    draft costs ten plain steps; the tokens are plain greedy's either way."""
+    costs it is given (``engine.step_cost.live_verify_costs``) and times its steps for them:
+    n-gram drafts on a prompt that repeats itself are made where verifying is free; where
+    verifying a draft costs ten plain steps only a probe (one draft every 16 timed steps) is;
+    the tokens are plain greedy's either way."""
+    from specport.runtime.engine.step_cost import PROBE_EVERY, LiveVerifyCosts
+
     model, _, _ = llama
     prompt = _prompts(4, seed=3)[2]  # a short sequence three times
     want = _plain(model, [prompt], 24, eos=False)
     _, make = proposer_factory("ngram", model, 4)  # proposing costs nothing
-    for costs, drafts in (([1.0, 10.0, 20.0, 30.0, 40.0], False), ([1.0] * 5, True)):
+    for costs in ([1.0, 10.0, 20.0, 30.0, 40.0], [1.0] * 5):  # drafts priced out, then free
+        live = LiveVerifyCosts(costs)
         out = generate_rows(
-            model, [prompt], 24, make, 4, GREEDY, (), None, True, "ngram", verify_costs=costs
+            model, [prompt], 24, make, 4, GREEDY, (), None, True, "ngram", verify_costs=live
         )
         assert out.tokens == want
-        assert (out.metrics["speculative"]["drafted"] > 0) is drafts, costs
+        spec = out.metrics["speculative"]
+        assert live.steps == spec["steps"] - 1  # every step timed but the last
+        if costs[1] > 1.0:
+            assert spec["drafted"] <= 1 + spec["steps"] // PROBE_EVERY  # probes only
+        else:
+            assert spec["drafted"] > 1 + spec["steps"] // PROBE_EVERY
 
 
 @slow

@@ -70,8 +70,8 @@ def test_greedy_equals_plain_every_method_and_layout(arts, layout, method):
                 )
                 assert toks == plain, (method, layout, k, adaptive, ids)
                 assert reason == "length" and metrics["kv_layout"] == layout
-        if method != "ngram":
-            assert metrics["speculative"]["drafted"] > 0
+                if method != "ngram" and not adaptive:  # (adaptive: only where drafts pay)
+                    assert metrics["speculative"]["drafted"] > 0
 
 
 def test_shared_mtp_verifies_and_drafts_in_one_run(arts):
