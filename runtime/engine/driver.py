@@ -80,7 +80,7 @@ def generate_rows(
     graph_verify: bool = True,
     tree_width: int = 0,
     held: Sequence[int] | None = None,
-    verify_costs: LiveVerifyCosts | None = None,
+    live_costs: LiveVerifyCosts | None = None,
 ) -> RowsOutput:
     """Decode ``prompts`` together through the one step (see the module docstring).
 
@@ -91,7 +91,7 @@ def generate_rows(
     ``tree_width``: the widest token tree the proposer drafts (KV room for its nodes; 0 for
     chains); ``held``: the ids whose KV ``cache``'s row 0 holds (an earlier call's
     ``RowsOutput.held``): one prompt on the shared layout prefills only what follows their
-    common prefix. ``verify_costs``: what verifying k drafts costs on this machine, as the
+    common prefix. ``live_costs``: what verifying k drafts costs on this machine, as the
     model's tracker has it (``engine.step_cost.live_verify_costs``): a greedy batch-1 row's
     adaptive draft length weighs it in place of its linear prior, and its timed steps correct
     it (probing one draft now and then while too few one-draft verifies were timed)."""
@@ -146,7 +146,7 @@ def generate_rows(
     # and the step's time is the row's own; with sampling K decides how the random stream is
     # consumed, so a seeded run must not depend on the clock (the static prior stays).
     timed = n == 1 and sampling.greedy and controllers[0] is not None
-    live_costs = verify_costs if timed else None
+    live_costs = live_costs if timed else None
     if live_costs is not None:
         controllers[0].set_verify_costs(live_costs.costs[: num_draft + 1])  # type: ignore[union-attr]
     per_draft = first is not None and first.draft_cost(manifest) > 0

@@ -76,7 +76,7 @@ class SpeculativeGenerator:
         self.last_ids: list[int] | None = None  # the ids whose KV ``last_kv`` holds
         # the model's measured verify costs and their tracker (``engine.step_cost.
         # live_verify_costs``): what the adaptive draft length weighs under greedy decoding
-        self.verify_costs: LiveVerifyCosts | None = None
+        self.live_costs: LiveVerifyCosts | None = None
 
     def generate(
         self,
@@ -102,7 +102,7 @@ class SpeculativeGenerator:
             cache=self.last_kv,
             graph_verify=self.fast,
             held=held,
-            verify_costs=self.verify_costs,
+            live_costs=self.live_costs,
         )
         self.last_kv, self.last_ids = out.cache, out.held
         out.metrics["speculative"].pop("rows", None)  # one row: the totals are its own
@@ -223,7 +223,7 @@ def generate_speculative(
     if gen.adaptive and (sampling is None or sampling.greedy):
         from specport.runtime.engine.step_cost import live_verify_costs
 
-        gen.verify_costs = live_verify_costs(model)
+        gen.live_costs = live_verify_costs(model)
     if slot is not None:  # a cache from the model's last call: its prefix is not prefilled
         gen.last_kv, gen.last_ids = slot.cache, slot.held
         slot.held = None  # the cache changes now: held again only once this call ends

@@ -211,7 +211,7 @@ def test_adaptive_draft_length_weighs_the_measured_verify_costs(llama):
     for costs in ([1.0, 10.0, 20.0, 30.0, 40.0], [1.0] * 5):  # drafts priced out, then free
         live = LiveVerifyCosts(costs)
         out = generate_rows(
-            model, [prompt], 24, make, 4, GREEDY, (), None, True, "ngram", verify_costs=live
+            model, [prompt], 24, make, 4, GREEDY, (), None, True, "ngram", live_costs=live
         )
         assert out.tokens == want
         spec = out.metrics["speculative"]
