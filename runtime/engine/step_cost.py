@@ -50,7 +50,6 @@ __all__ = [
     "StepCost",
     "best_width",
     "keep_verify_costs",
-    "keeper",
     "live_verify_costs",
     "measure_widths",
     "verify_costs",
@@ -331,7 +330,7 @@ class LiveVerifyCosts:
 _LIVE: weakref.WeakKeyDictionary[Any, LiveVerifyCosts] = weakref.WeakKeyDictionary()
 
 
-def keeper(model: Any) -> Callable[[list[float]], None]:
+def _keeper(model: Any) -> Callable[[list[float]], None]:
     """Stores corrected verify costs for ``model`` (``keep_verify_costs``) without keeping it
     alive."""
     ref = weakref.ref(model)
@@ -346,13 +345,13 @@ def keeper(model: Any) -> Callable[[list[float]], None]:
 
 def live_verify_costs(model: Any) -> LiveVerifyCosts:
     """``model``'s verify costs with the tracker that corrects them from timed steps, one per
-    loaded model: a table that prices drafts out is found out only after ``LIVE_MIN`` probes,
+    loaded model (``auto`` and the adaptive draft length share it): a table that prices drafts out is found out only after ``LIVE_MIN`` probes,
     more than one answer's worth, so the tracker outlives a call."""
     with contextlib.suppress(TypeError):
         if model in _LIVE:
             return _LIVE[model]
     try:
-        keep: Callable[[list[float]], None] | None = keeper(model)
+        keep: Callable[[list[float]], None] | None = _keeper(model)
     except TypeError:  # not weakly referenceable: corrections stay in this tracker
         keep = None
     live = LiveVerifyCosts(verify_costs(model), keep)

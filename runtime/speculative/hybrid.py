@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.runtime.engine.step_cost import LiveVerifyCosts, keeper
+from specport.runtime.engine.step_cost import LiveVerifyCosts, live_verify_costs
 from specport.runtime.speculative.base import Drafts, Proposer, ProposerBase
 from specport.runtime.speculative.metrics import AdaptiveDraftLength
 from specport.runtime.speculative.suffix import SuffixProposer
@@ -332,7 +332,7 @@ def make_hybrid_proposer(
             or len(next(iter(shared.sources.values())).rate) != len(costs) - 1
         ):
             shared = HybridState(len(costs) - 1, costs, prior, 0.0)
-            shared.live = LiveVerifyCosts(table, keeper(model))
+            shared.live = live_verify_costs(model)  # the one the adaptive draft length uses
             _STATES[model] = shared
     except TypeError:  # not weakly referenceable: estimates per request
         shared = None
