@@ -242,6 +242,33 @@ def read_manifest(directory: str | os.PathLike[str], check_hashes: bool = True) 
     return manifest
 
 
+def refuse_hard_linked_weights(paths: list[Path]) -> None:
+    """Refuse, before any work, weight files that onnx_ir will not read.
+
+    The commands that rewrite a graph (quantize, optimize, train-draft, train-mtp, upgrade)
+    read it with onnx_ir, which refuses an external-data file with more than one hard link (its
+    guard against a model reading a file linked in from elsewhere); copies made with
+    ``cp -al`` or ``rsync --link-dest`` share their files that way. onnxruntime runs such an
+    artifact, so only these commands check."""
+    for path in paths:
+        try:
+            links = os.stat(path).st_nlink
+        except OSError:
+            continue  # a missing file has its own error
+        if links > 1:
+            raise ArtifactError(
+                f"{path} has {links} hard links, and onnx_ir, which reads the weights for this "
+                "command, refuses hard-linked weight files (a guard against reading a file "
+                "linked in from elsewhere). Copies made with `cp -al` or `rsync --link-dest` "
+                "share files this way: make a real copy (`cp -r`) and run on that."
+            )
+
+
+def weight_files(directory: Path, manifest: Manifest) -> list[Path]:
+    """The artifact's external-data files (the graphs' weights)."""
+    return [directory / name for name in manifest.files if name.endswith(".data")]
+
+
 def verify_files(directory: Path, manifest: Manifest) -> None:
     if not manifest.files:
         raise ArtifactError(f"{directory}/{MANIFEST_NAME} lists no files; re-export the artifact.")

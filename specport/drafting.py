@@ -264,6 +264,7 @@ def _check(
     messages: str,
 ) -> art.Manifest:
     manifest = art.read_manifest(src)  # a clear error for a folder that is not an artifact
+    art.refuse_hard_linked_weights(art.weight_files(src, manifest))
     if dst.resolve() == src.resolve():
         raise UsageError("--out must differ from the input artifact.")
     if dst.exists():

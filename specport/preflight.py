@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specport.artifact import read_manifest
+from specport.artifact import read_manifest, refuse_hard_linked_weights, weight_files
 from specport.errors import InputError, SpecportError, UsageError
 from specport.exporter.dtype import resolve_dtype
 from specport.onnx_file import check_onnx_input
@@ -257,6 +257,7 @@ def check_quantize(
                 "files (documents separated by blank lines)."
             )
     manifest = read_manifest(src, check_hashes=False)  # the quantizer checks hashes itself
+    refuse_hard_linked_weights(weight_files(Path(src), manifest))
     try:
         checks.check_kv_layout(Path(src), manifest, kv_cache, kv_granularity)
         checks.check_chain(Path(src), out, manifest, scheme, algo, kv_cache)
@@ -292,6 +293,7 @@ def check_optimize(
             if e.key == "location"
         }
     )
+    refuse_hard_linked_weights([Path(p) for p in inputs[1:]])
     check_onnx_out(out, inputs)
     return proto
 
@@ -310,6 +312,7 @@ def check_train_mtp(
     at_least("steps", steps, 1)
     at_least("num_sequences", num_sequences, 16)
     manifest = read_manifest(artifact)
+    refuse_hard_linked_weights(weight_files(Path(artifact), manifest))
     check_artifact_out(out, [artifact, data])
     if not manifest.extra.get("mtp_source_weights"):
         if data is None:

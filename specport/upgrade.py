@@ -26,6 +26,7 @@ def upgrade(artifact: str | os.PathLike[str]) -> list[str]:
     manifest = art.read_manifest(directory)
     done: list[str] = []
     if needs_mtp_graphs(manifest):
+        art.refuse_hard_linked_weights(art.weight_files(directory, manifest))
         graphs = write_mtp_graphs(directory, manifest)
         done.append("stored the MTP graphs " + ", ".join(sorted(graphs.values())))
     if done:

@@ -9,6 +9,7 @@ weights: whatever they report was found before any weights were loaded.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -353,6 +354,31 @@ def test_options_that_do_not_fit_the_artifact(cli, tiny_llama_artifact):
     assert code == 1 and "generate --prompt" in _one_line_error(err)
     code, _, err = cli("generate", a, "--chat", "hi")
     assert code == 1 and "--prompt" in _one_line_error(err)
+
+
+# ---- 9b. an artifact copied with hard links (`cp -al`): onnx_ir will not read its weights --
+@pytest.mark.parametrize("command", ["quantize", "train-draft", "train-mtp", "optimize"])
+def test_hard_linked_weights_are_refused_before_any_work(
+    cli, files, tiny_llama_artifact, tmp_path, command
+):
+    import shutil
+
+    own = shutil.copytree(tiny_llama_artifact, tmp_path / "own")  # the fixture stays unlinked
+    linked = tmp_path / "linked"
+    shutil.copytree(own, linked, copy_function=os.link)
+    (tmp_path / "data.txt").write_text("Once upon a time.\n\nThe end.\n")
+    out = tmp_path / "out"
+    args = {
+        "quantize": ["quantize", linked, "--out", out, "--scheme", "w8a16"],
+        "train-draft": ["train-draft", linked, "--out", out],
+        "train-mtp": ["train-mtp", linked, "--out", out, "--data", tmp_path / "data.txt"],
+        "optimize": ["optimize", linked / "model.onnx", "--out", out / "m.onnx"],
+    }[command]
+    before = files(tmp_path)
+    code, _, err = cli(*args)
+    line = _one_line_error(err)
+    assert code == 1 and "hard links" in line and "cp -r" in line, line
+    assert not out.exists() and files(tmp_path) == before
 
 
 # ---- 10. global options anywhere, JSON errors -----------------------------------------
