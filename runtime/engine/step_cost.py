@@ -345,8 +345,9 @@ def _keeper(model: Any) -> Callable[[list[float]], None]:
 
 def live_verify_costs(model: Any) -> LiveVerifyCosts:
     """``model``'s verify costs with the tracker that corrects them from timed steps, one per
-    loaded model (``auto`` and the adaptive draft length share it): a table that prices drafts out is found out only after ``LIVE_MIN`` probes,
-    more than one answer's worth, so the tracker outlives a call."""
+    loaded model (``auto`` and the adaptive draft length share it): a table that prices drafts
+    out is found out only after ``LIVE_MIN`` probes, more than one answer's worth, so the
+    tracker outlives a call."""
     with contextlib.suppress(TypeError):
         if model in _LIVE:
             return _LIVE[model]
