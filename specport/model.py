@@ -1,122 +1,30 @@
 """`Model`: a loaded artifact and what it does - tokens <-> text, plain and speculative generation.
 
-`specport.loading.load` builds one; `specport.api` re-exports it. The class holds the session
-state (manifest, onnxruntime session, tokenizer, suffix index) and the public signatures; the
-argument checks live in `specport.generation_args` and the decoding loops behind
-`specport.plain_calls` and `specport.speculative_calls`.
+`specport.loading.load` builds one; `specport.api` re-exports it. The session state (manifest,
+onnxruntime session, tokenizer, suffix index, the KV kept between calls) is the base class's,
+`specport.loaded.LoadedArtifact`; this adds the public signatures. The argument checks live in
+`specport.generation_args` and the decoding loops behind `specport.plain_calls` and
+`specport.speculative_calls`.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, overload
 
-from specport import artifact as art
 from specport import generation_args as checks
 from specport.errors import UsageError
+from specport.loaded import LoadedArtifact
 from specport.options import option
 from specport.plain_calls import plain_batch
 from specport.results import GenerationResult
-from specport.runtime.generator import Generator
-from specport.runtime.kv.layouts import align_kv_dtype
-from specport.runtime.session import SessionConfig, make_session
-from specport.runtime.speculative.loop import KVSlot
-from specport.runtime.speculative.suffix import SuffixIndex
 from specport.speculative_calls import speculative_batch, speculative_one
 from specport.text_stream import TextStream
-from specport.tokenizer import encode_prompt
-
-logger = logging.getLogger(__name__)
 
 
-class Model:
+class Model(LoadedArtifact):
     """A loaded artifact: manifest, onnxruntime session, tokenizer, and generation."""
-
-    def __init__(
-        self,
-        path: Path,
-        manifest: art.Manifest,
-        session: Any,
-        provider: str,
-        tokenizer: Any | None,
-        session_config: Any = None,
-    ) -> None:
-        self.path = path
-        self.manifest = manifest
-        self.session = session  # the plain onnxruntime.InferenceSession
-        self.provider = provider
-        self.tokenizer = tokenizer
-        self.session_config = session_config  # how `session` was opened (to reopen it)
-        self._suffix_index: Any = None
-        self._generator: Generator | None = None
-        self._generator_lock = threading.Lock()
-        self._spec_slot = KVSlot()
-        self._spec_lock = threading.Lock()
-
-    @property
-    def suffix_index(self) -> Any:
-        """The earlier outputs `speculative="suffix"` drafts from (a `SuffixIndex`, shared by
-        every request): empty until given a corpus (`load(..., suffix_corpus=)`); the serving
-        engine adds each finished answer."""
-        if self._suffix_index is None:
-            self._suffix_index = SuffixIndex()
-        return self._suffix_index
-
-    @suffix_index.setter
-    def suffix_index(self, index: Any) -> None:  # e.g. one corpus for two sessions of a model
-        self._suffix_index = index
-
-    @contextmanager
-    def plain_generator(self) -> Iterator[Generator]:
-        """The plain loop's `Generator`, kept between calls: its KV buffers and the ids they
-        hold, so a prompt that starts with the previous call's prompt and answer (a chat's next
-        turn) prefills only what follows, as llama.cpp's server and onnxruntime-genai's
-        generator keep a sequence's cache. A call made while another one runs (threads) gets
-        a fresh generator of its own."""
-        if not self._generator_lock.acquire(blocking=False):
-            yield Generator(self.session, self.manifest)
-            return
-        try:
-            if self._generator is None or self._generator.session is not self.session:
-                self._generator = Generator(self.session, self.manifest)
-            yield self._generator
-        finally:
-            self._generator_lock.release()
-
-    @contextmanager
-    def speculative_slot(self) -> Iterator[KVSlot]:
-        """The KV cache speculative calls keep between them (see `plain_generator`): a chat's
-        next turn prefills only what follows the previous prompt and answer. A call made
-        while another one runs gets an empty slot of its own."""
-        if not self._spec_lock.acquire(blocking=False):
-            yield KVSlot()
-            return
-        try:
-            yield self._spec_slot
-        finally:
-            self._spec_lock.release()
-
-    @property
-    def has_mtp_branch(self) -> bool:
-        """Whether the session computes the MTP drafts (`load` leaves them out unless asked)."""
-        names = {o.name for o in self.session.get_outputs()}
-        outputs = (self.manifest.mtp or {}).get("outputs") or {}
-        return bool(outputs) and set(outputs.values()) <= names
-
-    def ensure_mtp_branch(self) -> None:
-        """Reopen the session with the MTP branch (for speculative="mtp" after a plain load)."""
-        if self.has_mtp_branch or not (self.manifest.mtp or {}).get("heads"):
-            return
-
-        logger.info("reopening %s with its MTP branch for speculative='mtp'", self.path)
-        config = self.session_config or SessionConfig(provider=self.provider)
-        self.session, self.provider = make_session(self.path / self.manifest.model_file, config)
-        align_kv_dtype(self.session, self.manifest)
 
     # ---- what speculation needs resolved before it starts --------------------------------
     def draft_model(self, draft: Model | str | os.PathLike[str] | None) -> Model | None:
@@ -124,23 +32,12 @@ class Model:
         provider. The runtime's engines call this rather than load an artifact themselves."""
         if not isinstance(draft, (str, os.PathLike)):
             return draft
-        from specport.loading import load  # specport.loading imports this module
-
-        return load(draft, provider=self.provider)
+        return Model.open(draft, provider=self.provider)
 
     def num_draft_for(self, speculative: str | None, num_draft: int | None) -> int:
         """The draft length for `speculative`: as given (checked), else what fits the method
         (all of an MTP artifact's heads)."""
         return checks.resolve_num_draft(self, speculative, num_draft)
-
-    # ---- tokens <-> text -------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return encode_prompt(self.tokenizer, text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     # ---- generation ------------------------------------------------------------------
     @overload
@@ -283,7 +180,7 @@ class Model:
                 on_text=on_text,
                 method=speculative,
                 num_draft=num_draft,
-                draft=draft,
+                draft=self.draft_model(draft),
                 adaptive=adaptive,
                 tree_width=tree_width,
             )
@@ -359,7 +256,7 @@ class Model:
             return speculative_batch(
                 self,
                 rows, max_new_tokens, config, ignore_eos, stop, on_text,
-                speculative, num_draft, draft, adaptive,
+                speculative, num_draft, self.draft_model(draft), adaptive,
             )  # fmt: skip
         return plain_batch(
             self,

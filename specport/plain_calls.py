@@ -9,21 +9,19 @@ around the runtime's `Generator`, and builds one result per row. Its speculative
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from specport.loaded import LoadedArtifact
 from specport.results import GenerationResult, row_metrics
 from specport.runtime.generator import greedy_select
 from specport.runtime.sampler import Sampler
 from specport.runtime.streaming import TextStreams
 
-if TYPE_CHECKING:
-    from specport.model import Model
-
 
 def plain_batch(
-    model: Model,
+    model: LoadedArtifact,
     rows: list[list[int]],
     *,
     max_new_tokens: int,

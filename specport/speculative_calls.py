@@ -6,12 +6,12 @@ text streams and EOS handling around the runtime's speculative loops and build t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from specport.loaded import LoadedArtifact
 from specport.results import GenerationResult, row_metrics
 from specport.runtime.engine.driver import generate_rows
 from specport.runtime.speculative.loop import (
@@ -22,12 +22,9 @@ from specport.runtime.speculative.loop import (
 from specport.runtime.speculative.tree import generate_tree
 from specport.runtime.streaming import TextStreams
 
-if TYPE_CHECKING:
-    from specport.model import Model
-
 
 def speculative_one(
-    model: Model,
+    model: LoadedArtifact,
     prompt_ids: list[int],
     *,
     max_new_tokens: int,
@@ -37,12 +34,11 @@ def speculative_one(
     on_text: Callable[[str], None] | None,
     method: str,
     num_draft: int,
-    draft: Model | str | os.PathLike[str] | None,
+    draft: LoadedArtifact | None,  # a path already opened (`Model.draft_model`)
     adaptive: bool | None = None,
     tree_width: int = 1,
 ) -> GenerationResult:
 
-    draft_model = model.draft_model(draft)
     streams = TextStreams(
         model.tokenizer, 1, list(stop), (lambda row, piece: on_text(piece)) if on_text else None
     )
@@ -77,7 +73,7 @@ def speculative_one(
                 max_new_tokens,
                 method,
                 num_draft,
-                draft_model,
+                draft,
                 sampling,
                 eos,
                 on_token,
@@ -92,7 +88,7 @@ def speculative_one(
 
 
 def speculative_batch(
-    model: Model,
+    model: LoadedArtifact,
     rows: list[list[int]],
     max_new_tokens: int,
     sampling: Any,
@@ -101,11 +97,10 @@ def speculative_batch(
     on_text: Callable[[int, str], None] | None,
     method: str,
     num_draft: int,
-    draft: Model | str | os.PathLike[str] | None,
+    draft: LoadedArtifact | None,  # a path already opened (`Model.draft_model`)
     adaptive: bool | None,
 ) -> list[GenerationResult]:
 
-    draft_model = model.draft_model(draft)
     streams = TextStreams(model.tokenizer, len(rows), list(stop), on_text)
 
     def push(row: int, tok: int) -> bool:
@@ -118,7 +113,7 @@ def speculative_batch(
     on_token = push if streams.needs_steps else None  # else all text at once afterwards
     eos = [] if ignore_eos else model.manifest.eos_token_ids
     # the engine's one step, driven synchronously, on either KV layout
-    first, make = proposer_factory(method, model, num_draft, draft_model)
+    first, make = proposer_factory(method, model, num_draft, draft)
     out = generate_rows(
         model,
         rows,
