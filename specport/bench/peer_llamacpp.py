@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from specport import artifact as art
+from specport.bench.peer_base import peer_metrics
 from specport.bench.peer_cache import Entry, content_key, evict, file_sha256
-from specport.bench.peers import _metrics
 from specport.errors import InputError, SpecportError
 
 logger = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class LlamaCppPeer:
             if made >= new_tokens:
                 break
         t2 = time.perf_counter()
-        return _metrics(1, len(prompt), made - 1, t0, t1, t2)
+        return peer_metrics(1, len(prompt), made - 1, t0, t1, t2)
 
     def close(self) -> None:
         if self.llm is not None:

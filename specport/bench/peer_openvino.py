@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from specport import artifact as art
+from specport.bench.peer_base import genai_precision, peer_metrics, source_dir
 from specport.bench.peer_cache import Entry, content_key, evict
-from specport.bench.peers import _metrics, genai_precision, source_dir
 from specport.errors import InputError, SpecportError
 from specport.settings import cache_dir
 
@@ -458,7 +458,7 @@ class OpenVinoPeer:
             }
         )
         tokens, _, _ = run_result(answer)
-        return _metrics(
+        return peer_metrics(
             1,
             len(prompts[0]),
             len(tokens) - 1,

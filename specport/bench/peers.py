@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from specport import artifact as art
+from specport.bench.peer_base import genai_precision, peer_metrics, source_dir
 from specport.bench.peer_cache import Entry, content_key, evict
 from specport.errors import InputError, SpecportError
-from specport.exporter import source as src_mod
 from specport.runtime.hugepages import HugePages
 from specport.runtime.session import SessionConfig
 
@@ -61,20 +61,6 @@ def check_peer_name(name: str) -> str:
     return name
 
 
-_KEEP: list[Any] = []  # resolved sources whose temp dirs (llama2c conversions) must live on
-
-
-def source_dir(manifest: art.Manifest) -> Path:
-    """The HF model directory the artifact was exported from (errors if it is gone)."""
-
-    original = manifest.source.get("path")
-    if not original:
-        raise InputError("the artifact's manifest records no source model path; peers need it.")
-    source = src_mod.resolve(original)
-    _KEEP.append(source)
-    return source.path
-
-
 def make_peer(name: str, manifest: art.Manifest, config: Any, progress: bool | None = None) -> Any:
     if name == "onnxruntime-genai":
         return GenaiPeer(manifest, config, progress)
@@ -94,16 +80,6 @@ def make_peer(name: str, manifest: art.Manifest, config: Any, progress: bool | N
 
 def _threads(config: Any) -> int:
     return int(config.threads or (os.cpu_count() or 1))
-
-
-def genai_precision(manifest: art.Manifest) -> str:
-    """onnxruntime-genai's builder precision with the artifact's weight bit width."""
-    scheme = str((manifest.quant or {}).get("scheme", "none"))
-    if scheme.startswith("w8"):
-        return "int8"
-    if scheme.startswith("w4"):
-        return "int4"
-    return "fp32"
 
 
 class GenaiPeer:
@@ -174,7 +150,7 @@ class GenaiPeer:
             steps += 1
         t2 = time.perf_counter()
         del gen
-        return _metrics(batch, plen, steps, t0, t1, t2)
+        return peer_metrics(batch, plen, steps, t0, t1, t2)
 
     def close(self) -> None:
         del self.model
@@ -297,18 +273,9 @@ class TransformersPeer:
             )
             t2 = time.perf_counter()
         t1 = stamps[0] if stamps else t2
-        return _metrics(batch, plen, max(len(stamps) - 1, 0), t0, t1, stamps[-1] if stamps else t2)
+        return peer_metrics(
+            batch, plen, max(len(stamps) - 1, 0), t0, t1, stamps[-1] if stamps else t2
+        )
 
     def close(self) -> None:
         del self.model
-
-
-def _metrics(batch: int, plen: int, steps: int, t0: float, t1: float, t2: float) -> dict[str, Any]:
-    decode = t2 - t1
-    return {
-        "ttft_ms": round((t1 - t0) * 1e3, 3),
-        "prefill_tok_per_s": round(batch * plen / max(t1 - t0, 1e-9), 2),
-        "decode_steps": steps,
-        "tpot_ms": round(decode / steps * 1e3, 4) if steps else None,
-        "decode_tok_per_s": round(batch * steps / decode, 2) if steps else None,
-    }
