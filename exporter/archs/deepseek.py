@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from specport.exporter.registry import ArchConfig, register_arch
+from specport.exporter.archs.base import ArchConfig, register_arch
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ transformers' modules; what the entries state is what the passes and KV layouts 
 
 from __future__ import annotations
 
+from specport.exporter.archs.base import register_arch
 from specport.exporter.archs.llama import Llama
-from specport.exporter.registry import register_arch
 
 
 @register_arch("gemma")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specport.exporter.registry import ArchConfig, register_arch
+from specport.exporter.archs.base import ArchConfig, register_arch
 
 
 @register_arch("gpt2")

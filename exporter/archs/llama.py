@@ -7,7 +7,7 @@ traced from transformers' own module, so an entry is its name plus the options i
 
 from __future__ import annotations
 
-from specport.exporter.registry import ArchConfig, register_arch
+from specport.exporter.archs.base import ArchConfig, register_arch
 
 
 @register_arch("llama")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from specport.exporter.archs.base import register_arch
 from specport.exporter.archs.llama import Llama
-from specport.exporter.registry import register_arch
 
 logger = logging.getLogger(__name__)
 
