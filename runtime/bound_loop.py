@@ -23,20 +23,20 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from specport.artifact import Manifest
 from specport.runtime.engine.prefix_cache import common_prefix
-from specport.runtime.generator import (
+from specport.runtime.kv.iobinding import BoundSession
+from specport.runtime.loop_contract import (
     GenerationOutput,
-    Generator,
     OnStep,
     Select,
     greedy_select,
     step_metrics,
 )
-from specport.runtime.kv.iobinding import BoundSession
 
 # A batch-1 call's buffers hold at least this many positions (or the context, if shorter), so
 # later calls that extend its sequence find them long enough and reuse its KV. numpy backs them
@@ -45,8 +45,18 @@ from specport.runtime.kv.iobinding import BoundSession
 BATCH_1_POSITIONS = 2048
 
 
+class BoundHolder(Protocol):
+    """What this loop reads and keeps on its caller (`generator.Generator`) between calls."""
+
+    session: Any
+    manifest: Manifest
+    context_length: int
+    bound: BoundSession | None  # the bound buffers, kept between calls
+    held_ids: np.ndarray | None  # the ids whose KV row 0 holds after a batch-1 call
+
+
 def bound_session(
-    gen: Generator, batch: int, max_length: int
+    gen: BoundHolder, batch: int, max_length: int
 ) -> tuple[BoundSession, np.ndarray | None]:
     """The generator's bound buffers when they fit (same batch, long enough), else new ones;
     and the ids whose KV row 0 still holds from the last batch-1 call (None: nothing reusable)."""
@@ -62,7 +72,7 @@ def bound_session(
 
 
 def run_bound(
-    gen: Generator,
+    gen: BoundHolder,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     budget: int,
