@@ -16,7 +16,8 @@ row r's valid positions. Everything a decode step needs is a method:
   index)``: keep exactly these positions (a tree's accepted path), ``copy_prefix(src, dst,
   n)`` / ``swap(a, b)``: the prefix cache, ``free(row)``.
 
-Two implementations, chosen by the artifact's layout (``open_kv_cache``). ``SharedKVCache``:
+The interface itself (``KVCache`` and what a run returns, ``StepOut``) is ``kv.interface``, below
+both implementations. Two implementations, chosen by the artifact's layout (``open_kv_cache``). ``SharedKVCache``:
 one preallocated buffer [R, Hkv, T, D] per layer (the artifact's ``shared`` layout), written
 in place by onnxruntime's fused attention through IO binding (``kv.iobinding.BoundSession``,
 its private detail: a batch-b binding of rows [0, b) and a batch-1 binding of each row's own
@@ -41,57 +42,21 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import numpy as np
 
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK
 from specport.errors import ArtifactError, ContextLengthError
+from specport.runtime.kv.concat_cache import ConcatKVCache
+from specport.runtime.kv.interface import KVCache, StepOut
 from specport.runtime.kv.iobinding import BoundSession
 from specport.runtime.kv.layouts import SharedKV
 
+__all__ = ["KVCache", "SharedKVCache", "StepOut", "open_kv_cache", "takes_batched_steps"]
+
 logger = logging.getLogger(__name__)
-
-
-class StepOut(NamedTuple):
-    """What a run over S new tokens per row returns (views of bound buffers, overwritten by
-    the next run of the same shape: copy what must outlive it)."""
-
-    logits: np.ndarray  # [b, S, V] (S = 1 with last_only)
-    greedy: np.ndarray | None  # [b, S] the graph's argmax, None when it has none
-    outputs: dict[str, np.ndarray]  # the graph's other outputs ([b, ...]), e.g. the MTP branch
-
-
-class KVCache(Protocol):
-    """Rows x positions with per-row lengths (see the module docstring)."""
-
-    rows: int
-    max_length: int
-    lengths: np.ndarray  # [rows] int64
-    ort_seconds: float  # time inside onnxruntime so far
-    session: Any  # the session it runs
-    has_tree: bool  # the graph takes a tree mask (token trees through ``step_row``)
-
-    def reset(self) -> None: ...
-
-    def step(self, ids: np.ndarray, live: np.ndarray) -> StepOut: ...
-
-    def step_row(
-        self, row: int, ids: np.ndarray, last_only: bool = False, tree: Any = None
-    ) -> StepOut: ...
-
-    def keep(self, row: int, positions: int) -> None: ...
-
-    def keep_positions(self, row: int, index: np.ndarray) -> None: ...
-
-    def copy_prefix(self, source: int, target: int, positions: int) -> None: ...
-
-    def swap(self, a: int, b: int) -> None: ...
-
-    def free(self, row: int) -> None: ...
-
-    def fits(self, batch: int, s: int) -> bool: ...
 
 
 class SharedKVCache:
@@ -268,9 +233,6 @@ def open_kv_cache(session: Any, manifest: Manifest, rows: int, max_length: int) 
     if layout == "shared":
         return SharedKVCache(session, manifest, rows, max_length)
     if layout == "concat":
-        # imported here: concat_cache builds on this module's StepOut
-        from specport.runtime.kv.concat_cache import ConcatKVCache
-
         return ConcatKVCache(session, manifest, rows, max_length)
     raise ArtifactError(f"KV layout {layout!r} is not supported by this runtime; upgrade specport.")
 

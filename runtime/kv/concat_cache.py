@@ -37,7 +37,7 @@ import numpy as np
 from specport.artifact import Manifest
 from specport.contract import TREE_MASK, causal_tree_mask, row_position_feeds
 from specport.errors import ArtifactError, ContextLengthError, InputError
-from specport.runtime.kv.cache import StepOut
+from specport.runtime.kv.interface import StepOut
 
 # the common left padding a batched step may carry before the cache is rebuilt without it
 MAX_SLACK = 32
@@ -45,7 +45,7 @@ MAX_SLACK = 32
 
 class ConcatKVCache:
     """``rows`` rows of up to ``max_length`` positions over a concat-layout session (see the
-    module docstring). Implements ``kv.cache.KVCache``."""
+    module docstring). Implements ``kv.interface.KVCache``."""
 
     def __init__(self, session: Any, manifest: Manifest, rows: int, max_length: int) -> None:
         if manifest.kv.layout != "concat":
