@@ -35,7 +35,7 @@ from specport.errors import InputError
 from specport.runtime.speculative.loop import check_num_draft
 from specport.runtime.speculative.mtp import mtp_info
 from specport.runtime.speculative.token_tree import beam_step
-from specport.runtime.speculative.tree import (
+from specport.runtime.speculative.tree_generator import (
     TreeSpeculativeGenerator,
     check_tree_width,
     has_tree_mask,
