@@ -8,15 +8,13 @@ assembles them into engine requests.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specport.errors import InputError, SpecportError
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.serve.api_error import APIError
 from specport.runtime.serve.schemas import _Sampling
-
-if TYPE_CHECKING:
-    from specport.runtime.serve.protocol import ServedModel
+from specport.runtime.serve.served import ServedModel
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,7 +24,6 @@ from pydantic import ValidationError
 from specport.chat_template import ChatTemplate
 from specport.errors import InputError
 from specport.runtime.engine.base import Request
-from specport.runtime.grammar import GrammarCompiler
 from specport.runtime.serve.api_error import APIError
 from specport.runtime.serve.fields import (
     grammar,
@@ -40,42 +38,12 @@ from specport.runtime.serve.schemas import (
     _Sampling,
     describe,
 )
+from specport.runtime.serve.served import ServedModel
 
 logger = logging.getLogger(__name__)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_N = 16  # choices per request (each holds a KV row)
-
-
-@dataclass
-class ServedModel:
-    """What the protocol layer needs to know about the model behind the server."""
-
-    name: str
-    model: Any  # specport.api.Model: encode, decode, tokenizer, manifest, path
-    created: int = field(default_factory=lambda: int(time.time()))
-    engine_max_length: int | None = None  # KV positions per request the engine reserves
-    logprobs: bool = True  # the engine reports logprobs (both of ours do)
-    speculative: bool = False  # the serial engine decodes speculatively (grammars: greedy only)
-    _grammars: Any = None
-
-    def grammars(self) -> Any:
-        """The structured-output compiler for this tokenizer (built at first use, ~1 s)."""
-        if self._grammars is None:
-            m = self.model.manifest
-            self._grammars = GrammarCompiler(self.model.tokenizer, m.vocab_size, m.eos_token_ids)
-        return self._grammars
-
-    @property
-    def context_length(self) -> int:
-        m = self.model.manifest
-        limit = m.kv.max_length if m.kv.layout == "shared" else None
-        length = min(m.context_length, limit or m.context_length)
-        return int(min(length, self.engine_max_length or length))
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.manifest.vocab_size)
 
 
 @dataclass
