@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.timing import BENCH_CONFIG, bound_run, export_llama30m, interleaved
+
 logger = logging.getLogger(__name__)
 
 ATTENTION_OPS = {"Attention", "GroupQueryAttention", "MultiHeadAttention", "PackedAttention"}
@@ -212,7 +214,6 @@ def run_exports_bench(
     `only`: keep the inputs whose name contains this string."""
     import onnx
 
-    from benchmarks.bench_fusion import BENCH_CONFIG, _bound_run, _export, _interleaved
     from tests.passes.graph_models import cpu_session
 
     # name -> (path, vocab, heads, hidden); heads/hidden are given to onnxruntime's optimizer
@@ -228,7 +229,7 @@ def run_exports_bench(
         inputs["ts_gpt2_past_eager_8x512"] = (gpt2, 8192, 8, 512)
         heads, hidden = int(BENCH_CONFIG["num_attention_heads"]), int(BENCH_CONFIG["hidden_size"])
         inputs["dynamo_llama_8x512"] = (
-            _export(root),
+            export_llama30m(root),
             int(BENCH_CONFIG["vocab_size"]),
             heads,
             hidden,
@@ -260,11 +261,11 @@ def run_exports_bench(
                 "nodes": len(proto.graph.node),
             }
             past = 64 if has_past else 0  # without a cache, one token attends to itself only
-            decode[key] = _bound_run(sess, generic_feeds(sess, 1, 1, past, vocab), False)
-            prefill[key] = _bound_run(sess, generic_feeds(sess, 1, 64, 0, vocab), False)
-    for key, t in _interleaved(decode, repeat).items():
+            decode[key] = bound_run(sess, generic_feeds(sess, 1, 1, past, vocab), False)
+            prefill[key] = bound_run(sess, generic_feeds(sess, 1, 64, 0, vocab), False)
+    for key, t in interleaved(decode, repeat).items():
         rows[key]["decode_ms"] = t["median_ms"]
-    for key, t in _interleaved(prefill, max(5, repeat // 2)).items():
+    for key, t in interleaved(prefill, max(5, repeat // 2)).items():
         rows[key]["prefill_ms"] = t["median_ms"]
     return {"threads": threads, "repeat": repeat, "rows": rows}
 

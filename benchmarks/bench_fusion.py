@@ -16,29 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks.timing import BENCH_CONFIG, bound_run, export_llama30m, interleaved
+
 logger = logging.getLogger(__name__)
 
 SHARED_T = 1152  # shared-layout buffer length (covers past 1024 + a step)
-
-BENCH_CONFIG = dict(
-    hidden_size=512,
-    intermediate_size=1408,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    vocab_size=8192,
-    max_position_embeddings=1024,
-    initializer_range=0.02,
-)
 
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "unfused": None,
@@ -47,42 +36,6 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "neutral": {"target": "neutral"},
     "cpu_shared_kv": {"kv_layout": "shared", "max_length": 1152},
 }
-
-
-def _export(root: Path) -> Path:
-    from tests.passes.graph_models import export_tiny, tiny_model
-
-    path = root / "bench_llama30m" / "model.onnx"
-    if not path.exists():
-        model = tiny_model("llama", **BENCH_CONFIG)
-        n = sum(p.numel() for p in model.parameters())
-        logger.info("exporting %.1fM-param llama to %s", n / 1e6, path)
-        export_tiny(model, path)
-    return path
-
-
-def _interleaved(fns: dict[str, Any], repeat: int) -> dict[str, dict[str, float]]:
-    """Time every variant round-robin so load changes on a shared machine hit all alike.
-
-    Each round starts one variant later: the first run of a round is measurably slower (on the
-    8-layer GPT-2, ~0.4 ms of a 6.5 ms decode step, whichever graph runs first), so a fixed order
-    would charge that to one variant.
-    """
-    for fn in fns.values():  # warm-up
-        fn()
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    order = list(fns.items())
-    for r in range(repeat):
-        k = r % len(order)
-        for name, fn in order[k:] + order[:k]:
-            t0 = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - t0) * 1e3)
-    return {
-        k: {"median_ms": round(statistics.median(v), 3), "min_ms": round(min(v), 3)}
-        for k, v in times.items()
-    }
 
 
 def _feeds(dims, s: int, p: int, vocab: int) -> dict[str, np.ndarray]:
@@ -106,35 +59,13 @@ def _shared_feeds(dims, s: int, p: int, vocab: int, t: int) -> dict[str, np.ndar
     return feeds
 
 
-def _bound_run(sess, feeds: dict[str, np.ndarray], shared: bool):
-    """IO binding; with `shared`, present.{i}.* is bound to the past buffer (in place)."""
-    import onnxruntime as ort
-
-    binding = sess.io_binding()
-    values = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()}
-    for k, v in values.items():
-        binding.bind_ortvalue_input(k, v)
-    for out in sess.get_outputs():
-        name = out.name
-        if shared and name.startswith("present."):
-            _, i, kv = name.split(".")
-            binding.bind_ortvalue_output(name, values[f"past_key_values.{i}.{kv}"])
-        else:
-            binding.bind_output(name, "cpu")
-
-    def run():
-        sess.run_with_iobinding(binding)
-
-    return run
-
-
 def run_bench(threads: int = 1, repeat: int = 30, root: Path | None = None) -> dict[str, Any]:
     from specport.passes.base import op_counts
     from specport.passes.pipelines import optimize_model
     from tests.passes.graph_models import cpu_session
 
     root = Path(root or _cache_root())
-    src = _export(root)
+    src = export_llama30m(root)
     dims = (8, 4, 64)
     vocab = int(BENCH_CONFIG["vocab_size"])
     results: dict[str, Any] = {"threads": threads, "repeat": repeat, "variants": {}}
@@ -162,25 +93,25 @@ def run_bench(threads: int = 1, repeat: int = 30, root: Path | None = None) -> d
             decode = _feeds(dims, 1, 64, vocab)
             long = _feeds(dims, 1, 1024, vocab)
             prefill = _feeds(dims, 128, 0, vocab)
-        decode_fns[name] = _bound_run(sess, decode, shared)
-        long_fns[name] = _bound_run(sess, long, shared)
-        prefill_fns[name] = _bound_run(sess, prefill, shared)
+        decode_fns[name] = bound_run(sess, decode, shared)
+        long_fns[name] = bound_run(sess, long, shared)
+        prefill_fns[name] = bound_run(sess, prefill, shared)
         results["variants"][name] = {"ops": counts, "nodes": sum(counts.values())}
     for name, model_path in _peer_models(src, root).items():
         # Peers take the same unfused export and keep the concat I/O contract.
         sess = cpu_session(model_path, threads=threads)
-        decode_fns[name] = _bound_run(sess, _feeds(dims, 1, 64, vocab), False)
-        long_fns[name] = _bound_run(sess, _feeds(dims, 1, 1024, vocab), False)
-        prefill_fns[name] = _bound_run(sess, _feeds(dims, 128, 0, vocab), False)
+        decode_fns[name] = bound_run(sess, _feeds(dims, 1, 64, vocab), False)
+        long_fns[name] = bound_run(sess, _feeds(dims, 1, 1024, vocab), False)
+        prefill_fns[name] = bound_run(sess, _feeds(dims, 128, 0, vocab), False)
         import onnx_ir as ir
 
         counts = op_counts(ir.load(str(model_path)))
         results["variants"][name] = {"ops": counts, "nodes": sum(counts.values())}
-    for name, t in _interleaved(decode_fns, repeat).items():
+    for name, t in interleaved(decode_fns, repeat).items():
         results["variants"][name]["decode_past64"] = t
-    for name, t in _interleaved(long_fns, max(5, repeat // 2)).items():
+    for name, t in interleaved(long_fns, max(5, repeat // 2)).items():
         results["variants"][name]["decode_past1024"] = t
-    for name, t in _interleaved(prefill_fns, max(5, repeat // 4)).items():
+    for name, t in interleaved(prefill_fns, max(5, repeat // 4)).items():
         results["variants"][name]["prefill_128"] = t
     base = results["variants"]["unfused"]
     for v in results["variants"].values():
