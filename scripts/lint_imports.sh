@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Check the import contracts in pyproject.toml ([tool.importlinter]) with import-linter.
+# Check the import contracts in pyproject.toml ([tool.importlinter]) with import-linter, and that
+# no modules import each other in a cycle (scripts/import_cycles.py).
 #
 # Why a wrapper: import-linter (grimp) finds a package's modules by walking its directory, but
 # specport maps its subpackages from top-level folders (pyproject's [tool.setuptools.package-dir]:
@@ -26,5 +27,9 @@ for name, folder in dirs.items():
     if len(parts) == 2 and not (top / parts[1]).exists():
         (top / parts[1]).symlink_to(repo / folder)
 PY
+ln -s "$repo/benchmarks" "$tree/benchmarks"
 cd "$tree"  # lint-imports puts the working directory first on sys.path
 lint-imports --config "$repo/pyproject.toml" --no-cache "$@"
+# No two modules import each other, directly or round a longer loop (the contracts above check
+# the direction between layers only); the developer scripts in benchmarks/ are held to it too.
+python "$repo/scripts/import_cycles.py" specport benchmarks
