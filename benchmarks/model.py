@@ -1,7 +1,7 @@
 """A random-weight Llama for benchmarks, built from a config (no downloads).
 
-    python -m benchmarks.model /tmp/llama32m          # the ~32M benchmark model
-    python -m benchmarks.model /tmp/tiny --tiny       # 2 layers, hidden 64
+    python -m benchmarks.model out/llama32m           # the ~32M benchmark model
+    python -m benchmarks.model out/tiny --tiny        # 2 layers, hidden 64
 
 The builder is the tests' (`tests/fixtures.make_llama`): one tiny-model module for both.
 A byte-level tokenizer (256 byte tokens + <unk>/<s>/</s>) is written next to the weights.

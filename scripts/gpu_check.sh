@@ -57,7 +57,7 @@ MODEL=${1:-$SHARED/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}
 NEW_TOKENS=${NEW_TOKENS:-128}
 PROMPT_LEN=${PROMPT_LEN:-32}
 RUNS=${RUNS:-3}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+WORK=$(mktemp -d -t gpu_check.XXXXXX)  # under $TMPDIR when set
 mkdir -p "$OUT_DIR"
 LOG=$OUT_DIR/gpu_check.log
 exec > >(tee -a "$LOG") 2>&1

@@ -6,9 +6,9 @@ parameter is drawn and appended to a safetensors shard, so writing a 16 GB bf16 
 shape needs one tensor of memory. Shapes come from the real configs (hidden, layers, heads,
 vocab); weights are N(0, 0.02) like transformers' init, norms 1.
 
-    python scripts/random_checkpoint.py qwen2.5-0.5b /tmp/qwen05
-    python scripts/random_checkpoint.py llama-3.2-1b /tmp/llama1b
-    python scripts/random_checkpoint.py llama-3.1-8b /tmp/llama8b --dtype bfloat16
+    python scripts/random_checkpoint.py qwen2.5-0.5b out/qwen05
+    python scripts/random_checkpoint.py llama-3.2-1b out/llama1b
+    python scripts/random_checkpoint.py llama-3.1-8b out/llama8b --dtype bfloat16
 """
 
 from __future__ import annotations
