@@ -61,8 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     for name in paths:
         print(
             f"{name:<11} host CPU per token {statistics.median(host[name]):7.1f} us "
-            f"(rounds {[round(x) for x in host[name]]}), {statistics.median(speed[name]):.0f} tok/s"
+            f"(rounds {[round(x) for x in host[name]]}), {statistics.median(speed[name]):.2f} tok/s"
         )
+    ratios = [d / b for d, b in zip(speed["driver"], speed["bound_loop"])]
+    print(
+        f"driver / bound_loop tok/s: {statistics.median(ratios):.3f} "
+        f"(median of per-round ratios {[round(r, 3) for r in ratios]})"
+    )
 
 
 if __name__ == "__main__":
