@@ -7,8 +7,8 @@ The steps, each resumable (the training folder ``OUT.training`` keeps what is do
 2. the model answers a prompt collection (``--data``: one message per paragraph; default: the
    built-in ``samples.chat_distill`` collection), greedily, with onnxruntime;
 3. each prompt + answer runs through the target once; features, tokens and the target's
-   choices go to a memory-mapped cache (``exporter.eagle_cache``);
-4. the head trains for ``minutes`` (``exporter.eagle_train``), with checkpoints and held-out
+   choices go to a memory-mapped cache (``train.eagle_cache``);
+4. the head trains for ``minutes`` (``train.eagle_train``), with checkpoints and held-out
    acceptance per draft position;
 5. the draft graph and the manifest's ``eagle`` entry complete the copy, renamed to ``OUT``.
 
@@ -160,7 +160,7 @@ def _train_draft(
     answers, answer_seconds = _answers(work, target, prompts, new_tokens)
 
     stages.start("computing the target's features")
-    from specport.exporter.eagle_cache import build_cache, build_seconds
+    from specport.train.eagle_cache import build_cache, build_seconds
 
     seqs = [p + a for p, a in zip(prompts, answers)]
     dim = _feature_dim(target)
@@ -309,7 +309,7 @@ def _check(
 def _check_resume(src: Path, dst: Path, work: Path, manifest: art.Manifest, minutes: float) -> None:
     """An existing ``dst`` may only be trained further: it must be this input's train-draft
     result with its training folder, trained for less than ``minutes``."""
-    from specport.exporter.eagle_train import CHECKPOINT, trained_minutes
+    from specport.train.eagle_train import CHECKPOINT, trained_minutes
 
     if not (work / CHECKPOINT).is_file() or not (dst / art.MANIFEST_NAME).is_file():
         raise OutputError(
@@ -418,7 +418,7 @@ def _answers(
     rerun decodes only the prompts it has no answer for (a larger ``--sequences`` or another
     ``--data`` adds to what is there), and reports the seconds the answers it uses cost when
     they were decoded (pro rata to their tokens when it uses part of a batch's)."""
-    from specport.exporter.mtp_data import greedy_answers
+    from specport.train.mtp_data import greedy_answers
 
     path = work / name
     known: dict[tuple[int, ...], list[int]] = {}
@@ -466,8 +466,8 @@ def _chat_caches(
     tuned on the first set holds on requests nobody tuned on. Empty for a model without a chat
     template."""
     from specport.chat_template import load_chat_template
-    from specport.exporter.eagle_cache import build_cache
     from specport.samples.chat_prompts import chat_prompts
+    from specport.train.eagle_cache import build_cache
 
     template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
     if template is None:
@@ -509,9 +509,9 @@ def _feature_dim(model: Any) -> int:
 def _runner(model: Any) -> Any:
     """ids -> (features [S, 3H], the target's top ids [S, K] (argmax first), their
     probabilities [S, K]) in one run of the target."""
-    from specport.exporter.eagle_cache import top_k
     from specport.passes.eagle_features import FEATURES
     from specport.runtime.kv.seq_cache import open_cache
+    from specport.train.eagle_cache import top_k
 
     def run(ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         step = open_cache(model.session, model.manifest, len(ids) + 1).step(ids)
@@ -538,9 +538,9 @@ def _train(
 ) -> tuple[Any, dict[str, Any]]:
     import torch
 
-    from specport.exporter.eagle_cache import frequent_choices
     from specport.exporter.eagle_head import EagleConfig
-    from specport.exporter.eagle_train import train_head
+    from specport.train.eagle_cache import frequent_choices
+    from specport.train.eagle_train import train_head
 
     cfg_in = manifest.config
     vocab = int(cfg_in["vocab_size"])

@@ -13,7 +13,7 @@ import specport
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE, int_at_least, int_between
 from specport.drafting import DEFAULT_MESSAGES, DEFAULT_SEQUENCES, MESSAGES
-from specport.exporter.eagle_cache import LABELS, TOP_K
+from specport.train.eagle_cache import LABELS, TOP_K
 
 
 def _minutes(text: str) -> float:
