@@ -244,7 +244,7 @@ def train_head(
     device: str = "cpu",
     progress: bool | None = None,
     checkpoint_seconds: float = 60.0,
-    max_steps: int = 0,  # > 0: stop after this many steps as well (tests)
+    max_steps: int = 0,  # > 0: stop after this many steps as well (tests, fixed-step comparisons)
     threads: int = 2,
     also: dict[str, FeatureCache] | None = None,
     labels: str = "soft",
@@ -315,7 +315,8 @@ def train_head(
         elapsed = time.perf_counter() - t_start
         if elapsed >= budget or (max_steps and state["step"] >= max_steps):
             break
-        frac = min(elapsed / budget, 1.0)
+        # the cosine follows whichever bound comes first: a run of max_steps decays by steps
+        frac = min(max(elapsed / budget, state["step"] / max_steps if max_steps else 0.0), 1.0)
         scale = min(1.0, (state["step"] + 1) / warmup) * (
             0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac))
         )
