@@ -30,10 +30,11 @@ import torch
 
 from specport import artifact as art
 from specport.drafting import _embedding
-from specport.exporter.eagle_cache import FeatureCache, open_cache
 from specport.exporter.eagle_head import EagleConfig, EagleHead
-from specport.exporter.eagle_train import CHECKPOINT, batch_tensors, draft_map
 from specport.samples.chat_prompts import CHAT_PROMPTS, MORE_CHAT_PROMPTS
+from specport.train.eagle_cache import FeatureCache, open_cache
+from specport.train.eagle_objective import ttt_loss
+from specport.train.eagle_train import CHECKPOINT, batch_tensors, draft_map
 
 BUCKETS = ((0.0, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.01))
 TRAIN_SAMPLE = 96  # training sequences measured (every few, across the split)
@@ -58,7 +59,7 @@ def first_draft(
     right, sure = [], []
     for i in range(0, len(rows), 8):
         b = batch_tensors(cache, rows[i : i + 8], to_draft, soft=True)
-        res = head.ttt_loss(b.features, b.next_ids, b.labels, 1)
+        res = ttt_loss(head, b.features, b.next_ids, b.labels, 1)
         mask = res.counted[0]
         assert b.soft is not None
         right.append(res.right[0][mask].numpy())

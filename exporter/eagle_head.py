@@ -14,9 +14,11 @@ training answers use most; ``draft_ids`` maps them back to target ids)::
 
 The first draft after a verify runs on the target's features (``hidden_in`` = 0); each later
 draft feeds the head its own g instead (``features`` = 0, and ``fc`` has no bias, so fc(0) = 0).
-Training runs exactly that ("training-time test", ``ttt_loss``): at depth j the head sees its
-own depth j-1 output, attending to real-feature keys up to its origin and to its own earlier
-draft keys, so acceptance holds past the first draft token.
+Training runs exactly that ("training-time test", ``train.eagle_objective.ttt_loss``): at depth
+j the head sees its own depth j-1 output, attending to real-feature keys up to its origin and to
+its own earlier draft keys, so acceptance holds past the first draft token. This module is the
+head as the exporter writes it (``eagle_artifact``, ``eagle_graph``); its training lives in
+``specport.train``.
 
 The token embedding is the target's (frozen, so stored RMS-normalised; in fp16 in the draft
 graph, cast back: the head only needs it as an input signal), the LM head starts from the target's rows of the draft
@@ -82,16 +84,6 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * cos + rot * sin
 
 
-@dataclass
-class TTTResult:
-    """What ``EagleHead.ttt_loss`` computed over a batch."""
-
-    loss: torch.Tensor  # mean cross-entropy over the depths
-    stats: list[tuple[int, int]]  # (right, counted) per depth
-    right: torch.Tensor  # [depth, B, T] bool: depth j's draft at position t was the choice
-    counted: torch.Tensor  # [depth, B, T] bool: position t has a label at depth j
-
-
 class EagleHead(nn.Module):
     """One decoder layer fed by the target's features and the next token's embedding."""
 
@@ -125,7 +117,7 @@ class EagleHead(nn.Module):
             for lin in (self.o_proj, self.down):
                 lin.weight.mul_(0.5)
 
-    # ---- pieces shared by inference and training ----------------------------------------
+    # ---- pieces shared by inference and training (train.eagle_objective) -------------
     def qkv(
         self, tokens: torch.Tensor, u: torch.Tensor, pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -148,7 +140,7 @@ class EagleHead(nn.Module):
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm_f(g))  # type: ignore[no-any-return]
 
-    def _expand(self, kv: torch.Tensor) -> torch.Tensor:
+    def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:
         rep = self.cfg.heads // self.cfg.kv_heads
         return kv.repeat_interleave(rep, dim=1) if rep > 1 else kv
 
@@ -168,95 +160,11 @@ class EagleHead(nn.Module):
         q, k, v = self.qkv(input_ids, u, pos)
         keys = torch.cat([past_key, k], 2)
         values = torch.cat([past_value, v], 2)
-        scores = q @ self._expand(keys).transpose(-1, -2) / math.sqrt(self.cfg.head_dim)
+        scores = q @ self.expand_kv(keys).transpose(-1, -2) / math.sqrt(self.cfg.head_dim)
         allowed = torch.arange(p + s)[None, :] <= pos[:, None]  # [S, P+S]
         scores = scores.masked_fill(~allowed, float("-inf"))
-        attn = scores.softmax(-1) @ self._expand(values)
+        attn = scores.softmax(-1) @ self.expand_kv(values)
         g = self.finish(u, attn)
         logits = self.logits(g[:, -1])  # [B, Vd]: only the last position drafts
         token = self.draft_ids[logits.argmax(-1)]
         return token, logits, g, keys, values
-
-    # ---- training: the training-time test ----------------------------------------------------
-    def ttt_loss(
-        self,
-        features: torch.Tensor,  # [B, T, 3H]
-        next_ids: torch.Tensor,  # [B, T] the token at t+1
-        labels: torch.Tensor,  # [B, T] draft-vocab index of the target's choice at t+1;
-        # -1: no label here, -2: the target chose a token outside the draft vocabulary
-        depth: int,
-        soft: tuple[torch.Tensor, torch.Tensor] | None = None,  # [B, T, K] draft indices
-        # of the target's top-K choices after t+1 (-1: outside the draft vocabulary), probs
-    ) -> TTTResult:
-        """Mean cross-entropy over ``depth`` chained drafts, and which drafts were right.
-
-        Depth j at position t continues from origin o = t - j: its input is the head's depth
-        j-1 output at t-1 (depth 0: the target's features at t), it attends to depth-0 keys at
-        positions <= o and to its own depth-i keys at o + i (i = 1..j), exactly the KV an
-        inference draft from o sees. Its label is the target's choice after t+1: the
-        cross-entropy is against that choice, or with ``soft`` against the target's top-K
-        distribution renormalised over the draft vocabulary (the EAGLE-3 objective, cut to
-        the K tokens that hold most of the mass). Hits count against the choice either way."""
-        t = next_ids.shape[1]
-        pos = torch.arange(t)
-        scale = 1.0 / math.sqrt(self.cfg.head_dim)
-        u = self.fc(features)
-        keys: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
-        total = features.new_zeros(())
-        stats: list[tuple[int, int]] = []
-        right: list[torch.Tensor] = []
-        counts: list[torch.Tensor] = []
-        for j in range(depth):
-            q, k, v = self.qkv(next_ids, u, pos)
-            keys.append(self._expand(k))
-            values.append(self._expand(v))
-            s0 = (q @ keys[0].transpose(-1, -2)) * scale  # [B, h, T, T]
-            allowed = pos[None, :] <= (pos[:, None] - j)
-            s0 = s0.masked_fill(~allowed, float("-inf"))
-            diag = [
-                ((q * _shift(keys[i], j - i)).sum(-1) * scale)[..., None] for i in range(1, j + 1)
-            ]
-            scores = torch.cat([s0, *diag], -1) if diag else s0
-            probs = torch.nan_to_num(scores.softmax(-1))  # rows with no key at all: t < j
-            attn = probs[..., :t] @ values[0]
-            for i in range(1, j + 1):
-                attn = attn + probs[..., t + i - 1 : t + i] * _shift(values[i], j - i)
-            g = self.finish(u, attn)
-            lab = labels.clone()
-            lab[:, :j] = -1  # no origin before position 0
-            mask = lab >= 0
-            counted = lab != -1  # out-of-vocabulary choices count as misses
-            hit = torch.zeros_like(mask)
-            if bool(mask.any()):
-                logits = self.logits(g[mask])
-                target = lab[mask]
-                if soft is None:
-                    total = total + F.cross_entropy(logits, target)
-                else:
-                    total = total + _soft_cross_entropy(logits, soft[0][mask], soft[1][mask])
-                hit[mask] = logits.argmax(-1) == target
-            stats.append((int(hit.sum()), int(counted.sum())))
-            right.append(hit)
-            counts.append(counted)
-            u = _shift(g, 1)  # depth j+1 at t continues from depth j at t-1
-        return TTTResult(total / depth, stats, torch.stack(right), torch.stack(counts))
-
-
-def _soft_cross_entropy(
-    logits: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor
-) -> torch.Tensor:
-    """Mean over rows of -sum_k p_k log q(ids_k), p the top-K probabilities renormalised over
-    the ids inside the draft vocabulary (ids < 0 weigh nothing)."""
-    weight = torch.where(ids >= 0, probs, torch.zeros_like(probs))
-    weight = weight / weight.sum(-1, keepdim=True).clamp_min(1e-9)
-    logp = logits.log_softmax(-1).gather(-1, ids.clamp_min(0))
-    return -(weight * logp).sum(-1).mean()
-
-
-def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
-    """x moved n positions later along the sequence axis (-2), zeros in front."""
-    if n == 0:
-        return x
-    pad = torch.zeros_like(x[..., :n, :])
-    return torch.cat([pad, x[..., :-n, :]], -2)

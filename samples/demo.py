@@ -218,8 +218,8 @@ def _mtp_rows(
     EOS is ignored here so both runs decode the same, longer stretch: short demo stories would
     otherwise end before speculation has anything to show.
     """
-    from specport.exporter.mtp_train import train_mtp
     from specport.samples.demo_model import DEMO_PROMPT
+    from specport.train.mtp_train import train_mtp
 
     mtp_dir = out / "mtp"
     try:

@@ -30,7 +30,7 @@ def build_corpus(
 ) -> int:
     """Answer up to ``limit`` messages with the artifact and write them to ``out``; returns
     the number of answers."""
-    from specport.exporter.mtp_data import chat_prompts, greedy_answers
+    from specport.train.mtp_data import chat_prompts, greedy_answers
 
     if out.exists():
         raise InputError(f"--out {out} exists; choose a new file (nothing is overwritten).")

@@ -108,10 +108,10 @@ def train_mtp(
     artifact: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any
 ) -> art.Manifest:
     """Train MTP draft heads for `artifact` into a new artifact `out`; see
-    `specport.exporter.mtp_train.train_mtp` for the keyword arguments."""
+    `specport.train.mtp_train.train_mtp` for the keyword arguments."""
     checked = {k: kwargs[k] for k in ("num_heads", "data", "steps", "num_sequences") if k in kwargs}
     preflight.check_train_mtp(artifact, out, **checked)
-    from specport.exporter.mtp_train import train_mtp as _train
+    from specport.train.mtp_train import train_mtp as _train
 
     defaults = history.defaults_of(_train)
     with history.operation("train-mtp", artifact, defaults, out=out, **kwargs):

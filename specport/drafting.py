@@ -7,8 +7,8 @@ The steps, each resumable (the training folder ``OUT.training`` keeps what is do
 2. the model answers a prompt collection (``--data``: one message per paragraph; default: the
    built-in ``samples.chat_distill`` collection), greedily, with onnxruntime;
 3. each prompt + answer runs through the target once; features, tokens and the target's
-   choices go to a memory-mapped cache (``exporter.eagle_cache``);
-4. the head trains for ``minutes`` (``exporter.eagle_train``), with checkpoints and held-out
+   choices go to a memory-mapped cache (``train.eagle_cache``);
+4. the head trains for ``minutes`` (``train.eagle_train``), with checkpoints and held-out
    acceptance per draft position;
 5. the draft graph and the manifest's ``eagle`` entry complete the copy, renamed to ``OUT``.
 
@@ -37,6 +37,7 @@ import numpy as np
 from specport import artifact as art
 from specport.errors import InputError, OutputError, UsageError
 from specport.progress import Stages
+from specport.train.draft_data import KINDS as DATA_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,10 @@ AUTO_DRAFT_VOCAB = 8192
 MESSAGES = ("builtin", "self", "mixed")
 DEFAULT_MESSAGES = "builtin"
 RUN_FILE = "run.json"  # in the training folder: the input this data belongs to
+# with --data: the model's own answers to its prompts, its written answers read by prefill, or
+# both (docs: Measured)
+DEFAULT_DATA_KIND = "answers"
+MIXED_ANSWERED = 0.5  # --data-kind mixed: the share of the prompts the model also answers
 
 
 def train_draft(
@@ -66,6 +71,7 @@ def train_draft(
     keep_data: bool = True,
     labels: str = "soft",
     messages: str = DEFAULT_MESSAGES,
+    data_kind: str = DEFAULT_DATA_KIND,
 ) -> art.Manifest:
     """Train an EAGLE draft head for ``artifact`` and write artifact ``out``. Returns the new
     manifest; its ``eagle`` entry holds the training report.
@@ -76,7 +82,11 @@ def train_draft(
     False removes the training folder once ``out`` is written. ``labels``: "soft" (the
     target's top-K distribution) or "greedy" (its choice only), see ``eagle_train``.
     ``messages`` (without ``data``): what the model answers, one of ``MESSAGES``: the built-in
-    collection, requests the model writes itself (``self_messages``), or half of each."""
+    collection, requests the model writes itself (``self_messages``), or half of each.
+    ``data_kind`` (with ``data``, see ``train.draft_data``): "answers" (the model answers the
+    file's prompts), "text" (the file's written answers or paragraphs, read by prefill alone)
+    or "mixed" (both: every written answer, and the model's own answers to the first
+    ``MIXED_ANSWERED`` of the prompts); ``sequences`` counts the file's examples used."""
     from specport import history
 
     options = {
@@ -89,6 +99,7 @@ def train_draft(
         "depth": depth,
         "labels": labels,
         "messages": messages,
+        "data_kind": data_kind,
     }
     with history.operation(
         "train-draft", artifact, history.defaults_of(train_draft), out=out, **options
@@ -109,6 +120,7 @@ def train_draft(
             keep_data,
             labels,
             messages,
+            data_kind,
         )
 
 
@@ -134,12 +146,14 @@ def _train_draft(
     keep_data: bool,
     labels: str,
     messages: str,
+    data_kind: str,
 ) -> art.Manifest:
     from specport.loading import load
 
     work = training_dir(dst)
     resuming = dst.exists()
     manifest = _check(src, dst, work, data, minutes, device, sequences, depth, messages)
+    _check_kind(data, data_kind)
     stages = Stages(total=5, show=progress)
     t0 = time.perf_counter()
 
@@ -156,17 +170,15 @@ def _train_draft(
         logits_diff = _logits_unchanged(load(src, threads=threads), target)
 
     stages.start("answering the prompt collection")
-    prompts = _prompts(src, target, data, sequences, messages, work)
-    answers, answer_seconds = _answers(work, target, prompts, new_tokens)
+    seqs, starts, answer_seconds = _sequences(
+        src, target, data, data_kind, sequences, messages, work, new_tokens
+    )
 
     stages.start("computing the target's features")
-    from specport.exporter.eagle_cache import build_cache, build_seconds
+    from specport.train.eagle_cache import build_cache, build_seconds
 
-    seqs = [p + a for p, a in zip(prompts, answers)]
     dim = _feature_dim(target)
-    cache = build_cache(
-        work / "features", seqs, [len(p) for p in prompts], dim, _runner(target), progress
-    )
+    cache = build_cache(work / "features", seqs, starts, dim, _runner(target), progress)
     feature_seconds = time.perf_counter() - t0
     chat = _chat_caches(src, target, work, new_tokens, dim, progress)
 
@@ -211,8 +223,9 @@ def _train_draft(
     feature_pass = next((p for p in final.passes if p.get("output") == FEATURES), {})
     report.update(
         {
-            "source": "self-distillation (the model's own greedy answers)",
+            "source": _source_description(data, data_kind),
             "data": _data_description(data, messages),
+            "data_kind": data_kind if data else "answers",
             "sequences": len(seqs),
             "positions": int(cache.offsets[-1]),
             "new_tokens": new_tokens,
@@ -234,6 +247,80 @@ def _train_draft(
         shutil.rmtree(work, ignore_errors=True)
     stages.done()
     return final
+
+
+def _source_description(data: Any, data_kind: str) -> str:
+    return {
+        "answers": "self-distillation (the model's own greedy answers)",
+        "text": "the target over the data's written text (prefill, its own next-token labels)",
+        "mixed": "the model's own greedy answers and the data's written text (prefill)",
+    }[data_kind if data else "answers"]
+
+
+def _check_kind(data: Any, data_kind: str) -> None:
+    if data_kind not in DATA_KINDS:
+        raise UsageError(f"--data-kind must be one of {', '.join(DATA_KINDS)}, got {data_kind!r}.")
+    if data is None and data_kind == "text":
+        raise UsageError(
+            "--data-kind text reads written answers: give --data FILE (instruction + output "
+            "records, conversations, or plain paragraphs)."
+        )
+    if data is not None and data_kind == "text":  # read now: a bad file fails before the work
+        from specport.train.draft_data import read_examples
+
+        written = sum(1 for e in read_examples(data) if e.answer or not e.chat)
+        if written < 16:
+            raise InputError(
+                f"--data {data} has {written} examples with written text; at least 16 are "
+                "needed (for a file of prompts alone use --data-kind answers)."
+            )
+
+
+def _sequences(
+    src: Path,
+    model: Any,
+    data: Any,
+    data_kind: str,
+    limit: int,
+    messages: str,
+    work: Path,
+    new_tokens: int,
+) -> tuple[list[list[int]], list[int], float | None]:
+    """The training sequences, where each one's answer starts, and the seconds the answers
+    took: the model's answers first (the held-out split, the first sequences, stays answers
+    as at runtime), then the written text (``train.draft_data``). Without ``data`` the model
+    answers (the built-in collection has no written answers)."""
+    from specport.train.draft_data import end_of_turn, read_examples, text_sequences
+
+    kind = data_kind if data is not None else "answers"
+    seqs: list[list[int]] = []
+    starts: list[int] = []
+    seconds = None
+    n_answers = {"answers": limit, "text": 0, "mixed": int(limit * MIXED_ANSWERED)}[kind]
+    if n_answers:
+        prompts = _prompts(src, model, data, n_answers, messages, work)
+        answers, seconds = _answers(work, model, prompts, new_tokens)
+        seqs += [p + a for p, a in zip(prompts, answers)]
+        starts += [len(p) for p in prompts]
+    if kind != "answers":
+        template = _template(src, model)
+        render = None if template is None else _render(template)
+        end = [] if template is None else end_of_turn(template, model.encode)
+        examples = read_examples(data)[:limit]
+        text, text_starts = text_sequences(examples, render, model.encode, new_tokens, end)
+        seqs += text
+        starts += text_starts
+    return seqs, starts, seconds
+
+
+def _template(src: Path, model: Any) -> Any:
+    from specport.chat_template import load_chat_template
+
+    return load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
+
+
+def _render(template: Any) -> Any:
+    return lambda text: template.render_ids([{"role": "user", "content": text}])
 
 
 def _data_description(data: Any, messages: str) -> str:
@@ -309,7 +396,7 @@ def _check(
 def _check_resume(src: Path, dst: Path, work: Path, manifest: art.Manifest, minutes: float) -> None:
     """An existing ``dst`` may only be trained further: it must be this input's train-draft
     result with its training folder, trained for less than ``minutes``."""
-    from specport.exporter.eagle_train import CHECKPOINT, trained_minutes
+    from specport.train.eagle_train import CHECKPOINT, trained_minutes
 
     if not (work / CHECKPOINT).is_file() or not (dst / art.MANIFEST_NAME).is_file():
         raise OutputError(
@@ -395,7 +482,9 @@ def _prompts(
 
     template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
     if data is not None:
-        texts = [d.strip() for d in Path(data).read_text(encoding="utf-8").split("\n\n")]
+        from specport.train.draft_data import read_examples
+
+        texts = [e.prompt for e in read_examples(data)]
     elif messages == "builtin":
         texts = builtin()
     elif messages == "self":
@@ -418,7 +507,7 @@ def _answers(
     rerun decodes only the prompts it has no answer for (a larger ``--sequences`` or another
     ``--data`` adds to what is there), and reports the seconds the answers it uses cost when
     they were decoded (pro rata to their tokens when it uses part of a batch's)."""
-    from specport.exporter.mtp_data import greedy_answers
+    from specport.train.mtp_data import greedy_answers
 
     path = work / name
     known: dict[tuple[int, ...], list[int]] = {}
@@ -466,8 +555,8 @@ def _chat_caches(
     tuned on the first set holds on requests nobody tuned on. Empty for a model without a chat
     template."""
     from specport.chat_template import load_chat_template
-    from specport.exporter.eagle_cache import build_cache
     from specport.samples.chat_prompts import chat_prompts
+    from specport.train.eagle_cache import build_cache
 
     template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
     if template is None:
@@ -509,9 +598,9 @@ def _feature_dim(model: Any) -> int:
 def _runner(model: Any) -> Any:
     """ids -> (features [S, 3H], the target's top ids [S, K] (argmax first), their
     probabilities [S, K]) in one run of the target."""
-    from specport.exporter.eagle_cache import top_k
     from specport.passes.eagle_features import FEATURES
     from specport.runtime.kv.seq_cache import open_cache
+    from specport.train.eagle_cache import top_k
 
     def run(ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         step = open_cache(model.session, model.manifest, len(ids) + 1).step(ids)
@@ -538,9 +627,9 @@ def _train(
 ) -> tuple[Any, dict[str, Any]]:
     import torch
 
-    from specport.exporter.eagle_cache import frequent_choices
     from specport.exporter.eagle_head import EagleConfig
-    from specport.exporter.eagle_train import train_head
+    from specport.train.eagle_cache import frequent_choices
+    from specport.train.eagle_train import train_head
 
     cfg_in = manifest.config
     vocab = int(cfg_in["vocab_size"])

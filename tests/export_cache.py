@@ -93,7 +93,7 @@ def cached_mtp(
 
     from specport.artifact import read_manifest
     from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base, write_mtp_artifact
 
     base, out = Path(base), Path(out)
     report = {"source": "test"} if report is None else report

@@ -12,8 +12,14 @@ import argparse
 import specport
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE, int_at_least, int_between
-from specport.drafting import DEFAULT_MESSAGES, DEFAULT_SEQUENCES, MESSAGES
-from specport.exporter.eagle_cache import LABELS, TOP_K
+from specport.drafting import (
+    DATA_KINDS,
+    DEFAULT_DATA_KIND,
+    DEFAULT_MESSAGES,
+    DEFAULT_SEQUENCES,
+    MESSAGES,
+)
+from specport.train.eagle_cache import LABELS, TOP_K
 
 
 def _minutes(text: str) -> float:
@@ -39,8 +45,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--data",
-        help="messages to answer, one per paragraph (default: the built-in prompt collection); "
-        "the head learns the model's own answers to them",
+        help="training data (default: the built-in prompt collection): JSONL or JSON records "
+        "(instruction + input + output / response, OpenAI messages, ShareGPT conversations, "
+        "MT-bench turns) or plain text, one example per paragraph",
+    )
+    p.add_argument(
+        "--data-kind",
+        choices=DATA_KINDS,
+        default=DEFAULT_DATA_KIND,
+        help="with --data: the model's own answers to its prompts (answers), its written "
+        "answers or paragraphs read by the target without generating (text: several times "
+        f"cheaper per position), or both (mixed); default {DEFAULT_DATA_KIND}",
     )
     p.add_argument(
         "--messages",
@@ -127,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         keep_data=not args.discard_data,
         labels=args.labels,
         messages=args.messages or DEFAULT_MESSAGES,
+        data_kind=args.data_kind,
     )
     training = manifest.extra["eagle"]["training"]
     held = training["heldout"]

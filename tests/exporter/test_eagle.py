@@ -16,6 +16,7 @@ import torch
 
 from specport.exporter.eagle_head import EagleConfig, EagleHead
 from specport.passes.eagle_features import FEATURES, ExposeEagleFeaturesPass, feature_layers
+from specport.train.eagle_objective import ttt_loss
 
 CFG = EagleConfig(
     hidden=32,
@@ -70,7 +71,7 @@ def test_head_with_kv_computes_what_training_time_test_trains():
     logits = head.logits
     head.logits = lambda g: seen.append(logits(g)) or seen[-1]  # type: ignore[method-assign]
     with torch.no_grad():
-        head.ttt_loss(feats, ids, torch.zeros(1, t, dtype=torch.long), 3)
+        ttt_loss(head, feats, ids, torch.zeros(1, t, dtype=torch.long), 3)
     head.logits = logits  # type: ignore[method-assign]
     with torch.no_grad():
         empty = torch.zeros(1, 2, 0, 8)
@@ -162,7 +163,7 @@ def test_heads_the_fused_attention_cannot_take_get_the_exported_graph_in_int8(tm
 
 
 def test_soft_labels_are_the_targets_top_k_with_its_argmax_first():
-    from specport.exporter.eagle_cache import top_k
+    from specport.train.eagle_cache import top_k
 
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((5, 300)).astype(np.float32)
@@ -182,12 +183,12 @@ def test_soft_labels_on_the_choice_alone_train_what_greedy_labels_train():
     t = 8
     feats, ids = torch.randn(1, t, 96), torch.randint(0, 50, (1, t))
     labels = torch.randint(0, 20, (1, t))
-    greedy = head.ttt_loss(feats, ids, labels, 2).loss
+    greedy = ttt_loss(head, feats, ids, labels, 2).loss
     top = torch.stack([labels, torch.full_like(labels, -1)], -1)
-    one_hot = head.ttt_loss(feats, ids, labels, 2, (top, torch.tensor([0.6, 0.4]).expand(1, t, 2)))
+    one_hot = ttt_loss(head, feats, ids, labels, 2, (top, torch.tensor([0.6, 0.4]).expand(1, t, 2)))
     torch.testing.assert_close(one_hot.loss, greedy)
     spread = torch.stack([labels, (labels + 1) % 20], -1)
-    other = head.ttt_loss(feats, ids, labels, 2, (spread, torch.full((1, t, 2), 0.5)))
+    other = ttt_loss(head, feats, ids, labels, 2, (spread, torch.full((1, t, 2), 0.5)))
     assert not torch.isclose(other.loss, greedy)
     assert other.stats == one_hot.stats  # hits count against the choice either way
 
@@ -307,7 +308,7 @@ def test_training_reports_its_speed_and_a_timeline(eagle_artifact):
 def test_torch_threads_drop_to_one_on_a_busy_machine(monkeypatch, load, in_use, wanted, expected):
     import os
 
-    from specport.exporter import eagle_train
+    from specport.train import eagle_train
 
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
@@ -315,8 +316,8 @@ def test_torch_threads_drop_to_one_on_a_busy_machine(monkeypatch, load, in_use, 
 
 
 def test_timeline_rows_hold_about_the_budgeted_positions(monkeypatch):
-    from specport.exporter import eagle_train
-    from specport.exporter.eagle_cache import FeatureCache
+    from specport.train import eagle_train
+    from specport.train.eagle_cache import FeatureCache
 
     lengths = np.array([50, 60, 70, 80])
     prompts = np.array([10, 20, 30, 40])  # 40 answer positions each
@@ -374,7 +375,7 @@ def test_a_longer_run_continues_the_head_on_the_kept_data(chat_artifact, tmp_pat
 def test_a_cache_on_more_sequences_runs_only_the_new_ones(tmp_path):
     """A rerun on more data copies the features of the sequences the cache holds (same rows
     as computing them again) and runs the target on the others only."""
-    from specport.exporter.eagle_cache import build_cache, build_seconds, is_complete
+    from specport.train.eagle_cache import build_cache, build_seconds, is_complete
 
     ran: list[list[int]] = []
 
@@ -449,7 +450,7 @@ def test_inspect_shows_the_draft_head(eagle_artifact, capsys):
 
 
 def test_chain_counts_follow_each_origin_until_its_first_miss():
-    from specport.exporter.eagle_train import chain_acceptance, chain_counts
+    from specport.train.eagle_train import chain_acceptance, chain_counts
 
     # depth j at position t drafts for origin t - j; origins 0..3 of one row
     right = np.zeros((3, 1, 4), bool)
@@ -484,9 +485,9 @@ def test_heldout_acceptance_is_what_the_runtime_proposer_accepts():
     target's features the way a decoding loop feeds them (from the prompt's last token on),
     accepts when it drafts from every origin of the same sequences."""
 
-    from specport.exporter.eagle_cache import FeatureCache
-    from specport.exporter.eagle_train import acceptance, draft_map
     from specport.runtime.speculative.eagle import EagleProposer
+    from specport.train.eagle_cache import FeatureCache
+    from specport.train.eagle_train import acceptance, draft_map
 
     head, depth, p = _head(), 3, 4
     manifest = SimpleNamespace(extra={"eagle": {"graph": "g", "config": CFG.to_json()}})

@@ -7,8 +7,8 @@ import torch
 
 from specport.errors import InputError
 from specport.exporter.mtp_heads import MTPBranch, MTPHeads
-from specport.exporter.mtp_train import acceptance, chain_loss, train_heads
 from specport.exporter.mtp_weights import load_deepseek_mtp, load_heads, save_heads
+from specport.train.mtp_train import acceptance, chain_loss, train_heads
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def llama(tmp_path_factory):
 
 
 def _greedy_sequences(base, n: int = 24, prompt: int = 4, new: int = 28) -> torch.Tensor:
-    from specport.exporter.mtp_data import self_generate
+    from specport.train.mtp_data import self_generate
 
     g = torch.Generator().manual_seed(0)
     return self_generate(base, torch.randint(3, 256, (n, prompt), generator=g), new)
@@ -68,7 +68,7 @@ def test_folded_heads_compute_the_same_function(llama):
 @pytest.mark.slow
 def test_self_distillation_improves_acceptance(llama, tmp_path):
     seqs = _greedy_sequences(llama)
-    from specport.exporter.mtp_data import base_hidden
+    from specport.train.mtp_data import base_hidden
 
     hidden = base_hidden(llama, seqs)
     untrained = MTPHeads(llama, 2).eval()
@@ -121,9 +121,9 @@ def test_deepseek_artifact_runs_checkpoint_mtp_branch(tmp_path):
     import numpy as np
 
     import specport
-    from specport.exporter.mtp_train import train_mtp
     from specport.runtime.sampler import SamplingConfig
     from specport.runtime.speculative.loop import generate_speculative
+    from specport.train.mtp_train import train_mtp
     from tests.export_cache import cached_export
     from tests.fixtures import build_tiny_model
 
@@ -144,7 +144,7 @@ def test_chat_answers_are_computed_in_their_own_prompts_context(llama):
     """Prompts and answers of different lengths share a padded batch; every row's tokens and
     LM-head inputs equal those of the same prompt + answer run alone (padding masked,
     positions from the prompt's start), and only the answer's own tokens count as valid."""
-    from specport.exporter.mtp_data import answer_hidden, base_hidden, self_generate
+    from specport.train.mtp_data import answer_hidden, base_hidden, self_generate
 
     prompts = [[5, 17, 42, 9, 11, 3], [7, 8], [100, 101, 102, 4]]
     alone = [self_generate(llama, torch.tensor([p]), 6)[0] for p in prompts]
@@ -166,7 +166,7 @@ def test_chat_answers_are_computed_in_their_own_prompts_context(llama):
 def test_draft_vocabulary_scores_the_frequent_tokens_only(llama, tmp_path):
     """Heads with a draft vocabulary score its rows of the LM head exactly, map indices back to
     token ids, ignore targets outside it, and round-trip through save/load."""
-    from specport.exporter.mtp_train import coverage, frequent_tokens
+    from specport.train.mtp_train import coverage, frequent_tokens
 
     seqs = torch.tensor([[5, 5, 5, 9, 9, 200], [9, 5, 7, 7, 7, 7]])
     valid = torch.ones_like(seqs, dtype=torch.bool)
@@ -202,7 +202,7 @@ def test_windowed_training_runs_and_reports(llama):
 
 
 def test_default_draft_vocabulary_only_on_large_vocabularies():
-    from specport.exporter.mtp_train import auto_draft_vocab
+    from specport.train.mtp_train import auto_draft_vocab
 
     assert auto_draft_vocab(256) == 0 and auto_draft_vocab(16384) == 0
     assert auto_draft_vocab(49152) == 8192 and auto_draft_vocab(151936) == 8192

@@ -261,7 +261,7 @@ def tiny_mtp(tiny, tmp_path_factory):
     """The tiny model with 2 untrained MTP heads spliced in (drafts are poor; output must not care)."""
     import specport
     from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base, write_mtp_artifact
 
     model, _ = tiny
     torch = pytest.importorskip("torch")
@@ -307,8 +307,8 @@ def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, tmp_path_factory)
     import specport
     from specport.exporter.export import export_model
     from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
     from specport.runtime.speculative.mtp import MTPProposer
+    from specport.train.mtp_train import load_base, write_mtp_artifact
 
     base = load_base(stories.manifest)
     out = tmp_path_factory.mktemp("spec_stories_mtp")

@@ -196,7 +196,7 @@ def test_mtp_draft_vocabulary_drafts_only_its_tokens_and_stays_exact(arts, tmp_p
 
     import specport
     from specport.exporter.mtp_heads import MTPHeads
-    from specport.exporter.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base, write_mtp_artifact
 
     model = arts["shared"]
     base = load_base(model.manifest)  # type: ignore[attr-defined]

@@ -1,6 +1,6 @@
 """Train an EAGLE draft head on a feature cache for a bounded time, resumably.
 
-The head (``eagle_head``) learns the target's own greedy choices from the target's features
+The head (``exporter.eagle_head``, trained through ``eagle_objective``) learns the target's own greedy choices from the target's features
 (``eagle_cache``), with the training-time test over ``depth`` chained drafts. Training stops
 after ``minutes`` of wall time (the time already spent before a resume counts), saves a
 checkpoint about every minute (``checkpoint.pt`` beside the cache: a rerun of the same command
@@ -30,9 +30,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from specport.exporter.eagle_cache import LABELS, FeatureCache
 from specport.exporter.eagle_head import EagleConfig, EagleHead
 from specport.progress import Loop
+from specport.train.eagle_cache import LABELS, FeatureCache
+from specport.train.eagle_objective import ttt_loss
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def acceptance(
     accepted = np.zeros(depth, np.int64)
     for i in range(0, len(rows), batch):
         b = batch_tensors(cache, rows[i : i + batch], to_draft).to(device)
-        res = head.ttt_loss(b.features, b.next_ids, b.labels, depth)
+        res = ttt_loss(head, b.features, b.next_ids, b.labels, depth)
         for j, (c, n) in enumerate(res.stats):
             hits[j] += c
             seen[j] += n
@@ -243,7 +244,7 @@ def train_head(
     device: str = "cpu",
     progress: bool | None = None,
     checkpoint_seconds: float = 60.0,
-    max_steps: int = 0,  # > 0: stop after this many steps as well (tests)
+    max_steps: int = 0,  # > 0: stop after this many steps as well (tests, fixed-step comparisons)
     threads: int = 2,
     also: dict[str, FeatureCache] | None = None,
     labels: str = "soft",
@@ -314,7 +315,8 @@ def train_head(
         elapsed = time.perf_counter() - t_start
         if elapsed >= budget or (max_steps and state["step"] >= max_steps):
             break
-        frac = min(elapsed / budget, 1.0)
+        # the cosine follows whichever bound comes first: a run of max_steps decays by steps
+        frac = min(max(elapsed / budget, state["step"] / max_steps if max_steps else 0.0), 1.0)
         scale = min(1.0, (state["step"] + 1) / warmup) * (
             0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac))
         )
@@ -322,7 +324,7 @@ def train_head(
             group["lr"] = lr * scale
         rows = rng.choice(pool, size=min(batch, len(pool)), replace=False)
         b = batch_tensors(cache, rows.tolist(), to_draft, soft=soft).to(device)
-        loss = head.ttt_loss(b.features, b.next_ids, b.labels, depth, b.soft).loss
+        loss = ttt_loss(head, b.features, b.next_ids, b.labels, depth, b.soft).loss
         if loss.requires_grad:
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -28,18 +28,18 @@ from specport import artifact as art
 from specport.errors import InputError, UsageError
 from specport.exporter import source as src_mod
 from specport.exporter.mtp_artifact import write_mtp_artifact
-from specport.exporter.mtp_data import (
+from specport.exporter.mtp_heads import MTPHeads
+from specport.exporter.mtp_weights import load_deepseek_mtp
+from specport.progress import Loop, Stages
+from specport.tokenizer import load_tokenizer
+from specport.train.mtp_data import (
     base_hidden,
     chat_prompts,
     read_prompts,
     self_generate,
     self_generate_chat,
 )
-from specport.exporter.mtp_heads import MTPHeads
-from specport.exporter.mtp_objective import acceptance, chain_loss, coverage, frequent_tokens
-from specport.exporter.mtp_weights import load_deepseek_mtp
-from specport.progress import Loop, Stages
-from specport.tokenizer import load_tokenizer
+from specport.train.mtp_objective import acceptance, chain_loss, coverage, frequent_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def train_mtp(
 
     ``load_model(artifact, threads=...)`` loads the artifact for generation (`specport.load`);
     ``chat`` needs it to decode the chat answers with onnxruntime. It is a parameter because
-    the exporter sits below the API that loads models (`specport.build.train_mtp` passes it).
+    training sits below the API that loads models (`specport.build.train_mtp` passes it).
 
     ``draft_vocab`` > 0 lets the heads score only that many of the answers' most frequent
     tokens (see `MTPHeads.set_draft_vocab`); 0 scores the whole vocabulary; None (default)

@@ -1,0 +1,164 @@
+"""What a draft head learns from: the model's own answers, or the target read over real text.
+
+Two kinds of training sequence, both run through the target once for their features and the
+target's next-token distribution at every position (``eagle_cache``):
+
+* ``answers``: a prompt under the chat template and the model's own greedy answer, decoded by
+  the batched engine (``generate_batch``: one batched run per step for 32 prompts). What the
+  head will draft at runtime, exactly, but decoding costs a target step per token.
+* ``text``: a prompt and a written answer (an instruction collection's reference output, a
+  conversation's assistant turn), or a plain paragraph, read by prefill alone (teacher-forced:
+  no generation). The labels are still the target's own choices and distribution at every
+  position, over text it did not write; a position costs a share of one prefill run instead
+  of a decode step.
+
+``mixed`` trains on both: the answers to part of the prompts and the written text of all.
+
+``read_examples`` reads the files people have: JSONL (or a JSON list) of records with
+``instruction`` (+ ``input``) and ``output`` / ``response`` (Alpaca, GPTeacher; self-instruct's
+``instances``), OpenAI ``messages``, ShareGPT ``conversations`` or MT-bench ``turns`` (the
+first user turn; a ``reference`` answer if there is one), else plain text, one example per
+blank-line-separated paragraph.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specport.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("answers", "text", "mixed")
+
+
+@dataclass(frozen=True)
+class Example:
+    """A user message and, when the file has one, a written answer to it."""
+
+    prompt: str
+    answer: str | None = None
+    chat: bool = True  # False: plain text, read as it is (no chat template)
+
+
+def read_examples(path: str | Path) -> list[Example]:
+    """The examples in ``path`` (see the module doc for the formats), in file order."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"--data {path} is not a file.")
+    text = path.read_text(encoding="utf-8")
+    records = _records(text)
+    if records is None:
+        return [Example(p.strip(), None, chat=False) for p in text.split("\n\n") if p.strip()]
+    out = []
+    for i, rec in enumerate(records):
+        ex = _example(rec)
+        if ex is None:
+            raise InputError(
+                f"--data {path}: record {i + 1} has none of instruction, messages, "
+                "conversations, turns or text."
+            )
+        if ex.prompt:
+            out.append(ex)
+    return out
+
+
+def _records(text: str) -> list[Any] | None:
+    """JSON records (a list, or one object per line), or None for plain text."""
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError:
+            return None
+        return data if isinstance(data, list) else None
+    if not stripped.startswith("{"):
+        return None
+    try:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError:
+        return None
+
+
+def _example(rec: Any) -> Example | None:
+    if not isinstance(rec, dict):
+        return None
+    if "instruction" in rec:
+        inst = rec.get("instances") or [{}]
+        first = inst[0] if isinstance(inst, list) and inst else {}
+        extra = rec.get("input") or first.get("input") or ""
+        prompt = str(rec["instruction"]).strip()
+        if extra:
+            prompt = f"{prompt}\n\n{str(extra).strip()}"
+        answer = rec.get("output") or rec.get("response") or first.get("output")
+        return Example(prompt, str(answer).strip() if answer else None)
+    for key, role, text in (("messages", "role", "content"), ("conversations", "from", "value")):
+        if key in rec:
+            turns = [t for t in rec[key] if isinstance(t, dict)]
+            users = [i for i, t in enumerate(turns) if t.get(role) in ("user", "human")]
+            if not users:
+                return Example("")
+            u = users[0]
+            nxt = turns[u + 1] if u + 1 < len(turns) else {}
+            answer = nxt.get(text) if nxt.get(role) in ("assistant", "gpt") else None
+            return Example(str(turns[u].get(text, "")).strip(), answer or None)
+    if "turns" in rec:
+        refs = rec.get("reference") or [None]
+        return Example(str(rec["turns"][0]).strip(), refs[0] or None)
+    if "text" in rec:
+        return Example(str(rec["text"]).strip(), None, chat=False)
+    return None
+
+
+def text_sequences(
+    examples: Sequence[Example],
+    render: Callable[[str], list[int]] | None,
+    encode: Callable[[str], list[int]],
+    new_tokens: int,
+    end: Sequence[int] = (),
+) -> tuple[list[list[int]], list[int]]:
+    """(token ids, prompt length) of each example read as text, for ``build_cache``.
+
+    An example with an answer: ``render`` (the prompt under the chat template, with the
+    assistant's header) followed by the answer's tokens and ``end`` (the template's end of turn),
+    cut to ``new_tokens`` answer tokens as the model's own answers are; the head learns the
+    answer's positions. A plain paragraph (or any example without a chat template): its first
+    ``new_tokens`` + 1 tokens, all learned (prompt length 1: the first token has no context).
+    Examples with no answer and a chat template are skipped (they are prompts to answer)."""
+    seqs: list[list[int]] = []
+    starts: list[int] = []
+    for ex in examples:
+        if ex.chat and render is not None:
+            if not ex.answer:
+                continue
+            prompt = render(ex.prompt)
+            answer = (encode(ex.answer) + list(end))[:new_tokens]
+            if answer:
+                seqs.append(prompt + answer)
+                starts.append(len(prompt))
+        else:
+            ids = encode(ex.prompt if ex.answer is None else f"{ex.prompt}\n\n{ex.answer}")
+            ids = ids[: new_tokens + 1]
+            if len(ids) >= 2:
+                seqs.append(ids)
+                starts.append(1)
+    return seqs, starts
+
+
+def end_of_turn(template: Any, encode: Callable[[str], list[int]]) -> list[int]:
+    """The token(s) the chat template puts after an assistant's text (ChatML's ``<|im_end|>``),
+    which the model's own answers end with: a written answer gets them too. [] when the
+    template renders the answer otherwise than its prompt followed by the answer's tokens."""
+    user = [{"role": "user", "content": "Hi"}]
+    word = "Hello"
+    prompt = template.render_ids(user)
+    both = template.render_ids([*user, {"role": "assistant", "content": word}])
+    answer = encode(word)
+    if both[: len(prompt)] != prompt or both[len(prompt) : len(prompt) + len(answer)] != answer:
+        return []
+    return both[len(prompt) + len(answer) : len(prompt) + len(answer) + 1]
