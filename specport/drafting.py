@@ -66,6 +66,7 @@ def train_draft(
     keep_data: bool = True,
     labels: str = "soft",
     messages: str = DEFAULT_MESSAGES,
+    data_split: str = "all",
 ) -> art.Manifest:
     """Train an EAGLE draft head for ``artifact`` and write artifact ``out``. Returns the new
     manifest; its ``eagle`` entry holds the training report.
@@ -76,7 +77,11 @@ def train_draft(
     False removes the training folder once ``out`` is written. ``labels``: "soft" (the
     target's top-K distribution) or "greedy" (its choice only), see ``eagle_train``.
     ``messages`` (without ``data``): what the model answers, one of ``MESSAGES``: the built-in
-    collection, requests the model writes itself (``self_messages``), or half of each."""
+    collection, requests the model writes itself (``self_messages``), or half of each.
+    ``data`` is a prompt file (``specport.prompt_files``: JSONL turns, instructions, messages
+    or text paragraphs; a record's first turn is answered); ``data_split`` "tune" or "eval"
+    takes the seeded half of it that ``bench --prompts-split`` takes, so a head trained on
+    tune can be measured on eval."""
     from specport import history
 
     options = {
@@ -89,6 +94,7 @@ def train_draft(
         "depth": depth,
         "labels": labels,
         "messages": messages,
+        "data_split": data_split,
     }
     with history.operation(
         "train-draft", artifact, history.defaults_of(train_draft), out=out, **options
@@ -109,6 +115,7 @@ def train_draft(
             keep_data,
             labels,
             messages,
+            data_split=data_split,
         )
 
 
@@ -134,6 +141,7 @@ def _train_draft(
     keep_data: bool,
     labels: str,
     messages: str,
+    data_split: str = "all",
 ) -> art.Manifest:
     from specport.loading import load
 
@@ -156,7 +164,7 @@ def _train_draft(
         logits_diff = _logits_unchanged(load(src, threads=threads), target)
 
     stages.start("answering the prompt collection")
-    prompts = _prompts(src, target, data, sequences, messages, work)
+    prompts = _prompts(src, target, data, sequences, messages, work, data_split)
     answers, answer_seconds = _answers(work, target, prompts, new_tokens)
 
     stages.start("computing the target's features")
@@ -269,10 +277,10 @@ def _check(
         raise UsageError("--out must differ from the input artifact.")
     if dst.exists():
         _check_resume(src, dst, work, manifest, minutes)
-    if data is not None and not Path(data).is_file():
-        raise InputError(
-            f"--data {data} is not a file; pass a text file, one message per paragraph."
-        )
+    if data is not None:  # the whole file is read before any work: a bad record stops here
+        from specport.prompt_files import read_prompt_file
+
+        read_prompt_file(data, "--data")
     if messages not in MESSAGES:
         raise UsageError(f"--messages must be one of {', '.join(MESSAGES)}, got {messages!r}.")
     if not minutes > 0:
@@ -383,7 +391,7 @@ def _logits_unchanged(plain: Any, featured: Any) -> float:
 
 
 def _prompts(
-    src: Path, model: Any, data: Any, limit: int, messages: str, work: Path
+    src: Path, model: Any, data: Any, limit: int, messages: str, work: Path, split: str = "all"
 ) -> list[list[int]]:
     """Token ids of each message: under the chat template when the model has one, else the
     message's own tokens (a base model continues the text). ``messages`` "mixed" alternates
@@ -395,8 +403,8 @@ def _prompts(
 
     template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
     if data is not None:
-        texts = [d.strip() for d in Path(data).read_text(encoding="utf-8").split("\n\n")]
-    elif messages == "builtin":
+        return _file_prompts(model, template, data, limit, split)
+    if messages == "builtin":
         texts = builtin()
     elif messages == "self":
         texts = self_messages(model, template, limit, work)
@@ -409,6 +417,21 @@ def _prompts(
     if template is None:
         return [model.encode(t)[:64] for t in texts]
     return [template.render_ids([{"role": "user", "content": t}]) for t in texts]
+
+
+def _file_prompts(model: Any, template: Any, data: Any, limit: int, split: str) -> list[list[int]]:
+    """A prompt file's records (their first turn, after any context they give), rendered as
+    ``_prompts`` renders messages."""
+    from specport.prompt_files import read_prompt_file, select
+
+    records = select(read_prompt_file(data, "--data").records, split=split)[:limit]
+    if len(records) < 16:
+        raise InputError(
+            f"--data {data} has {len(records)} prompts (split {split}); at least 16 are needed."
+        )
+    if template is None:
+        return [model.encode(r.text())[:64] for r in records]
+    return [template.render_ids(r.messages()) for r in records]
 
 
 def _answers(

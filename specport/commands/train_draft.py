@@ -39,8 +39,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--data",
-        help="messages to answer, one per paragraph (default: the built-in prompt collection); "
-        "the head learns the model's own answers to them",
+        metavar="FILE",
+        help="prompts to answer (default: the built-in prompt collection), in any format bench "
+        "--prompts reads: JSONL/JSON records with turns (their first turn), instruction [+ "
+        "input], messages or prompt, or text with one prompt per paragraph; the head learns "
+        "the model's own answers to them",
+    )
+    p.add_argument(
+        "--data-split",
+        choices=["all", "tune", "eval"],
+        default="all",
+        help="with --data: all of it (default) or the seeded half bench --prompts-split tune "
+        "(or eval) takes at --seed 0, so a head trained on tune is measured on eval",
     )
     p.add_argument(
         "--messages",
@@ -111,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.data and args.messages:
         raise UsageError("give --data FILE or --messages, not both: --data is what is answered.")
+    if args.data_split != "all" and not args.data:
+        raise UsageError("--data-split picks from --data FILE; add --data FILE.")
 
     manifest = specport.train_draft(
         args.artifact,
@@ -127,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         keep_data=not args.discard_data,
         labels=args.labels,
         messages=args.messages or DEFAULT_MESSAGES,
+        data_split=args.data_split,
     )
     training = manifest.extra["eagle"]["training"]
     held = training["heldout"]
