@@ -34,7 +34,7 @@ from specport.bench.prompt_sets import (
 from specport.bench.spec_peers import SpecPeer, check_spec_peer_name
 from specport.bench.spec_tally import SpecTally, format_category_table
 from specport.errors import InputError
-from specport.generation_args import TREE_METHODS
+from specport.generation_args import TREE_METHODS, resolve_num_draft
 from specport.loading import load
 from specport.progress import Loop
 from specport.prompt_files import PromptRecord
@@ -63,6 +63,9 @@ CEILING_RUNS = 3
 class SpecBenchConfig:
     methods: list[str]
     num_draft: int = 4
+    # auto's cap on a step's drafts: None = its own default (``AUTO_NUM_DRAFT``), as generate,
+    # chat and serve run it; it sizes each step's drafts itself below the cap
+    auto_num_draft: int | None = None
     draft: str | None = None
     prompts: list[str] = field(default_factory=list)
     prompt_ids: list[list[int]] = field(default_factory=list)  # used instead of text when given
@@ -195,7 +198,7 @@ def _run(
             prompt_ids=ids,
             max_new_tokens=new_tokens,
             speculative=method,
-            num_draft=config.num_draft,
+            num_draft=config.auto_num_draft if method == "auto" else config.num_draft,
             draft=draft if method == "draft" else None,
             adaptive=adaptive,
         )
@@ -252,6 +255,9 @@ def _run(
         "prompts": len(prompts),
         "max_new_tokens": config.max_new_tokens,
         "num_draft": config.num_draft,
+        "auto_num_draft": resolve_num_draft(model, "auto", config.auto_num_draft)
+        if "auto" in config.methods
+        else None,
         "runs": config.runs,
         "adaptive": config.adaptive,
         "rows": tally.rows(None, overheads),
@@ -341,7 +347,9 @@ def _run_tree(model: Any, ids: list[int], config: SpecBenchConfig, method: str, 
 
 def format_speculative_table(report: dict[str, Any]) -> str:
     lines = [
-        f"{report['prompts']} prompts, {report['max_new_tokens']} new tokens, K={report['num_draft']}, "
+        f"{report['prompts']} prompts, {report['max_new_tokens']} new tokens, K={report['num_draft']}"
+        + (f" (auto: up to {report['auto_num_draft']})" if report.get("auto_num_draft") else "")
+        + ", "
         f"median of {report['runs']} runs; plain = {report.get('plain', 'same artifact')}"
         + ("; equal = tokens equal specport's plain greedy" if report.get("peers") else ""),
         f"{'engine':<24}{'decode tok/s':>14}{'vs plain':>10}{'accepted/step':>15}{'equal':>8}"

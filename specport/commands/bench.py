@@ -98,7 +98,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--num-draft",
         type=int_between(1, 16),
         default=None,
-        help="draft tokens per step (default: all MTP heads when mtp is benchmarked, else 4)",
+        help="draft tokens per step (default: all MTP heads when mtp is benchmarked, else 4; "
+        "auto: its own default, 8, as generate runs it)",
     )
     spec.add_argument("--draft", help="draft artifact for --speculative draft")
     add_suffix_corpus_option(spec)
@@ -320,6 +321,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
     config = SpecBenchConfig(
         methods=list(dict.fromkeys(args.speculative or [])),
         num_draft=_num_draft(args),
+        auto_num_draft=args.num_draft,  # not given: auto's own default, as generate runs it
         draft=args.draft,
         prompts=args.prompt,
         prompt_ids=[parse_ids(args.prompt_ids)] if args.prompt_ids else [],
