@@ -16,6 +16,18 @@ from typing import Any
 from specport.runtime.speculative.metrics import SpecDecodingStats
 
 ALL = "\x00all"  # the whole run's group key (no category can be this)
+COPY_N = 3  # the n-gram length of ``copied_share``: prompt lookup's usual match length
+
+
+def copied_share(prompt: Sequence[int], answer: Sequence[int], n: int = COPY_N) -> float | None:
+    """The share of the answer's n-grams that occur in the prompt: how much of what the model
+    wrote it could have copied from the request (summaries and answers from a passage copy a
+    lot, open chat little), which bounds what drafting from the prompt can gain."""
+    grams = [tuple(answer[i : i + n]) for i in range(len(answer) - n + 1)]
+    if not grams:
+        return None
+    seen = {tuple(prompt[i : i + n]) for i in range(len(prompt) - n + 1)}
+    return sum(g in seen for g in grams) / len(grams)
 
 
 def _empty() -> dict[str, Any]:
@@ -29,6 +41,7 @@ class SpecTally:
         self.names = list(names)
         self.groups: dict[str, dict[str, dict[str, Any]]] = {}
         self.prompts: dict[str, int] = {}
+        self.copied: dict[str, list[float]] = {}  # per group: each prompt's ``copied_share``
 
     def add(
         self,
@@ -37,11 +50,14 @@ class SpecTally:
         counts: dict[str, int],  # tokens made
         equal: dict[str, bool],  # tokens equal plain greedy's in every round
         stats: dict[str, dict[str, Any]],  # the last round's speculative metrics
+        copied: float | None = None,  # copied_share of plain greedy's answer
     ) -> None:
         """One prompt's rounds, to the run and to its category."""
         keys = [ALL] if category is None else [ALL, category]
         for key in keys:
             self.prompts[key] = self.prompts.get(key, 0) + 1
+            if copied is not None:
+                self.copied.setdefault(key, []).append(copied)
             group = self.groups.setdefault(key, {name: _empty() for name in self.names})
             for name in self.names:
                 _add(group[name], per[name], counts[name], equal[name], stats.get(name, {}))
@@ -60,10 +76,20 @@ class SpecTally:
             _row(name, group[name], plain_s, (overheads or {}).get(name)) for name in self.names
         ]
 
+    def copied_share(self, category: str | None = None) -> float | None:
+        """The mean ``copied_share`` of the group's prompts."""
+        shares = self.copied.get(ALL if category is None else category)
+        return round(statistics.mean(shares), 3) if shares else None
+
     def category_reports(self) -> list[dict[str, Any]]:
-        """Per category, in the order first seen: its prompt count and rows."""
+        """Per category, in the order first seen: its prompt count, copied share and rows."""
         return [
-            {"category": c, "prompts": self.prompts[c], "rows": self.rows(c)}
+            {
+                "category": c,
+                "prompts": self.prompts[c],
+                "answer_ngrams_in_prompt": self.copied_share(c),
+                "rows": self.rows(c),
+            }
             for c in self.categories
         ]
 
@@ -118,10 +144,11 @@ def format_category_table(report: dict[str, Any]) -> str:
     if not groups:
         return ""
     names = [r["engine"] for r in groups[0]["rows"]]
-    header = ["category", "prompts", *names]
+    header = ["category", "prompts", "copied", *names]
     lines = [header]
     for g in groups:
-        cells = [g["category"], str(g["prompts"])]
+        share = g.get("answer_ngrams_in_prompt")
+        cells = [g["category"], str(g["prompts"]), "-" if share is None else f"{100 * share:.0f}%"]
         for r in g["rows"]:
             cells.append(_cell(r))
         lines.append(cells)
@@ -134,6 +161,7 @@ def format_category_table(report: dict[str, Any]) -> str:
     )
     return (
         "per category: speed-up vs plain (accepted tokens per step); plain: its tok/s; "
+        f"copied: share of plain greedy's answer {COPY_N}-grams found in the prompt; "
         "† = tokens differ from plain greedy's\n" + text
     )
 

@@ -32,7 +32,7 @@ from specport.bench.prompt_sets import (
     set_prompt_ids,
 )
 from specport.bench.spec_peers import SpecPeer, check_spec_peer_name
-from specport.bench.spec_tally import SpecTally, format_category_table
+from specport.bench.spec_tally import SpecTally, copied_share, format_category_table
 from specport.errors import InputError
 from specport.generation_args import TREE_METHODS, resolve_num_draft
 from specport.loading import load
@@ -248,7 +248,8 @@ def _run(
                         "accepted": len(run.tokens) - run.rounds,
                     }
             loop.update()
-        tally.add(prompt.category, per, counts, equal, stats)
+        copied = copied_share(ids, reference) if reference is not None else None
+        tally.add(prompt.category, per, counts, equal, stats, copied)
     loop.close()
     report: dict[str, Any] = {
         "artifact": artifact,
@@ -267,6 +268,7 @@ def _run(
             "rendered": rendered,
             "turns": len(prompts),
         }
+    report["answer_ngrams_in_prompt"] = tally.copied_share()
     if tally.categories:
         report["categories"] = tally.category_reports()
     return report

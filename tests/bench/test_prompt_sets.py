@@ -68,6 +68,7 @@ def test_per_category_rows_in_json(chat_artifact, prompt_file, capsys):
         assert rows["ngram"]["tokens_equal_plain"]
         assert rows["ngram"]["speedup_vs_plain"] > 0
         assert rows["ngram"]["mean_accepted_length"] >= 1.0
+        assert 0.0 <= group["answer_ngrams_in_prompt"] <= 1.0
     # the whole run's rows add up the categories' prompts
     assert [r["engine"] for r in report["rows"]] == ["plain", "ngram"]
 
@@ -110,3 +111,11 @@ def test_prompt_file_mistakes_are_one_line(
     err = capsys.readouterr().err
     assert rc != 0 and message in err
     assert "Traceback" not in err
+
+
+def test_copied_share_counts_answer_ngrams_found_in_the_prompt():
+    from specport.bench.spec_tally import copied_share
+
+    assert copied_share([1, 2, 3, 4], [2, 3, 4, 9]) == 0.5  # (2,3,4) yes, (3,4,9) no
+    assert copied_share([1, 2, 3], [7, 8, 9, 7]) == 0.0
+    assert copied_share([1, 2, 3], [1, 2]) is None  # no 3-gram in the answer
