@@ -51,6 +51,7 @@ class SpecTally:
         equal: dict[str, bool],  # tokens equal plain greedy's in every round
         stats: dict[str, dict[str, Any]],  # the last round's speculative metrics
         copied: float | None = None,  # copied_share of plain greedy's answer
+        cpu: dict[str, list[float]] | None = None,  # CPU seconds per token, one per round
     ) -> None:
         """One prompt's rounds, to the run and to its category."""
         keys = [ALL] if category is None else [ALL, category]
@@ -61,6 +62,12 @@ class SpecTally:
             group = self.groups.setdefault(key, {name: _empty() for name in self.names})
             for name in self.names:
                 _add(group[name], per[name], counts[name], equal[name], stats.get(name, {}))
+                rounds = (cpu or {}).get(name)
+                if rounds:  # engines in this process only
+                    group[name]["cpu_seconds"] = (
+                        group[name].get("cpu_seconds", 0.0)
+                        + statistics.median(rounds) * counts[name]
+                    )
 
     @property
     def categories(self) -> list[str]:
@@ -72,9 +79,15 @@ class SpecTally:
         """A row per engine for the run (``category`` None) or one category."""
         group = self.groups[ALL if category is None else category]
         plain_s = group["plain"]["seconds"]
-        return [
+        rows = [
             _row(name, group[name], plain_s, (overheads or {}).get(name)) for name in self.names
         ]
+        plain_cpu = group["plain"].get("cpu_seconds")
+        for row, name in zip(rows, self.names):
+            spent = group[name].get("cpu_seconds")
+            if plain_cpu and spent:  # the same ratio from CPU time (load-steady; prefill in)
+                row["cpu_speedup_vs_plain"] = round(plain_cpu / spent, 3)
+        return rows
 
     def copied_share(self, category: str | None = None) -> float | None:
         """The mean ``copied_share`` of the group's prompts."""
@@ -160,7 +173,8 @@ def format_category_table(report: dict[str, Any]) -> str:
         for line in lines
     )
     return (
-        "per category: speed-up vs plain (accepted tokens per step); plain: its tok/s; "
+        "per category: speed-up vs plain in wall time (accepted tokens per step) and in CPU "
+        "time (cpu, whole calls); plain: its tok/s; "
         f"copied: share of plain greedy's answer {COPY_N}-grams found in the prompt; "
         "† = tokens differ from plain greedy's\n" + text
     )
@@ -172,4 +186,6 @@ def _cell(r: dict[str, Any]) -> str:
         return f"{r['decode_tok_per_s'] or 0:.1f} tok/s"
     mal = r.get("mean_accepted_length")
     steps = "" if mal is None else f" ({mal:.2f})"
-    return f"{r['speedup_vs_plain'] or 0:.2f}x{dagger}{steps}"
+    cpu = r.get("cpu_speedup_vs_plain")
+    by_cpu = "" if cpu is None else f" cpu {cpu:.2f}x"
+    return f"{r['speedup_vs_plain'] or 0:.2f}x{dagger}{steps}{by_cpu}"

@@ -15,6 +15,7 @@ N-gram and draft-model methods run on that base graph too, as they do everywhere
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -214,11 +215,13 @@ def _run(
         ids = prompt.ids
         reference: list[int] | None = None
         per: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}  # CPU seconds per token
         stats: dict[str, dict[str, Any]] = {}
         counts: dict[str, int] = {}
         equal = dict.fromkeys(names, True)
         for _ in range(config.runs):
             for name, method, adaptive, width in engines:
+                cpu0 = cpu_seconds()
                 if method == "ceiling":
                     assert reference is not None  # plain runs first in every round
                     result = _run_ceiling(plain_model, ids, reference, config, ceilings[name])
@@ -230,6 +233,7 @@ def _run(
                 # Per-token decode time after the first token (plain) / all tokens (speculative).
                 produced = max(len(result.tokens) - (1 if method is None else 0), 1)
                 per[name].append(result.metrics["decode_wall_s"] / produced)
+                cpu[name].append((cpu_seconds() - cpu0) / max(len(result.tokens), 1))
                 counts[name] = len(result.tokens)
                 overhead = step_overhead_ms(result.metrics)
                 if overhead is not None:
@@ -238,7 +242,10 @@ def _run(
                     stats[name] = result.metrics.get("speculative", {})
             assert reference is not None
             for peer in peers:  # as many tokens as plain greedy made, in the same round
+                cpu0 = cpu_seconds()
                 run = peer.run(ids, len(reference))
+                if peer.kind != "openvino-genai":  # that one decodes in a worker process
+                    cpu[peer.name].append((cpu_seconds() - cpu0) / max(len(run.tokens), 1))
                 equal[peer.name] &= run.tokens == reference
                 per[peer.name].append(run.decode_s / max(len(run.tokens) - 1, 1))
                 counts[peer.name] = len(run.tokens)
@@ -249,7 +256,7 @@ def _run(
                     }
             loop.update()
         copied = copied_share(ids, reference) if reference is not None else None
-        tally.add(prompt.category, per, counts, equal, stats, copied)
+        tally.add(prompt.category, per, counts, equal, stats, copied, cpu)
     loop.close()
     report: dict[str, Any] = {
         "artifact": artifact,
@@ -287,6 +294,13 @@ def _prompts(
     else:
         encoded = set_prompt_ids(model, config.prompt_set)
     return [BenchPrompt(ids) for ids in encoded], "ids"
+
+
+def cpu_seconds() -> float:
+    """This process's CPU time, all threads: on a shared, oversubscribed machine it measures
+    the work an engine did far more steadily than wall time (which counts waiting for a
+    core). Counted over the whole call, prefill included."""
+    return time.process_time()
 
 
 def ceiling_draft_lengths(num_draft: int) -> list[int]:
@@ -355,15 +369,17 @@ def format_speculative_table(report: dict[str, Any]) -> str:
         f"median of {report['runs']} runs; plain = {report.get('plain', 'same artifact')}"
         + ("; equal = tokens equal specport's plain greedy" if report.get("peers") else ""),
         f"{'engine':<24}{'decode tok/s':>14}{'vs plain':>10}{'accepted/step':>15}{'equal':>8}"
-        f"{'step ms':>9}",
+        f"{'step ms':>9}{'cpu vs plain':>14}",
     ]
     for r in report["rows"]:
         mal = r.get("mean_accepted_length")
         over = r.get("step_overhead_ms")
+        cpu = r.get("cpu_speedup_vs_plain")
         lines.append(
             f"{r['engine']:<24}{r['decode_tok_per_s'] or 0:>14.1f}{r['speedup_vs_plain'] or 0:>9.2f}x"
             f"{'-' if mal is None else f'{mal:.2f}':>15}{'yes' if r['tokens_equal_plain'] else 'NO':>8}"
             f"{'-' if over is None else f'{over:.2f}':>9}"
+            f"{'-' if cpu is None else f'{cpu:.2f}x':>14}"
         )
     for r in report["rows"]:
         if r.get("choices"):

@@ -69,6 +69,7 @@ def test_per_category_rows_in_json(chat_artifact, prompt_file, capsys):
         assert rows["ngram"]["speedup_vs_plain"] > 0
         assert rows["ngram"]["mean_accepted_length"] >= 1.0
         assert 0.0 <= group["answer_ngrams_in_prompt"] <= 1.0
+        assert rows["ngram"]["cpu_speedup_vs_plain"] > 0  # CPU time: steadier under load
     # the whole run's rows add up the categories' prompts
     assert [r["engine"] for r in report["rows"]] == ["plain", "ngram"]
 
