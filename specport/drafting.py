@@ -72,6 +72,7 @@ def train_draft(
     labels: str = "soft",
     messages: str = DEFAULT_MESSAGES,
     data_kind: str = DEFAULT_DATA_KIND,
+    data_split: str = "all",
 ) -> art.Manifest:
     """Train an EAGLE draft head for ``artifact`` and write artifact ``out``. Returns the new
     manifest; its ``eagle`` entry holds the training report.
@@ -86,7 +87,10 @@ def train_draft(
     ``data_kind`` (with ``data``, see ``train.draft_data``): "answers" (the model answers the
     file's prompts), "text" (the file's written answers or paragraphs, read by prefill alone)
     or "mixed" (both: every written answer, and the model's own answers to the first
-    ``MIXED_ANSWERED`` of the prompts); ``sequences`` counts the file's examples used."""
+    ``MIXED_ANSWERED`` of the prompts); ``sequences`` counts the file's examples used.
+    ``data_split`` "tune" or "eval" (with ``data``) takes the seeded half of the file that
+    ``bench --prompts-split`` takes (``specport.prompt_files``), so a head trained on tune can
+    be measured on eval."""
     from specport import history
 
     options = {
@@ -100,6 +104,7 @@ def train_draft(
         "labels": labels,
         "messages": messages,
         "data_kind": data_kind,
+        "data_split": data_split,
     }
     with history.operation(
         "train-draft", artifact, history.defaults_of(train_draft), out=out, **options
@@ -121,6 +126,7 @@ def train_draft(
             labels,
             messages,
             data_kind,
+            data_split=data_split,
         )
 
 
@@ -147,6 +153,7 @@ def _train_draft(
     labels: str,
     messages: str,
     data_kind: str,
+    data_split: str = "all",
 ) -> art.Manifest:
     from specport.loading import load
 
@@ -171,7 +178,7 @@ def _train_draft(
 
     stages.start("answering the prompt collection")
     seqs, starts, answer_seconds = _sequences(
-        src, target, data, data_kind, sequences, messages, work, new_tokens
+        src, target, data, data_kind, sequences, messages, work, new_tokens, data_split
     )
 
     stages.start("computing the target's features")
@@ -285,6 +292,7 @@ def _sequences(
     messages: str,
     work: Path,
     new_tokens: int,
+    split: str = "all",
 ) -> tuple[list[list[int]], list[int], float | None]:
     """The training sequences, where each one's answer starts, and the seconds the answers
     took: the model's answers first (the held-out split, the first sequences, stays answers
@@ -298,7 +306,7 @@ def _sequences(
     seconds = None
     n_answers = {"answers": limit, "text": 0, "mixed": int(limit * MIXED_ANSWERED)}[kind]
     if n_answers:
-        prompts = _prompts(src, model, data, n_answers, messages, work)
+        prompts = _prompts(src, model, data, n_answers, messages, work, split)
         answers, seconds = _answers(work, model, prompts, new_tokens)
         seqs += [p + a for p, a in zip(prompts, answers)]
         starts += [len(p) for p in prompts]
@@ -356,10 +364,10 @@ def _check(
         raise UsageError("--out must differ from the input artifact.")
     if dst.exists():
         _check_resume(src, dst, work, manifest, minutes)
-    if data is not None and not Path(data).is_file():
-        raise InputError(
-            f"--data {data} is not a file; pass a text file, one message per paragraph."
-        )
+    if data is not None:  # the whole file is read before any work: a bad record stops here
+        from specport.prompt_files import read_prompt_file
+
+        read_prompt_file(data, "--data")
     if messages not in MESSAGES:
         raise UsageError(f"--messages must be one of {', '.join(MESSAGES)}, got {messages!r}.")
     if not minutes > 0:
@@ -470,7 +478,7 @@ def _logits_unchanged(plain: Any, featured: Any) -> float:
 
 
 def _prompts(
-    src: Path, model: Any, data: Any, limit: int, messages: str, work: Path
+    src: Path, model: Any, data: Any, limit: int, messages: str, work: Path, split: str = "all"
 ) -> list[list[int]]:
     """Token ids of each message: under the chat template when the model has one, else the
     message's own tokens (a base model continues the text). ``messages`` "mixed" alternates
@@ -482,10 +490,8 @@ def _prompts(
 
     template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
     if data is not None:
-        from specport.train.draft_data import read_examples
-
-        texts = [e.prompt for e in read_examples(data)]
-    elif messages == "builtin":
+        return _file_prompts(model, template, data, limit, split)
+    if messages == "builtin":
         texts = builtin()
     elif messages == "self":
         texts = self_messages(model, template, limit, work)
@@ -498,6 +504,21 @@ def _prompts(
     if template is None:
         return [model.encode(t)[:64] for t in texts]
     return [template.render_ids([{"role": "user", "content": t}]) for t in texts]
+
+
+def _file_prompts(model: Any, template: Any, data: Any, limit: int, split: str) -> list[list[int]]:
+    """A prompt file's records (their first turn, after any context they give), rendered as
+    ``_prompts`` renders messages."""
+    from specport.prompt_files import read_prompt_file, select
+
+    records = select(read_prompt_file(data, "--data").records, split=split)[:limit]
+    if len(records) < 16:
+        raise InputError(
+            f"--data {data} has {len(records)} prompts (split {split}); at least 16 are needed."
+        )
+    if template is None:
+        return [model.encode(r.text())[:64] for r in records]
+    return [template.render_ids(r.messages()) for r in records]
 
 
 def _answers(

@@ -15,72 +15,58 @@ N-gram and draft-model methods run on that base graph too, as they do everywhere
 from __future__ import annotations
 
 import logging
-import statistics
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import specport
+from specport.bench.prompt_sets import (
+    CHAT_SETS,
+    PROMPT_SETS,
+    BenchPrompt,
+    PromptFileChoice,
+    chat_prompt_ids,
+    file_prompts,
+    read_choice,
+    set_prompt_ids,
+)
 from specport.bench.spec_peers import SpecPeer, check_spec_peer_name
-from specport.chat_template import load_chat_template
+from specport.bench.spec_tally import SpecTally, copied_share, format_category_table
 from specport.errors import InputError
-from specport.generation_args import TREE_METHODS
+from specport.generation_args import TREE_METHODS, resolve_num_draft
 from specport.loading import load
 from specport.progress import Loop
+from specport.prompt_files import PromptRecord
 from specport.results import GenerationResult
 from specport.runtime.speculative.loop import SpeculativeGenerator
-from specport.runtime.speculative.metrics import SpecDecodingStats, step_overhead_ms
+from specport.runtime.speculative.metrics import step_overhead_ms
 from specport.runtime.speculative.replay import ReplayProposer
 from specport.runtime.speculative.tree import generate_tree
-from specport.samples.chat_prompts import chat_prompts
 
 logger = logging.getLogger(__name__)
 
-# Built-in prompt sets: everyday story openings, and copy-heavy text (repeated passages) where
-# prompt lookup can shine. Users pass their own with --prompt.
-PROMPT_SETS: dict[str, list[str]] = {
-    "story": [
-        "Once upon a time",
-        "Lily and Ben went to the park.",
-        "One day, a little boy named Tim",
-        "Sue had a big dog.",
-        "The sun was shining",
-        "Once upon a time, there was a little girl named Lily. She loved to play",
-    ],
-    "copy": [
-        "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The cat",
-        "Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom",
-        "I like cake. I like cake. I like cake. I like cake. I like cake. I",
-        "The dog ran and ran and ran and ran and ran and ran and",
-    ],
-}
-# Chat prompt sets (``samples.chat_prompts``): rendered with the artifact's chat template.
-CHAT_SETS = ("chat", "chat-question", "chat-instruction", "chat-rewrite", "chat-more")
-
+__all__ = [
+    "CHAT_SETS",
+    "PROMPT_SETS",
+    "SpecBenchConfig",
+    "chat_prompt_ids",
+    "format_speculative_table",
+    "run_speculative_bench",
+]
 
 # Runs a ceiling row may take to find a track its own verify runs keep (``follow_own_track``).
 CEILING_RUNS = 3
-
-
-def chat_prompt_ids(model: Any, prompt_set: str) -> list[list[int]]:
-    """The 16 fixed chat prompts (or one kind of them) as the model's chat-template ids."""
-
-    template = load_chat_template(model)
-    if template is None:
-        raise InputError(
-            f"--prompt-set {prompt_set} needs a model with a chat template; use story or copy."
-        )
-    more = prompt_set == "chat-more"  # the second set, unseen by drafters tuned on the first
-    kind = prompt_set.split("-", 1)[1] if "-" in prompt_set and not more else None
-    texts = chat_prompts(kind, more=more)
-    return [template.render_ids([{"role": "user", "content": t}]) for t in texts]
 
 
 @dataclass
 class SpecBenchConfig:
     methods: list[str]
     num_draft: int = 4
+    # auto's cap on a step's drafts: None = its own default (``AUTO_NUM_DRAFT``), as generate,
+    # chat and serve run it; it sizes each step's drafts itself below the cap
+    auto_num_draft: int | None = None
     draft: str | None = None
     prompts: list[str] = field(default_factory=list)
     prompt_ids: list[list[int]] = field(default_factory=list)  # used instead of text when given
@@ -96,6 +82,7 @@ class SpecBenchConfig:
     allow_spinning: bool | None = None
     ceiling: bool = False  # add drafts that are always right (runtime/speculative/replay.py)
     suffix_corpus: str | None = None  # earlier answers --speculative suffix drafts from
+    prompt_file: PromptFileChoice | None = None  # --prompts FILE (its categories: row groups)
 
 
 ADAPTIVE_CHOICES = ("default", "on", "off", "both")
@@ -146,16 +133,22 @@ def run_speculative_bench(artifact: str, config: SpecBenchConfig) -> dict[str, A
 
     for name in config.peers:
         check_spec_peer_name(name)  # before any model loads
+    records, prompt_info = (
+        read_choice(config.prompt_file) if config.prompt_file is not None else (None, None)
+    )
     model = specport.load(
         artifact,
         threads=config.threads,
         mtp_branch="mtp" in config.methods,
         suffix_corpus=config.suffix_corpus,
     )
+    # Rounds repeat the same prompts: a suffix index learning round 1's answers would draft
+    # round 2's perfectly.
+    model.suffix_index.learn = False
     peers = [SpecPeer(n, model.manifest, config, config.num_draft, None) for n in config.peers]
     try:
         with plain_reference(model, config.threads) as (plain_model, plain_what):
-            report = _run(model, plain_model, artifact, config, peers)
+            report = _run(model, plain_model, artifact, config, peers, records, prompt_info)
     finally:
         for peer in peers:
             peer.close()
@@ -171,21 +164,11 @@ def _run(
     artifact: str,
     config: SpecBenchConfig,
     peers: Sequence[Any] = (),
+    records: Sequence[PromptRecord] | None = None,
+    prompt_info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
 
-    if config.prompt_ids:
-        encoded = [list(p) for p in config.prompt_ids]
-    elif not config.prompts and config.prompt_set in CHAT_SETS:
-        encoded = chat_prompt_ids(model, config.prompt_set)
-    else:
-        prompts = config.prompts or PROMPT_SETS.get(config.prompt_set, [])
-        if not prompts:
-            raise InputError(
-                f"unknown prompt set {config.prompt_set!r}; use one of "
-                f"{sorted(PROMPT_SETS) + list(CHAT_SETS)} "
-                "or --prompt TEXT."
-            )
-        encoded = [model.encode(text) for text in prompts]
+    prompts, rendered = _prompts(model, plain_model, config, records)
     draft = specport.load(config.draft, threads=config.threads) if config.draft else None
     variants = _adaptive_variants(config.adaptive)
     engines: list[tuple[str, str | None, bool | None, int]] = [("plain", None, None, 0)]
@@ -199,10 +182,7 @@ def _run(
     ceilings = {f"ceiling K={k}": k for k in ceiling_draft_lengths(config.num_draft)}
     engines += [(name, "ceiling", False, 0) for name in ceilings] if config.ceiling else []
     names = [name for name, *_ in engines] + [peer.name for peer in peers]
-    totals: dict[str, dict[str, Any]] = {
-        name: {"seconds": 0.0, "tokens": 0, "equal": True, "drafted": 0, "accepted": 0, "steps": 0}
-        for name in names
-    }
+    tally = SpecTally(names)
 
     def run_engine(
         method: str | None, adaptive: bool | None, width: int, ids: list[int], new_tokens: int
@@ -219,7 +199,7 @@ def _run(
             prompt_ids=ids,
             max_new_tokens=new_tokens,
             speculative=method,
-            num_draft=config.num_draft,
+            num_draft=config.auto_num_draft if method == "auto" else config.num_draft,
             draft=draft if method == "draft" else None,
             adaptive=adaptive,
         )
@@ -228,16 +208,20 @@ def _run(
     # first run, onnxruntime's first-run allocations) must not land in the first prompt's time.
     for _name, method, adaptive, width in engines:
         if method != "ceiling":
-            run_engine(method, adaptive, width, encoded[0], 4)
+            run_engine(method, adaptive, width, prompts[0].ids, 4)
     overheads: dict[str, list[float]] = {name: [] for name in names}  # the step's own ms
-    loop = Loop(len(encoded) * config.runs, f"bench: {len(names)} engines, prompt x round")
-    for ids in encoded:
+    loop = Loop(len(prompts) * config.runs, f"bench: {len(names)} engines, prompt x round")
+    for prompt in prompts:
+        ids = prompt.ids
         reference: list[int] | None = None
         per: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}  # CPU seconds per token
         stats: dict[str, dict[str, Any]] = {}
         counts: dict[str, int] = {}
+        equal = dict.fromkeys(names, True)
         for _ in range(config.runs):
             for name, method, adaptive, width in engines:
+                cpu0 = cpu_seconds()
                 if method == "ceiling":
                     assert reference is not None  # plain runs first in every round
                     result = _run_ceiling(plain_model, ids, reference, config, ceilings[name])
@@ -245,10 +229,11 @@ def _run(
                     result = run_engine(method, adaptive, width, ids, config.max_new_tokens)
                 if reference is None:
                     reference = result.tokens
-                totals[name]["equal"] &= result.tokens == reference
+                equal[name] &= result.tokens == reference
                 # Per-token decode time after the first token (plain) / all tokens (speculative).
                 produced = max(len(result.tokens) - (1 if method is None else 0), 1)
                 per[name].append(result.metrics["decode_wall_s"] / produced)
+                cpu[name].append((cpu_seconds() - cpu0) / max(len(result.tokens), 1))
                 counts[name] = len(result.tokens)
                 overhead = step_overhead_ms(result.metrics)
                 if overhead is not None:
@@ -257,8 +242,11 @@ def _run(
                     stats[name] = result.metrics.get("speculative", {})
             assert reference is not None
             for peer in peers:  # as many tokens as plain greedy made, in the same round
+                cpu0 = cpu_seconds()
                 run = peer.run(ids, len(reference))
-                totals[peer.name]["equal"] &= run.tokens == reference
+                if peer.kind != "openvino-genai":  # that one decodes in a worker process
+                    cpu[peer.name].append((cpu_seconds() - cpu0) / max(len(run.tokens), 1))
+                equal[peer.name] &= run.tokens == reference
                 per[peer.name].append(run.decode_s / max(len(run.tokens) - 1, 1))
                 counts[peer.name] = len(run.tokens)
                 if run.rounds:
@@ -267,56 +255,52 @@ def _run(
                         "accepted": len(run.tokens) - run.rounds,
                     }
             loop.update()
-        for name in names:
-            totals[name]["seconds"] += statistics.median(per[name]) * counts[name]
-            totals[name]["tokens"] += counts[name]
-            for key in ("drafted", "accepted", "steps"):
-                totals[name][key] += int(stats.get(name, {}).get(key, 0))
-            for what, steps in stats.get(name, {}).get("choices", {}).items():
-                chose = totals[name].setdefault("choices", {})  # auto: steps per choice
-                chose[what] = chose.get(what, 0) + steps
-            one = stats.get(name, {})
-            totals[name].setdefault("positions", SpecDecodingStats()).merge(
-                SpecDecodingStats(
-                    drafted_per_pos=list(one.get("drafted_per_position", [])),
-                    accepted_per_pos=list(one.get("accepted_per_position", [])),
-                )
-            )
+        copied = copied_share(ids, reference) if reference is not None else None
+        tally.add(prompt.category, per, counts, equal, stats, copied, cpu)
     loop.close()
-    plain_s = totals["plain"]["seconds"]
-    rows = []
-    for name in names:
-        t = totals[name]
-        row: dict[str, Any] = {
-            "engine": name,
-            "decode_tok_per_s": round(t["tokens"] / t["seconds"], 2) if t["seconds"] else None,
-            "speedup_vs_plain": round(plain_s / t["seconds"], 3) if t["seconds"] else None,
-            "tokens_equal_plain": t["equal"],
-        }
-        if overheads[name]:  # wall minus onnxruntime time per decode step, median over runs
-            row["step_overhead_ms"] = round(statistics.median(overheads[name]), 3)
-        if t["steps"]:
-            row["mean_accepted_length"] = round(1 + t["accepted"] / t["steps"], 3)
-            if t["drafted"]:
-                row["acceptance_rate"] = round(t["accepted"] / t["drafted"], 3)
-            positions = t.get("positions")
-            if positions is not None and positions.drafted_per_pos:
-                # where drafts stop paying, and how often adaptive K drafted at all
-                rates = positions.acceptance_rate_per_pos
-                row["acceptance_rate_per_position"] = [round(r, 3) for r in rates]
-                row["steps_that_drafted"] = round(positions.drafted_per_pos[0] / t["steps"], 3)
-        if t.get("choices"):  # auto: steps per choice, counted like the steps above
-            row["choices"] = dict(sorted(t["choices"].items(), key=lambda kv: -kv[1]))
-        rows.append(row)
-    return {
+    report: dict[str, Any] = {
         "artifact": artifact,
-        "prompts": len(encoded),
+        "prompts": len(prompts),
         "max_new_tokens": config.max_new_tokens,
         "num_draft": config.num_draft,
+        "auto_num_draft": resolve_num_draft(model, "auto", config.auto_num_draft)
+        if "auto" in config.methods
+        else None,
         "runs": config.runs,
         "adaptive": config.adaptive,
-        "rows": rows,
+        "rows": tally.rows(None, overheads),
     }
+    if prompt_info is not None:
+        report["prompt_file"] = prompt_info | {
+            "rendered": rendered,
+            "turns": len(prompts),
+        }
+    report["answer_ngrams_in_prompt"] = tally.copied_share()
+    if tally.categories:
+        report["categories"] = tally.category_reports()
+    return report
+
+
+def _prompts(
+    model: Any, plain_model: Any, config: SpecBenchConfig, records: Sequence[PromptRecord] | None
+) -> tuple[list[BenchPrompt], str]:
+    """The prompts to decode, and how a prompt file's were rendered (prompt_sets.py)."""
+    if records is not None:
+        return file_prompts(model, plain_model, records, config.max_new_tokens)
+    if config.prompt_ids:
+        encoded = [list(p) for p in config.prompt_ids]
+    elif config.prompts:
+        encoded = [model.encode(text) for text in config.prompts]
+    else:
+        encoded = set_prompt_ids(model, config.prompt_set)
+    return [BenchPrompt(ids) for ids in encoded], "ids"
+
+
+def cpu_seconds() -> float:
+    """This process's CPU time, all threads: on a shared, oversubscribed machine it measures
+    the work an engine did far more steadily than wall time (which counts waiting for a
+    core). Counted over the whole call, prefill included."""
+    return time.process_time()
 
 
 def ceiling_draft_lengths(num_draft: int) -> list[int]:
@@ -379,23 +363,35 @@ def _run_tree(model: Any, ids: list[int], config: SpecBenchConfig, method: str, 
 
 def format_speculative_table(report: dict[str, Any]) -> str:
     lines = [
-        f"{report['prompts']} prompts, {report['max_new_tokens']} new tokens, K={report['num_draft']}, "
+        f"{report['prompts']} prompts, {report['max_new_tokens']} new tokens, K={report['num_draft']}"
+        + (f" (auto: up to {report['auto_num_draft']})" if report.get("auto_num_draft") else "")
+        + ", "
         f"median of {report['runs']} runs; plain = {report.get('plain', 'same artifact')}"
         + ("; equal = tokens equal specport's plain greedy" if report.get("peers") else ""),
         f"{'engine':<24}{'decode tok/s':>14}{'vs plain':>10}{'accepted/step':>15}{'equal':>8}"
-        f"{'step ms':>9}",
+        f"{'step ms':>9}{'cpu vs plain':>14}",
     ]
     for r in report["rows"]:
         mal = r.get("mean_accepted_length")
         over = r.get("step_overhead_ms")
+        cpu = r.get("cpu_speedup_vs_plain")
         lines.append(
             f"{r['engine']:<24}{r['decode_tok_per_s'] or 0:>14.1f}{r['speedup_vs_plain'] or 0:>9.2f}x"
             f"{'-' if mal is None else f'{mal:.2f}':>15}{'yes' if r['tokens_equal_plain'] else 'NO':>8}"
             f"{'-' if over is None else f'{over:.2f}':>9}"
+            f"{'-' if cpu is None else f'{cpu:.2f}x':>14}"
         )
     for r in report["rows"]:
         if r.get("choices"):
             total = sum(r["choices"].values())
             shares = ", ".join(f"{what} {100 * n / total:.0f}%" for what, n in r["choices"].items())
             lines.append(f"{r['engine']} chose per step: {shares}")
-    return "\n".join(lines)
+    source = report.get("prompt_file")
+    if source:
+        lines.append(
+            f"prompts: {source['path']} ({source['format']}, {source['selected']} of "
+            f"{source['records']} records, split {source['split']}, {source['turns']} turns, "
+            f"{source['rendered']})"
+        )
+    categories = format_category_table(report)
+    return "\n".join(lines) + ("\n\n" + categories if categories else "")

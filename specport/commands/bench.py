@@ -85,7 +85,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--seed",
         type=NON_NEGATIVE,
         default=0,
-        help="seed of the random prompt and of the --request-rate arrivals",
+        help="seed of the random prompt, of the --request-rate arrivals and of --prompts-split",
     )
     spec = p.add_argument_group("speculative decoding (plain greedy vs each method, same prompts)")
     spec.add_argument(
@@ -98,7 +98,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--num-draft",
         type=int_between(1, 16),
         default=None,
-        help="draft tokens per step (default: all MTP heads when mtp is benchmarked, else 4)",
+        help="draft tokens per step (default: all MTP heads when mtp is benchmarked, else 4; "
+        "auto: its own default, 8, as generate runs it)",
     )
     spec.add_argument("--draft", help="draft artifact for --speculative draft")
     add_suffix_corpus_option(spec)
@@ -130,6 +131,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "prompts, chat template) | chat-question | chat-instruction | chat-rewrite | chat-more "
         "(16 other chat prompts, to check a drafter tuned on chat); with "
         "--requests: the requests' prompts (default: random ids said twice)",
+    )
+    files = p.add_argument_group(
+        "prompt files (with --speculative: per-category rows; see docs/guides/benchmarking.md)"
+    )
+    files.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="decode the prompts of FILE: JSONL/JSON records with turns (MT-bench, Spec-Bench; "
+        "each later turn follows plain greedy's own answer to the one before), instruction "
+        "[+ input] (Alpaca, self-instruct), messages (OpenAI chat) or prompt, or plain text "
+        "(one prompt per blank-line separated paragraph); a record's category gets rows of "
+        "its own",
+    )
+    files.add_argument(
+        "--prompts-limit",
+        type=POSITIVE,
+        metavar="N",
+        help="at most N records of each category (of the file when it has none), in file order",
+    )
+    files.add_argument(
+        "--prompts-split",
+        choices=["all", "tune", "eval"],
+        default="all",
+        help="all records (default), or one half of each category: a record's half follows "
+        "from its text and --seed, so tuning on tune and measuring on eval keep them apart "
+        "(train-draft --data-split takes the same halves)",
+    )
+    files.add_argument(
+        "--prompts-category",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only the records of this category (repeatable)",
     )
     load = p.add_argument_group(
         "serving load (the request engines of `specport serve`, shared-layout artifacts)"
@@ -201,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.request_rate is not None:  # checked here, not by argparse: one line, no usage
         args.request_rate = _request_rate(args.request_rate)
+    _check_prompt_file_options(args)
     if args.requests is not None and args.ceiling:
         raise UsageError("--ceiling runs one prompt at a time; drop --requests or --ceiling.")
     if args.requests is not None:
@@ -209,8 +244,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--request-rate is how --requests N arrive; add --requests N.")
     if args.speculative or args.tree_width or args.ceiling:
         return _run_speculative(args)
-    if args.prompt or args.prompt_set:
-        given = "--prompt" if args.prompt else "--prompt-set"
+    if args.prompt or args.prompt_set or args.prompts:
+        given = "--prompt" if args.prompt else "--prompt-set" if args.prompt_set else "--prompts"
         raise UsageError(
             f"{given} picks the prompts of --speculative, --ceiling or --requests runs; plain "
             "decode benches a random prompt (--prompt-len N) or --prompt-ids. For chat prompts "
@@ -286,6 +321,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
     config = SpecBenchConfig(
         methods=list(dict.fromkeys(args.speculative or [])),
         num_draft=_num_draft(args),
+        auto_num_draft=args.num_draft,  # not given: auto's own default, as generate runs it
         draft=args.draft,
         prompts=args.prompt,
         prompt_ids=[parse_ids(args.prompt_ids)] if args.prompt_ids else [],
@@ -300,6 +336,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
         peers=args.peer,
         peer_gguf=args.peer_gguf,
         allow_spinning=args.spin,
+        prompt_file=_prompt_file(args),
     )
     report = run_speculative_bench(args.artifact, config)
     if args.plot:
@@ -310,6 +347,49 @@ def _run_speculative(args: argparse.Namespace) -> int:
     if args.plot and not args.json:
         print(f"chart: {args.plot}")
     return 0
+
+
+def _check_prompt_file_options(args: argparse.Namespace) -> None:
+    """--prompts excludes the other prompt sources; its selectors need it."""
+    if args.prompts is None:
+        picked = [
+            name
+            for name, given in (
+                ("--prompts-limit", args.prompts_limit is not None),
+                ("--prompts-split", args.prompts_split != "all"),
+                ("--prompts-category", bool(args.prompts_category)),
+            )
+            if given
+        ]
+        if picked:
+            raise UsageError(f"{picked[0]} selects from --prompts FILE; add --prompts FILE.")
+        return
+    others = [
+        name
+        for name, given in (
+            ("--prompt", bool(args.prompt)),
+            ("--prompt-set", args.prompt_set is not None),
+            ("--prompt-ids", args.prompt_ids is not None),
+            ("--requests", args.requests is not None),
+        )
+        if given
+    ]
+    if others:
+        raise UsageError(f"--prompts FILE is the prompt source; drop {others[0]}.")
+
+
+def _prompt_file(args: argparse.Namespace) -> Any:
+    if args.prompts is None:
+        return None
+    from specport.bench.prompt_sets import PromptFileChoice
+
+    return PromptFileChoice(
+        path=args.prompts,
+        limit=args.prompts_limit,
+        split=args.prompts_split,
+        seed=args.seed,
+        categories=tuple(dict.fromkeys(args.prompts_category)),
+    )
 
 
 def _run_engines(args: argparse.Namespace) -> int:

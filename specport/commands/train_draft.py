@@ -58,6 +58,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         f"cheaper per position), or both (mixed); default {DEFAULT_DATA_KIND}",
     )
     p.add_argument(
+        "--data-split",
+        choices=["all", "tune", "eval"],
+        default="all",
+        help="with --data: all of it (default) or the seeded half bench --prompts-split tune "
+        "(or eval) takes at --seed 0, so a head trained on tune is measured on eval",
+    )
+    p.add_argument(
         "--messages",
         choices=MESSAGES,
         default=None,
@@ -126,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.data and args.messages:
         raise UsageError("give --data FILE or --messages, not both: --data is what is answered.")
+    if args.data_split != "all" and not args.data:
+        raise UsageError("--data-split picks from --data FILE; add --data FILE.")
 
     manifest = specport.train_draft(
         args.artifact,
@@ -143,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         labels=args.labels,
         messages=args.messages or DEFAULT_MESSAGES,
         data_kind=args.data_kind,
+        data_split=args.data_split,
     )
     training = manifest.extra["eagle"]["training"]
     held = training["heldout"]

@@ -655,3 +655,39 @@ def test_a_template_that_drops_the_message_has_no_user_header():
     template = ChatTemplate(None, "{{ 'always the same text' }}", {})
     with pytest.raises(InputError, match="no user header.*--data FILE"):
         template.user_prefix_ids()
+
+
+def test_train_draft_data_reads_prompt_files_and_their_halves(chat_artifact, tmp_path):
+    """--data takes every format bench --prompts takes (a record's first turn, after its
+    context), and --data-split the same seeded half."""
+    import specport
+    from specport.chat_template import load_chat_template
+    from specport.drafting import _file_prompts
+    from specport.prompt_files import read_prompt_file, select
+
+    data = tmp_path / "p.jsonl"
+    rows = [{"turns": [f"question {i}", "and then?"], "category": "c"} for i in range(40)]
+    rows += [{"messages": [{"role": "system", "content": "Be brief."},
+                           {"role": "user", "content": f"hello {i}"}]} for i in range(10)]  # fmt: skip
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    model = specport.load(chat_artifact, threads=1)
+    template = load_chat_template(model)
+    got = _file_prompts(model, template, data, 1000, "tune")
+    tune = select(read_prompt_file(data).records, split="tune")
+    assert got == [template.render_ids(r.messages()) for r in tune]
+    assert 16 <= len(got) < 50
+    assert len(_file_prompts(model, template, data, 20, "all")) == 20
+
+
+def test_train_draft_bad_data_is_one_line_before_work(chat_artifact, tmp_path, capsys):
+    from specport.cli import main
+
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"turns": ["fine"]}\n{"question": "no prompt key"}\n')
+    out = tmp_path / "o"
+    code = main(["train-draft", str(chat_artifact), "--out", str(out), "--data", str(data)])
+    err = capsys.readouterr().err
+    assert code != 0 and "line 2: no prompt in it" in err and "Traceback" not in err
+    assert not out.exists() and "[1/5]" not in err
+    code = main(["train-draft", str(chat_artifact), "--out", str(out), "--data-split", "eval"])
+    assert code == 2 and "add --data FILE" in capsys.readouterr().err
