@@ -648,13 +648,11 @@ def _train(
 ) -> tuple[Any, dict[str, Any]]:
     import torch
 
-    from specport.exporter.eagle_head import EagleConfig
     from specport.train.eagle_cache import frequent_choices
     from specport.train.eagle_train import train_head
 
     cfg_in = manifest.config
     vocab = int(cfg_in["vocab_size"])
-    hidden = int(cfg_in["hidden_size"])
     n = cache.num_sequences
     n_eval = max(2, n // 20)
     eval_rows, train_rows = list(range(n_eval)), list(range(n_eval, n))
@@ -664,18 +662,7 @@ def _train(
         else (AUTO_DRAFT_VOCAB if vocab > 2 * AUTO_DRAFT_VOCAB else vocab)
     )
     ids = frequent_choices(cache, train_rows, min(size, vocab), vocab)
-    inter = int(cfg_in.get("intermediate_size") or 64 * round(hidden * 8 / 3 / 64))
-    cfg = EagleConfig(
-        hidden=hidden,
-        heads=int(cfg_in["num_heads"]),
-        kv_heads=int(cfg_in["num_kv_heads"]),
-        head_dim=int(cfg_in["head_dim"]),
-        intermediate=inter,
-        rope_theta=float(cfg_in.get("rope_theta") or 10000.0),
-        eps=1e-5,
-        vocab=vocab,
-        draft_vocab=len(ids),
-    )
+    cfg = head_config(manifest, len(ids))
     embed = torch.from_numpy(_embedding(staged, manifest))
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
@@ -699,6 +686,25 @@ def _train(
         )
     finally:
         torch.set_num_threads(saved_threads)
+
+
+def head_config(manifest: art.Manifest, draft_vocab: int) -> Any:
+    """The head's shape for the target of ``manifest`` (an ``EagleConfig``)."""
+    from specport.exporter.eagle_head import EagleConfig
+
+    c = manifest.config
+    hidden = int(c["hidden_size"])
+    return EagleConfig(
+        hidden=hidden,
+        heads=int(c["num_heads"]),
+        kv_heads=int(c["num_kv_heads"]),
+        head_dim=int(c["head_dim"]),
+        intermediate=int(c.get("intermediate_size") or 64 * round(hidden * 8 / 3 / 64)),
+        rope_theta=float(c.get("rope_theta") or 10000.0),
+        eps=1e-5,
+        vocab=int(c["vocab_size"]),
+        draft_vocab=draft_vocab,
+    )
 
 
 def _embedding(staged: Path, manifest: art.Manifest) -> np.ndarray:
