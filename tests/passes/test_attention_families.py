@@ -154,3 +154,19 @@ def test_verbose_names_the_rule_that_almost_matched(tmp_path, capsys):
     assert "decomposed attention -> Attention-23" in lines[0]
     assert "matched Softmax -> MatMul(p, V)" in lines[0]
     assert "does not fill with a large negative constant" in lines[0]
+
+
+@pytest.mark.slow
+def test_bert_norms_and_gelu_fuse(tmp_path):
+    """BERT's TorchScript export: LayerNorm without its folded-away epsilon and the exact erf
+    GELU are fused (they were left as 14 ops per norm / 5 per GELU)."""
+    from specport.passes.base import op_counts
+    from specport.passes.pipelines import optimize_model
+    from tests.passes.attention_families import build_encoder
+
+    src = tmp_path / "bert.onnx"
+    build_encoder(src, "bert", dynamo=False)
+    model, report = optimize_model(src, "cpu")
+    counts = op_counts(model)
+    assert counts["LayerNormalization"] == 5 and "ReduceMean" not in counts  # 2 layers x 2 + 1
+    assert counts["com.microsoft.BiasGelu"] == 2 and "Erf" not in counts
