@@ -97,11 +97,21 @@ def _gpt2(g: _G, past: bool) -> tuple[list, list, str]:
     scores = g.op(
         "Div", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])), g.const(math.sqrt(HEAD))
     )
-    # causal mask: rows [T - S, T) and columns [0, T) of a uint8 lower-triangular buffer
-    seq = g.op("Shape", q, start=2, end=3)
-    total = g.op("Shape", k, start=2, end=3)
+    # causal mask: rows [T - S, T) and columns [0, T) of a uint8 lower-triangular buffer, the
+    # lengths read as the generator reads them: Squeeze(Slice(Shape(x), -2, -1))
+    first = g.const([0], np.int64)
+
+    def length(x: str) -> str:
+        sl = g.op(
+            "Slice", g.op("Shape", x), g.const([-2], np.int64), g.const([-1], np.int64), first
+        )
+        return g.op("Squeeze", sl, first)
+
+    seq, total_len = length(q), length(k)
+    start = g.op("Unsqueeze", g.op("Sub", total_len, seq), first)
+    total = g.op("Unsqueeze", total_len, first)
     tril = g.const(np.tril(np.ones((MAX_POS, MAX_POS)))[None, None], np.uint8)
-    rows = g.op("Slice", tril, g.op("Sub", total, seq), total, g.const([2], np.int64))
+    rows = g.op("Slice", tril, start, total, g.const([2], np.int64))
     causal = g.op(
         "Cast",
         g.op("Slice", rows, g.const([0], np.int64), total, g.const([3], np.int64)),
@@ -113,7 +123,12 @@ def _gpt2(g: _G, past: bool) -> tuple[list, list, str]:
     )
     scores = g.op("Add", scores, g.op("Mul", g.op("Sub", g.const(1.0), m), g.const(-10000.0)))
     attn = g.op("MatMul", g.op("Softmax", scores, axis=3), v)
-    out = g.op("Add", x, g.linear(g.merge(attn), HIDDEN))
+    # the output projection as a Gemm over [B*S, D] between Reshapes, then the residual Add and
+    # the next LayerNorm: the anchor onnxruntime's GPT-2 fusion starts from
+    merged = g.merge(attn)
+    flat = g.op("Reshape", merged, g.const([-1, HIDDEN], np.int64))
+    gemm = g.op("Gemm", flat, g.weight(HIDDEN, HIDDEN), g.weight(HIDDEN))
+    out = g.layer_norm(g.op("Add", g.op("Reshape", gemm, g.op("Shape", merged)), x))
     inputs = [
         helper.make_tensor_value_info(
             "input_1", TensorProto.FLOAT, ["batch_size", "sequence_length", HIDDEN]
