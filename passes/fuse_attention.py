@@ -332,9 +332,10 @@ class FuseAttentionPass(Pass):
         if kept:
             details["no_cache_attention"] = list(kept)  # one Attention-23 node each: fused
         if rejected or sdpa["rejected"]:
-            details["rejected"] = rejected + [
-                {**r, "stage": "decomposed attention -> Attention-23"} for r in sdpa["rejected"]
-            ]
+            details["rejected"] = [
+                {**r, "stage": "Attention-23 over a KV cache -> GroupQueryAttention"}
+                for r in rejected
+            ] + [{**r, "stage": "decomposed attention -> Attention-23"} for r in sdpa["rejected"]]
         kinds = ("GroupQueryAttention", "Attention")
         details["attention_nodes"] = sum(
             1 for n in model.graph if n.op_type in kinds and n.domain in ("", DOMAIN)

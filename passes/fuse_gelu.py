@@ -1,6 +1,8 @@
-"""Fuse the tanh-approximated GELU (GPT-2's `gelu_new`) into ai.onnx Gelu-20(approximate="tanh").
+"""Fuse GELU into ai.onnx Gelu-20: the tanh approximation (GPT-2's `gelu_new`) and the exact
+erf form (BERT's `gelu`).
 
     0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))  ->  Gelu(x, approximate="tanh")
+    x * (1 + erf(x / sqrt(2))) * 0.5                          ->  Gelu(x)
 
 A standard op (opset 20), so no custom op is needed: onnxruntime's CPU/CUDA kernels run it. Not
 in the CANN pipeline (the CANN EP has no Gelu kernel; the decomposed form maps to its kernels).
@@ -40,9 +42,30 @@ class TanhGeluFusion(ReasonedRule):
         return op.Gelu(x, approximate="tanh")
 
 
+class ErfGeluFusion(ReasonedRule):
+    """BERT's exact GELU as TorchScript exports it: x * (1 + erf(x / sqrt(2))) * 0.5."""
+
+    def pattern(self, op, x, root2, one, half):
+        return op.Mul(op.Mul(x, op.Add(op.Erf(op.Div(x, root2)), one)), half)
+
+    def check(self, context, root2, one, half, **_):
+        expect = {"sqrt(2)": (root2, math.sqrt(2.0)), "1": (one, 1.0), "0.5": (half, 0.5)}
+        for label, (value, want) in expect.items():
+            got = _scalar(value)
+            if got is None or abs(got - want) > 1e-5 * max(1.0, abs(want)):
+                return self.fail(f"constant {label} is {got}", value)
+        return orp.MatchResult()
+
+    def rewrite(self, op, x, **_):
+        return op.Gelu(x)
+
+
 class FuseGeluPass(RuleFusionPass):
     name = "fuse_gelu"
-    anchors = ("Tanh",)
+    anchors = ("Tanh", "Erf")
 
     def make_rules(self):
-        return [TanhGeluFusion(name="tanh_gelu", commute=True)]
+        return [
+            TanhGeluFusion(name="tanh_gelu", commute=True),
+            ErfGeluFusion(name="erf_gelu", commute=True),
+        ]

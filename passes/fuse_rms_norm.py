@@ -95,17 +95,25 @@ class DecomposedRMSNormFusion(ReasonedRule):
 
 
 class DecomposedLayerNormFusion(ReasonedRule):
-    """(x - mean) / sqrt(var + eps) * w + b over the last axis -> LayerNormalization."""
+    """(x - mean) / sqrt(var + eps) * w + b over the last axis -> LayerNormalization.
+
+    `with_eps=False`: the `+ eps` is gone (BERT's eps 1e-12 folded away by the TorchScript
+    exporter), which is LayerNormalization with epsilon 0."""
+
+    def __init__(self, name: str, commute: bool = False, with_eps: bool = True) -> None:
+        super().__init__(name, commute)
+        self.with_eps = with_eps
 
     def pattern(self, op, x, ax1, two, ax2, eps, w, b):
         d = op.Sub(x, op.ReduceMean(x, ax1, _outputs=["mean"]))
         var = op.ReduceMean(op.Pow(d, two), ax2, _outputs=["var"])
-        return op.Add(op.Mul(op.Div(d, op.Sqrt(op.Add(var, eps))), w), b)
+        std = op.Sqrt(op.Add(var, eps) if self.with_eps else var)
+        return op.Add(op.Mul(op.Div(d, std), w), b)
 
-    def check(self, context, x, ax1, two, ax2, eps, w, b, mean, var, **_):
+    def check(self, context, x, ax1, two, ax2, w, b, mean, var, eps=None, **_):
         if _scalar(two) != 2.0:
             return self.fail("exponent is not the constant 2", two)
-        if _scalar(eps) is None:
+        if self.with_eps and _scalar(eps) is None:
             return self.fail("epsilon is not a constant scalar", eps)
         rank = x.shape.rank() if x.shape is not None else None
         for axes, red in ((ax1, mean), (ax2, var)):
@@ -119,8 +127,8 @@ class DecomposedLayerNormFusion(ReasonedRule):
                 return self.fail(f"{name} is not a 1-D initializer", t)
         return orp.MatchResult()
 
-    def rewrite(self, op, x, eps, w, b, **_):
-        eps_f = float(np.float32(_scalar(eps)))
+    def rewrite(self, op, x, w, b, eps=None, **_):
+        eps_f = float(np.float32(_scalar(eps))) if self.with_eps else 0.0
         return op.LayerNormalization(x, w, b, axis=-1, epsilon=eps_f)
 
 
@@ -132,6 +140,7 @@ class FuseRMSNormPass(RuleFusionPass):
         rules: list[ReasonedRule] = [
             StandardRMSNormFusion(name="standard_rms_norm"),
             DecomposedLayerNormFusion(name="decomposed_layer_norm", commute=True),
+            DecomposedLayerNormFusion("decomposed_layer_norm_no_eps", True, with_eps=False),
         ]
         for square in ("pow", "mul"):
             for inv in ("div", "reciprocal"):

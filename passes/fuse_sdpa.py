@@ -10,7 +10,7 @@ Matches what TorchScript exporters write for attention (Optimum, onnxruntime's g
 
     s  = MatMul(q * c1, Transpose(k, perm=[0,1,3,2]) * c2)        c1, c2 optional scalars
     s  = s * c3 | s / c3                                          optional, before any mask
-    s  = s + bias | Where(cond, s, fill)                          any number of mask terms
+    s  = s + bias | Where(keep, s, fill) | Where(masked, fill, s)  any number of mask terms
     p  = Softmax(s, axis=-1) [-> Where(IsNaN(p), 0, p)]           optional NaN guard
     y  = MatMul(p, v)
 
@@ -41,6 +41,18 @@ from specport.passes._shapes import eval_scalar, static_dim
 
 logger = logging.getLogger(__name__)
 
+
+class Miss(str):
+    """Why a Softmax is not fused attention; `matched` says how far the pattern got."""
+
+    matched: str
+
+    def __new__(cls, reason: str, matched: str = "") -> Miss:
+        obj = super().__new__(cls, reason)
+        obj.matched = matched
+        return obj
+
+
 MATMUL_DEPTH = 8  # Mul/Div/Add/Where steps allowed between the score MatMul and the Softmax
 
 
@@ -59,8 +71,8 @@ def _reaches_matmul(v: ir.Value | None, depth: int = MATMUL_DEPTH) -> bool:
             return False
         if node.op_type == "MatMul":
             return True
-        if node.op_type == "Where":
-            v = node.inputs[1]
+        if node.op_type == "Where":  # Where(keep, s, fill) or Where(masked, fill, s)
+            v = node.inputs[2] if eval_scalar(node.inputs[1]) is not None else node.inputs[1]
         elif node.op_type == "Add":
             return any(_reaches_matmul(x, depth - 1) for x in node.inputs)
         else:
@@ -136,6 +148,36 @@ def _same_dim(a: ir.Value, i: int, b: ir.Value, j: int) -> bool:
     return da.value is not None and da.value == db.value
 
 
+def _shape_parts(v: ir.Value | None, k: ir.Value, rank: int = 4) -> list[int | str] | None:
+    """A Reshape target written as Concat(constants, slices of Shape(k)): its entries, each an
+    int or `k<axis>` (axis of k's shape), or None when it is not built that way."""
+    node = _prod(v, "Concat")
+    pieces = node.inputs if node is not None else [v]
+    out: list[int | str] = []
+    for piece in pieces:
+        if piece is None:
+            return None
+        if piece.const_value is not None:
+            out += [int(x) for x in piece.const_value.numpy().reshape(-1)]
+            continue
+        shape = _prod(piece, "Shape")
+        start, end = 0, rank
+        sl = _prod(piece, "Slice")
+        if sl is not None:  # Slice(Shape(k), starts, ends[, axes=[0][, steps=[1]]])
+            shape = _prod(sl.inputs[0], "Shape")
+            consts = [eval_scalar(x) if x is not None else None for x in sl.inputs[1:]]
+            if shape is None or any(c is None for c in consts[:2]) or consts[3:4] not in ([], [1]):
+                return None
+            start, end = int(consts[0]), int(consts[1])  # type: ignore[arg-type]
+        if shape is None or shape.inputs[0] is not k:
+            return None
+        lo = shape.attributes.get_int("start", 0)
+        hi = shape.attributes.get_int("end", rank)
+        axes = list(range(rank))[lo:hi][start:end]
+        out += [f"k{a}" for a in axes]
+    return out
+
+
 def _unflattened_k(kt: ir.Value | None) -> ir.Value | None:
     """torch's SDPA decomposition below opset 23 transposes K as 3-D:
     Reshape(Transpose(Reshape(k [B, H, T, D] -> [B*H, T, D]), perm=[0, 2, 1]) -> [B, H, D, T]).
@@ -152,16 +194,24 @@ def _unflattened_k(kt: ir.Value | None) -> ir.Value | None:
     if any(sh is None for sh in shapes) or [sh.rank() for sh in shapes] != [4, 3, 4]:  # type: ignore[union-attr]
         return None
     h, d = static_dim(k, 1), static_dim(k, 3)
-    proven = (
-        h is not None
-        and d is not None
-        and static_dim(flat, 2) == d  # [X, T, D]: the last axis is untouched
+    if h is None or d is None:
+        return None
+    by_shapes = (
+        static_dim(flat, 2) == d  # [X, T, D]: the last axis is untouched
         and _same_dim(flat, 1, k, 2)  # ... and the middle one is T
         and static_dim(kt, 1) == h  # back to [B, H, D, T]
         and static_dim(kt, 2) == d
         and _same_dim(kt, 3, k, 2)
     )
-    return k if proven else None
+    # the same read from the Reshape targets, built from Shape(k) (dynamo exports whose
+    # annotations name T differently on each side)
+    inner_t, outer_t = _shape_parts(inner.inputs[1], k), _shape_parts(outer.inputs[1], k)
+    by_targets = inner_t in ([-1, "k2", "k3"], [-1, "k2", d]) and outer_t in (
+        ["k0", "k1", "k3", "k2"],
+        ["k0", h, d, "k2"],
+        ["k0", "k1", d, "k2"],
+    )
+    return k if by_shapes or by_targets else None
 
 
 def _is_zero(v: ir.Value | None) -> bool:
@@ -194,14 +244,21 @@ def _prob_consumer(p: ir.Value) -> tuple[ir.Node | None, list[ir.Node], str | No
 
 
 def match_sdpa(softmax: ir.Node) -> dict[str, Any] | str:
-    """The parts of one decomposed attention ending at `softmax`, or why it is not one."""
+    """The parts of one decomposed attention ending at `softmax`, or why it is not one (a
+    `Miss`: the reason, and what had matched before it, for `specport optimize -v`)."""
+    seen: list[str] = ["Softmax"]
+
+    def miss(reason: str) -> Miss:
+        return Miss(reason, " -> ".join(seen))
+
     x = softmax.inputs[0]
     axis = softmax.attributes.get_int("axis", -1)
     if axis not in (-1, 3):  # scores are [B, H, S, T] (checked through Q below)
-        return f"Softmax over axis {axis}, not the key axis"
+        return miss(f"Softmax over axis {axis}, not the key axis")
     mm, _, why = _prob_consumer(softmax.outputs[0])
     if mm is None:
-        return why or "no MatMul(p, V)"
+        return miss(why or "no MatMul(p, V)")
+    seen.append("MatMul(p, V)")
     terms: list[tuple[str, ir.Value, ir.Value | None]] = []  # (kind, value, fill)
     scale = 1.0
     scaled = False  # walking back from the Softmax: a scale seen before a mask scales the mask
@@ -211,15 +268,16 @@ def match_sdpa(softmax: ir.Node) -> dict[str, Any] | str:
         if node is None:
             src = v.producer() if v is not None else None
             what = src.op_type if src is not None else "a graph input"
-            return f"scores come from {what}, not MatMul(Q, K^T)"
+            return miss(f"scores come from {what}, not MatMul(Q, K^T)")
         if node.op_type == "MatMul":
+            seen.append(f"{len(terms)} mask term(s), scale x{scale:.3g}, scores MatMul")
             break
         if node.op_type in ("Add", "Where", "Sub") and scaled:
-            return "scores are scaled after the mask is added"
+            return miss("scores are scaled after the mask is added")
         if node.op_type == "Sub":
             megatron = _multiplicative_mask(node)
             if megatron is None:
-                return "Sub before the Softmax is not a 0/1 mask (s * m - c * (1 - m))"
+                return miss("Sub before the Softmax is not a 0/1 mask (s * m - c * (1 - m))")
             terms.append(("mask01", megatron[1], None))
             v = megatron[0]
             continue
@@ -227,19 +285,24 @@ def match_sdpa(softmax: ir.Node) -> dict[str, Any] | str:
             a, b = node.inputs
             sa, sb = _reaches_matmul(a), _reaches_matmul(b)
             if sa == sb:
-                return "cannot tell scores from mask in an Add before the Softmax"
+                return miss("cannot tell scores from mask in an Add before the Softmax")
             terms.append(("add", b if sa else a, None))  # type: ignore[arg-type]
             v = a if sa else b
         elif node.op_type == "Where":
-            fill = eval_scalar(node.inputs[2])
-            if fill is None or fill > -1e4:
-                return "Where before the Softmax does not fill with a large negative constant"
-            terms.append(("where", node.inputs[0], node.inputs[2]))  # type: ignore[arg-type]
-            v = node.inputs[1]
+            cond, a, b = node.inputs
+            fill_b, fill_a = eval_scalar(b), eval_scalar(a)
+            if fill_b is not None and fill_b <= -1e4:  # Where(keep, s, fill)
+                terms.append(("where", cond, b))  # type: ignore[arg-type]
+                v = a
+            elif fill_a is not None and fill_a <= -1e4:  # Where(masked, fill, s): DistilBERT
+                terms.append(("where_masked", cond, a))  # type: ignore[arg-type]
+                v = b
+            else:
+                return miss("Where before the Softmax does not fill with a large negative constant")
         else:
             inner, factor, _ = _peel_scale(node.outputs[0])
             if inner is node.outputs[0]:
-                return f"{node.op_type} before the Softmax is not by a constant scalar"
+                return miss(f"{node.op_type} before the Softmax is not by a constant scalar")
             scale *= factor
             scaled = True
             v = inner
@@ -252,23 +315,26 @@ def match_sdpa(softmax: ir.Node) -> dict[str, Any] | str:
     if k_3d is not None:
         k, ck2, perm = k_3d, 1.0, [0, 1, 3, 2]
     elif tr is None:
-        return "K^T is not a Transpose of K"
+        return miss("K^T is not a Transpose of K")
     else:
         perm = list(tr.attributes.get_ints("perm", []))
         if perm not in ([0, 1, 3, 2], [0, 2, 3, 1]):
-            return f"K is transposed with perm {perm}, not [0, 1, 3, 2] (or [0, 2, 3, 1] from BSHD)"
+            return miss(
+                f"K is transposed with perm {perm}, not [0, 1, 3, 2] (or [0, 2, 3, 1] from BSHD)"
+            )
         k, ck2, _ = _peel_scale(tr.inputs[0])
+    seen.append("K^T of K")
     k_axes = (1, 3) if perm == [0, 1, 3, 2] else (2, 3)  # where K's heads / head dim sit
     value = mm.inputs[1]
     for name, t in (("Q", q), ("K", k), ("V", value)):
         if t is None or t.shape is None or t.shape.rank() != 4:
-            return f"{name} is not 4-D [B, H, S, D] (shape unknown or packed)"
+            return miss(f"{name} is not 4-D [B, H, S, D] (shape unknown or packed)")
     h, hk, hv = static_dim(q, 1), static_dim(k, k_axes[0]), static_dim(value, 1)
     if not h or not hk or hk != hv or h % hk:
-        return f"head counts unknown or incompatible (H={h}, Hk={hk}, Hv={hv})"
+        return miss(f"head counts unknown or incompatible (H={h}, Hk={hk}, Hv={hv})")
     dq, dk = static_dim(q, 3), static_dim(k, k_axes[1])
     if dq is not None and dk is not None and dq != dk:
-        return f"Q head dim {dq} != K head dim {dk}"
+        return miss(f"Q head dim {dq} != K head dim {dk}")
     return {
         "q": q,
         "k": k,
@@ -288,10 +354,11 @@ def _bias(tape: ir.tape.Tape, terms: list[tuple[str, ir.Value, ir.Value | None]]
         if kind == "mask01":  # 1 keeps the score, 0 masks it
             value = tape.op("Cast", [value], {"to": ir.DataType.BOOL})
             kind = "where"
-        if kind == "where":
+        if kind in ("where", "where_masked"):
             zero = tape.op("Constant", [], {"value": ir.tensor(np.asarray(0.0, np.float32))})
             low = tape.op("Constant", [], {"value": ir.tensor(np.asarray(lowest, np.float32))})
-            term = tape.op("Where", [value, zero, low])
+            pair = [zero, low] if kind == "where" else [low, zero]
+            term = tape.op("Where", [value, *pair])
         else:
             term = value
             where = _prod(value, "Where")
@@ -322,7 +389,9 @@ def fuse_sdpa(model: ir.Model) -> dict[str, Any]:
     for softmax in [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]:
         m = match_sdpa(softmax)
         if isinstance(m, str):
-            rejected.append({"node": softmax.name or "", "reason": m})
+            rejected.append(
+                {"node": softmax.name or "", "reason": str(m), "matched": getattr(m, "matched", "")}
+            )
             continue
         mm: ir.Node = m["matmul"]
         tape = ir.tape.Tape()

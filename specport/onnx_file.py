@@ -158,11 +158,13 @@ def repair_proto(proto: Any) -> list[str]:
     - `value_info` entries without a type are hints with nothing in them: dropped;
     - graph outputs without a type get the type onnx's shape inference gives them;
     - shape annotations that onnx's shape inference contradicts (stale after an edit) are
-      dropped, so the passes re-infer them instead of trusting wrong numbers.
+      dropped, so the passes re-infer them instead of trusting wrong numbers;
+    - a name defined by more than one Constant node or initializer keeps the definition
+      onnxruntime uses (see `_dedupe_constants`).
     """
     import onnx
 
-    notes: list[str] = []
+    notes: list[str] = _dedupe_constants(proto)
     graph = proto.graph
     typeless = [vi for vi in graph.value_info if not vi.type.HasField("tensor_type")]
     typeless = [vi for vi in typeless if not vi.type.WhichOneof("value")]
@@ -186,6 +188,61 @@ def repair_proto(proto: Any) -> list[str]:
                 "them); shapes are re-inferred"
             )
     return notes
+
+
+def _dedupe_constants(proto: Any) -> list[str]:
+    """Keep one definition of each name that Constant nodes and initializers define twice.
+
+    Why: onnxruntime turns Constant nodes into initializers when it loads a graph, and when a
+    name is defined again it keeps the last one ("Duplicate initializer ... the model will use
+    the latest encountered initializer"): Constant nodes in node order win over initializers.
+    Hand-edited files carry such duplicates (onnxruntime's tiny GPT-2 test models append a
+    resized Constant beside the old one), and the IR library refuses a value declared twice.
+    The winner becomes the only definition: an initializer, or the last Constant node; a graph
+    input of that name stays an input whose default is the winner (as onnxruntime reads it).
+    """
+    import onnx
+
+    graph = proto.graph
+    consts = [
+        n
+        for n in graph.node
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1
+    ]
+    const_ids = {id(n) for n in consts}
+    defined_by_nodes = {o for n in graph.node if id(n) not in const_ids for o in n.output}
+    count: dict[str, int] = {}
+    for name in [t.name for t in graph.initializer] + [n.output[0] for n in consts]:
+        count[name] = count.get(name, 0) + 1
+    inputs = {i.name for i in graph.input}
+    shadowed = {n.output[0] for n in consts} & inputs  # a Constant over a graph input
+    # a name another node defines too: onnxruntime refuses that graph, and so do we
+    dup = {name for name in count if count[name] > 1 or name in shadowed} - defined_by_nodes
+    for name in dup:
+        nodes = [n for n in consts if n.output[0] == name]
+        value = (
+            next((a.t for a in nodes[-1].attribute if a.name == "value"), None) if nodes else None
+        )
+        if nodes and value is None:  # value_float, value_ints, ...: the last node stays
+            drop, winner = nodes[:-1], None
+        else:
+            drop = nodes
+            winner = onnx.TensorProto()
+            winner.CopyFrom(
+                value if value is not None else [t for t in graph.initializer if t.name == name][-1]
+            )
+            winner.name = name
+        for n in drop:
+            graph.node.remove(n)
+        kept = [t for t in graph.initializer if t.name != name]
+        del graph.initializer[:]
+        graph.initializer.extend([*kept, *([winner] if winner is not None else [])])
+    if not dup:
+        return []
+    return [
+        f"kept onnxruntime's definition of {len(dup)} names defined more than once by Constant "
+        f"nodes and initializers ({', '.join(sorted(dup)[:3])}{', ...' if len(dup) > 3 else ''})"
+    ]
 
 
 def _inferred(proto: Any) -> dict[str, Any]:
@@ -298,9 +355,29 @@ def load_repaired_ir(path: str | os.PathLike[str], proto: Any) -> Any:
     left on disk as references, as `onnx_ir.load` would give them."""
     import onnx_ir as ir
 
-    model = ir.serde.deserialize_model(proto)
+    if proto.graph.sparse_initializer:
+        raise InvalidModelError(
+            f"{path} has sparse initializers ({proto.graph.sparse_initializer[0].values.name}, "
+            "...), which the graph library specport rewrites with cannot read; save the model "
+            "with dense weights."
+        )
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as e:  # noqa: BLE001 - SerdeError wraps the reason several levels down
+        raise InvalidModelError(
+            f"{path}'s graph cannot be read ({_innermost(e)}); onnxruntime loads it, but the "
+            "graph library specport rewrites with does not. Re-export the model, or report the "
+            "file's origin."
+        ) from None
     ir.external_data.set_base_dir(model.graph, Path(path).resolve().parent)
     return model
+
+
+def _innermost(e: BaseException) -> str:
+    """The first line of the deepest cause of `e` (onnx_ir's SerdeError names only the graph)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return _first_line(e)[:240]
 
 
 def _check_output(path: Path) -> None:

@@ -7,9 +7,11 @@ a rewrite that changes the numbers is refused before the output is renamed into 
 
 Inputs are made from names and ranks, the way exported decoders spell them: token ids
 ([B, S], below the embedding's row count), position ids, an all-ones attention mask ([B, T]),
-past key/values ([B, H, P, Dh] or stacked [2, B, H, P, Dh]); other symbolic dims are guessed
-from their names (batch, past, total, sequence). A case the *input* model itself cannot run is
-dropped; when no case runs, the check is reported as not done, with the reason.
+past key/values ([B, H, P, Dh] or stacked [2, B, H, P, Dh]), other inputs [B, S, ...]. Each
+symbolic dim name gets one value shared by every input that names it (from those places, else
+from the name: batch, past, total or `a + b`, sequence; else S), and the report lists the values
+used. A case the *input* model itself cannot run is dropped; when no case runs, the check is
+reported as not done, with onnxruntime's reason.
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ class Case:
 
     has_past: bool = True
 
-    def label(self) -> str:
+    def label(self, dims: dict[str, int] | None = None) -> str:
+        """`B=2, S=3, past 4`, then the value each symbolic dim of the inputs was given."""
         past = f", past {self.past}" if self.has_past else ""
-        return f"B={self.batch}, S={self.seq}{past}"
+        named = ", ".join(f"{k}={v}" for k, v in (dims or {}).items())
+        return f"B={self.batch}, S={self.seq}{past}" + (f" [{named}]" if named else "")
 
 
 def _session(path: Path) -> Any:
@@ -82,42 +86,70 @@ def _role(name: str) -> str:
 
 def _dim_by_name(symbol: str, case: Case, total: int) -> int | None:
     s = symbol.lower()
+    if "+" in s or "total" in s or "all" in s or "kv" in s:  # "past_sequence_length + ..."
+        return total
     if "batch" in s:
         return case.batch
     if "past" in s:
         return case.past
-    if "total" in s or "all" in s or "kv" in s:
-        return total
     if "seq" in s or "len" in s or "token" in s:
         return case.seq
     return None
 
 
-def _shape(inp: Any, case: Case, has_past: bool) -> list[int] | None:
-    """Concrete dims for one input, or None when a symbolic dim cannot be guessed."""
+def _by_place(inp: Any, case: Case, total: int) -> dict[int, int]:
+    """Dims known from an input's role and rank: ids / positions [B, S], mask [B, T] or
+    [B, 1, S, T], past [B, H, P, Dh] or stacked [2, B, H, P, Dh], others [B, S, ...]."""
     role, rank = _role(inp.name), len(inp.shape)
-    total = case.past + case.seq if has_past else case.seq
-    by_place: dict[int, int] = {}
     if role == "past":
-        lead = 1 if rank == 5 else 0  # stacked [2, B, H, P, Dh]
-        by_place = {lead: case.batch, lead + 2: case.past}
-    elif role == "mask" and rank == 2:
-        by_place = {0: case.batch, 1: total}
-    elif role == "mask" and rank == 4:
-        by_place = {0: case.batch, 2: case.seq, 3: total}
-    elif role in ("ids", "positions") and rank == 2:
-        by_place = {0: case.batch, 1: case.seq}
+        lead = 1 if rank == 5 else 0
+        return {lead: case.batch, lead + 2: case.past}
+    if role == "mask" and rank == 2:
+        return {0: case.batch, 1: total}
+    if role == "mask" and rank == 4:
+        return {0: case.batch, 2: case.seq, 3: total}
+    if rank >= 2:  # ids, positions, hidden states: [B, S, ...]
+        return {0: case.batch, 1: case.seq}
+    return {}
+
+
+def input_dims(inputs: list[Any], case: Case, has_past: bool) -> dict[str, int]:
+    """One value per symbolic dim name, shared by every input that names it: from the places
+    of inputs whose role is known (ids, mask, past), then from the name, else S.
+
+    Why: a dim such as `sequence_length` appears in several inputs, and random inputs that
+    disagree on it make the *input* model fail, so nothing would be checked."""
+    total = case.past + case.seq if has_past else case.seq
+    known: dict[str, int] = {}
+    for roles in (("ids", "positions", "mask", "past"), ("other",)):
+        for inp in inputs:
+            if _role(inp.name) not in roles:
+                continue
+            for i, guess in _by_place(inp, case, total).items():
+                d = inp.shape[i] if i < len(inp.shape) else None
+                if isinstance(d, str) and d not in known:
+                    known[d] = guess
+    for inp in inputs:
+        for d in inp.shape:
+            if isinstance(d, str) and d not in known:
+                guess = _dim_by_name(d, case, total)
+                known[d] = case.seq if guess is None else guess
+    return known
+
+
+def _shape(inp: Any, case: Case, has_past: bool, known: dict[str, int]) -> list[int]:
+    """Concrete dims for one input: its static dims, the shared value of each named symbolic
+    dim, and for an unnamed one the value its place implies (else S)."""
+    total = case.past + case.seq if has_past else case.seq
+    place = _by_place(inp, case, total)
     dims: list[int] = []
     for i, d in enumerate(inp.shape):
         if isinstance(d, int) and d >= 0:
             dims.append(d)
-            continue
-        guess = by_place.get(i)
-        if guess is None and isinstance(d, str):
-            guess = _dim_by_name(d, case, total)
-        if guess is None:
-            return None
-        dims.append(guess)
+        elif isinstance(d, str) and d in known:
+            dims.append(known[d])
+        else:
+            dims.append(place.get(i, case.seq))
     return dims
 
 
@@ -132,27 +164,31 @@ def _vocab(proto: Any, ids_name: str) -> int:
     return 2
 
 
-def make_feeds(sess: Any, proto: Any, case: Case, seed: int = 0) -> dict[str, np.ndarray] | None:
-    """Random feeds for `sess`'s inputs at `case`, or None when some input cannot be made."""
+def make_feeds(
+    sess: Any, proto: Any, case: Case, seed: int = 0
+) -> tuple[dict[str, np.ndarray], dict[str, int]] | None:
+    """Random feeds for `sess`'s inputs at `case` and the value given to each symbolic dim,
+    or None when an input has a type random data cannot be made of."""
     rng = np.random.default_rng(seed)
     inputs = sess.get_inputs()
     has_past = any(_role(i.name) == "past" for i in inputs)
+    known = input_dims(inputs, case, has_past)
     feeds: dict[str, np.ndarray] = {}
     for inp in inputs:
-        dtype, dims = _np_dtype(inp.type), _shape(inp, case, has_past)
-        if dtype is None or dims is None:
+        dtype, dims = _np_dtype(inp.type), _shape(inp, case, has_past, known)
+        if dtype is None:
             return None
         role = _role(inp.name)
-        if np.issubdtype(dtype, np.floating):
-            feeds[inp.name] = rng.standard_normal(dims).astype(dtype)
-        elif dtype is np.bool_ or role == "mask":
+        if dtype is np.bool_ or role == "mask":  # a float 0/1 mask too: noise is no mask
             feeds[inp.name] = np.ones(dims, dtype)
+        elif np.issubdtype(dtype, np.floating):
+            feeds[inp.name] = rng.standard_normal(dims).astype(dtype)
         elif role == "positions":
             pos = np.arange(case.past, case.past + dims[-1], dtype=dtype)
             feeds[inp.name] = np.broadcast_to(pos, dims).copy()
         else:
             feeds[inp.name] = rng.integers(0, _vocab(proto, inp.name), dims).astype(dtype)
-    return feeds
+    return feeds, known
 
 
 def _worst(want: np.ndarray, got: np.ndarray) -> tuple[float, float]:
@@ -175,19 +211,22 @@ def check_parity(src: Path, out: Path, proto: Any) -> dict[str, Any]:
         ref = _session(src)
     except Exception as e:  # noqa: BLE001 - judged earlier; a late failure skips the check
         return {"checked": False, "reason": f"onnxruntime cannot open the input: {e}"[:200]}
-    cases, expected = [], []
+    cases, expected, skipped = [], [], []
     has_past = any(_role(i.name) == "past" for i in ref.get_inputs())
     for b, s, p in CASES if has_past else [(2, 3, 0)]:
         case = Case(b, s, p, has_past)
-        feeds = make_feeds(ref, proto, case)
-        if feeds is None:
+        made = make_feeds(ref, proto, case)
+        if made is None:
             continue
+        feeds, known = made
         try:
             outs = ref.run(None, feeds)
         except Exception as e:  # noqa: BLE001 - a guess the model does not accept
-            logger.info("parity case %s skipped: %s", case.label(), str(e)[:200])
+            why = str(e).replace("[ONNXRuntimeError] : ", "").strip().splitlines()[0][:160]
+            skipped.append(f"{case.label(known)}: {why}")
+            logger.info("parity case skipped: %s", skipped[-1])
             continue
-        cases.append((case, feeds))
+        cases.append((case, feeds, known))
         expected.append(dict(zip([o.name for o in ref.get_outputs()], outs)))
     ref_inputs = {i.name for i in ref.get_inputs()}
     del ref
@@ -201,7 +240,8 @@ def check_parity(src: Path, out: Path, proto: Any) -> dict[str, Any]:
     if not cases:
         return {
             "checked": False,
-            "reason": "no random inputs of the model's shapes ran on the input model",
+            "reason": "no random inputs of the model's shapes ran on the input model"
+            + (f" ({skipped[0]})" if skipped else ""),
         }
     opt = _session(out)
     opt_inputs = {i.name for i in opt.get_inputs()}
@@ -213,7 +253,7 @@ def check_parity(src: Path, out: Path, proto: Any) -> dict[str, Any]:
         }
     names = [o.name for o in opt.get_outputs()]
     worst, report_cases = 0.0, []
-    for (case, feeds), want in zip(cases, expected):
+    for (case, feeds, known), want in zip(cases, expected):
         try:
             got = dict(zip(names, opt.run(None, feeds)))
         except Exception as e:  # noqa: BLE001 - a rewrite onnxruntime cannot run
@@ -246,5 +286,5 @@ def check_parity(src: Path, out: Path, proto: Any) -> dict[str, Any]:
                     f"({case.label()}); nothing was written. Run fewer passes (--passes)."
                 )
             worst = max(worst, err)
-        report_cases.append(case.label())
+        report_cases.append(case.label(known))
     return {"checked": True, "cases": report_cases, "max_abs_error": worst}

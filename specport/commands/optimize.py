@@ -47,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-length", type=POSITIVE, help="KV buffer length for --kv-layout shared")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=run)
+    # -v (the global option): every pattern that almost matched, how far it got and why not
 
 
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
@@ -128,8 +129,15 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(detail, dict):
             detail = {k: v for k, v in detail.items() if v} or "nothing matched"
         print(f"  {p['name']:<16} {detail}")
-        for r in p.get("rejected", [])[:5]:
-            print(f"      not fused: {r.get('reason')} ({r.get('at') or r.get('node', '')})")
+        verbose = getattr(args, "verbose", 0)
+        for r in p.get("rejected", []) if verbose else p.get("rejected", [])[:5]:
+            where = r.get("at") or r.get("node", "")
+            if not verbose:
+                print(f"      not fused: {r.get('reason')} ({where})")
+                continue
+            rule = r.get("stage") or r.get("rule") or p["name"]
+            got = f"; matched {r['matched']}" if r.get("matched") else ""
+            print(f"      nearest rule at {where}: {rule}{got}; stopped: {r.get('reason')}")
     print(f"  nodes: {info['nodes_before']} -> {info['nodes_after']}")
     print(f"  {parity_line(info['parity'])}")
     return 0

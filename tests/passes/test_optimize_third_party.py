@@ -144,3 +144,78 @@ def test_an_output_that_differs_from_the_input_is_refused(tmp_path, monkeypatch,
     assert len(err) == 1 and "differs from onnxruntime running the input" in err[0]
     assert not (tmp_path / "o.onnx").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["relu.onnx"]
+
+
+def _add_graph(path: Path, defs: str) -> Path:
+    """y = x + w, with `w` defined twice in the ways hand-edited files carry: two Constant
+    nodes (the later one appended at the end, as onnxruntime's tiny-model tool does), a Constant
+    over an initializer, or a Constant over a graph input. onnxruntime keeps the last Constant."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def const(v: float):
+        tensor = numpy_helper.from_array(np.full(4, v, np.float32), "w")
+        return helper.make_node("Constant", [], ["w"], value=tensor)
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    add = helper.make_node("Add", ["x", "w"], ["y"])
+    init = [numpy_helper.from_array(np.full(4, 5.0, np.float32), "w")]
+    inputs = [x]
+    nodes = {
+        "two_constants": [const(1.0), add, const(2.0)],
+        "constant_over_initializer": [const(3.0), add],
+        "constant_over_input": [const(3.0), add],
+    }[defs]
+    if defs == "constant_over_input":
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [4]))
+        init = []
+    elif defs == "two_constants":
+        init = []
+    graph = helper.make_graph(nodes, "torch-jit-export", inputs, [y], init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    "defs", ["two_constants", "constant_over_initializer", "constant_over_input"]
+)
+def test_a_name_defined_twice_keeps_onnxruntimes_definition(tmp_path, capsys, defs):
+    """onnxruntime loads these (the last Constant wins); the graph library refuses a value
+    declared twice, which `optimize` used to report as a specport bug."""
+    src = _add_graph(tmp_path / "dup.onnx", defs)
+    info = _optimize(src, tmp_path / "o.onnx", capsys)
+    assert any("defined more than once" in r for r in info["repairs"]), info["repairs"]
+    assert info["parity"]["checked"] and info["parity"]["max_abs_error"] == 0
+    feeds = {"x": np.zeros((1, 4), np.float32)}
+    want = ort.InferenceSession(str(src)).run(None, feeds)[0]
+    assert want[0, 0] in (2.0, 3.0)  # the last Constant, not the initializer or the first
+    np.testing.assert_array_equal(
+        ort.InferenceSession(str(tmp_path / "o.onnx")).run(None, feeds)[0], want
+    )
+
+
+@pytest.mark.parametrize("kind", ["sparse_constant", "sparse_initializer"])
+def test_what_the_graph_library_cannot_read_is_refused_in_one_line(tmp_path, capsys, kind):
+    """onnxruntime loads sparse constants; the graph library does not: one line with the cause."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    values = numpy_helper.from_array(np.array([3.0], np.float32), "w")
+    sparse = helper.make_sparse_tensor(values, numpy_helper.from_array(np.array([1]), "i"), [4])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    nodes = [helper.make_node("Add", ["x", "w"], ["y"])]
+    if kind == "sparse_constant":
+        nodes.insert(0, helper.make_node("Constant", [], ["w"], sparse_value=sparse))
+    graph = helper.make_graph(nodes, "g", [x], [y])
+    if kind == "sparse_initializer":
+        graph.sparse_initializer.append(sparse)
+    src = tmp_path / "sparse.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(src))
+    ort.InferenceSession(str(src))  # onnxruntime reads it
+    capsys.readouterr()
+    assert main(["optimize", str(src), "--out", str(tmp_path / "o.onnx")]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(err) == 1 and "bug in specport" not in err[0]
+    assert "Sparse tensors" in err[0] or "sparse initializers" in err[0]
+    assert not (tmp_path / "o.onnx").exists()
