@@ -7,11 +7,17 @@ field's request sets come in, each read into the same ``PromptRecord``:
   user messages, each answered before the next is sent;
 * ``instruction`` with an optional ``input`` (Alpaca), or ``instances`` whose first ``input``
   is used (self-instruct's seed tasks): the instruction, then the input on its own paragraph;
-* ``messages`` (OpenAI chat): the conversation up to its last user message is the request
-  (earlier assistant messages are kept as written; trailing ones are reference answers and are
-  dropped);
+* ``messages`` (OpenAI chat) or ``conversations`` (ShareGPT: ``from`` human / gpt / system
+  and ``value``): the conversation up to its last user message is the request (earlier
+  assistant messages are kept as written; the one after it is the written answer);
 * ``prompt`` (or ``text``): one message;
 * anything else is plain text, one message per blank-line separated paragraph.
+
+A record also keeps the answer the file wrote for its first request, when it has one
+(``output`` / ``response``, an instance's ``output``, the assistant message after the request,
+MT-bench's ``reference``): the bench sends the request and ignores it; ``train-draft --data-kind
+text`` has the target read it (``train.draft_data``). Paragraphs (and ``text`` records) are
+``chat=False``: text as it is, which training reads without the chat template.
 
 A record's ``category`` (Spec-Bench's six tasks, MT-bench's eight) becomes a row group of its
 own in the bench. ``select`` takes at most N records per category and, for keeping tuning and
@@ -36,6 +42,13 @@ SPLITS = ("all", "tune", "eval")
 EVAL_FRACTION = 0.5  # the share of each category ``select(split="eval")`` keeps
 FORMATS = ("turns", "instruction", "messages", "prompt", "paragraphs")
 ROLES = ("system", "user", "assistant")
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,8 @@ class PromptRecord:
     context: tuple[tuple[str, str], ...] = ()  # (role, content) before the first turn
     category: str | None = None
     id: str | None = None
+    answer: str | None = None  # the file's written answer to the first turn, if any
+    chat: bool = True  # False: plain text (a paragraph), not a message to a chat model
 
     def messages(self, answers: Sequence[str] = ()) -> list[dict[str, str]]:
         """The conversation that asks turn ``len(answers)``: the context, then each earlier
@@ -97,7 +112,8 @@ def read_prompt_file(path: str | os.PathLike[str], option: str = "--prompts") ->
     if text.lstrip().startswith(("{", "[")):
         records, fmt = _read_json(text, f"{option} {path}")
     else:
-        records, fmt = [PromptRecord((d,)) for d in split_documents(text)], "paragraphs"
+        records = [PromptRecord((d,), chat=False) for d in split_documents(text)]
+        fmt = "paragraphs"
     if not records:
         raise InputError(f"{option} {path}: no prompts in it.")
     return PromptFile(str(path), fmt, records)
@@ -171,12 +187,14 @@ def _record(item: Any, where: str) -> tuple[PromptRecord, str]:
         turns = item["turns"]
         if not isinstance(turns, list) or not turns:
             raise InputError(f"{where}: `turns` must be a non-empty list of strings.")
-        return PromptRecord(tuple(_text(t, where, "turns") for t in turns), (), category, rid), (
-            "turns"
-        )
-    if "messages" in item:
-        context, turn = _messages(item["messages"], where)
-        return PromptRecord((turn,), context, category, rid), "messages"
+        refs = item.get("reference")
+        answer = refs[0] if isinstance(refs, list) and refs and isinstance(refs[0], str) else None
+        texts = tuple(_text(t, where, "turns") for t in turns)
+        return PromptRecord(texts, (), category, rid, answer or None), "turns"
+    for key in ("messages", "conversations"):
+        if key in item:
+            context, turn, answer = _messages(item[key], where, key)
+            return PromptRecord((turn,), context, category, rid, answer), "messages"
     if "instruction" in item:
         instruction = _text(item["instruction"], where, "instruction")
         given = item.get("input")
@@ -185,33 +203,55 @@ def _record(item: Any, where: str) -> tuple[PromptRecord, str]:
             given = first.get("input") if isinstance(first, dict) else None
         extra = "" if given is None else _text(given, where, "input", empty=True).strip()
         prompt = f"{instruction.strip()}\n\n{extra}" if extra else instruction.strip()
-        return PromptRecord((prompt,), (), category, rid), "instruction"
+        return PromptRecord((prompt,), (), category, rid, _written_answer(item)), "instruction"
     for key in ("prompt", "text"):
         if key in item:
-            return PromptRecord((_text(item[key], where, key),), (), category, rid), "prompt"
+            text = _text(item[key], where, key)
+            return PromptRecord((text,), (), category, rid, chat=key == "prompt"), "prompt"
     keys = ", ".join(sorted(item)) or "none"
     raise InputError(
         f"{where}: no prompt in it (keys: {keys}); a record needs `turns`, `messages`, "
-        "`instruction` or `prompt`."
+        "`conversations`, `instruction`, `prompt` or `text`."
     )
 
 
-def _messages(messages: Any, where: str) -> tuple[tuple[tuple[str, str], ...], str]:
-    """(the messages before the last user message, that message's text)."""
+def _messages(
+    messages: Any, where: str, key: str = "messages"
+) -> tuple[tuple[tuple[str, str], ...], str, str | None]:
+    """(the messages before the last user message, that message's text, the assistant's
+    answer after it or None). ``conversations`` is ShareGPT's spelling of the same."""
     if not isinstance(messages, list) or not messages:
-        raise InputError(f"{where}: `messages` must be a non-empty list of {{role, content}}.")
+        raise InputError(f"{where}: `{key}` must be a non-empty list of {{role, content}}.")
+    sharegpt = key == "conversations"
     pairs: list[tuple[str, str]] = []
     for m in messages:
-        role = m.get("role") if isinstance(m, dict) else None
+        if not isinstance(m, dict):
+            role = None
+        elif sharegpt:
+            role = SHAREGPT_ROLES.get(str(m.get("from")))
+        else:
+            role = m.get("role")
         if role not in ROLES:
             raise InputError(
                 f"{where}: each message needs a role of {', '.join(ROLES)}, got {role!r}."
             )
-        pairs.append((role, _content(m.get("content"), where)))
+        pairs.append((role, _content(m.get("value" if sharegpt else "content"), where)))
     last = max((i for i, (role, _) in enumerate(pairs) if role == "user"), default=None)
     if last is None:
-        raise InputError(f"{where}: `messages` has no user message to answer.")
-    return tuple(pairs[:last]), pairs[last][1]
+        raise InputError(f"{where}: `{key}` has no user message to answer.")
+    after = pairs[last + 1] if last + 1 < len(pairs) else None
+    answer = after[1] if after is not None and after[0] == "assistant" and after[1] else None
+    return tuple(pairs[:last]), pairs[last][1], answer
+
+
+def _written_answer(item: dict[str, Any]) -> str | None:
+    """An instruction record's written answer: ``output`` / ``response``, or its first
+    instance's ``output`` (self-instruct)."""
+    answer = item.get("output") or item.get("response")
+    instances = item.get("instances")
+    if not answer and isinstance(instances, list) and instances and isinstance(instances[0], dict):
+        answer = instances[0].get("output")
+    return answer.strip() or None if isinstance(answer, str) else None
 
 
 def _content(content: Any, where: str) -> str:

@@ -14,23 +14,20 @@ target's next-token distribution at every position (``eagle_cache``):
 
 ``mixed`` trains on both: the answers to part of the prompts and the written text of all.
 
-``read_examples`` reads the files people have: JSONL (or a JSON list) of records with
-``instruction`` (+ ``input``) and ``output`` / ``response`` (Alpaca, GPTeacher; self-instruct's
-``instances``), OpenAI ``messages``, ShareGPT ``conversations`` or MT-bench ``turns`` (the
-first user turn; a ``reference`` answer if there is one), else plain text, one example per
-blank-line-separated paragraph.
+``read_examples`` takes the records of a prompt file (``specport.prompt_files``, the reader
+``bench --prompts`` uses: instruction / messages / conversations / turns records or plain
+paragraphs) with the answer each one wrote, if any.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specport.errors import InputError
+from specport.prompt_files import read_prompt_file
 
 logger = logging.getLogger(__name__)
 
@@ -47,72 +44,10 @@ class Example:
 
 
 def read_examples(path: str | Path) -> list[Example]:
-    """The examples in ``path`` (see the module doc for the formats), in file order."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"--data {path} is not a file.")
-    text = path.read_text(encoding="utf-8")
-    records = _records(text)
-    if records is None:
-        return [Example(p.strip(), None, chat=False) for p in text.split("\n\n") if p.strip()]
-    out = []
-    for i, rec in enumerate(records):
-        ex = _example(rec)
-        if ex is None:
-            raise InputError(
-                f"--data {path}: record {i + 1} has none of instruction, messages, "
-                "conversations, turns or text."
-            )
-        if ex.prompt:
-            out.append(ex)
-    return out
-
-
-def _records(text: str) -> list[Any] | None:
-    """JSON records (a list, or one object per line), or None for plain text."""
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            data = json.loads(stripped)
-        except json.JSONDecodeError:
-            return None
-        return data if isinstance(data, list) else None
-    if not stripped.startswith("{"):
-        return None
-    try:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError:
-        return None
-
-
-def _example(rec: Any) -> Example | None:
-    if not isinstance(rec, dict):
-        return None
-    if "instruction" in rec:
-        inst = rec.get("instances") or [{}]
-        first = inst[0] if isinstance(inst, list) and inst else {}
-        extra = rec.get("input") or first.get("input") or ""
-        prompt = str(rec["instruction"]).strip()
-        if extra:
-            prompt = f"{prompt}\n\n{str(extra).strip()}"
-        answer = rec.get("output") or rec.get("response") or first.get("output")
-        return Example(prompt, str(answer).strip() if answer else None)
-    for key, role, text in (("messages", "role", "content"), ("conversations", "from", "value")):
-        if key in rec:
-            turns = [t for t in rec[key] if isinstance(t, dict)]
-            users = [i for i, t in enumerate(turns) if t.get(role) in ("user", "human")]
-            if not users:
-                return Example("")
-            u = users[0]
-            nxt = turns[u + 1] if u + 1 < len(turns) else {}
-            answer = nxt.get(text) if nxt.get(role) in ("assistant", "gpt") else None
-            return Example(str(turns[u].get(text, "")).strip(), answer or None)
-    if "turns" in rec:
-        refs = rec.get("reference") or [None]
-        return Example(str(rec["turns"][0]).strip(), refs[0] or None)
-    if "text" in rec:
-        return Example(str(rec["text"]).strip(), None, chat=False)
-    return None
+    """The examples in ``path`` (a prompt file, see the module doc), in file order: each
+    record's first request with its written answer."""
+    records = read_prompt_file(path, "--data").records
+    return [Example(r.turns[0].strip(), r.answer, r.chat) for r in records]
 
 
 def text_sequences(

@@ -59,7 +59,7 @@ FORMATS = {
                     {"role": "user", "content": "Hi"},
                     {"role": "assistant", "content": "Hello!"},
                     {"role": "user", "content": [{"type": "text", "text": "Summarise: a b c"}]},
-                    {"role": "assistant", "content": "a reference answer, dropped"},
+                    {"role": "assistant", "content": "a reference answer"},
                 ]
             }
         ],
@@ -67,7 +67,31 @@ FORMATS = {
         ("Summarise: a b c",),
         (("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello!")),
     ),
+    "sharegpt conversations": (
+        [
+            {
+                "conversations": [
+                    {"from": "system", "value": "Be brief."},
+                    {"from": "human", "value": "Q"},
+                    {"from": "gpt", "value": "A"},
+                ]
+            }
+        ],
+        "messages",
+        ("Q",),
+        (("system", "Be brief."),),
+    ),
     "prompt key": ([{"prompt": "Once upon a time"}], "prompt", ("Once upon a time",), ()),
+}
+
+# the written answer each format's first record carries (what train-draft --data-kind text reads)
+ANSWERS = {
+    "spec-bench turns": None,
+    "alpaca instruction + input": "Bonjour.",
+    "self-instruct instances": "1, 2, 3",
+    "openai messages": "a reference answer",
+    "sharegpt conversations": "A",
+    "prompt key": None,
 }
 
 
@@ -85,6 +109,8 @@ def test_each_format_reads_into_turns_and_context(tmp_path, name, container):
     assert len(pf.records) == len(records)
     assert pf.records[0].turns == turns
     assert pf.records[0].context == context
+    assert pf.records[0].answer == ANSWERS[name]
+    assert pf.records[0].chat
 
 
 def test_plain_text_paragraphs(tmp_path):
@@ -97,6 +123,7 @@ def test_plain_text_paragraphs(tmp_path):
         ("Second prompt.",),
     ]
     assert pf.categories == []
+    assert not any(r.chat for r in pf.records)
 
 
 def test_categories_in_order_of_first_appearance(tmp_path):

@@ -71,7 +71,7 @@ def test_read_examples_names_the_record_it_cannot_read(tmp_path):
 
     path = tmp_path / "odd.jsonl"
     path.write_text(json.dumps({"instruction": "x", "output": "y"}) + "\n" + json.dumps({"q": 1}))
-    with pytest.raises(InputError, match="record 2 has none of"):
+    with pytest.raises(InputError, match="line 2: no prompt in it"):
         read_examples(path)
 
 
