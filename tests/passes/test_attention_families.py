@@ -25,7 +25,7 @@ from specport.cli import main
 from tests.passes.attention_families import Entry, entries
 
 ATTENTION_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention"}
-FAST = {"onnx.helper"}  # exporters whose graphs build without torch
+FAST = {"onnx.helper", "optimum"}  # graphs that need no torch export (built or kept files)
 
 
 def _params():
