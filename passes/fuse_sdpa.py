@@ -15,9 +15,11 @@ Matches what TorchScript exporters write for attention (Optimum, onnxruntime's g
     y  = MatMul(p, v)
 
 scale = c1 * c2 * c3 (or / c3); the scalars may be computed from Shape(q)[-1] at run time
-(see _shapes.eval_scalar). `Where(cond, s, fill)` becomes the additive term
-`Where(cond, 0, fill)`. A `-inf` fill is clamped to the lowest float, so a fully masked row (a
-left-pad query) gives a uniform row instead of NaN (the NaN guard's job in the unfused graph).
+(see _shapes.eval_scalar). `Where(keep, s, fill)` becomes the additive term
+`Where(keep, 0, lowest)` and DistilBERT's `Where(masked, fill, s)` becomes
+`Where(masked, lowest, 0)`, for any fill <= -1e4: the lowest float instead of -inf keeps a fully
+masked row (a left-pad query) uniform instead of NaN (the NaN guard's job in the unfused graph);
+such a row is the only place the fused output may differ from the input.
 fuse_attention then turns an Attention-23 over a concatenated KV cache into GroupQueryAttention.
 
 Megatron's causal mask `s * m - c * (1 - m)` (0/1 constant m, c >= 1e4) is the same as
@@ -185,7 +187,7 @@ def _unflattened_k(kt: ir.Value | None) -> ir.Value | None:
     outer = _prod(kt, "Reshape")
     tr = _prod(outer.inputs[0], "Transpose") if outer is not None else None
     inner = _prod(tr.inputs[0], "Reshape") if tr is not None else None
-    if tr is None or inner is None or kt is None:
+    if outer is None or tr is None or inner is None or kt is None:
         return None
     k, flat = inner.inputs[0], inner.outputs[0]
     if list(tr.attributes.get_ints("perm", [])) != [0, 2, 1] or k is None:

@@ -132,8 +132,8 @@ def input_dims(inputs: list[Any], case: Case, has_past: bool) -> dict[str, int]:
     for inp in inputs:
         for d in inp.shape:
             if isinstance(d, str) and d not in known:
-                guess = _dim_by_name(d, case, total)
-                known[d] = case.seq if guess is None else guess
+                named = _dim_by_name(d, case, total)
+                known[d] = case.seq if named is None else named
     return known
 
 
@@ -222,8 +222,8 @@ def check_parity(src: Path, out: Path, proto: Any) -> dict[str, Any]:
         try:
             outs = ref.run(None, feeds)
         except Exception as e:  # noqa: BLE001 - a guess the model does not accept
-            why = str(e).replace("[ONNXRuntimeError] : ", "").strip().splitlines()[0][:160]
-            skipped.append(f"{case.label(known)}: {why}")
+            text = str(e).replace("[ONNXRuntimeError] : ", "").strip().splitlines()[0][:160]
+            skipped.append(f"{case.label(known)}: {text}")
             logger.info("parity case skipped: %s", skipped[-1])
             continue
         cases.append((case, feeds, known))

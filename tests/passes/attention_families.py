@@ -15,6 +15,7 @@ Every graph is hidden 32, 4 heads, 2 layers:
     llama_{ts,dynamo}_past                     LlamaForCausalLM (GQA), past_key_values.{i}.*
     block_{gpt2,gpt2_nopast,bert,bert_nocast,distilbert}   one attention block written node by
         node as onnxruntime's fusion-test generators write them (tests/passes/ort_blocks.py)
+    optimum_{gpt2,llama,qwen2,phi3}            Optimum's TorchScript exports (tests/passes/fixtures)
     ort_{gpt2_past,gpt2_nopast,gpt2_megatron,mha_block}   GPT-2 / Megatron / MHA models shaped
         like onnxruntime's transformer-fusion test data (tests/passes/ort_shaped_graphs.py)
 
@@ -306,6 +307,15 @@ def build_ort_shaped(path: Path, kind: str) -> None:
     ort_shaped_graphs.build(kind, path, blemish="typeless_outputs", layers=LAYERS)
 
 
+def copy_fixture(path: Path, name: str) -> None:
+    """Optimum's exports (optimum-onnx pins an older transformers, so they are made in its own
+    environment by tests/passes/fixtures/make_fixtures.py and kept as files)."""
+    import shutil
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).parent / "fixtures" / name, path)
+
+
 def build_block(path: Path, kind: str) -> None:
     from tests.passes import ort_blocks
 
@@ -373,6 +383,16 @@ def entries() -> list[Entry]:
                 lambda p, k=kind: build_block(p, k),
                 heads=4,
                 hidden=32,
+            )
+        )
+    for arch in ("gpt2", "llama", "qwen2", "phi3"):
+        out.append(
+            Entry(
+                f"optimum_{arch}",
+                "llama" if arch != "gpt2" else "gpt2",
+                "optimum",
+                "gpt2",
+                lambda p, a=arch: copy_fixture(p, f"optimum_{a}.onnx"),
             )
         )
     for kind, family, mtype in (

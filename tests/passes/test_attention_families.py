@@ -25,7 +25,7 @@ from specport.cli import main
 from tests.passes.attention_families import Entry, entries
 
 ATTENTION_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention"}
-FAST = {"onnx.helper"}  # exporters whose graphs build without torch
+FAST = {"onnx.helper", "optimum"}  # graphs that need no torch export (built or kept files)
 
 
 def _params():
@@ -170,3 +170,24 @@ def test_bert_norms_and_gelu_fuse(tmp_path):
     counts = op_counts(model)
     assert counts["LayerNormalization"] == 5 and "ReduceMean" not in counts  # 2 layers x 2 + 1
     assert counts["com.microsoft.BiasGelu"] == 2 and "Erf" not in counts
+
+
+def test_layernorm_below_opset_17_as_onnxruntimes_generators_write_it(tmp_path, capsys):
+    """onnxruntime's GPT-2 generator writes LayerNormalization at opset 16 (its contrib kernel in
+    the ai.onnx domain; onnx's checker knows no such op) with a misspelt `epsion` attribute:
+    accepted, noted, fused and checked."""
+    from tests.passes import ort_blocks
+
+    src = ort_blocks.build("gpt2", tmp_path / "g.onnx", opset=16)
+    model = onnx.load(str(src))
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if node.op_type == "LayerNormalization" and attr.name == "epsilon":
+                attr.name = "epsion"
+    onnx.save(model, str(src))
+    capsys.readouterr()
+    assert main(["optimize", str(src), "--out", str(tmp_path / "o.onnx"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert any("onnxruntime loads it" in r for r in info["repairs"])
+    assert info["parity"]["checked"] and info["parity"]["max_abs_error"] <= 1e-4
+    assert _attention(tmp_path / "o.onnx") == 1
