@@ -59,6 +59,7 @@ from specport.passes.quant.ort_baseline import run_ort_baseline
 from specport.passes.quant.ort_check import integer_kernel_summary
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
+from specport.weight_size import artifact_weight_size, model_weight_size
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,9 @@ def quantize_artifact(
     check_kv_layout(src_p, manifest, kv_cache, kv_granularity)
     form = cann_w8a8_form(manifest, scheme, form)
     model_path = src_p / manifest.model_file
+    # The float model's parameter count: the quantized graph stores a tied embedding twice
+    # (gathered table and head), which must not count as more parameters.
+    source_params = artifact_weight_size(src_p, manifest).params
     prior_quant, kv_report = manifest.quant, {}  # scheme none keeps the source's weight recipe
     stats = None
     if calib_files and not algo.startswith("ort-") and scheme != "none" and form != "npu":
@@ -310,6 +314,10 @@ def quantize_artifact(
             int8_kv_manifest(manifest, kv_report, recipe)
         if (manifest.mtp or {}).get("heads"):  # the quantized graph's own MTP-less graphs
             write_mtp_graphs(tmp, manifest)
+        if scheme != "none":
+            size = model_weight_size(tmp / manifest.model_file)
+            size.params = source_params
+            manifest.quant["size"] = size.record()
         if progress:
             progress("checking onnxruntime's kernels", 0, 1)
         try:
