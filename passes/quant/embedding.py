@@ -38,6 +38,23 @@ def _pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
     return ((codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4)).astype(np.uint8)
 
 
+def gather_tables(model: ir.Model) -> list[tuple[ir.Node, ir.Value]]:
+    """(Gather node, its table) for every Gather on axis 0 of a constant 2-D float table."""
+    out = []
+    for node in model.graph:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
+            continue
+        data = node.inputs[0]
+        if data is None or data.const_value is None or not data.is_initializer():
+            continue
+        if len(data.const_value.shape) != 2 or data.const_value.dtype != ir.DataType.FLOAT:
+            continue
+        if node.attributes.get_int("axis", 0) != 0:
+            continue
+        out.append((node, data))
+    return out
+
+
 class QuantizeEmbeddingPass(Pass):
     """Blockwise RTN (asymmetric) of constant Gather tables on axis 0."""
 
@@ -48,19 +65,7 @@ class QuantizeEmbeddingPass(Pass):
         self.bits, self.group_size = bits, group_size
 
     def _sites(self, model: ir.Model) -> list[ir.Node]:
-        out = []
-        for node in model.graph:
-            if node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
-                continue
-            data = node.inputs[0]
-            if data is None or data.const_value is None or not data.is_initializer():
-                continue
-            if len(data.const_value.shape) != 2 or data.const_value.dtype != ir.DataType.FLOAT:
-                continue
-            if node.attributes.get_int("axis", 0) != 0:
-                continue
-            out.append(node)
-        return out
+        return [node for node, _ in gather_tables(model)]
 
     def precondition(self, model: ir.Model) -> str | None:
         return None if self._sites(model) else "no Gather over a constant 2-D float table"
