@@ -138,22 +138,25 @@ def graph_weight_size(proto: onnx.ModelProto, tied: tuple[int, int] | None = Non
     inits = {t.name: t for t in proto.graph.initializer}
     roles: dict[str, tuple[str, int]] = {}  # initializer -> (role, logical params)
     head_params = table_params = 0
-    for node in proto.graph.node:
-        for i, name in enumerate(node.input):
-            if name not in inits or name in roles:
-                continue
-            t = inits[name]
-            role = ROLES.get((node.op_type, i))
-            if role is None:
-                role = "weight" if t.data_type in FLOATS else "skip"
-            params = _logical_params(node, t) if role in ("codes", "weight") else 0
-            roles[name] = (role, params)
-            if tied and role == "codes":
-                v, h = tied
-                if node.op_type == "MatMulNBits" and params == v * h and _attr(node, "N") == v:
-                    head_params = params
-                if node.op_type == "GatherBlockQuantized" and params == v * h:
-                    table_params = params
+    # A quantized op's reading decides a tensor's role, whatever else reads it (a gathered
+    # table may Reshape the head's codes): those first, every other use after.
+    uses = [(n, i, name) for n in proto.graph.node for i, name in enumerate(n.input)]
+    uses.sort(key=lambda u: (u[0].op_type, u[1]) not in ROLES)
+    for node, i, name in uses:
+        if name not in inits or name in roles:
+            continue
+        t = inits[name]
+        role = ROLES.get((node.op_type, i))
+        if role is None:
+            role = "weight" if t.data_type in FLOATS else "skip"
+        params = _logical_params(node, t) if role in ("codes", "weight") else 0
+        roles[name] = (role, params)
+        if tied and role == "codes":
+            v, h = tied
+            if node.op_type == "MatMulNBits" and params == v * h and _attr(node, "N") == v:
+                head_params = params
+            if node.op_type == "GatherBlockQuantized" and params == v * h:
+                table_params = params
     by_role: dict[str, int] = {}
     params = excluded = 0
     for name, t in inits.items():

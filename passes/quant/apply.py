@@ -44,7 +44,7 @@ from specport.interop.files import write_artifact_manifest
 from specport.passes.base import PassResult
 from specport.passes.mtp_graphs import write_mtp_graphs
 from specport.passes.quant import calibration as C
-from specport.passes.quant.budget import plan_bit_budget
+from specport.passes.quant.budget import BudgetPlan, plan_bit_budget
 from specport.passes.quant.checks import (
     check_budget_options,
     check_kv_layout,
@@ -177,6 +177,7 @@ def quantize_artifact(
     per_layer: dict[str, Any] = {}
     manifest_head: dict[str, Any] | None = None  # auto's decision and what it measured
     budget_report: dict[str, Any] | None = None  # a size budget's plan (budget.py)
+    budget: BudgetPlan | None = None
     embedding_group = group_size
     with atomic_artifact_dir(out_p) as tmp:
         if algo.startswith("ort-"):
@@ -208,7 +209,9 @@ def quantize_artifact(
                 )
                 reports.append(budget_report)
                 plan, groups = budget.bits, budget.groups
-                head = [n for n, t in budget_report["tensors"].items() if t["kind"] == "head"]
+                head = [
+                    n for n, t in budget_report["tensors"].items() if t["kind"].startswith("head")
+                ]
                 lm_head_bits = plan[head[0]] if head else 0
                 embedding_bits, embedding_group = budget.table or (0, group_size)
             if scheme == "none":
@@ -255,7 +258,12 @@ def quantize_artifact(
                 passes.append(nbits)
             if embedding_bits:
                 table_group = embedding_group if target_bpw is not None else group_size
-                passes.append(QuantizeEmbeddingPass(bits=embedding_bits, group_size=table_group))
+                shared = nbits.tied_heads if budget is not None and budget.shared else None
+                passes.append(
+                    QuantizeEmbeddingPass(
+                        bits=embedding_bits, group_size=table_group, shared=shared
+                    )
+                )
             for p in passes:
                 if progress:
                     progress(p.activity or p.name, 0, 1)

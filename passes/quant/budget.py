@@ -8,7 +8,9 @@ runs fast (MatMulNBits with int8 activations: 4 or 8 bits, blocks 32/64/128; flo
 costed in the bytes it stores (codes, float32 scales, zero points: `nbits_bytes`) and scored by
 the relative output error it causes on the calibration inputs,
 trace(dW^T H dW) / trace(W^T H W) with H the layer's input Gram matrix (weight-space error for
-the table and without calibration text). Options that cost more and err more are dropped.
+the table and without calibration text). Options that cost more and err more are dropped. A
+tied embedding is planned as one tensor with its head: the table gathers from the head's
+codes (embedding.py), so the matrix is stored once, as in llama.cpp's file.
 
 Allocation is the greedy solution of the multiple-choice knapsack: start every tensor at its
 smallest option, then repeatedly take the upgrade with the largest error decrease per byte
@@ -78,6 +80,7 @@ class BudgetPlan:
     bits: dict[str, int] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
     table: tuple[int, int] | None = None
+    shared: bool = False  # the table gathers from the tied head's codes
 
 
 def resolve_budget(bits_per_weight: float | None, mixture: str | None) -> float | None:
@@ -173,16 +176,31 @@ def plan_bit_budget(
     tensors: list[Tensor] = []
     planned_elems = 0
     seen: set[str] = set()
+    tables = gather_tables(model) if table else []
+    table_names = {value.name for _, value in tables}
     for site in find_weight_matmuls(model):
         w = site.weight_array()
         st = (stats or {}).get(site.x.name or "")
-        opts = _pareto(_measure_matmul(w, st, widths, symmetric))
-        tensors.append(Tensor(site.name, "head" if site.lm_head else "matmul", w.size, opts))
+        opts = _measure_matmul(w, st, widths, symmetric)
+        kind = "head" if site.lm_head else "matmul"
+        if site.lm_head and site.transposed and site.weight.name in table_names:
+            # Tied: the table gathers from the head's codes (embedding.py), so one matrix is
+            # stored; its options are the blocks that divide D, its error the head's plus the
+            # table's own.
+            kind = "head+table"
+            table_err = {(o.bits, o.group): o.error for o in _measure_table(w.T)}
+            opts = [
+                Option(o.bits, o.group, o.nbytes, o.error + table_err[(o.bits, o.group)])
+                for o in opts
+                if (o.bits, o.group) in table_err
+            ]
+        tensors.append(Tensor(site.name, kind, w.size, _pareto(opts)))
         if site.weight.name not in seen:
             planned_elems += w.size
             seen.add(site.weight.name or site.name)
-    tables = gather_tables(model) if table else []
     for node, value in tables:
+        if value.name in seen:  # a tied table, planned with its head
+            continue
         e = np.asarray(value.const_value.numpy(), dtype=np.float32)  # type: ignore[union-attr]
         opts = _pareto(_measure_table(e))
         if not opts:
@@ -220,9 +238,10 @@ def plan_bit_budget(
         t.choice = j
     plan = BudgetPlan()
     for t in tensors:
-        if t.kind == "table":
+        if t.kind in ("table", "head+table"):
             plan.table = (t.chosen.bits, t.chosen.group)
-        else:
+            plan.shared = t.kind == "head+table"
+        if t.kind != "table":
             plan.bits[t.name], plan.groups[t.name] = t.chosen.bits, t.chosen.group
     counts: dict[str, int] = {}
     for t in tensors:

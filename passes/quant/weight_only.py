@@ -120,6 +120,9 @@ class QuantizeWeightsNBitsPass(Pass):
         # MatMulNBits + Split. Blocks run along K, so this changes no number; it saves a kernel
         # launch and an activation quantization per sibling (decode is launch-bound at batch 1).
         self.pack = pack
+        # A tied head's table name -> (its MatMulNBits, bits, block, K): the embedding pass can
+        # gather from these same codes instead of storing the matrix a second time.
+        self.tied_heads: dict[str, tuple[ir.Node, int, int, int]] = {}
 
     def precondition(self, model: ir.Model) -> str | None:
         return None if find_weight_matmuls(model) else "no MatMul with a constant 2-D float weight"
@@ -305,6 +308,8 @@ class QuantizeWeightsNBitsPass(Pass):
     def _emit_nbits(self, graph: ir.Graph, site: WeightSite, bq: BlockQuant) -> None:
         node = self._nbits_node(site, bq, graph, site.name)
         replace_node(graph, site.node, [node], node.outputs[0])
+        if site.lm_head and site.transposed and site.weight.name:
+            self.tied_heads[site.weight.name] = (node, bq.bits, bq.group_size, site.k)
 
     def _emit_qdq(self, graph: ir.Graph, site: WeightSite, bq: BlockQuant) -> None:
         k, g = bq.k, bq.group_size

@@ -13,7 +13,7 @@ import onnx_ir as ir
 import pytest
 
 from specport.artifact import DATA_NAME, read_manifest
-from specport.build import quantize
+from specport.build import export, quantize
 from specport.errors import QuantizationError, UsageError
 from specport.interop.files import write_artifact_manifest
 from specport.loading import load
@@ -36,10 +36,21 @@ def _blocks(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray, g: int) ->
     return ((q - zeros[..., None]) * scales[..., None]).reshape(r, nb * g)
 
 
+def _const(v: ir.Value | None) -> np.ndarray | None:
+    """An initializer's array, or a Reshape of one (a tied table reads the head's codes)."""
+    if v is None:
+        return None
+    if v.const_value is not None:
+        return v.const_value.numpy()
+    prod = v.producer()
+    if prod is not None and prod.op_type == "Reshape":
+        data, shape = _const(prod.inputs[0]), _const(prod.inputs[1])
+        return None if data is None or shape is None else data.reshape(shape)
+    return None
+
+
 def _inputs(node: ir.Node) -> list[np.ndarray | None]:
-    return [
-        None if v is None or v.const_value is None else v.const_value.numpy() for v in node.inputs
-    ]
+    return [_const(v) for v in node.inputs]
 
 
 def _dequantized(model: ir.Model) -> ir.Model:
@@ -68,10 +79,12 @@ def _dequantized(model: ir.Model) -> ir.Model:
             w = _blocks(codes, scales.reshape(n, nb), zeros, g)[:, :k].T
             new = ir.node("MatMul", [node.inputs[0], ir.Value(name=f"{node.name}.w")])
         else:
-            data, scales, zp = vals[0], vals[2], vals[3]
+            data, scales = vals[0], vals[2]
+            zp = vals[3] if len(vals) > 3 else None
             v, nb = scales.shape
             codes = _unpack(data, bits, nb * g)
-            w = _blocks(codes, scales, _unpack(zp, bits, nb), g)
+            zeros = np.full((v, nb), 2.0 ** (bits - 1)) if zp is None else _unpack(zp, bits, nb)
+            w = _blocks(codes, scales, zeros, g)
             new = ir.node("Gather", [ir.Value(name=f"{node.name}.w"), node.inputs[1]])
         weight = new.inputs[0] if node.op_type == "GatherBlockQuantized" else new.inputs[1]
         assert weight is not None
@@ -145,3 +158,35 @@ def test_budget_below_floor_and_bad_options(quant_src, calib_text, tmp_path):
     with pytest.raises(UsageError, match="w4a8 or w4a16"):
         quantize(quant_src, tmp_path / "d", scheme="w8a8", mixture="q8_0", calib_files=[calib_text])
     assert MIXTURES["q4_k_m"] < MIXTURES["q6_k"]
+
+
+@pytest.mark.shared
+@pytest.mark.slow
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_tied_table_gathers_from_the_head_codes(shared_dir, tmp_path, symmetric):
+    """stories260K ties its embedding: under a budget the table is gathered from the head's
+    MatMulNBits codes (stored once), and the result decodes like its dequantized reference."""
+    src = tmp_path / "st"
+    export(shared_dir / "models" / "stories260K", src)
+    text = shared_dir / "text" / "tinystories_valid_dev.txt"
+    out = tmp_path / "q"
+    m = quantize(
+        src,
+        out,
+        scheme="w4a16",
+        algo="gptq",
+        symmetric=symmetric,
+        calib_files=[text],
+        calib_docs=64,
+        bits_per_weight=6.0,
+    )
+    assert m.quant["size"]["bits_per_weight"] <= 6.0
+    table = next(p for p in m.passes if p.get("name") == "quantize_embedding")
+    (row,) = table["layers"].values()
+    assert row["shared_with"].endswith("MatMulNBits")
+    model = ir.load(out / m.model_file)
+    gbq = next(n for n in model.graph if n.op_type == "GatherBlockQuantized")
+    assert gbq.inputs[0].producer().op_type == "Reshape"
+    ref = _reference(out, tmp_path / "ref")
+    kw = {"prompt_ids": [1, 403, 407, 261, 378], "max_new_tokens": 32, "greedy": True}
+    assert load(out).generate(**kw).tokens == load(ref).generate(**kw).tokens
