@@ -53,13 +53,13 @@ ROLES: dict[tuple[str, int], str] = {
     ("RotaryEmbedding", 2): "rope",
     ("RotaryEmbedding", 3): "rope",
 }
-FLOATS = {
-    onnx.TensorProto.FLOAT,
-    onnx.TensorProto.FLOAT16,
-    onnx.TensorProto.BFLOAT16,
-    onnx.TensorProto.DOUBLE,
+FLOATS: set[int] = {
+    int(onnx.TensorProto.FLOAT),
+    int(onnx.TensorProto.FLOAT16),
+    int(onnx.TensorProto.BFLOAT16),
+    int(onnx.TensorProto.DOUBLE),
 }
-SUB_BYTE = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}
+SUB_BYTE: dict[int, int] = {int(onnx.TensorProto.INT4): 4, int(onnx.TensorProto.UINT4): 4}
 
 
 @dataclass
