@@ -223,6 +223,8 @@ def check_quantize(
     float_zero: bool = False,
     kv_granularity: str | None = None,
     kv_float_layers: Sequence[int] | str = (),
+    bits_per_weight: float | None = None,
+    mixture: str | None = None,
     **_: Any,
 ) -> None:
     """The quantizer's own option checks, plus inputs and output, before calibration starts."""
@@ -248,6 +250,16 @@ def check_quantize(
             scheme, resolved_algo, resolved_group, calib_files, mixed_precision, form
         )
         check_head_bits(scheme, resolved_algo, lm_head_bits)
+        checks.check_budget_options(
+            scheme,
+            algo,
+            form,
+            mixed_precision,
+            lm_head_bits,
+            embedding_bits,
+            bits_per_weight,
+            mixture,
+        )
     except SpecportError as e:  # argument-only checks: a usage error
         raise UsageError(str(e)) from None
     for f in calib_files:

@@ -44,7 +44,9 @@ from specport.interop.files import write_artifact_manifest
 from specport.passes.base import PassResult
 from specport.passes.mtp_graphs import write_mtp_graphs
 from specport.passes.quant import calibration as C
+from specport.passes.quant.budget import BudgetPlan, plan_bit_budget
 from specport.passes.quant.checks import (
+    check_budget_options,
     check_kv_layout,
     check_kv_options,
     check_weight_options,
@@ -59,6 +61,7 @@ from specport.passes.quant.ort_baseline import run_ort_baseline
 from specport.passes.quant.ort_check import integer_kernel_summary
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
+from specport.weight_size import artifact_weight_size, model_weight_size
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +108,8 @@ def quantize_artifact(
     kv_granularity: str | None = None,
     kv_float_layers: Sequence[int] | str = (),
     lm_head_group_size: int | None = None,
+    bits_per_weight: float | None = None,
+    mixture: str | None = None,
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
@@ -116,10 +121,18 @@ def quantize_artifact(
     `group_size` None: 32 for weight-only schemes, 128 for w8a8 (its MatMulNBits blocks).
     `lm_head_group_size` None: the LM head's block size by `head_group_size`'s rule (an 8-bit
     head with int8 activations takes a larger block than the body).
+    `bits_per_weight` (or a named `mixture`, budget.MIXTURES): every tensor's width and block,
+    the LM head and embedding table included, planned by measured error so that the whole
+    file holds at most that many bits per parameter (passes/quant/budget.py).
     """
     src_p, out_p = Path(src), Path(out)
+    target_bpw = check_budget_options(
+        scheme, algo, form, mixed_precision, lm_head_bits, embedding_bits, bits_per_weight, mixture
+    )
     if group_size is None:
         group_size = 128 if scheme == "w8a8" else 32
+    if target_bpw is not None:
+        lm_head_bits, embedding_bits = 0, 0  # placeholders: the budget plans both
     if lm_head_bits is None and scheme == "w4a8" and not algo.startswith("ort-"):
         lm_head_bits = "auto"  # 4 or 8 bits by measured cost and effect (passes/quant/head.py)
     if lm_head_bits is None:
@@ -150,6 +163,10 @@ def quantize_artifact(
     check_kv_layout(src_p, manifest, kv_cache, kv_granularity)
     form = cann_w8a8_form(manifest, scheme, form)
     model_path = src_p / manifest.model_file
+    # The float model's parameter count: the quantized graph stores a tied embedding twice
+    # (gathered table and head), which must not count as more parameters.
+    source_size = artifact_weight_size(src_p, manifest)
+    source_params = source_size.params
     prior_quant, kv_report = manifest.quant, {}  # scheme none keeps the source's weight recipe
     stats = None
     if calib_files and not algo.startswith("ort-") and scheme != "none" and form != "npu":
@@ -159,6 +176,9 @@ def quantize_artifact(
     reports: list[dict[str, Any]] = []
     per_layer: dict[str, Any] = {}
     manifest_head: dict[str, Any] | None = None  # auto's decision and what it measured
+    budget_report: dict[str, Any] | None = None  # a size budget's plan (budget.py)
+    budget: BudgetPlan | None = None
+    embedding_group = group_size
     with atomic_artifact_dir(out_p) as tmp:
         if algo.startswith("ort-"):
             reports.append(
@@ -170,10 +190,30 @@ def quantize_artifact(
             model = ir.load(model_path)
             passes: list[Any] = []
             plan: dict[str, int] | None = None
+            groups: dict[str, int] | None = None
             if mixed_precision == "auto" and scheme != "w8a8":
                 assert stats is not None
                 plan, plan_report = plan_mixed_precision(model, stats, bits, group_size, algo)
                 reports.append(plan_report)
+            elif target_bpw is not None:
+                if progress:
+                    progress("measuring every tensor's widths", 0, 1)
+                budget, budget_report = plan_bit_budget(
+                    model,
+                    stats,
+                    target_bpw,
+                    source_params,
+                    source_size.weight_bytes,
+                    widths=(4, 8) if scheme == "w4a8" else (4,),
+                    symmetric=symmetric,
+                )
+                reports.append(budget_report)
+                plan, groups = budget.bits, budget.groups
+                head = [
+                    n for n, t in budget_report["tensors"].items() if t["kind"].startswith("head")
+                ]
+                lm_head_bits = plan[head[0]] if head else 0
+                embedding_bits, embedding_group = budget.table or (0, group_size)
             if scheme == "none":
                 pass
             elif form == "npu":  # QDQ, uint16 activations (passes/quant/npu.py)
@@ -200,6 +240,7 @@ def quantize_artifact(
                     float_zero=float_zero,
                     symmetric=symmetric,
                     lm_head_group_size=lm_head_group_size,
+                    group_plan=groups,
                 )
                 if auto_head:
                     if progress:
@@ -216,7 +257,13 @@ def quantize_artifact(
                     }
                 passes.append(nbits)
             if embedding_bits:
-                passes.append(QuantizeEmbeddingPass(bits=embedding_bits, group_size=group_size))
+                table_group = embedding_group if target_bpw is not None else group_size
+                shared = nbits.tied_heads if budget is not None and budget.shared else None
+                passes.append(
+                    QuantizeEmbeddingPass(
+                        bits=embedding_bits, group_size=table_group, shared=shared
+                    )
+                )
             for p in passes:
                 if progress:
                     progress(p.activity or p.name, 0, 1)
@@ -310,6 +357,28 @@ def quantize_artifact(
             int8_kv_manifest(manifest, kv_report, recipe)
         if (manifest.mtp or {}).get("heads"):  # the quantized graph's own MTP-less graphs
             write_mtp_graphs(tmp, manifest)
+        if scheme != "none":
+            size = model_weight_size(tmp / manifest.model_file)
+            size.params = source_params
+            manifest.quant["size"] = size.record()
+            if target_bpw is not None and budget_report is not None:
+                manifest.quant["budget"] = {
+                    "target_bits_per_weight": target_bpw,
+                    "mixture": mixture,
+                    **{
+                        k: budget_report[k]
+                        for k in ("planned_bits_per_weight", "floor_bits_per_weight", "summary")
+                    },
+                    "tensors": {
+                        n: {"bits": t["bits"], "group_size": t["group_size"]}
+                        for n, t in budget_report["tensors"].items()
+                    },
+                }
+                if size.bits_per_weight > target_bpw:  # the plan counts these same bytes
+                    raise QuantizationError(
+                        f"the quantized file holds {size.bits_per_weight:.3f} bits per weight, "
+                        f"over the {target_bpw} budget the plan kept to"
+                    )
         if progress:
             progress("checking onnxruntime's kernels", 0, 1)
         try:

@@ -182,3 +182,38 @@ def check_chain(
         f"{src} already holds {done} {quant.get('algorithm') or ''} weights; quantizing them "
         f"again would quantize quantized weights. Instead, {fix}{kv_hint}.".replace("  ", " ")
     )
+
+
+def check_budget_options(
+    scheme: str,
+    algo: str,
+    form: str,
+    mixed: str,
+    lm_head_bits: int | str | None,
+    embedding_bits: int | None,
+    bits_per_weight: float | None,
+    mixture: str | None,
+) -> float | None:
+    """A size budget (`bits_per_weight` or a named `mixture`) and what it decides itself;
+    returns the target in bits per weight (None without a budget)."""
+    from specport.passes.quant.budget import resolve_budget
+
+    target = resolve_budget(bits_per_weight, mixture)
+    if target is None:
+        return None
+    what = option("mixture", mixture) if mixture else option("bits_per_weight", bits_per_weight)
+    if scheme not in ("w4a8", "w4a16"):
+        raise QuantizationError(f"{what} plans w4a8 or w4a16 weights, not {scheme}")
+    if algo.startswith("ort-") or form != "matmulnbits" or mixed != "off":
+        raise QuantizationError(
+            f"{what} chooses every tensor's width itself: drop {option('algo', algo)}, "
+            f"{option('form', form)} and {option('mixed_precision')}"
+            if algo.startswith("ort-")
+            else f"{what} takes the matmulnbits form without {option('mixed_precision')}"
+        )
+    if lm_head_bits is not None or embedding_bits is not None:
+        raise QuantizationError(
+            f"{what} chooses the LM head's and the embedding table's widths within the budget; "
+            f"drop {option('lm_head_bits')} and {option('embedding_bits')}"
+        )
+    return target

@@ -38,29 +38,80 @@ def _pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
     return ((codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4)).astype(np.uint8)
 
 
+def gather_tables(model: ir.Model) -> list[tuple[ir.Node, ir.Value]]:
+    """(Gather node, its table) for every Gather on axis 0 of a constant 2-D float table."""
+    out = []
+    for node in model.graph:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
+            continue
+        data = node.inputs[0]
+        if data is None or data.const_value is None or not data.is_initializer():
+            continue
+        if len(data.const_value.shape) != 2 or data.const_value.dtype != ir.DataType.FLOAT:
+            continue
+        if node.attributes.get_int("axis", 0) != 0:
+            continue
+        out.append((node, data))
+    return out
+
+
+def _integer_zeros(head: ir.Node) -> bool:
+    """GatherBlockQuantized takes packed uint8 zero points only (no float ones)."""
+    zp = head.inputs[3] if len(head.inputs) > 3 else None
+    return zp is None or zp.const_value is None or zp.const_value.dtype == ir.DataType.UINT8
+
+
+def _gather_from_head(
+    graph: ir.Graph, node: ir.Node, tied: tuple[ir.Node, int, int, int], v: int, d: int
+) -> dict[str, Any]:
+    """Gather(E, ids) -> GatherBlockQuantized over the tied head's own MatMulNBits codes,
+    scales and zero points, reshaped: blocks run along D in both (MatMulNBits' K is the
+    table's D, its N the vocabulary), so the layouts agree row for row when the block divides
+    D. The matrix is stored once, as llama.cpp stores a tied token embedding."""
+    head, bits, g, k = tied
+    assert k == d
+    nb = d // g
+    shapes = {1: [v, d * bits // 8], 2: [v, nb], 3: [v, -(-nb * bits // 8)]}
+    base = f"{node.name or 'gather'}/shared"
+    new_nodes, inputs = [], []
+    for i in (1, 2, 3):
+        if i >= len(head.inputs) or head.inputs[i] is None:
+            continue
+        shape = add_initializer(graph, f"{base}.shape{i}", np.array(shapes[i], dtype=np.int64))
+        r = ir.node("Reshape", [head.inputs[i], shape], name=f"{base}/Reshape{i}")
+        new_nodes.append(r)
+        inputs.append(r.outputs[0])
+    data, scales, *zero = inputs
+    attrs = {"bits": bits, "block_size": g, "gather_axis": 0, "quantize_axis": 1}
+    gbq = ir.node(
+        "GatherBlockQuantized",
+        [data, node.inputs[1], scales, *zero],
+        attrs,
+        domain="com.microsoft",
+        name=f"{node.name or 'gather'}/GatherBlockQuantized",
+    )
+    replace_node(graph, node, [*new_nodes, gbq], gbq.outputs[0])
+    return {"bits": bits, "group_size": g, "vocab": v, "shared_with": head.name}
+
+
 class QuantizeEmbeddingPass(Pass):
     """Blockwise RTN (asymmetric) of constant Gather tables on axis 0."""
 
     name = "quantize_embedding"
     activity = "quantizing the embedding table"
 
-    def __init__(self, bits: int = 8, group_size: int = 32) -> None:
+    def __init__(
+        self,
+        bits: int = 8,
+        group_size: int = 32,
+        shared: dict[str, tuple[ir.Node, int, int, int]] | None = None,
+    ) -> None:
         self.bits, self.group_size = bits, group_size
+        # table name -> (tied head's MatMulNBits, bits, block, K): gather from its codes
+        self.shared = {} if shared is None else shared  # filled by the weight pass first
 
     def _sites(self, model: ir.Model) -> list[ir.Node]:
-        out = []
-        for node in model.graph:
-            if node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
-                continue
-            data = node.inputs[0]
-            if data is None or data.const_value is None or not data.is_initializer():
-                continue
-            if len(data.const_value.shape) != 2 or data.const_value.dtype != ir.DataType.FLOAT:
-                continue
-            if node.attributes.get_int("axis", 0) != 0:
-                continue
-            out.append(node)
-        return out
+        return [node for node, _ in gather_tables(model)]
 
     def precondition(self, model: ir.Model) -> str | None:
         return None if self._sites(model) else "no Gather over a constant 2-D float table"
@@ -71,8 +122,12 @@ class QuantizeEmbeddingPass(Pass):
         for node in self._sites(model):
             data = node.inputs[0]
             assert data is not None and data.const_value is not None
+            v, d = data.const_value.shape
+            tied = self.shared.get(data.name or "")
+            if tied is not None and d % tied[2] == 0 and _integer_zeros(tied[0]):
+                layers[node.name or "gather"] = _gather_from_head(graph, node, tied, v, d)
+                continue
             e = np.asarray(data.const_value.numpy())  # [V, D]
-            v, d = e.shape
             if d % self.group_size:
                 layers[node.name or "gather"] = {
                     "bits": 32,

@@ -70,7 +70,8 @@ class QuantizeWeightsNBitsPass(Pass):
     """Replace MatMuls with constant weights by blockwise-quantized ones.
 
     `plan` maps a site name to its bits (4, 8, or 0 = keep fp32); sites absent from it use
-    `bits`, except the LM head which uses `lm_head_bits`.
+    `bits`, except the LM head which uses `lm_head_bits`. `group_plan` maps a site name to its
+    block size (a size budget's choice, passes/quant/budget.py).
     """
 
     name = "quantize_weights_nbits"
@@ -90,6 +91,7 @@ class QuantizeWeightsNBitsPass(Pass):
         float_zero: bool = False,
         pack: bool = True,
         lm_head_group_size: int | None = None,
+        group_plan: dict[str, int] | None = None,
     ) -> None:
         # float_zero: let refit/HQQ keep float zero points (MatMulNBits accepts them). Measured on
         # onnxruntime 1.31 CPU they take a slow kernel path (~10x slower decode on a 32M Llama),
@@ -105,6 +107,7 @@ class QuantizeWeightsNBitsPass(Pass):
         self.stats = stats or {}
         self.form, self.accuracy_level = form, accuracy_level
         self.lm_head_bits, self.plan = lm_head_bits, plan or {}
+        self.group_plan = group_plan or {}  # site name -> block size (a size budget's plan)
         # None: `head_group_size`'s rule; an int: that block size for the head at any width
         if lm_head_group_size is not None:
             check_group_size(1, lm_head_group_size)
@@ -117,6 +120,9 @@ class QuantizeWeightsNBitsPass(Pass):
         # MatMulNBits + Split. Blocks run along K, so this changes no number; it saves a kernel
         # launch and an activation quantization per sibling (decode is launch-bound at batch 1).
         self.pack = pack
+        # A tied head's table name -> (its MatMulNBits, bits, block, K): the embedding pass can
+        # gather from these same codes instead of storing the matrix a second time.
+        self.tied_heads: dict[str, tuple[ir.Node, int, int, int]] = {}
 
     def precondition(self, model: ir.Model) -> str | None:
         return None if find_weight_matmuls(model) else "no MatMul with a constant 2-D float weight"
@@ -127,7 +133,10 @@ class QuantizeWeightsNBitsPass(Pass):
         return self.lm_head_bits if site.lm_head else self.bits
 
     def group_for(self, site: WeightSite, bits: int) -> int:
-        """The site's block size: `group_size`, except the LM head (see `head_group_size`)."""
+        """The site's block size: the plan's, else `group_size`, except the LM head (see
+        `head_group_size`)."""
+        if site.name in self.group_plan:
+            return self.group_plan[site.name]
         if not site.lm_head:
             return self.group_size
         if self.lm_head_group_size is not None:
@@ -232,10 +241,12 @@ class QuantizeWeightsNBitsPass(Pass):
     def emit_nbits_groups(self, graph: ir.Graph, items: list[tuple[WeightSite, BlockQuant]]) -> int:
         """Emit MatMulNBits for every (site, quantized weight); with `pack`, siblings sharing an
         input and a precision are packed along N (LM heads stay alone). Returns the packed count."""
-        groups: dict[tuple[int, int, bool], list[tuple[WeightSite, BlockQuant]]] = {}
+        groups: dict[tuple[int, int, bool, int], list[tuple[WeightSite, BlockQuant]]] = {}
         for site, bq in items:
-            key = (id(site.x), bq.bits, bq.integer_zero) if self.pack and not site.lm_head else None
-            groups.setdefault(key or (id(site), -1, False), []).append((site, bq))
+            key = (id(site.x), bq.bits, bq.integer_zero, bq.group_size)
+            if not self.pack or site.lm_head:
+                key = (id(site), -1, False, 0)
+            groups.setdefault(key, []).append((site, bq))
         for group in groups.values():
             if len(group) == 1:
                 self._emit_nbits(graph, *group[0])
@@ -297,6 +308,8 @@ class QuantizeWeightsNBitsPass(Pass):
     def _emit_nbits(self, graph: ir.Graph, site: WeightSite, bq: BlockQuant) -> None:
         node = self._nbits_node(site, bq, graph, site.name)
         replace_node(graph, site.node, [node], node.outputs[0])
+        if site.lm_head and site.transposed and site.weight.name:
+            self.tied_heads[site.weight.name] = (node, bq.bits, bq.group_size, site.k)
 
     def _emit_qdq(self, graph: ir.Graph, site: WeightSite, bq: BlockQuant) -> None:
         k, g = bq.k, bq.group_size

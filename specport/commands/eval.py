@@ -102,11 +102,16 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.record:
             r["recorded"] = record_eval(args.artifact, r, args.text, options)
+        size = _size(args.artifact)
+        if size is not None:
+            r["bits_per_weight"] = size["bits_per_weight"]
+            r["size"] = size
         if args.json:
             emit_json(r)
         else:
             print(
                 f"perplexity {r['ppl']:.4f} (nll {r['nll']:.4f}) on {r['tokens']} tokens, {r['docs']} docs"
+                + (f"; {size['bits_per_weight']:.2f} bits per weight" if size else "")
             )
             if args.record:
                 _print_recorded(args.artifact, r["recorded"])
@@ -167,26 +172,42 @@ def _point(artifact: str, ppl: float) -> dict[str, Any]:
     return {"label": f"{Path(artifact).name} ({scheme})", "bits": bits, "ppl": ppl}
 
 
-def weight_bits(artifact: str) -> tuple[float, str]:
-    """Bits per MatMul weight from the manifest: a scheme's `wN` (w4a8 -> 4), a GGUF's kept
-    bits, else the float dtype's width; with the name to show."""
-    import re
+def _size(artifact: str) -> dict[str, Any] | None:
+    """The artifact's stored bits per weight (specport/weight_size.py); None for a bare .onnx."""
+    from pathlib import Path
 
     from specport.artifact import read_manifest
     from specport.errors import ArtifactError
+    from specport.weight_size import artifact_weight_size
+
+    if not Path(artifact).is_dir():
+        return None
+    try:
+        manifest = read_manifest(artifact, check_hashes=False)
+    except ArtifactError:
+        return None
+    return artifact_weight_size(artifact, manifest).record()
+
+
+def weight_bits(artifact: str) -> tuple[float, str]:
+    """Bits per weight as stored (every weight, scale and zero-point byte over the parameter
+    count, as llama.cpp reports a file), with the recipe's name to show; a bare .onnx counts
+    its own graph."""
+    from specport.artifact import read_manifest
+    from specport.errors import ArtifactError
+    from specport.weight_size import model_weight_size
 
     try:
         manifest = read_manifest(artifact, check_hashes=False)
-    except ArtifactError:  # a bare .onnx beside its tokenizer: no manifest to read bits from
-        return 32.0, "onnx"
+    except ArtifactError:  # a bare .onnx beside its tokenizer: no manifest to read a recipe from
+        return round(model_weight_size(artifact).bits_per_weight, 2), "onnx"
+    size = _size(artifact)
+    bits = round(size["bits_per_weight"], 2) if size else 32.0
     scheme = str((manifest.quant or {}).get("scheme") or "none")
-    found = re.match(r"w(\d+)", scheme)
-    if found:
+    if scheme != "none":
         algo = (manifest.quant or {}).get("algorithm")
-        return float(found[1]), f"{scheme} {algo}" if algo else scheme
-    dtype = manifest.dtype
-    width = {"float16": 16.0, "fp16": 16.0, "bfloat16": 16.0, "bf16": 16.0}.get(dtype, 32.0)
-    return width, dtype
+        return bits, f"{scheme} {algo}" if algo else scheme
+    return bits, str(manifest.dtype)
 
 
 def _print_recorded(artifact: str, rec: dict[str, Any]) -> None:

@@ -109,6 +109,14 @@ def lm_head_line(quant: dict[str, Any] | None) -> str | None:
     return f"{text} (auto: {reason})" if reason else text
 
 
+def size_line(size: dict[str, Any]) -> str:
+    """A recorded `WeightSize` (specport/weight_size.py) in one line."""
+    from specport.weight_size import WeightSize
+
+    fields = ("params", "weight_bytes", "by_role", "file_bytes", "excluded_bytes")
+    return WeightSize(**{k: size[k] for k in fields if k in size}).line()
+
+
 def mtp_line(mtp: dict[str, Any]) -> str:
     """The MTP heads in one line (how many, how trained, held-out acceptance, draft vocabulary);
     the whole training record stays in --json."""
@@ -244,6 +252,7 @@ def batched_verification(manifest: Any, directory: str) -> bool | None:
 
 def run(args: argparse.Namespace) -> int:
     from specport.artifact import read_manifest
+    from specport.weight_size import artifact_weight_size
 
     if Path(args.artifact).is_file() and Path(args.artifact).suffix == ".onnx":
         info = summarize_onnx(args.artifact)
@@ -251,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         manifest = read_manifest(args.artifact)
         info = {**summarize(manifest), "runtimes": runtimes(manifest, args.artifact)}
+        info["size"] = artifact_weight_size(args.artifact, manifest).record()
         batched = batched_verification(manifest, args.artifact)
         if batched is not None:
             info["batched_verify"] = batched
@@ -269,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
             value = eval_line(value)
         elif key == "files":
             value = ", ".join(f"{n} ({d})" for n, d in value.items())
+        elif key == "size" and isinstance(value, dict):
+            value = size_line(value)
         elif key == "quant" and value:
             value = quant_line(value, manifest.kv.dtypes())
         elif key == "mtp" and value:

@@ -58,6 +58,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--mixed-precision", default="off", choices=["auto", "off"])
     p.add_argument(
+        "--bits-per-weight",
+        type=float,
+        default=None,
+        metavar="B",
+        help="size budget for the whole file (codes, scales, zero points, embedding table and "
+        "LM head over the parameter count): every tensor's width (4/8 bits) and block size "
+        "(32/64/128) is chosen by measured output error to fit it (default scheme w4a8)",
+    )
+    p.add_argument(
+        "--mixture",
+        default=None,
+        choices=["q4_0", "q4_k_m", "q5_k_m", "q6_k", "q8_0"],
+        help="a named budget: the nominal bits per weight of llama.cpp's type "
+        "(q4_0 4.5, q4_k_m 4.85, q5_k_m 5.7, q6_k 6.56, q8_0 8.5)",
+    )
+    p.add_argument(
         "--lm-head-bits",
         type=_head_bits,
         default=None,
@@ -130,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
     from specport.errors import UsageError
     from specport.progress import stage_callback
 
+    budget = args.bits_per_weight is not None or args.mixture is not None
+    if args.scheme is None and budget:
+        args.scheme = "w4a8"
     if args.scheme is None and args.kv_cache == "float":
         raise UsageError("nothing to do: pass --scheme and/or --kv-cache int8.")
     m = specport.quantize(
@@ -151,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         kv_clip=args.kv_clip,
         kv_granularity=args.kv_granularity,
         kv_float_layers=_layer_list(args.kv_float_layers),
+        **({"bits_per_weight": args.bits_per_weight, "mixture": args.mixture} if budget else {}),
     )
     q: dict[str, Any] = dict(m.quant or {})
     bits = list((q.get("layers") or {}).values())
@@ -165,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         "calibration": q.get("calibration"),
         "lm_head": q.get("lm_head") or {"bits": q.get("lm_head_bits")},
         "kv_cache": {k: v for k, v in (q.get("kv_cache") or {}).items() if k != "scales"} or None,
+        "bits_per_weight": (q.get("size") or {}).get("bits_per_weight"),
+        "budget": {k: v for k, v in (q.get("budget") or {}).items() if k != "tensors"} or None,
     }
     if args.json:
         emit_json(summary)
@@ -178,6 +200,10 @@ def run(args: argparse.Namespace) -> int:
     if summary["scheme"] != "none":
         counts = ", ".join(f"{n} at {b}" for b, n in summary["layers_by_bits"].items())
         print(f"  layers: {summary['layers']} matmuls ({counts} bits)")
+    if summary["bits_per_weight"] is not None:
+        plan = summary["budget"]
+        within = f" (budget {plan['target_bits_per_weight']}: {plan['summary']})" if plan else ""
+        print(f"  size: {summary['bits_per_weight']:.2f} bits per weight{within}")
     head = summary["lm_head"]
     if summary["scheme"] != "none" and head.get("bits") is not None:
         reason = f" ({head['choice']}: {head['reason']})" if head.get("choice") else ""

@@ -138,6 +138,20 @@ def _quant_section(manifest: Any, quant: dict[str, Any]) -> list[str]:
             lines.append(
                 "Weights by precision: " + ", ".join(f"{n} at {b} bits" for b, n in bits.items())
             )
+        size = quant.get("size")
+        if isinstance(size, dict) and size.get("params"):
+            lines.append(
+                f"Size: {size['bits_per_weight']:.2f} bits per weight: {size['weight_bytes']:,} "
+                f"bytes of weights, scales and zero points over {size['params']:,} parameters "
+                "(embedding table and LM head included)."
+            )
+        plan = quant.get("budget")
+        if isinstance(plan, dict) and plan.get("target_bits_per_weight"):
+            lines.append(
+                f"Precision plan: {plan.get('mixture') or 'budget'} "
+                f"{plan['target_bits_per_weight']} bits per weight, per-tensor widths chosen by "
+                f"measured output error: {plan.get('summary')}."
+            )
         calib = quant.get("calibration")
         if calib:
             lines.append(f"Calibration: {calib.get('files')} (sha256 `{calib.get('sha256')}`).")

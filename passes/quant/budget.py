@@ -1,0 +1,272 @@
+"""`--bits-per-weight B` / `--mixture NAME`: per-tensor widths and block sizes under a size budget.
+
+The k-quant idea done with the kernels onnxruntime has. llama.cpp's mixtures (Q4_K_M keeps
+some tensors at 6 bits) are hand-written rules; here every tensor's options are measured. Each
+weight, the LM head and the embedding table included, gets the (bits, block) options its kernel
+runs fast (MatMulNBits with int8 activations: 4 or 8 bits, blocks 32/64/128; float activations:
+4 bits only, its 8-bit path is ~50x slower on CPU; the gathered table: 4 or 8 bits), each
+costed in the bytes it stores (codes, float32 scales, zero points: `nbits_bytes`) and scored by
+the relative output error it causes on the calibration inputs,
+trace(dW^T H dW) / trace(W^T H W) with H the layer's input Gram matrix (weight-space error for
+the table and without calibration text). Options that cost more and err more are dropped. A
+tied embedding is planned as one tensor with its head: the table gathers from the head's
+codes (embedding.py), so the matrix is stored once, as in llama.cpp's file.
+
+Allocation is the greedy solution of the multiple-choice knapsack: start every tensor at its
+smallest option, then repeatedly take the upgrade with the largest error decrease per byte
+that still fits, until nothing fits. The budget is the whole file, `B x parameters / 8` bytes:
+what stays float (norms) is charged first, and a budget below the smallest file the kernels
+can store is refused with that floor in the message.
+
+The options are scored with RTN (cheap, and the ordering of options is what matters); the
+chosen widths are then quantized with the run's algorithm (GPTQ with `--calib`), so the
+errors the pass reports are lower than the planner's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from specport.errors import QuantizationError
+from specport.options import option
+from specport.passes.quant.blockquant import dequantize
+from specport.passes.quant.calibration import ActStats
+from specport.passes.quant.embedding import gather_tables
+from specport.passes.quant.graph import find_weight_matmuls
+from specport.passes.quant.head import nbits_bytes
+from specport.passes.quant.rtn import quantize_rtn
+
+logger = logging.getLogger(__name__)
+
+# Nominal bits per weight of llama.cpp's types (block formats with fp16 scales: Q4_0 18 bytes
+# per 32 weights; Q4_K_M as llama.cpp reports it on Llama-class 7B models). On a small model
+# with a large tied vocabulary these are far below what llama.cpp's own file reaches (its
+# SmolLM2-135M Q4_K_M is 6.17 bits: K=576 is not a multiple of its 256-weight super-blocks).
+MIXTURES = {"q4_0": 4.5, "q4_k_m": 4.85, "q5_k_m": 5.7, "q6_k": 6.5625, "q8_0": 8.5}
+GROUPS = (32, 64, 128)
+COLUMNS = 8192  # error measured over this many output columns at a time (bounded memory)
+
+
+@dataclass
+class Option:
+    bits: int
+    group: int
+    nbytes: int
+    error: float
+
+
+@dataclass
+class Tensor:
+    name: str
+    kind: str  # "matmul", "head" or "table"
+    params: int
+    options: list[Option]
+    choice: int = 0
+
+    @property
+    def chosen(self) -> Option:
+        return self.options[self.choice]
+
+
+@dataclass
+class BudgetPlan:
+    """Site name -> bits / block for the weight pass; the table's (bits, block) or None."""
+
+    bits: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, int] = field(default_factory=dict)
+    table: tuple[int, int] | None = None
+    shared: bool = False  # the table gathers from the tied head's codes
+
+
+def resolve_budget(bits_per_weight: float | None, mixture: str | None) -> float | None:
+    """The target in bits per weight from `--bits-per-weight` or a named `--mixture`."""
+    if mixture is not None:
+        if bits_per_weight is not None:
+            raise QuantizationError(
+                f"pass {option('bits_per_weight')} or {option('mixture')}, not both"
+            )
+        if mixture.lower() not in MIXTURES:
+            raise QuantizationError(
+                f"unknown mixture {mixture!r}; choose one of {', '.join(MIXTURES)} "
+                f"(or a size with {option('bits_per_weight')})"
+            )
+        return MIXTURES[mixture.lower()]
+    if bits_per_weight is not None and not 2.0 < bits_per_weight <= 16.0:
+        raise QuantizationError(
+            f"{option('bits_per_weight')} must be between 2 and 16, got {bits_per_weight}"
+        )
+    return bits_per_weight
+
+
+def _rel_errors(w: np.ndarray, h: np.ndarray | None, hats: list[np.ndarray]) -> list[float]:
+    """trace(dW^T H dW) / trace(W^T H W) for each w_hat (weight-space without H); w [K, N]."""
+    num = np.zeros(len(hats))
+    den = 0.0
+    h32 = None if h is None else h.astype(np.float32)
+    for a in range(0, w.shape[1], COLUMNS):
+        wc = w[:, a : a + COLUMNS]
+        hw = wc if h32 is None else h32 @ wc
+        den += float(np.einsum("kn,kn->", wc, hw, dtype=np.float64))
+        for i, wh in enumerate(hats):
+            dw = wh[:, a : a + COLUMNS] - wc
+            hd = dw if h32 is None else h32 @ dw
+            num[i] += float(np.einsum("kn,kn->", dw, hd, dtype=np.float64))
+    return [float(x / max(den, 1e-30)) for x in num]
+
+
+def _pareto(options: list[Option]) -> list[Option]:
+    """Options by size, each strictly better than every smaller one."""
+    kept: list[Option] = []
+    for o in sorted(options, key=lambda o: (o.nbytes, o.error)):
+        if not kept or o.error < kept[-1].error:
+            kept.append(o)
+    return kept
+
+
+def table_bytes(v: int, d: int, bits: int, group: int) -> int:
+    """GatherBlockQuantized bytes of a [V, D] table: codes, float32 scales, packed zero points."""
+    blocks = d // group
+    return v * d * bits // 8 + v * blocks * 4 + v * (-(-blocks * bits // 8))
+
+
+def _measure_matmul(
+    w: np.ndarray, st: ActStats | None, widths: tuple[int, ...], symmetric: bool
+) -> list[Option]:
+    k, n = w.shape
+    combos = [(b, g) for b in widths for g in GROUPS]
+    hats = [dequantize(quantize_rtn(w, b, g, symmetric)) for b, g in combos]
+    errs = _rel_errors(w, None if st is None else st.hessian, hats)
+    return [
+        Option(b, g, nbits_bytes(k, n, b, g, not symmetric), e) for (b, g), e in zip(combos, errs)
+    ]
+
+
+def _measure_table(e: np.ndarray) -> list[Option]:
+    v, d = e.shape
+    out = []
+    for b in (4, 8):
+        for g in GROUPS:
+            if d % g:
+                continue
+            hat = dequantize(quantize_rtn(e.T, b, g, symmetric=False))
+            (err,) = _rel_errors(e.T, None, [hat])
+            out.append(Option(b, g, table_bytes(v, d, b, g), err))
+    return out
+
+
+def plan_bit_budget(
+    model: ir.Model,
+    stats: dict[str, ActStats] | None,
+    target_bpw: float,
+    params: int,
+    float_bytes: int,
+    widths: tuple[int, ...] = (4, 8),
+    symmetric: bool = False,
+    table: bool = True,
+) -> tuple[BudgetPlan, dict[str, Any]]:
+    """Plan widths for `model` (float) so that its file holds at most `target_bpw` bits per
+    parameter. `params`: the model's parameter count; `float_bytes`: bytes of every float
+    weight in the source graph (the part not planned stays float). `table`: the embedding
+    table is quantized too (GatherBlockQuantized)."""
+    tensors: list[Tensor] = []
+    planned_elems = 0
+    seen: set[str] = set()
+    tables = gather_tables(model) if table else []
+    table_names = {value.name for _, value in tables}
+    for site in find_weight_matmuls(model):
+        w = site.weight_array()
+        st = (stats or {}).get(site.x.name or "")
+        opts = _measure_matmul(w, st, widths, symmetric)
+        kind = "head" if site.lm_head else "matmul"
+        if site.lm_head and site.transposed and site.weight.name in table_names:
+            # Tied: the table gathers from the head's codes (embedding.py), so one matrix is
+            # stored; its options are the blocks that divide D, its error the head's plus the
+            # table's own.
+            kind = "head+table"
+            table_err = {(o.bits, o.group): o.error for o in _measure_table(w.T)}
+            opts = [
+                Option(o.bits, o.group, o.nbytes, o.error + table_err[(o.bits, o.group)])
+                for o in opts
+                if (o.bits, o.group) in table_err
+            ]
+        tensors.append(Tensor(site.name, kind, w.size, _pareto(opts)))
+        if site.weight.name not in seen:
+            planned_elems += w.size
+            seen.add(site.weight.name or site.name)
+    for node, value in tables:
+        if value.name in seen:  # a tied table, planned with its head
+            continue
+        e = np.asarray(value.const_value.numpy(), dtype=np.float32)  # type: ignore[union-attr]
+        opts = _pareto(_measure_table(e))
+        if not opts:
+            continue
+        tensors.append(Tensor(node.name or "gather", "table", e.size, opts))
+        if value.name not in seen:
+            planned_elems += e.size
+            seen.add(value.name or "")
+    fixed = float_bytes - 4 * planned_elems  # what stays float (norms)
+    budget = int(target_bpw * params / 8)
+    total = fixed + sum(t.chosen.nbytes for t in tensors)
+    floor = 8 * total / params
+    if total > budget:
+        raise QuantizationError(
+            f"{target_bpw} bits per weight is below the smallest file these kernels can store "
+            f"for this model ({floor:.2f} bits per weight: float32 block scales, and a tied "
+            f"embedding stored as both table and head); ask for at least {floor:.2f}"
+        )
+    while True:
+        best: tuple[float, Tensor, int] | None = None
+        for t in tensors:
+            cur = t.chosen
+            for j in range(t.choice + 1, len(t.options)):
+                o = t.options[j]
+                extra = o.nbytes - cur.nbytes
+                if total + extra > budget:
+                    break  # options grow in size
+                ratio = (cur.error - o.error) / max(extra, 1)
+                if best is None or ratio > best[0]:
+                    best = (ratio, t, j)
+        if best is None:
+            break
+        _, t, j = best
+        total += t.options[j].nbytes - t.chosen.nbytes
+        t.choice = j
+    plan = BudgetPlan()
+    for t in tensors:
+        if t.kind in ("table", "head+table"):
+            plan.table = (t.chosen.bits, t.chosen.group)
+            plan.shared = t.kind == "head+table"
+        if t.kind != "table":
+            plan.bits[t.name], plan.groups[t.name] = t.chosen.bits, t.chosen.group
+    counts: dict[str, int] = {}
+    for t in tensors:
+        key = f"{t.chosen.bits}-bit/{t.chosen.group}"
+        counts[key] = counts.get(key, 0) + 1
+    summary = ", ".join(f"{n} at {k}" for k, n in sorted(counts.items()))
+    report = {
+        "name": "plan_bit_budget",
+        "modified": False,
+        "target_bits_per_weight": target_bpw,
+        "planned_bits_per_weight": round(8 * total / params, 4),
+        "floor_bits_per_weight": round(floor, 4),
+        "float_bytes_kept": fixed,
+        "measured_with": "rtn" + (", calibration Gram" if stats else ", weight-space error"),
+        "summary": summary,
+        "tensors": {
+            t.name: {
+                "kind": t.kind,
+                "bits": t.chosen.bits,
+                "group_size": t.chosen.group,
+                "bytes": t.chosen.nbytes,
+                "rel_output_error": round(t.chosen.error, 8),
+            }
+            for t in tensors
+        },
+    }
+    logger.info("bit budget %.2f: %s (%.3f planned)", target_bpw, summary, 8 * total / params)
+    return plan, report

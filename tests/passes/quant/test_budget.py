@@ -1,0 +1,192 @@
+"""Size budgets (passes/quant/budget.py): every mixture a budget plans decodes token-exactly
+against its own fake-quantized reference (the float graph with the weights read back from
+the artifact's MatMulNBits / GatherBlockQuantized initializers and dequantized in numpy), and
+the file stays within the budget."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from specport.artifact import DATA_NAME, read_manifest
+from specport.build import export, quantize
+from specport.errors import QuantizationError, UsageError
+from specport.interop.files import write_artifact_manifest
+from specport.loading import load
+from specport.passes.quant.budget import MIXTURES
+
+PROMPT = [1, 40, 41, 42, 50, 60]
+
+
+def _unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """uint8 bytes -> `count` codes per row, low bits first."""
+    per = 8 // bits
+    codes = np.stack([(packed >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], axis=-1)
+    return codes.reshape(packed.shape[0], -1)[:, :count].astype(np.float32)
+
+
+def _blocks(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray, g: int) -> np.ndarray:
+    """codes [R, nb*g], scales/zeros [R, nb] -> dequantized [R, nb*g]."""
+    r, nb = scales.shape
+    q = codes.reshape(r, nb, g)
+    return ((q - zeros[..., None]) * scales[..., None]).reshape(r, nb * g)
+
+
+def _const(v: ir.Value | None) -> np.ndarray | None:
+    """An initializer's array, or a Reshape of one (a tied table reads the head's codes)."""
+    if v is None:
+        return None
+    if v.const_value is not None:
+        return v.const_value.numpy()
+    prod = v.producer()
+    if prod is not None and prod.op_type == "Reshape":
+        data, shape = _const(prod.inputs[0]), _const(prod.inputs[1])
+        return None if data is None or shape is None else data.reshape(shape)
+    return None
+
+
+def _inputs(node: ir.Node) -> list[np.ndarray | None]:
+    return [_const(v) for v in node.inputs]
+
+
+def _dequantized(model: ir.Model) -> ir.Model:
+    """Replace MatMulNBits by MatMul and GatherBlockQuantized by Gather on float weights."""
+    graph = model.graph
+    for node in list(graph):
+        if node.domain != "com.microsoft" or node.op_type not in (
+            "MatMulNBits",
+            "GatherBlockQuantized",
+        ):
+            continue
+        a = node.attributes
+        bits, g = a["bits"].as_int(), a["block_size"].as_int()
+        vals = _inputs(node)
+        if node.op_type == "MatMulNBits":
+            k, n = a["K"].as_int(), a["N"].as_int()
+            b, scales = vals[1], vals[2]
+            nb = -(-k // g)
+            codes = _unpack(b.reshape(n, -1), bits, nb * g)
+            zp = vals[3] if len(vals) > 3 else None
+            zeros = (
+                np.full((n, nb), 2.0 ** (bits - 1))
+                if zp is None
+                else _unpack(zp.reshape(n, -1), bits, nb)
+            )
+            w = _blocks(codes, scales.reshape(n, nb), zeros, g)[:, :k].T
+            new = ir.node("MatMul", [node.inputs[0], ir.Value(name=f"{node.name}.w")])
+        else:
+            data, scales = vals[0], vals[2]
+            zp = vals[3] if len(vals) > 3 else None
+            v, nb = scales.shape
+            codes = _unpack(data, bits, nb * g)
+            zeros = np.full((v, nb), 2.0 ** (bits - 1)) if zp is None else _unpack(zp, bits, nb)
+            w = _blocks(codes, scales, zeros, g)
+            new = ir.node("Gather", [ir.Value(name=f"{node.name}.w"), node.inputs[1]])
+        weight = new.inputs[0] if node.op_type == "GatherBlockQuantized" else new.inputs[1]
+        assert weight is not None
+        weight.const_value = ir.tensor(np.ascontiguousarray(w, dtype=np.float32), name=weight.name)
+        graph.register_initializer(weight)
+        graph.insert_before(node, new)
+        out, ref = node.outputs[0], new.outputs[0]
+        ref.shape, ref.type = out.shape, out.type
+        ir.convenience.replace_all_uses_with(out, ref, replace_graph_outputs=True)
+        name = out.name
+        graph.remove(node, safe=True)
+        ref.name = name
+    return model
+
+
+def _reference(q: Path, dst: Path) -> Path:
+    """A copy of artifact `q` whose weights are its own, dequantized to float."""
+    shutil.copytree(q, dst)
+    m = read_manifest(dst)
+    model = _dequantized(ir.load(q / m.model_file))
+    (dst / m.model_file).unlink()
+    (dst / DATA_NAME).unlink(missing_ok=True)
+    ir.save(model, dst / m.model_file, external_data=DATA_NAME)
+    write_artifact_manifest(dst, m)
+    return dst
+
+
+@pytest.mark.parametrize("target", [5.5, 6.5, 8.0])
+def test_budget_mixture_decodes_like_its_fake_quantized_reference(
+    quant_src, calib_text, tmp_path, target
+):
+    """Float activations (w4a16): the planned widths and blocks, read back and dequantized,
+    give the same greedy tokens; the file holds at most the budget."""
+    out = tmp_path / "q"
+    m = quantize(
+        quant_src,
+        out,
+        scheme="w4a16",
+        calib_files=[calib_text],
+        bits_per_weight=target,
+    )
+    size, plan = m.quant["size"], m.quant["budget"]
+    assert size["bits_per_weight"] <= target
+    assert size["bits_per_weight"] == pytest.approx(plan["planned_bits_per_weight"], abs=1e-3)
+    ref = _reference(out, tmp_path / "ref")
+    kw = {"prompt_ids": PROMPT, "max_new_tokens": 24, "greedy": True, "ignore_eos": True}
+    assert load(out).generate(**kw).tokens == load(ref).generate(**kw).tokens
+
+
+def test_w4a8_budget_uses_both_widths_and_stays_within(quant_src, calib_text, tmp_path):
+    """With int8 activations 8-bit tensors are fast, so a roomy budget buys some; the plan
+    and the manifest agree, and the whole file stays within the budget."""
+    m = quantize(
+        quant_src, tmp_path / "q", scheme="w4a8", calib_files=[calib_text], bits_per_weight=7.0
+    )
+    plan = m.quant["budget"]
+    widths = {t["bits"] for t in plan["tensors"].values()}
+    assert widths == {4, 8}
+    assert m.quant["size"]["bits_per_weight"] <= 7.0
+    assert m.quant["lm_head_bits"] in (4, 8) and m.quant["embedding_bits"] in (4, 8)
+    assert "Precision plan" in (tmp_path / "q" / "README.md").read_text()
+
+
+def test_budget_below_floor_and_bad_options(quant_src, calib_text, tmp_path):
+    with pytest.raises(QuantizationError, match="smallest file"):
+        quantize(quant_src, tmp_path / "a", scheme="w4a8", bits_per_weight=3.0)
+    with pytest.raises(UsageError, match="not both"):
+        quantize(quant_src, tmp_path / "b", bits_per_weight=5.0, mixture="q4_k_m")
+    with pytest.raises(UsageError, match="lm_head_bits"):
+        quantize(quant_src, tmp_path / "c", scheme="w4a8", bits_per_weight=6.0, lm_head_bits=8)
+    with pytest.raises(UsageError, match="w4a8 or w4a16"):
+        quantize(quant_src, tmp_path / "d", scheme="w8a8", mixture="q8_0", calib_files=[calib_text])
+    assert MIXTURES["q4_k_m"] < MIXTURES["q6_k"]
+
+
+@pytest.mark.shared
+@pytest.mark.slow
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_tied_table_gathers_from_the_head_codes(shared_dir, tmp_path, symmetric):
+    """stories260K ties its embedding: under a budget the table is gathered from the head's
+    MatMulNBits codes (stored once), and the result decodes like its dequantized reference."""
+    src = tmp_path / "st"
+    export(shared_dir / "models" / "stories260K", src)
+    text = shared_dir / "text" / "tinystories_valid_dev.txt"
+    out = tmp_path / "q"
+    m = quantize(
+        src,
+        out,
+        scheme="w4a16",
+        algo="gptq",
+        symmetric=symmetric,
+        calib_files=[text],
+        calib_docs=64,
+        bits_per_weight=6.0,
+    )
+    assert m.quant["size"]["bits_per_weight"] <= 6.0
+    table = next(p for p in m.passes if p.get("name") == "quantize_embedding")
+    (row,) = table["layers"].values()
+    assert row["shared_with"].endswith("MatMulNBits")
+    model = ir.load(out / m.model_file)
+    gbq = next(n for n in model.graph if n.op_type == "GatherBlockQuantized")
+    assert gbq.inputs[0].producer().op_type == "Reshape"
+    ref = _reference(out, tmp_path / "ref")
+    kw = {"prompt_ids": [1, 403, 407, 261, 378], "max_new_tokens": 32, "greedy": True}
+    assert load(out).generate(**kw).tokens == load(ref).generate(**kw).tokens
