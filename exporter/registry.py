@@ -14,9 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from specport.errors import UnsupportedArchitectureError
-from specport.exporter.archs.base import ENTRIES, ArchConfig, register_arch, rope_types
-
-__all__ = ["ArchConfig", "check_supported", "lookup", "register_arch", "rope_types", "supported"]
+from specport.exporter.archs.base import ENTRIES, ArchConfig
 
 
 def lookup(model_type: str | None) -> type[ArchConfig]:

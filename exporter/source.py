@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from specport.errors import InvalidModelError, ModelNotFoundError
+from specport.exporter.archs.base import ArchConfig
 from specport.exporter.config_check import check_config_against_weights
 from specport.exporter.gguf_import import save_gguf_as_hf
-from specport.exporter.registry import ArchConfig, lookup
+from specport.exporter.registry import lookup
 from specport.progress import bar_enabled
 
 logger = logging.getLogger(__name__)

@@ -35,16 +35,6 @@ from specport.runtime.loop_contract import (
     step_metrics,
 )
 
-__all__ = [
-    "GenerationOutput",
-    "Generator",
-    "OnStep",
-    "Select",
-    "greedy_select",
-    "spare_core",
-    "step_metrics",
-]
-
 logger = logging.getLogger(__name__)
 
 

@@ -17,7 +17,7 @@ from specport.options import option
 
 METHODS = ("ngram", "suffix", "draft", "mtp", "eagle", "auto")
 MAX_DRAFT = 16  # runtime/speculative/loop.py
-MAX_TREE_WIDTH = 16  # runtime/speculative/tree.py
+MAX_TREE_WIDTH = 16  # runtime/speculative/tree_generator.py
 DEFAULT_NUM_DRAFT = 4
 AUTO_NUM_DRAFT = 8  # --speculative auto: long suffix matches pay, short drafts are its choice
 

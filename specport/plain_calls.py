@@ -15,7 +15,7 @@ import numpy as np
 
 from specport.loaded import LoadedArtifact
 from specport.results import GenerationResult, row_metrics
-from specport.runtime.generator import greedy_select
+from specport.runtime.loop_contract import greedy_select
 from specport.runtime.sampler import Sampler
 from specport.runtime.streaming import TextStreams
 

@@ -35,7 +35,8 @@ from specport.runtime.bound_loop import BATCH_1_POSITIONS
 from specport.runtime.engine import step
 from specport.runtime.engine.prefix_cache import common_prefix
 from specport.runtime.engine.step_cost import LiveVerifyCosts
-from specport.runtime.kv.cache import KVCache, open_kv_cache, takes_batched_steps
+from specport.runtime.kv.cache import open_kv_cache, takes_batched_steps
+from specport.runtime.kv.interface import KVCache
 from specport.runtime.kv.seq_cache import context_limit
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts, Proposer, check_prompts, stop_reason

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specport.runtime.kv.cache import KVCache
+from specport.runtime.kv.interface import KVCache
 from specport.runtime.speculative.base import Drafts, Proposer
 from specport.runtime.speculative.verify import GREEDY, Verifier, VerifyResult
 

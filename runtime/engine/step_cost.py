@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.runtime.kv.cache import KVCache
+from specport.runtime.kv.interface import KVCache
 
 logger = logging.getLogger(__name__)
 

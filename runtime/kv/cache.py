@@ -54,8 +54,6 @@ from specport.runtime.kv.interface import KVCache, StepOut
 from specport.runtime.kv.iobinding import BoundSession
 from specport.runtime.kv.layouts import SharedKV
 
-__all__ = ["KVCache", "SharedKVCache", "StepOut", "open_kv_cache", "takes_batched_steps"]
-
 logger = logging.getLogger(__name__)
 
 

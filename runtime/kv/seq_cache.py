@@ -2,7 +2,7 @@
 
 Scoring a text (`eval`, logprobs), a draft model's own cache and a feature probe need one
 sequence that appends tokens, reads their logits and cuts back. That is one row of the one KV
-interface (``kv.cache.KVCache``, opened for the artifact's layout by ``open_kv_cache``):
+interface (``kv.interface.KVCache``, opened for the artifact's layout by ``open_kv_cache``):
 ``RowCache`` only adapts its row-level calls (``step_row``, ``keep``, ``keep_positions``) to a
 sequence's, so the two layouts keep a single implementation each:
 
@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
-from specport.runtime.kv.cache import KVCache, open_kv_cache
+from specport.runtime.kv.cache import open_kv_cache
+from specport.runtime.kv.interface import KVCache
 
 
 @dataclass

@@ -29,13 +29,9 @@ from specport.runtime.serve.api_error import APIError, error_body
 from specport.runtime.serve.generate import generate
 from specport.runtime.serve.guard import ClientTimeouts, read_body
 from specport.runtime.serve.metrics import Metrics
-from specport.runtime.serve.protocol import (
-    ServedModel,
-    parse_chat,
-    parse_completion,
-    parse_json_body,
-)
+from specport.runtime.serve.protocol import parse_chat, parse_completion, parse_json_body
 from specport.runtime.serve.responses import TokenText, model_card, models_list
+from specport.runtime.serve.served import ServedModel
 from specport.runtime.serve.state import AppState, ServeSettings, log_access
 
 __all__ = ["AppState", "ServeSettings", "make_app"]

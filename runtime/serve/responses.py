@@ -13,7 +13,8 @@ from functools import lru_cache
 from typing import Any
 
 from specport.runtime.engine.base import TokenLogprobs
-from specport.runtime.serve.protocol import ParsedRequest, ServedModel
+from specport.runtime.serve.protocol import ParsedRequest
+from specport.runtime.serve.served import ServedModel
 
 # engine finish reasons -> OpenAI's ("eos" is what the plain generator calls an EOS stop)
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length", "context": "length"}

@@ -17,8 +17,8 @@ from fastapi import Request
 from specport.chat_template import ChatTemplate
 from specport.runtime.engine.base import Engine, RequestHandle
 from specport.runtime.serve.metrics import Metrics, RequestRecord
-from specport.runtime.serve.protocol import ServedModel
 from specport.runtime.serve.responses import TokenText
+from specport.runtime.serve.served import ServedModel
 
 access_logger = logging.getLogger("specport.serve.access")
 

@@ -3,8 +3,8 @@
 `TokenTree` is the trie of candidate continuations under the last emitted token, flattened
 into the run order, depths and ancestor mask the ``--tree-mask`` graph takes;
 `ngram_candidates` finds the continuations of earlier occurrences of the context's suffix. Kept
-apart from `tree` (the generate loop and verification), which re-exports both: they are plain
-data structures that tests and the exporter's tree-mask checks use without a session.
+apart from `tree` (the generate loop and verification): they are plain data structures that
+tests and the exporter's tree-mask checks use without a session.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ a chain run of its root path. Verification walks down from the root while the ta
 with some child; the accepted path and one more token (the target's) are emitted, and the KV
 cache keeps the past plus the accepted path's positions, in order.
 
-A tree is what ``TreeProposer`` drafts (``Drafts.tree``) and the engine's one step runs it
-(``engine.step``: one run through the tree mask, the verifier's tree rule,
+A tree is what ``tree_generator.TreeProposer`` drafts (``Drafts.tree``) and the engine's one
+step runs it (``engine.step``: one run through the tree mask, the verifier's tree rule,
 ``KVCache.keep_positions`` keeping the accepted path's positions: moved within the in-place
 buffer on the shared layout, gathered from the presents on concat), driven for one prompt by
 ``engine.driver.generate_rows``.
@@ -43,31 +43,7 @@ from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.exactness import warn_if_not_token_exact
 from specport.runtime.speculative.loop import KVSlot, OnToken
 from specport.runtime.speculative.mtp_tree import mtp_tree_generator
-from specport.runtime.speculative.token_tree import TokenTree, ngram_candidates
-from specport.runtime.speculative.tree_generator import (
-    MAX_TREE_WIDTH,
-    METHOD,
-    CandidateSource,
-    RunObserver,
-    TreeProposer,
-    TreeSpeculativeGenerator,
-    check_tree_width,
-    has_tree_mask,
-)
-
-__all__ = [
-    "MAX_TREE_WIDTH",
-    "METHOD",
-    "CandidateSource",
-    "RunObserver",
-    "TokenTree",
-    "TreeProposer",
-    "TreeSpeculativeGenerator",
-    "check_tree_width",
-    "generate_tree",
-    "has_tree_mask",
-    "ngram_candidates",
-]
+from specport.runtime.speculative.tree_generator import TreeSpeculativeGenerator
 
 logger = logging.getLogger(__name__)
 

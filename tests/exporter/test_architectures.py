@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import specport
-from specport.exporter.registry import lookup, rope_types, supported
+from specport.exporter.archs.base import rope_types
+from specport.exporter.registry import lookup, supported
 from tests.export_cache import cached_export
 from tests.fixtures import (
     LONG_PROMPT,

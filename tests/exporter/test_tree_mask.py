@@ -176,7 +176,7 @@ def test_causal_tree_mask_equals_plain(sessions):
 @pytest.mark.parametrize("name", ["tree", "tree_fused"])
 def test_branching_tree_nodes_equal_chain_runs(sessions, name):
     """The core property: each node's logits (and K/V) are those of a chain run of its path."""
-    from specport.runtime.speculative.tree import TokenTree
+    from specport.runtime.speculative.token_tree import TokenTree
 
     plain, sess = sessions["plain"], sessions[name]
     rng = np.random.default_rng(1)

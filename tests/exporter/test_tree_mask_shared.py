@@ -15,7 +15,7 @@ import specport
 from specport.contract import TREE_MASK
 from specport.errors import ExportError
 from specport.runtime.kv.seq_cache import open_cache
-from specport.runtime.speculative.tree import TokenTree
+from specport.runtime.speculative.token_tree import TokenTree
 
 pytestmark = pytest.mark.slow
 

@@ -287,7 +287,7 @@ def test_tree_on_shared_runs_through_the_step(arts):
     scored in one run through the tree mask, the accepted path kept with ``keep_positions``;
     the KV it leaves equals a fresh prefill of the output."""
     from specport.runtime.kv.seq_cache import open_cache
-    from specport.runtime.speculative.tree import TreeSpeculativeGenerator
+    from specport.runtime.speculative.tree_generator import TreeSpeculativeGenerator
 
     model = arts["shared"]
     want = _plain(model, "greedy")

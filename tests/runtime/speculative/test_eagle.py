@@ -135,7 +135,7 @@ def test_greedy_eagle_tree_equals_plain_greedy(tree_eagle, width):
     greedy's tokens, with every path kept (no probability cut) so the tree really branches."""
     import specport
     from specport.runtime.speculative.eagle import make_eagle_proposer
-    from specport.runtime.speculative.tree import TreeSpeculativeGenerator
+    from specport.runtime.speculative.tree_generator import TreeSpeculativeGenerator
 
     model = specport.load(tree_eagle, threads=1)
     nodes = 0

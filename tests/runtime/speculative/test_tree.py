@@ -12,13 +12,9 @@ from specport.contract import prefill_feeds
 from specport.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.ngram import NgramProposer
-from specport.runtime.speculative.tree import (
-    TokenTree,
-    TreeSpeculativeGenerator,
-    check_tree_width,
-    generate_tree,
-    ngram_candidates,
-)
+from specport.runtime.speculative.token_tree import TokenTree, ngram_candidates
+from specport.runtime.speculative.tree import generate_tree
+from specport.runtime.speculative.tree_generator import TreeSpeculativeGenerator, check_tree_width
 from specport.runtime.speculative.verify import make_verifier
 
 # ---------------------------------------------------------------------- fast: pure numpy

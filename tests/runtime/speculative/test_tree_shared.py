@@ -17,7 +17,8 @@ from specport.errors import InputError
 from specport.runtime.kv.cache import SharedKVCache
 from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.sampler import SamplingConfig
-from specport.runtime.speculative.tree import TreeSpeculativeGenerator, generate_tree
+from specport.runtime.speculative.tree import generate_tree
+from specport.runtime.speculative.tree_generator import TreeSpeculativeGenerator
 
 pytestmark = pytest.mark.slow  # exports two tiny shared artifacts (~30 s)
 
