@@ -362,13 +362,14 @@ def _run_tree(model: Any, ids: list[int], config: SpecBenchConfig, method: str, 
 
 
 def format_speculative_table(report: dict[str, Any]) -> str:
+    w = max(24, *(len(r["engine"]) + 2 for r in report["rows"]))  # peer names run long
     lines = [
         f"{report['prompts']} prompts, {report['max_new_tokens']} new tokens, K={report['num_draft']}"
         + (f" (auto: up to {report['auto_num_draft']})" if report.get("auto_num_draft") else "")
         + ", "
         f"median of {report['runs']} runs; plain = {report.get('plain', 'same artifact')}"
         + ("; equal = tokens equal specport's plain greedy" if report.get("peers") else ""),
-        f"{'engine':<24}{'decode tok/s':>14}{'vs plain':>10}{'accepted/step':>15}{'equal':>8}"
+        f"{'engine':<{w}}{'decode tok/s':>14}{'vs plain':>10}{'accepted/step':>15}{'equal':>8}"
         f"{'step ms':>9}{'cpu vs plain':>14}",
     ]
     for r in report["rows"]:
@@ -376,7 +377,7 @@ def format_speculative_table(report: dict[str, Any]) -> str:
         over = r.get("step_overhead_ms")
         cpu = r.get("cpu_speedup_vs_plain")
         lines.append(
-            f"{r['engine']:<24}{r['decode_tok_per_s'] or 0:>14.1f}{r['speedup_vs_plain'] or 0:>9.2f}x"
+            f"{r['engine']:<{w}}{r['decode_tok_per_s'] or 0:>14.1f}{r['speedup_vs_plain'] or 0:>9.2f}x"
             f"{'-' if mal is None else f'{mal:.2f}':>15}{'yes' if r['tokens_equal_plain'] else 'NO':>8}"
             f"{'-' if over is None else f'{over:.2f}':>9}"
             f"{'-' if cpu is None else f'{cpu:.2f}x':>14}"
