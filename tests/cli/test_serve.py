@@ -204,6 +204,8 @@ def _load(url: str, i: int) -> tuple[str, Any]:
                 return "error", data["error"]["message"]
             tokens: list[list[int]] = [[] for _ in range(N)]
             with c.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+                if r.status_code == 503:  # sent after the drain began: refused, not started
+                    return "error", json.loads(r.read())["error"]["message"]
                 assert r.status_code == 200
                 events = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
             assert events[-1] == "[DONE]", events[-3:]

@@ -1,0 +1,85 @@
+"""The server's OpenAPI document, built from the pydantic request models (`schemas.py`).
+
+The routes read their bodies themselves (`guard.read_body`: size and time limits first), so
+FastAPI cannot see what they take; this document says it instead, from the same models that
+validate the bodies, so it cannot drift from what the server checks. `GET /openapi.json` serves
+it, and the fuzz tests generate their requests from it (schemathesis).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from specport.runtime.serve.schemas import ChatCompletionRequest, CompletionRequest
+
+_ERROR = {
+    "description": "an OpenAI error object",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["error"],
+                "properties": {
+                    "error": {
+                        "type": "object",
+                        "required": ["message", "type", "param", "code"],
+                        "properties": {
+                            "message": {"type": "string"},
+                            "type": {"type": "string"},
+                            "param": {"type": ["string", "null"]},
+                            "code": {"type": ["string", "null"]},
+                        },
+                    }
+                },
+            }
+        }
+    },
+}
+
+
+def _post(ref: dict[str, Any], summary: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": ref}}},
+            "responses": {
+                "200": {"description": "the answer (JSON, or an SSE stream with stream: true)"},
+                "400": _ERROR,
+                "404": _ERROR,
+                "413": _ERROR,
+                "429": _ERROR,
+                "503": _ERROR,
+            },
+        }
+    }
+
+
+def _get(summary: str) -> dict[str, Any]:
+    return {"get": {"summary": summary, "responses": {"200": {"description": summary}}}}
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.1 for /v1/completions, /v1/chat/completions and the GET routes."""
+    refs, defs = models_json_schema(
+        [(CompletionRequest, "validation"), (ChatCompletionRequest, "validation")],
+        ref_template="#/components/schemas/{model}",
+    )
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "specport", "version": "1"},
+        "paths": {
+            "/v1/completions": _post(refs[(CompletionRequest, "validation")], "text completion"),
+            "/v1/chat/completions": _post(
+                refs[(ChatCompletionRequest, "validation")], "chat completion"
+            ),
+            "/v1/models": _get("the served model"),
+            "/health": _get("liveness and counters"),
+            "/ready": _get("200 when the server takes new requests, else 503"),
+            "/metrics": _get("Prometheus metrics"),
+        },
+        "components": {"schemas": defs["$defs"]},
+    }
