@@ -56,6 +56,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "context); the batching engine holds max-batch x this many positions in memory",
     )
     p.add_argument(
+        "--prefill-stall",
+        type=float,
+        default=4.0,
+        metavar="X",
+        help="batching engine: while requests decode, a round prefills only the prompt tokens "
+        "whose measured cost keeps the running streams' gap between tokens within X times their "
+        "usual gap (default 4; 0 = a fixed 512 tokens a round, as vLLM's token budget)",
+    )
+    p.add_argument(
         "--engine",
         choices=["auto", "serial", "batching"],
         default="auto",
@@ -196,6 +205,10 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
     if args.client_timeout <= 0 or args.drain_timeout < 0:
         raise InputError("--client-timeout must be positive and --drain-timeout not negative")
+    if args.prefill_stall != 0 and not args.prefill_stall > 1:
+        raise InputError(
+            f"--prefill-stall must be above 1 (or 0 for a fixed budget), got {args.prefill_stall}"
+        )
     if args.max_tokens is not None and args.max_tokens < 1:
         raise InputError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.max_queue < 1:
@@ -262,6 +275,7 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
         spec_max_rows=args.spec_max_rows,
         spec_max_tokens=args.spec_max_tokens,
         kv_space=kv_space_bytes(args),
+        prefill_stall=args.prefill_stall or None,
     )
     recorder = start_recording(model, args, record_largest)
     try:
