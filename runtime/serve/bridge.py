@@ -29,8 +29,7 @@ async def merged_events(
     """(choice index, event) from all `handles` as they arrive, until every one has finished.
 
     `deadline` (the loop's clock): past it, `asyncio.TimeoutError` is raised instead of
-    waiting on.
-    Cancelling the consumer (client gone) leaves the handles as they are: the caller cancels
+    waiting on. Cancelling the consumer (client gone) leaves the handles as they are: the caller cancels
     them (see app.py), so the engine stops working for nobody."""
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()

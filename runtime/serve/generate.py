@@ -129,7 +129,7 @@ async def generate(
     try:
         choices = await _whole(request, state, handles, record, deadline)
     except asyncio.TimeoutError:
-        _abandon(state, handles, record)
+        _abandon(state, handles, record, "request timeout")
         state.metrics.finished(record)
         log_access(request, 504, record)
         raise _timeout_error(state) from None
@@ -211,8 +211,11 @@ def _add(choice: Choice, ev: Event) -> None:
         choice.finish = ev.finish_reason
 
 
-def _abandon(state: AppState, handles: list[RequestHandle], record: RequestRecord) -> None:
-    """The client left: cancel its requests once, so the engine stops working for nobody."""
+def _abandon(
+    state: AppState, handles: list[RequestHandle], record: RequestRecord, why: str = "client left"
+) -> None:
+    """The client left (or the request timed out): cancel its requests once, so the engine
+    stops working for nobody."""
     cancelled = False
     for handle in handles:
         if not handle.cancelled and not handle.done:
@@ -221,7 +224,7 @@ def _abandon(state: AppState, handles: list[RequestHandle], record: RequestRecor
     if cancelled:
         state.counters["cancelled"] += 1
         record.finish = "cancelled"
-        logger.info("client left; cancelled request %s", record.request_id)
+        logger.info("%s; cancelled request %s", why, record.request_id)
 
 
 async def _until(
@@ -267,7 +270,7 @@ async def _stream(
             if ev is None:  # past the deadline
                 status = 504
                 error = _timeout_error(state)
-                _abandon(state, handles, record)
+                _abandon(state, handles, record, "request timeout")
                 yield _sse(error_body(error.message, error.type, code="504"))
                 break
             record.observe(ev)
