@@ -27,7 +27,13 @@ from collections import deque
 
 from specport.runtime.engine.step_cost import StepCost
 
-STALL = 4.0  # a decoding stream's gap while prompts prefill, in its usual gaps, at most
+# A decoding stream's gap while prompts prefill, in its usual gaps, at most. 6 rather than 4:
+# measured beside a 2,500-token prompt (SmolLM2 fp32, load 13-15) 4 and 6 gave the same worst
+# gap (1.8 s, the machine's own stalls) and 6 the prompt's first token 41% sooner; and at 50
+# decoding rows (~260 ms a step on the line step_cost.py quotes) 6 still lets a round take ~360
+# prompt tokens, nearer the 512 that kept TTFT p99 down at 64 concurrent requests
+# (batching.PREFILL_BUDGET) than 4's ~210.
+STALL = 6.0
 FIRST = 32  # tokens of the first round, before any run was timed
 FLOOR = 8  # tokens a round prefills at least: a long prompt always gets on
 WINDOW = 16  # recent runs the costs are taken from

@@ -58,11 +58,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prefill-stall",
         type=float,
-        default=4.0,
+        default=6.0,
         metavar="X",
         help="batching engine: while requests decode, a round prefills only the prompt tokens "
         "whose measured cost keeps the running streams' gap between tokens within X times their "
-        "usual gap (default 4; 0 = a fixed 512 tokens a round, as vLLM's token budget)",
+        "usual gap (default 6; 0 = a fixed 512 tokens a round, as vLLM's token budget)",
     )
     p.add_argument(
         "--engine",
