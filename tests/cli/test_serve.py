@@ -36,6 +36,23 @@ def test_bad_port_exits_1(capsys, tiny_llama_artifact):
     assert "--port" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--max-tokens", "0"],
+        ["--max-queue", "0"],
+        ["--request-timeout", "-1"],
+        ["--prefill-stall", "1"],
+    ],
+    ids=lambda f: f[0],
+)
+def test_bad_serving_limits_exit_1(capsys, tiny_llama_artifact, flags):
+    """Checked before the model loads: one line naming the flag, no traceback."""
+    assert main(["serve", str(tiny_llama_artifact), *flags]) == 1
+    err = capsys.readouterr().err
+    assert flags[0] in err and "Traceback" not in err
+
+
 def _start(artifact, *extra: str) -> tuple[subprocess.Popen, dict]:
     cmd = [sys.executable, "-m", "specport", "serve", str(artifact)]
     cmd += ["--port", "0", "--threads", "1", "--model-name", "tiny", "--json", *extra]
