@@ -136,14 +136,21 @@ def test_sigkill_of_a_replica_process_under_load(endpoint, tiny_model):
     import os
     import signal
 
-    from ray.util.state import list_actors
-
-    replicas = [
-        a
-        for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-        if "SERVE_REPLICA" in (a.name or "") and "specport" in (a.name or "")
-    ]
-    assert len(replicas) == 2, replicas
+    deadline = time.monotonic() + 180  # the replica an earlier test killed is replaced
+    while True:
+        names = [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if "SERVE_REPLICA" in a["name"] and "specport" in a["name"]
+        ]
+        if len(names) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(names) == 2, names
+    for _ in range(4):  # both replicas serving
+        assert _complete(endpoint, [1, 2, 3], 8).status_code == 200
+    victim = ray.get_actor(names[0], namespace="serve")
+    pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
     prompt = [1, 8, 9, 10]
     want = tiny_model.generate(prompt_ids=prompt, max_new_tokens=100, ignore_eos=True).tokens
     outcomes: list[Any] = []
@@ -161,7 +168,7 @@ def test_sigkill_of_a_replica_process_under_load(endpoint, tiny_model):
     for t in threads:
         t.start()
     time.sleep(1.0)
-    os.kill(replicas[0].pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     for t in threads:
         t.join(timeout=180)
     ok = [o for o in outcomes if o == want]
