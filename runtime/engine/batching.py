@@ -19,7 +19,9 @@ hit), then `prefill_plan.groups` cuts the rows where a separate run costs less t
 padding it saves. A row that already holds KV (a prefix-cache hit, a long prompt's later
 chunk) joins a group only on graphs that take batched multi-token steps; on older exports it
 runs alone. While rows decode a round prefills at most `prefill_budget` prompt tokens (oldest
-requests first, chunks of at most `prefill_chunk` per prompt) so their streams keep flowing;
+requests first, chunks of at most `prefill_chunk` per prompt), and only as many as keep the
+decoding rows' next token within `prefill_stall` decode steps by the measured costs
+(`prefill_pace`), so their streams keep flowing while a long prompt goes in by pieces;
 when none decodes, every admitted prompt is prefilled before the first decode step (groups of
 at most `GROUP_TOKENS` padded tokens), as vLLM's scheduler fills a step with prefills up to
 its token budget.
@@ -371,8 +373,9 @@ class BatchingEngine(QueueIntake):
         """Prefill admitted prompts in groups of consecutive rows, one run per group
         (`prefill_plan.groups`), first tokens out as each group's run ends: a chunk of at most
         `prefill_chunk` tokens per prompt, at most `prefill_budget` prompt tokens per round
-        while rows decode (oldest requests first), every prompt whole while none does (groups
-        of at most `GROUP_TOKENS` padded tokens)."""
+        while rows decode (fewer where `self.pace` measures them too costly; oldest requests
+        first), every prompt whole while none does (groups of at most `GROUP_TOKENS` padded
+        tokens)."""
         decoding = any(job is not None and job.decoding for job in self.rows)
         paced = self.pace.budget(self.prefill_budget) if decoding else None
         while True:

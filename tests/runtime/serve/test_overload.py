@@ -115,3 +115,19 @@ def test_request_timeout_is_504_and_frees_the_engine(serial_server, stream):
         assert time.time() < deadline
         time.sleep(0.05)
     assert _post(serial_server, LONG).status_code == 200
+
+
+def test_draining_server_is_not_ready_and_refuses(serial_server):
+    """After SIGTERM (`Server.start_drain` sets `draining`) /ready says 503 at once, so a load
+    balancer stops sending, and a request that still comes is refused, not started."""
+    app = state(serial_server)
+    app.draining = True
+    try:
+        ready = httpx.get(serial_server.url + "/ready")
+        reply = _post(serial_server, LONG)
+    finally:
+        app.draining = False
+    assert ready.status_code == 503 and "shutting down" in ready.json()["reason"]
+    assert reply.status_code == 503 and reply.headers["Retry-After"] == "1"
+    assert "shutting down" in reply.json()["error"]["message"]
+    assert httpx.get(serial_server.url + "/ready").status_code == 200
