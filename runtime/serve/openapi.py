@@ -13,7 +13,28 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
+from specport.runtime.serve.fields import MAX_LOGIT_BIAS, MAX_STOP, MAX_TOP_LOGPROBS
+from specport.runtime.serve.protocol import MAX_N
 from specport.runtime.serve.schemas import ChatCompletionRequest, CompletionRequest
+
+# The limits the rules in fields.py / protocol.py enforce, stated on the schema too, so a client
+# (and a fuzzer) sees them: {field: JSON-schema keywords for its non-null form}.
+BOUNDS: dict[str, dict[str, Any]] = {
+    "max_tokens": {"minimum": 1},
+    "max_completion_tokens": {"minimum": 1},
+    "temperature": {"minimum": 0},
+    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"minimum": -1},
+    "min_p": {"minimum": 0, "maximum": 1},
+    "presence_penalty": {"minimum": -2, "maximum": 2},
+    "frequency_penalty": {"minimum": -2, "maximum": 2},
+    "repetition_penalty": {"exclusiveMinimum": 0},
+    "n": {"minimum": 1, "maximum": MAX_N},
+    "logit_bias": {"maxProperties": MAX_LOGIT_BIAS},
+    "top_logprobs": {"minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+    "logprobs": {"minimum": 0, "maximum": MAX_TOP_LOGPROBS},  # completions' integer form
+    "seed": {"minimum": 0},
+}
 
 _ERROR = {
     "description": "an OpenAI error object",
@@ -61,6 +82,25 @@ def _get(summary: str) -> dict[str, Any]:
     return {"get": {"summary": summary, "responses": {"200": {"description": summary}}}}
 
 
+def _bound(props: dict[str, Any]) -> None:
+    for name, keywords in BOUNDS.items():
+        for form in props.get(name, {}).get("anyOf", []):
+            if form.get("type") in ("integer", "number", "object"):
+                form.update(keywords)
+    for form in props.get("stop", {}).get("anyOf", []):
+        if form.get("type") == "string":
+            form["minLength"] = 1
+        elif form.get("type") == "array":
+            form.update(maxItems=MAX_STOP, items={"type": "string", "minLength": 1})
+    for form in props.get("prompt", {}).get("anyOf", []):
+        if form.get("items") == {"type": "integer"}:
+            form["items"] = {"type": "integer", "minimum": 0}
+            form["minItems"] = 1
+    for form in props.get("messages", {}).get("anyOf", []):
+        if form.get("type") == "array":
+            form["minItems"] = 1
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 for /v1/completions, /v1/chat/completions and the GET routes."""
@@ -68,6 +108,9 @@ def openapi_document() -> dict[str, Any]:
         [(CompletionRequest, "validation"), (ChatCompletionRequest, "validation")],
         ref_template="#/components/schemas/{model}",
     )
+    for name, needed in (("CompletionRequest", "prompt"), ("ChatCompletionRequest", "messages")):
+        _bound(defs["$defs"][name]["properties"])
+        defs["$defs"][name]["required"] = [needed]  # optional in the model for its own message
     return {
         "openapi": "3.1.0",
         "info": {"title": "specport", "version": "1"},

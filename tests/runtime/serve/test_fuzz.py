@@ -51,8 +51,16 @@ def api(fuzz_server) -> Any:
     """The served OpenAPI document, with `model` pinned to the served name so generated
     bodies get past the model check to the rules behind it (negative mode still breaks it)."""
     doc = httpx.get(fuzz_server.url + "/openapi.json").json()
+    vocab = fuzz_server.app.state.specport.served.vocab_size
     for name in ("CompletionRequest", "ChatCompletionRequest"):
-        doc["components"]["schemas"][name]["properties"]["model"] = {"const": NAME}
+        props = doc["components"]["schemas"][name]["properties"]
+        props["model"] = {"const": NAME}
+        for field in ("max_tokens", "max_completion_tokens"):
+            if field in props:
+                props[field]["anyOf"][0]["maximum"] = CAP  # this server's --max-tokens
+        for form in props.get("prompt", {}).get("anyOf", []):
+            if form.get("items", {}).get("type") == "integer":
+                form["items"]["maximum"] = vocab - 1
     return schemathesis.openapi.from_dict(doc)
 
 
@@ -83,6 +91,8 @@ def _run_schema(api: Any, server: Any, mode: GenerationMode, examples: int) -> N
     def one(case: Any) -> None:
         resp = case.call(base_url=server.url, timeout=60)
         seen[resp.status_code] = seen.get(resp.status_code, 0) + 1
+        if os.environ.get("SPECPORT_FUZZ_SHOW") and resp.status_code >= 400:
+            print(resp.status_code, resp.text[:160])
         check(server, resp, (case.method, case.path, case.body))
 
     one()
