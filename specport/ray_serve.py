@@ -28,7 +28,7 @@ from typing import Any
 
 from specport.errors import InputError
 from specport.loading import load
-from specport.runtime.engine import make_engine
+from specport.runtime.engine import PREFILL_STALL, make_engine
 from specport.runtime.serve.app import ServeSettings, make_app
 from specport.runtime.speculative.suffix_record import (
     SuffixRecorder,
@@ -184,6 +184,7 @@ def serve_with_ray(args: Any, settings: ServeSettings, emit_json: Callable[[Any]
         "draft": args.draft,
         "spec_max_rows": getattr(args, "spec_max_rows", None),
         "spec_max_tokens": getattr(args, "spec_max_tokens", None),
+        "prefill_stall": getattr(args, "prefill_stall", PREFILL_STALL) or None,
     }
     threads = args.threads or 1
     record = getattr(args, "suffix_record", None)

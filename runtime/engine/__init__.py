@@ -11,8 +11,17 @@ from typing import Any
 
 from specport.errors import ArtifactError, InputError
 from specport.runtime.engine.base import Engine, Event, Request, RequestHandle
+from specport.runtime.engine.prefill_pace import STALL as PREFILL_STALL
 
-__all__ = ["ENGINE_KINDS", "Engine", "Event", "Request", "RequestHandle", "make_engine"]
+__all__ = [
+    "ENGINE_KINDS",
+    "PREFILL_STALL",
+    "Engine",
+    "Event",
+    "Request",
+    "RequestHandle",
+    "make_engine",
+]
 
 ENGINE_KINDS = ("auto", "batching", "serial")
 
@@ -29,6 +38,7 @@ def make_engine(
     spec_max_rows: int | None = None,
     spec_max_tokens: int | None = None,
     kv_space: int | None = None,
+    prefill_stall: float | None = PREFILL_STALL,
 ) -> Engine:
     """The engine for `model`: "batching" (shared KV layout), "serial" (any), or "auto".
 
@@ -41,6 +51,8 @@ def make_engine(
     concat one. `max_length` caps the batching engine's KV rows (default: the artifact's
     limit). `max_batch` None: the batching engine reserves rows by memory and admits
     requests within `kv_space` bytes of KV (`kv_budget`); the serial engine runs one at a time.
+    `prefill_stall`: the batching engine's bound on how much a round's prefill may delay the
+    decoding rows, in decode steps (`prefill_pace`; None: a fixed token budget).
     """
     if kind not in ENGINE_KINDS:
         raise InputError(f"unknown engine kind {kind!r}; use one of {', '.join(ENGINE_KINDS)}.")
@@ -73,6 +85,7 @@ def make_engine(
             spec_max_rows=SPEC_MAX_ROWS if spec_max_rows is None else spec_max_rows,
             spec_max_tokens=SPEC_MAX_TOKENS if spec_max_tokens is None else spec_max_tokens,
             kv_space=kv_space,
+            prefill_stall=prefill_stall,
         )
     from specport.runtime.engine.serial import SerialEngine
 

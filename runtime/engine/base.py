@@ -180,11 +180,24 @@ class QueueIntake:
             self._intake.put(handle)
         return handle
 
+    def queued(self) -> int:
+        """Requests submitted and not yet running (cheap: the server asks on every request)."""
+        return self._intake.qsize()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
 
 class Engine(Protocol):
     """Thread-safe request intake over one model. `close()` finishes or cancels what is queued."""
 
     def submit(self, request: Request) -> RequestHandle: ...
+
+    def queued(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
 
     def close(self) -> None: ...
 

@@ -19,7 +19,9 @@ hit), then `prefill_plan.groups` cuts the rows where a separate run costs less t
 padding it saves. A row that already holds KV (a prefix-cache hit, a long prompt's later
 chunk) joins a group only on graphs that take batched multi-token steps; on older exports it
 runs alone. While rows decode a round prefills at most `prefill_budget` prompt tokens (oldest
-requests first, chunks of at most `prefill_chunk` per prompt) so their streams keep flowing;
+requests first, chunks of at most `prefill_chunk` per prompt), and only as many as keep the
+decoding rows' next token within `prefill_stall` decode steps by the measured costs
+(`prefill_pace`), so their streams keep flowing while a long prompt goes in by pieces;
 when none decodes, every admitted prompt is prefilled before the first decode step (groups of
 at most `GROUP_TOKENS` padded tokens), as vLLM's scheduler fills a step with prefills up to
 its token budget.
@@ -57,6 +59,7 @@ from specport.runtime.engine.base import (
 )
 from specport.runtime.engine.kv_budget import KVBudget, default_kv_space, plan_rows, token_bytes
 from specport.runtime.engine.logprobs import token_logprobs
+from specport.runtime.engine.prefill_pace import STALL, PrefillPace
 from specport.runtime.engine.prefix_cache import PrefixCache
 from specport.runtime.engine.speculation import (
     SPEC_MAX_ROWS,
@@ -128,13 +131,16 @@ class BatchingEngine(QueueIntake):
         spec_max_rows: int = SPEC_MAX_ROWS,
         spec_max_tokens: int = SPEC_MAX_TOKENS,
         kv_space: int | None = None,
+        prefill_stall: float | None = STALL,
     ) -> None:
         """`max_batch`: KV rows (None: as many as `kv_budget.plan_rows` reserves; requests are
         then admitted by `kv_space` bytes of KV, default `kv_budget.default_kv_space`).
         `text_thread`: detokenize on a thread of its own (None: only with a core to spare
         beside onnxruntime's threads; on 2 cores / 2 threads it cost single-request decode 5%).
         `speculative`, `num_draft`, `draft` (a Model or path), `spec_max_rows`: see
-        `EngineSpeculation`."""
+        `EngineSpeculation`. `prefill_stall`: while rows decode, a round prefills the prompt
+        tokens whose measured cost delays their next token by at most this many decode steps
+        in all (`prefill_pace`; None: `prefill_budget` tokens a round, whatever they cost)."""
         manifest = model.manifest
         if manifest.kv.layout != "shared":
             raise ArtifactError(
@@ -147,6 +153,8 @@ class BatchingEngine(QueueIntake):
             raise InputError("max_batch and prefill_chunk must be at least 1.")
         if prefill_budget is not None and prefill_budget < 1:
             raise InputError("prefill_budget must be at least 1.")
+        if prefill_stall is not None and not prefill_stall > 1:
+            raise InputError(f"prefill_stall must be above 1, got {prefill_stall}.")
         if kv_space is not None and kv_space < 1:
             raise InputError("kv_space must be a positive number of bytes.")
         limit = min(manifest.context_length, manifest.kv.max_length or manifest.context_length)
@@ -155,6 +163,7 @@ class BatchingEngine(QueueIntake):
         self.budget = KVBudget(kv_space or default_kv_space(), token_bytes(manifest))
         self.model, self.max_batch, self.prefill_chunk = model, max_batch, prefill_chunk
         self.prefill_budget = prefill_budget or PREFILL_BUDGET
+        self.pace = PrefillPace(prefill_stall)
         self.vocab = manifest.vocab_size
         self.eos = frozenset(int(e) for e in manifest.eos_token_ids)
         if speculative == "mtp":
@@ -212,6 +221,10 @@ class BatchingEngine(QueueIntake):
         self._worker.join()
         self.text.close()
 
+    def queued(self) -> int:
+        """Requests submitted and not yet given a KV row (waiting for a row or for KV space)."""
+        return len(self.waiting) + self._intake.qsize()
+
     def stats(self) -> dict[str, float | int]:
         c = dict(self.counters)
         steps = max(c["decode_steps"], 1)
@@ -220,7 +233,7 @@ class BatchingEngine(QueueIntake):
             **c,
             **self.cache.stats(),
             "running": busy,
-            "waiting": len(self.waiting) + self._intake.qsize(),
+            "waiting": self.queued(),
             "max_batch": self.max_batch,
             "max_length": self.max_length,
             "kv_bytes": self.kv_bytes,
@@ -360,11 +373,13 @@ class BatchingEngine(QueueIntake):
         """Prefill admitted prompts in groups of consecutive rows, one run per group
         (`prefill_plan.groups`), first tokens out as each group's run ends: a chunk of at most
         `prefill_chunk` tokens per prompt, at most `prefill_budget` prompt tokens per round
-        while rows decode (oldest requests first), every prompt whole while none does (groups
-        of at most `GROUP_TOKENS` padded tokens)."""
+        while rows decode (fewer where `self.pace` measures them too costly; oldest requests
+        first), every prompt whole while none does (groups of at most `GROUP_TOKENS` padded
+        tokens)."""
         decoding = any(job is not None and job.decoding for job in self.rows)
+        paced = self.pace.budget(self.prefill_budget) if decoding else None
         while True:
-            budget = self.prefill_budget if decoding else None
+            budget = paced
             chosen: list[tuple[BatchJob, int]] = []  # (request, prompt tokens it runs now)
             for job in sorted((j for j in self.rows if j is not None), key=_created):
                 if job.decoding:
@@ -381,7 +396,7 @@ class BatchingEngine(QueueIntake):
             self._order_new_rows(chosen)
             jobs = {job.row: job for job, _ in chosen}
             plan = [prefill_plan.Chunk(j.row, int(self.kv.lengths[j.row]), n) for j, n in chosen]
-            cap = self.prefill_budget if decoding else max(GROUP_TOKENS, self.prefill_chunk)
+            cap = paced if paced is not None else max(GROUP_TOKENS, self.prefill_chunk)
             groups = prefill_plan.groups(plan, cap, self.max_length, self.batched_steps)
             # the round's groups all run now: the cheapest first, for the most first tokens soonest
             groups.sort(
@@ -424,6 +439,7 @@ class BatchingEngine(QueueIntake):
         for i, (job, c) in enumerate(zip(jobs, group)):
             ids[i, : c.n] = job.prompt[job.done : job.done + c.n]
         lengths = np.array([c.n for c in group], dtype=np.int64)
+        t0 = time.perf_counter()
         try:
             out = self.kv.prefill_rows(group[0].row, ids, lengths)
         except Exception as exc:
@@ -431,6 +447,7 @@ class BatchingEngine(QueueIntake):
             for job in jobs:
                 self._end(job, "error", f"prefill failed: {type(exc).__name__}: {exc}")
             return
+        self.pace.observe_prefill(ids.size, time.perf_counter() - t0)
         self.counters["prefill_runs"] += 1
         self.counters["prefill_padded_tokens"] += ids.size
         for i, (job, c) in enumerate(zip(jobs, group)):
@@ -530,6 +547,8 @@ class BatchingEngine(QueueIntake):
         self.decode_seconds += elapsed
         spec = self.spec
         if not alone:
+            if width == 1:
+                self.pace.observe_decode(elapsed)
             if spec is not None and spec.cost is not None:
                 spec.cost.observe(batch * width, elapsed, verify=width > 1)
             if width > 1 and spec is not None:

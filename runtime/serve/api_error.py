@@ -20,8 +20,10 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers  # e.g. Retry-After on an overloaded server's 503
         self.status = status
         self.message = message
         self.param = param

@@ -7,7 +7,10 @@ through `bridge.merged_events` (no thread per request, no polling).
 
 Every failure becomes an OpenAI error body with a status (400 bad input, 401 bad key, 404/405
 routing, 408 a body that stalls, 413 an oversized body, 431 oversized headers, 500 engine
-error, 503 engine closed): nothing a client sends can stop the server or show a traceback. A
+error, 503 a full queue, a shutdown or a closed engine (with Retry-After), 504 past the
+request timeout): nothing a client sends can stop the server or show a traceback. `/ready`
+tells a load balancer whether new requests are taken (503 while the queue is full or the
+server drains; the port opens only once the model is loaded). A
 client that goes away (mid-stream, or while waiting for a whole answer) has its requests
 cancelled, so the engine stops working for nobody.
 """
@@ -29,6 +32,7 @@ from specport.runtime.serve.api_error import APIError, error_body
 from specport.runtime.serve.generate import generate
 from specport.runtime.serve.guard import ClientTimeouts, read_body
 from specport.runtime.serve.metrics import Metrics
+from specport.runtime.serve.openapi import openapi_document
 from specport.runtime.serve.protocol import parse_chat, parse_completion, parse_json_body
 from specport.runtime.serve.responses import TokenText, model_card, models_list
 from specport.runtime.serve.served import ServedModel
@@ -48,6 +52,7 @@ def make_app(model: Any, engine: Engine, settings: ServeSettings | None = None) 
         engine_max_length=getattr(engine, "max_length", None),
         logprobs=bool(getattr(engine, "logprobs", True)),
         speculative=bool(getattr(engine, "speculative", None)),
+        max_tokens=settings.max_tokens,
     )
     if settings.chat_template is not None and model.tokenizer is None:
         raise InputError(
@@ -81,6 +86,22 @@ def _routes(app: FastAPI, state: AppState) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": served.name, **state.stats()}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """For a load balancer: 200 while new requests are taken, else 503 and why."""
+        why = state.not_ready()
+        if why is None:
+            return JSONResponse({"status": "ready", "queued": state.queued()})
+        return JSONResponse(
+            {"status": "not ready", "reason": why},
+            status_code=503,
+            headers={"Retry-After": str(state.settings.retry_after_s)},
+        )
+
+    @app.get("/openapi.json")
+    async def openapi() -> dict[str, Any]:
+        return openapi_document()
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -119,16 +140,18 @@ def _routes(app: FastAPI, state: AppState) -> None:
 
 
 def _handlers(app: FastAPI, state: AppState) -> None:
-    routes = "/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics"
+    routes = "/v1/models, /v1/completions, /v1/chat/completions, /health, /ready, /metrics"
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         state.counters["errors"] += 1
         if exc.status >= 500:
             logger.error("%s %s: %s", request.method, request.url.path, exc.message)
-        headers = {"Connection": "close"} if exc.status in (408, 413, 431) else None
+        headers = dict(exc.headers or {})
+        if exc.status in (408, 413, 431):
+            headers["Connection"] = "close"
         log_access(request, exc.status, None)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

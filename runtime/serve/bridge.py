@@ -23,10 +23,13 @@ def _waker(loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> Callable[[],
     return fire
 
 
-async def merged_events(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, Event]]:
+async def merged_events(
+    handles: Sequence[RequestHandle], deadline: float | None = None
+) -> AsyncIterator[tuple[int, Event]]:
     """(choice index, event) from all `handles` as they arrive, until every one has finished.
 
-    Cancelling the consumer (client gone) leaves the handles as they are: the caller cancels
+    `deadline` (the loop's clock): past it, `asyncio.TimeoutError` is raised instead of
+    waiting on. Cancelling the consumer (client gone) leaves the handles as they are: the caller cancels
     them (see app.py), so the engine stops working for nobody."""
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
@@ -45,14 +48,27 @@ async def merged_events(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple
                     open_.discard(i)
                     break
         if open_ and not got:
-            await wake.wait()
+            await _wait(wake, loop, deadline)
 
 
-async def first_output(handle: RequestHandle) -> None:
-    """Wait (without taking any event) until `handle` has produced a token or finished."""
+async def first_output(handle: RequestHandle, deadline: float | None = None) -> None:
+    """Wait (without taking any event) until `handle` has produced a token or finished
+    (`asyncio.TimeoutError` past `deadline`)."""
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
     handle.add_listener(_waker(loop, wake))
     while handle.first_token_at is None and not handle.done:
-        await wake.wait()
+        await _wait(wake, loop, deadline)
         wake.clear()
+
+
+async def _wait(
+    wake: asyncio.Event, loop: asyncio.AbstractEventLoop, deadline: float | None
+) -> None:
+    if deadline is None:
+        await wake.wait()
+        return
+    left = deadline - loop.time()
+    if left <= 0:
+        raise asyncio.TimeoutError
+    await asyncio.wait_for(wake.wait(), left)  # asyncio.TimeoutError when it passes

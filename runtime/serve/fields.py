@@ -17,6 +17,8 @@ from specport.runtime.serve.schemas import _Sampling
 from specport.runtime.serve.served import ServedModel
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_LOGIT_BIAS = 300  # token ids one request may bias (each costs the sampler every step)
 
 
 _REFUSED = {
@@ -49,6 +51,12 @@ def sampling_config(req: _Sampling, vocab: int) -> SamplingConfig:
             400, f"temperature must be >= 0 (0 = greedy), got {temperature}", param="temperature"
         )
     bias: dict[int, float] = {}
+    if len(req.logit_bias or {}) > MAX_LOGIT_BIAS:
+        raise APIError(
+            400,
+            f"logit_bias may bias at most {MAX_LOGIT_BIAS} tokens, got {len(req.logit_bias or {})}",
+            param="logit_bias",
+        )
     for key, value in (req.logit_bias or {}).items():
         try:
             token = int(key)
@@ -93,6 +101,10 @@ def stop_strings(req: _Sampling) -> tuple[str, ...]:
     if req.stop is None:
         return ()
     stops = [req.stop] if isinstance(req.stop, str) else req.stop
+    if len(stops) > MAX_STOP:
+        raise APIError(
+            400, f"stop may hold at most {MAX_STOP} strings, got {len(stops)}", param="stop"
+        )
     if not all(stops):
         raise APIError(
             400,

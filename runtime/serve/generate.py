@@ -68,27 +68,71 @@ def _submit(state: AppState, requests: list[EngineRequest]) -> list[RequestHandl
     return handles
 
 
+def _refuse_when_full(state: AppState) -> None:
+    """503 with Retry-After while the server takes no new requests (`AppState.not_ready`):
+    a full queue would only make every waiting client's answer later."""
+    why = state.not_ready()
+    if why is None:
+        return
+    wait = state.settings.retry_after_s
+    state.counters["refused"] += 1
+    state.metrics.refused.labels(state.metrics.model).inc()
+    raise APIError(
+        503,
+        f"the server takes no new requests now: {why}; retry in {wait} s",
+        type="service_unavailable",
+        code="server_overloaded",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+def _timeout_error(state: AppState) -> APIError:
+    state.counters["timeouts"] += 1
+    state.metrics.timed_out.labels(state.metrics.model).inc()
+    return APIError(
+        504,
+        f"the request took longer than this server's request timeout of "
+        f"{state.settings.request_timeout_s:g} s (--request-timeout), queueing included; "
+        "ask for fewer tokens or retry later",
+        type="timeout_error",
+        code="request_timeout",
+    )
+
+
 async def generate(
     request: Request, state: AppState, route: str, parsed: ParsedRequest
 ) -> Response:
+    _refuse_when_full(state)
     record = RequestRecord(parsed.request_id, route, len(parsed.prompt_ids), n=len(parsed.requests))
+    timeout = state.settings.request_timeout_s
+    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     handles = _submit(state, parsed.requests[:1])
     if len(parsed.requests) > 1:
         # The other choices start once the first has prefilled the prompt: the batching
         # engine's prefix cache then copies its KV instead of prefilling it n times.
-        await first_output(handles[0])
+        try:
+            await first_output(handles[0], deadline)
+        except asyncio.TimeoutError:
+            handles[0].cancel()
+            log_access(request, 504, record)
+            raise _timeout_error(state) from None
         handles += _submit(state, parsed.requests[1:])
     state.counters["requests"] += 1
     state.metrics.started(record)
     if parsed.stream:
         return _ClosingStream(
-            _stream(request, state, parsed, handles, record),
+            _stream(request, state, parsed, handles, record, deadline),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Request-Id": parsed.request_id},
         )
     state.counters["active"] += 1
     try:
-        choices = await _whole(request, state, handles, record)
+        choices = await _whole(request, state, handles, record, deadline)
+    except asyncio.TimeoutError:
+        _abandon(state, handles, record, "request timeout")
+        state.metrics.finished(record)
+        log_access(request, 504, record)
+        raise _timeout_error(state) from None
     finally:
         state.counters["active"] -= 1
     if choices is None:  # the client left; nobody reads this
@@ -122,13 +166,18 @@ async def _until_disconnect(request: Request) -> None:
 
 
 async def _whole(
-    request: Request, state: AppState, handles: list[RequestHandle], record: RequestRecord
+    request: Request,
+    state: AppState,
+    handles: list[RequestHandle],
+    record: RequestRecord,
+    deadline: float | None,
 ) -> list[Choice] | None:
-    """Collect every choice; None (and the handles cancelled) if the client leaves first."""
+    """Collect every choice; None (and the handles cancelled) if the client leaves first;
+    `asyncio.TimeoutError` past `deadline`."""
     choices = [Choice() for _ in handles]
 
     async def collect() -> None:
-        async for i, ev in merged_events(handles):
+        async for i, ev in merged_events(handles, deadline):
             record.observe(ev)
             _add(choices[i], ev)
 
@@ -162,8 +211,11 @@ def _add(choice: Choice, ev: Event) -> None:
         choice.finish = ev.finish_reason
 
 
-def _abandon(state: AppState, handles: list[RequestHandle], record: RequestRecord) -> None:
-    """The client left: cancel its requests once, so the engine stops working for nobody."""
+def _abandon(
+    state: AppState, handles: list[RequestHandle], record: RequestRecord, why: str = "client left"
+) -> None:
+    """The client left (or the request timed out): cancel its requests once, so the engine
+    stops working for nobody."""
     cancelled = False
     for handle in handles:
         if not handle.cancelled and not handle.done:
@@ -172,7 +224,18 @@ def _abandon(state: AppState, handles: list[RequestHandle], record: RequestRecor
     if cancelled:
         state.counters["cancelled"] += 1
         record.finish = "cancelled"
-        logger.info("client left; cancelled request %s", record.request_id)
+        logger.info("%s; cancelled request %s", why, record.request_id)
+
+
+async def _until(
+    events: AsyncIterator[tuple[int, Event]],
+) -> AsyncIterator[tuple[int, Event | None]]:
+    """`events`, then (-1, None) if they ran past their deadline."""
+    try:
+        async for item in events:
+            yield item
+    except asyncio.TimeoutError:
+        yield -1, None
 
 
 def _sse(body: dict[str, Any]) -> bytes:
@@ -185,9 +248,10 @@ async def _stream(
     parsed: ParsedRequest,
     handles: list[RequestHandle],
     record: RequestRecord,
+    deadline: float | None,
 ) -> AsyncIterator[bytes]:
     """The SSE body. Starlette cancels this generator when the client disconnects; `finally`
-    then cancels the engine requests."""
+    then cancels the engine requests. Past `deadline` the stream ends with an error event."""
     served, names = state.served, state.names
     created = int(time.time())
     offsets = [0] * len(handles)
@@ -202,7 +266,13 @@ async def _stream(
             for i in range(len(handles)):
                 offsets[i] = len(echo)
                 yield _sse(stream_chunk(parsed, served, created, i, text=echo))
-        async for i, ev in merged_events(handles):
+        async for i, ev in _until(merged_events(handles, deadline)):
+            if ev is None:  # past the deadline
+                status = 504
+                error = _timeout_error(state)
+                _abandon(state, handles, record, "request timeout")
+                yield _sse(error_body(error.message, error.type, code="504"))
+                break
             record.observe(ev)
             if ev.finish_reason in ("error", "cancelled"):
                 status = 500 if ev.finish_reason == "error" else 503

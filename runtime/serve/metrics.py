@@ -127,6 +127,18 @@ class Metrics:
             buckets=E2E_BUCKETS,
             registry=r,
         )
+        self.refused = Counter(
+            "specport:requests_refused",
+            "Requests answered 503 because the queue was full or the server was draining.",
+            labels,
+            registry=r,
+        )
+        self.timed_out = Counter(
+            "specport:requests_timed_out",
+            "Requests cancelled and answered 504 past the request timeout.",
+            labels,
+            registry=r,
+        )
         r.register(_EngineCollector(model_name, engine))
 
     def started(self, record: RequestRecord) -> None:

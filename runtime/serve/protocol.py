@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_N = 16  # choices per request (each holds a KV row)
+MAX_JSON_DEPTH = 64  # nesting of a request body (a JSON schema for structured output included)
 
 
 @dataclass
@@ -76,14 +78,48 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object: strict JSON (no NaN / Infinity), nested at most
+    `MAX_JSON_DEPTH` levels (deeper bodies are refused before they reach the parser's
+    recursion limit)."""
     try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"the request body is not valid UTF-8: {e}") from None
+    if _deeper_than(text, MAX_JSON_DEPTH):
+        raise APIError(
+            400,
+            f"the request body is nested more than {MAX_JSON_DEPTH} levels deep; this server "
+            f"accepts at most {MAX_JSON_DEPTH}",
+        )
+    try:
+        body = json.loads(text, parse_constant=_no_constant)
+    except (json.JSONDecodeError, ValueError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     return body
+
+
+def _deeper_than(text: str, limit: int) -> bool:
+    """Whether [ and { nest deeper than `limit` in JSON text (brackets in strings not counted)."""
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif token in "]}":
+            depth -= 1
+    return False
+
+
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 def _validate(model: type[_Sampling], body: dict[str, Any]) -> Any:
@@ -171,10 +207,19 @@ def _finish(
         name = "max_completion_tokens"
         max_tokens = req.max_completion_tokens
     room = context - len(ids)
+    cap = served.max_tokens
     if max_tokens is None:
-        max_tokens = min(default_max, room) if default_max is not None else room
+        default = min(x for x in (default_max, cap, room) if x is not None)
+        max_tokens = default
     if max_tokens < 1:
         raise APIError(400, f"{name} must be at least 1, got {max_tokens}", param=name)
+    if cap is not None and max_tokens > cap:
+        raise APIError(
+            400,
+            f"{name}={max_tokens} is over this server's limit of {cap} new tokens per "
+            f"request (--max-tokens); ask for at most {cap}",
+            param=name,
+        )
     if max_tokens > room:
         raise APIError(
             400,

@@ -142,7 +142,8 @@ def describe(error: ValidationError) -> tuple[str, str | None]:
         "model_type": "an object",
         "literal_error": first.get("ctx", {}).get("expected", "one of the documented values"),
     }.get(kind)
-    path = ".".join(p for p in loc if p not in ("str", "int", "list[int]", "list[str]"))
+    # pydantic names the union member it tried in the location ("str", "dict[str,any]"): drop it
+    path = ".".join(p for p in loc if p not in ("str", "int", "bool", "float") and "[" not in p)
     if words is not None:
         return f"{path} must be {words}, got {value!r}", field
     return f"{path}: {first['msg']}", field

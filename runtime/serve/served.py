@@ -23,6 +23,7 @@ class ServedModel:
     engine_max_length: int | None = None  # KV positions per request the engine reserves
     logprobs: bool = True  # the engine reports logprobs (both of ours do)
     speculative: bool = False  # the serial engine decodes speculatively (grammars: greedy only)
+    max_tokens: int | None = None  # the operator's default and cap (`serve --max-tokens`)
     _grammars: Any = None
 
     def grammars(self) -> Any:

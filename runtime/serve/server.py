@@ -81,6 +81,9 @@ class _Uvicorn(uvicorn.Server):
         super().handle_exit(sig, frame)
 
     def start_drain(self) -> None:
+        state = getattr(getattr(self.app, "state", None), "specport", None)
+        if state is not None:
+            state.draining = True  # /ready answers 503 from now on, new requests too
         if self._deadline is None:
             self._deadline = threading.Timer(self.drain_s, self._expire)
             self._deadline.daemon = True

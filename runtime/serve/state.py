@@ -24,6 +24,8 @@ access_logger = logging.getLogger("specport.serve.access")
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a full 128k-token id list is ~1 MB of JSON
 MAX_HEADER_BYTES = 64 * 1024
+MAX_QUEUE = 256  # requests waiting for a KV row before new ones are refused (503)
+RETRY_AFTER_S = 1  # what a refused client is told to wait (seconds)
 
 
 @dataclass
@@ -38,6 +40,10 @@ class ServeSettings:
     max_header_bytes: int = MAX_HEADER_BYTES
     body_timeout_s: float = 30.0  # a request body must arrive within this
     send_timeout_s: float = 60.0  # a client must take each piece of an answer within this
+    max_tokens: int | None = None  # default new tokens for requests that give none, and a cap
+    max_queue: int = MAX_QUEUE  # queued (not yet running) requests; more are refused (503)
+    request_timeout_s: float | None = None  # a request's whole time, queue included; then 504
+    retry_after_s: int = RETRY_AFTER_S  # the Retry-After of a refusal for overload
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -52,10 +58,27 @@ class AppState:
     metrics: Metrics
     names: TokenText
     counters: dict[str, int] = field(
-        default_factory=lambda: {"requests": 0, "errors": 0, "cancelled": 0, "active": 0}
+        default_factory=lambda: dict.fromkeys(
+            ("requests", "errors", "cancelled", "active", "refused", "timeouts"), 0
+        )
     )
     # engine requests not yet finished, so a shutdown past its drain timeout can end them
     handles: weakref.WeakSet[RequestHandle] = field(default_factory=weakref.WeakSet)
+    draining: bool = False  # the server is shutting down: not ready, takes no new requests
+
+    def not_ready(self) -> str | None:
+        """Why a load balancer should send this server no new request now (None: ready)."""
+        if self.draining:
+            return "the server is shutting down"
+        if getattr(self.engine, "closed", False):  # engines from before `closed` / `queued`
+            return "the engine is closed"
+        queued = self.queued()
+        if queued >= self.settings.max_queue:
+            return (
+                f"the queue is full: {queued} requests wait for a KV row "
+                f"(--max-queue {self.settings.max_queue})"
+            )
+        return None
 
     def cancel_in_flight(self) -> int:
         """Cancel every engine request still running or queued (any thread); how many.
@@ -68,6 +91,10 @@ class AppState:
                 handle.cancel()
                 n += 1
         return n
+
+    def queued(self) -> int:
+        queued = getattr(self.engine, "queued", None)
+        return int(queued()) if queued is not None else 0
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)

@@ -25,18 +25,27 @@ from specport.runtime.engine.base import Request
 logger = logging.getLogger(__name__)
 
 
-def arrival_offsets(n: int, rate: float | None, seed: int = 0) -> list[float]:
+def arrival_offsets(
+    n: int, rate: float | None, seed: int = 0, burstiness: float = 1.0
+) -> list[float]:
     """Seconds after the start at which each of `n` requests arrives.
 
     A Poisson process of `rate` requests per second from `seed`, as benchmark_serving draws it:
-    the first request at 0, then exponential gaps. `rate` None or infinite: all at 0 (today's
-    "all at once" load). The same seed gives the same schedule, so two engines measured in turn
-    face the same arrivals."""
+    the first request at 0, then exponential gaps. `burstiness` other than 1: gamma gaps of the
+    same mean with that shape, as `vllm bench serve --burstiness` (below 1: bursts and lulls).
+    `rate` None or infinite: all at 0 (today's "all at once" load). The same seed gives the
+    same schedule, so two engines measured in turn face the same arrivals."""
     if rate is None or math.isinf(rate):
         return [0.0] * n
     if not rate > 0:  # also refuses nan
         raise InputError(f"the request rate must be > 0 requests/s (or inf), got {rate}.")
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, max(n - 1, 0))
+    if not burstiness > 0:
+        raise InputError(f"the burstiness must be > 0 (1 = Poisson), got {burstiness}.")
+    rng = np.random.default_rng(seed)
+    if burstiness == 1.0:
+        gaps = rng.exponential(1.0 / rate, max(n - 1, 0))
+    else:
+        gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), max(n - 1, 0))
     return [0.0, *np.cumsum(gaps).tolist()][:n]
 
 

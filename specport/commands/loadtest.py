@@ -65,6 +65,60 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="FLAG",
         help="--peer: extra `specport serve` flag (repeatable), e.g. --serve-arg=--max-batch=16",
     )
+    work = p.add_argument_group(
+        "open-loop workload (--rate): requests sent at their arrival times, latency and goodput"
+    )
+    work.add_argument(
+        "--rate",
+        help="comma-separated request rates per second to sweep, 'inf' = all at once (e.g. "
+        "1,2,4,inf); replaces --concurrency; answers are timed, not checked",
+    )
+    work.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="arrival gaps: 1 = Poisson (default); below 1 burstier (gamma, as vllm bench serve)",
+    )
+    work.add_argument(
+        "--prompt-len",
+        default="100:1000",
+        metavar="N|LO:HI",
+        help="prompt length in words (~tokens), drawn uniformly (default 100:1000)",
+    )
+    work.add_argument(
+        "--answer-len",
+        default="128:512",
+        metavar="N|LO:HI",
+        help="new tokens per request, drawn uniformly (default 128:512; ignore_eos is sent)",
+    )
+    work.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help='prompts from FILE instead: one per line, or .jsonl with {"prompt", "max_tokens"}',
+    )
+    work.add_argument(
+        "--shared-prefix",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of the shortest prompt that every prompt starts with (0..1, default 0)",
+    )
+    work.add_argument(
+        "--max-concurrency", type=POSITIVE, default=None, help="requests in flight at most"
+    )
+    work.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        default=2000.0,
+        help="goodput objective: time to first token at most this (default 2000)",
+    )
+    work.add_argument(
+        "--slo-tpot-ms",
+        type=float,
+        default=None,
+        help="goodput objective: time per output token at most this (default: none)",
+    )
+    work.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--out", help="also write the table (markdown) to this new file")
     p.add_argument(
         "--plot",
@@ -87,7 +141,19 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _rates(text: str) -> list[float | None]:
+    try:
+        rates = [float(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        rates = []
+    if not rates or not all(r > 0 for r in rates):
+        raise UsageError(f"--rate takes rates > 0 (or inf) separated by commas, got {text!r}.")
+    return [None if r == float("inf") else r for r in rates]
+
+
 def _check(args: argparse.Namespace) -> None:
+    if args.rate and (args.peer or args.faults or args.plot):
+        raise UsageError("--rate runs against a URL, without --peer, --faults or --plot.")
     if args.peer:
         if not (args.artifact and args.gguf) or args.url:
             raise UsageError("--peer needs --artifact and --gguf, and no URL.")
@@ -107,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
 
     levels = _levels(args.concurrency)
     _check(args)
+    if args.rate:
+        return _run_rates(args)
     plot = None
     if args.plot:
         from specport.bench.plot import check_plot_path
@@ -158,6 +226,54 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         if plot is not None:
             print(f"chart: {plot}")
+    return 0
+
+
+def _run_rates(args: argparse.Namespace) -> int:
+    from specport.bench import workload
+
+    rates = _rates(args.rate)
+    plan = workload.Plan(
+        args.requests,
+        workload.length_range(args.prompt_len, "--prompt-len"),
+        workload.length_range(args.answer_len, "--answer-len"),
+        args.shared_prefix,
+        args.burstiness,
+        args.prompts,
+        args.seed,
+    )
+
+    def make(rate: float | None) -> list[Any]:
+        return workload.build(
+            plan.requests, rate, plan.prompt_len, plan.answer_len,
+            shared_prefix=plan.shared_prefix, burstiness=plan.burstiness,
+            prompts_file=plan.prompts_file, seed=plan.seed,
+        )  # fmt: skip
+
+    make(rates[0])  # a bad --prompts file or share is an error before any request
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    rows = asyncio.run(
+        workload.sweep(
+            args.url, args.model, args.api_key, rates, make, args.max_concurrency,
+            args.slo_ttft_ms, args.slo_tpot_ms,
+        )
+    )  # fmt: skip
+    load = os.getloadavg()
+    slo = f"TTFT <= {args.slo_ttft_ms:g} ms" + (
+        f", TPOT <= {args.slo_tpot_ms:g} ms" if args.slo_tpot_ms else ""
+    )
+    title = (
+        f"{args.url} model {args.model}; {plan.title()}; goodput objective {slo}; load "
+        f"average after the run {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    text = title + "\n\n" + workload.table(rows)
+    if args.out:
+        with open(args.out, "x", encoding="utf-8") as f:  # never overwrite a user's file
+            f.write(text + "\n")
+    if args.json:
+        emit_json({"title": title, "rows": rows})
+    else:
+        print(text)
     return 0
 
 

@@ -56,6 +56,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "context); the batching engine holds max-batch x this many positions in memory",
     )
     p.add_argument(
+        "--prefill-stall",
+        type=float,
+        default=6.0,
+        metavar="X",
+        help="batching engine: while requests decode, a round prefills only the prompt tokens "
+        "whose measured cost keeps the running streams' gap between tokens within X times their "
+        "usual gap (default 6; 0 = a fixed 512 tokens a round, as vLLM's token budget)",
+    )
+    p.add_argument(
         "--engine",
         choices=["auto", "serial", "batching"],
         default="auto",
@@ -125,6 +134,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="on Ctrl-C / SIGTERM, seconds requests in flight get to finish; those still running "
         "then get a 503 error (SSE: an error event) and the server exits 0",
     )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="new tokens per request: the default for requests that give no max_tokens, and the "
+        "most one may ask for (more is refused with 400); default: OpenAI's (16 for "
+        "/v1/completions, the rest of the context for chat) and no cap",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        metavar="N",
+        help="requests waiting for a KV row; beyond this new ones get 503 with Retry-After and "
+        "/ready answers 503 (default 256)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a request may take, queueing included; then it is cancelled and answered "
+        "504 (a stream: an error event) (default: none)",
+    )
     p.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
     p.add_argument(
         "--replicas",
@@ -171,6 +205,16 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
     if args.client_timeout <= 0 or args.drain_timeout < 0:
         raise InputError("--client-timeout must be positive and --drain-timeout not negative")
+    if args.prefill_stall != 0 and not args.prefill_stall > 1:
+        raise InputError(
+            f"--prefill-stall must be above 1 (or 0 for a fixed budget), got {args.prefill_stall}"
+        )
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise InputError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.max_queue < 1:
+        raise InputError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise InputError(f"--request-timeout must be positive, got {args.request_timeout}")
     if args.api_key is not None and not args.api_key.strip():
         raise InputError("--api-key is empty; give a key, or leave it out to serve without one")
 
@@ -196,6 +240,9 @@ def settings_from(args: argparse.Namespace) -> Any:
         max_body_bytes=args.max_body_bytes,
         body_timeout_s=args.client_timeout,
         send_timeout_s=args.client_timeout,
+        max_tokens=args.max_tokens,
+        max_queue=args.max_queue,
+        request_timeout_s=args.request_timeout,
     )
 
 
@@ -228,6 +275,7 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
         spec_max_rows=args.spec_max_rows,
         spec_max_tokens=args.spec_max_tokens,
         kv_space=kv_space_bytes(args),
+        prefill_stall=args.prefill_stall or None,
     )
     recorder = start_recording(model, args, record_largest)
     try:

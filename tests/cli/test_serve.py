@@ -36,6 +36,23 @@ def test_bad_port_exits_1(capsys, tiny_llama_artifact):
     assert "--port" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--max-tokens", "0"],
+        ["--max-queue", "0"],
+        ["--request-timeout", "-1"],
+        ["--prefill-stall", "1"],
+    ],
+    ids=lambda f: f[0],
+)
+def test_bad_serving_limits_exit_1(capsys, tiny_llama_artifact, flags):
+    """Checked before the model loads: one line naming the flag, no traceback."""
+    assert main(["serve", str(tiny_llama_artifact), *flags]) == 1
+    err = capsys.readouterr().err
+    assert flags[0] in err and "Traceback" not in err
+
+
 def _start(artifact, *extra: str) -> tuple[subprocess.Popen, dict]:
     cmd = [sys.executable, "-m", "specport", "serve", str(artifact)]
     cmd += ["--port", "0", "--threads", "1", "--model-name", "tiny", "--json", *extra]
@@ -204,6 +221,8 @@ def _load(url: str, i: int) -> tuple[str, Any]:
                 return "error", data["error"]["message"]
             tokens: list[list[int]] = [[] for _ in range(N)]
             with c.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+                if r.status_code == 503:  # sent after the drain began: refused, not started
+                    return "error", json.loads(r.read())["error"]["message"]
                 assert r.status_code == 200
                 events = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
             assert events[-1] == "[DONE]", events[-3:]

@@ -126,3 +126,55 @@ def test_killing_a_replica_fails_only_its_requests(endpoint, tiny_model):
     for _ in range(4):
         r = _complete(endpoint, [1, 2, 3], 8)
         assert r.status_code == 200
+
+
+def test_sigkill_of_a_replica_process_under_load(endpoint, tiny_model):
+    """kill -9 of one replica's process (not Ray's own kill) while 12 requests are in flight:
+    each request either gets its exact answer or fails cleanly (an HTTP error status or a
+    dropped connection, counted here), at least the other replica's succeed, and the endpoint
+    keeps serving while Ray starts a new replica."""
+    import os
+    import signal
+
+    deadline = time.monotonic() + 180  # the replica an earlier test killed is replaced
+    while True:
+        names = [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if "SERVE_REPLICA" in a["name"] and "specport" in a["name"]
+        ]
+        if len(names) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(names) == 2, names
+    for _ in range(4):  # both replicas serving
+        assert _complete(endpoint, [1, 2, 3], 8).status_code == 200
+    victim = ray.get_actor(names[0], namespace="serve")
+    pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+    prompt = [1, 8, 9, 10]
+    want = tiny_model.generate(prompt_ids=prompt, max_new_tokens=100, ignore_eos=True).tokens
+    outcomes: list[Any] = []
+
+    def one() -> None:
+        try:
+            r = _complete(endpoint, prompt, 100)
+            outcomes.append(
+                r.json()["choices"][0]["token_ids"] if r.status_code == 200 else r.status_code
+            )
+        except httpx.HTTPError as e:
+            outcomes.append(type(e).__name__)
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    os.kill(pid, signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=180)
+    ok = [o for o in outcomes if o == want]
+    failed = [o for o in outcomes if o != want]
+    assert len(outcomes) == 12 and ok, outcomes
+    assert all(isinstance(o, (int, str)) for o in failed), failed  # failed, never wrong
+    assert all(o >= 500 for o in failed if isinstance(o, int)), failed
+    for _ in range(4):
+        assert _complete(endpoint, [1, 2, 3], 8).status_code == 200
