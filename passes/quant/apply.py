@@ -5,8 +5,12 @@ Schemes:
   w4a8   same weights, MatMulNBits accuracy_level=4 (int8 activations inside the kernel)
   w8a16  8-bit blockwise weights, MatMulNBits
   w8a8   int8 weights + int8 activations, SmoothQuant; form matmulnbits (default: MatMulNBits
-         8-bit accuracy_level 4, dynamic per-block activations), dynamic
+         8-bit blocks of 64, accuracy_level 4, dynamic per-row-and-block activations), dynamic
          (DynamicQuantizeMatMul) or qdq (static per-tensor activations)
+The int8-activation schemes also pad every attention run to two query rows
+(passes/pad_attention_rows.py), so a verify run computes each token as a one-token step does,
+and record whether the graph is row-invariant (`quant.token_exact_speculation`,
+passes/quant/row_invariance.py): then greedy speculation keeps plain greedy's tokens.
 Both KV layouts: a `shared` artifact is quantized as it is (calibration runs the shared graph),
 so the quantized model keeps the IO-bound decode loop; its int8 KV cache lives in
 GroupQueryAttention's in-place buffers (passes/quant/kv_cache_shared.py).
@@ -43,6 +47,7 @@ from specport.eval_record import EVAL_KEY, SOURCE_EVAL_KEY, source_eval_for_quan
 from specport.interop.files import write_artifact_manifest
 from specport.passes.base import PassResult
 from specport.passes.mtp_graphs import write_mtp_graphs
+from specport.passes.pad_attention_rows import PadAttentionRowsPass
 from specport.passes.quant import calibration as C
 from specport.passes.quant.checks import (
     check_kv_layout,
@@ -57,10 +62,13 @@ from specport.passes.quant.mixed import plan_mixed_precision
 from specport.passes.quant.npu import npu_qdq_pass
 from specport.passes.quant.ort_baseline import run_ort_baseline
 from specport.passes.quant.ort_check import integer_kernel_summary
+from specport.passes.quant.row_invariance import token_exact_report
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 
 logger = logging.getLogger(__name__)
+
+INT8_ACTIVATION_SCHEMES = ("w4a8", "w8a8")
 
 Progress = Callable[[str, int, int], None]
 
@@ -119,7 +127,9 @@ def quantize_artifact(
     """
     src_p, out_p = Path(src), Path(out)
     if group_size is None:
-        group_size = 128 if scheme == "w8a8" else 32
+        # w8a8: 8-bit blocks of 64, the largest whose int8 kernel computes a token the same in
+        # a one-token step and a verify run (row_invariance.py); 128 was 1.0x the speed
+        group_size = 64 if scheme == "w8a8" else 32
     if lm_head_bits is None and scheme == "w4a8" and not algo.startswith("ort-"):
         lm_head_bits = "auto"  # 4 or 8 bits by measured cost and effect (passes/quant/head.py)
     if lm_head_bits is None:
@@ -158,6 +168,7 @@ def quantize_artifact(
     accuracy_level = 4 if scheme == "w4a8" else None
     reports: list[dict[str, Any]] = []
     per_layer: dict[str, Any] = {}
+    exact: dict[str, Any] | None = None  # int8 activations: can speculation keep the tokens?
     manifest_head: dict[str, Any] | None = None  # auto's decision and what it measured
     with atomic_artifact_dir(out_p) as tmp:
         if algo.startswith("ort-"):
@@ -233,6 +244,10 @@ def quantize_artifact(
                     float_layers=kv_float_layers,
                 )
                 reports.append(kv_report)
+            if scheme in INT8_ACTIVATION_SCHEMES:
+                # verify runs and one-token steps must round alike (pad_attention_rows.py)
+                reports.append(PadAttentionRowsPass()(model).report)
+                exact = token_exact_report(model)
             if progress:
                 progress("writing the quantized graph", 0, 1)
             ir.save(model, tmp / manifest.model_file, external_data=DATA_NAME)
@@ -258,6 +273,7 @@ def quantize_artifact(
             "symmetric": symmetric,
             "embedding_bits": embedding_bits,
             "mixed_precision": mixed_precision,
+            **({"token_exact_speculation": exact} if exact is not None else {}),
             "layers": {
                 k: v.get("bits") if isinstance(v, dict) else v for k, v in per_layer.items()
             },

@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         choices=[16, 32, 64, 128, 256],
-        help="block size along K (default 32; 128 for w8a8)",
+        help="block size along K (default 32; 64 for w8a8; int8-activation schemes keep speculation token-exact up to 32 at 4 bits, 64 at 8)",
     )
     p.add_argument(
         "--algo",
