@@ -60,8 +60,12 @@ def main(argv: list[str] | None = None) -> None:
                 for g, w in zip(got, plain)
                 if g != w
             ]
-            where = f", first difference at token {statistics.median(first):.0f} (median)"
-            print(f"  {name:<28} agree {agree}/{len(prompts)}{where if first else ''}")
+            where = (
+                f", first difference at token {statistics.median(first):.0f} (median)"
+                if first
+                else ""
+            )
+            print(f"  {name:<28} agree {agree}/{len(prompts)}{where}")
         print("load average", os.getloadavg())
 
 

@@ -7,10 +7,10 @@ Schemes:
   w8a8   int8 weights + int8 activations, SmoothQuant; form matmulnbits (default: MatMulNBits
          8-bit blocks of 64, accuracy_level 4, dynamic per-row-and-block activations), dynamic
          (DynamicQuantizeMatMul) or qdq (static per-tensor activations)
-The int8-activation schemes also pad every attention run to two query rows
-(passes/pad_attention_rows.py), so a verify run computes each token as a one-token step does,
-and record whether the graph is row-invariant (`quant.token_exact_speculation`,
-passes/quant/row_invariance.py): then greedy speculation keeps plain greedy's tokens.
+The int8-activation schemes record whether the graph is row-invariant (a verify run computes
+each token as a one-token step does, so greedy speculation keeps plain greedy's tokens:
+`quant.token_exact_speculation`, passes/quant/row_invariance.py); `exact_speculation` makes it
+so by padding every attention run to two query rows (passes/pad_attention_rows.py).
 Both KV layouts: a `shared` artifact is quantized as it is (calibration runs the shared graph),
 so the quantized model keeps the IO-bound decode loop; its int8 KV cache lives in
 GroupQueryAttention's in-place buffers (passes/quant/kv_cache_shared.py).
@@ -53,6 +53,7 @@ from specport.passes.quant.checks import (
     check_kv_layout,
     check_kv_options,
     check_weight_options,
+    default_group_size,
 )
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
 from specport.passes.quant.head import check_head_bits, choose_lm_head_bits, head_wide
@@ -113,6 +114,7 @@ def quantize_artifact(
     kv_granularity: str | None = None,
     kv_float_layers: Sequence[int] | str = (),
     lm_head_group_size: int | None = None,
+    exact_speculation: bool = False,
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
@@ -124,12 +126,13 @@ def quantize_artifact(
     `group_size` None: 32 for weight-only schemes, 128 for w8a8 (its MatMulNBits blocks).
     `lm_head_group_size` None: the LM head's block size by `head_group_size`'s rule (an 8-bit
     head with int8 activations takes a larger block than the body).
+    `exact_speculation` (w4a8, w8a8): pad every attention run to two query rows, so greedy
+    speculation gives plain greedy's tokens; it costs plain decoding a dummy attention row per
+    step (SmolLM2 W8A8: 1.15-1.18x CPU per token, see pad_attention_rows.py), so it is asked for.
     """
     src_p, out_p = Path(src), Path(out)
     if group_size is None:
-        # w8a8: 8-bit blocks of 64, the largest whose int8 kernel computes a token the same in
-        # a one-token step and a verify run (row_invariance.py); 128 was 1.0x the speed
-        group_size = 64 if scheme == "w8a8" else 32
+        group_size = default_group_size(scheme)
     if lm_head_bits is None and scheme == "w4a8" and not algo.startswith("ort-"):
         lm_head_bits = "auto"  # 4 or 8 bits by measured cost and effect (passes/quant/head.py)
     if lm_head_bits is None:
@@ -245,8 +248,8 @@ def quantize_artifact(
                 )
                 reports.append(kv_report)
             if scheme in INT8_ACTIVATION_SCHEMES:
-                # verify runs and one-token steps must round alike (pad_attention_rows.py)
-                reports.append(PadAttentionRowsPass()(model).report)
+                if exact_speculation:  # verify runs and one-token steps round alike
+                    reports.append(PadAttentionRowsPass()(model).report)
                 exact = token_exact_report(model)
             if progress:
                 progress("writing the quantized graph", 0, 1)

@@ -9,11 +9,11 @@ activation quantizer becomes a different rounding step now and then; over 30 lay
 moved SmolLM2-135M's logits by up to ~1 and greedy picked another token at near-ties (no
 W8A8 chat answer, 4 of 56 W4A8 ones, matched plain greedy).
 
-`specport quantize` therefore makes int8-activation graphs row-invariant (every op computes a
-token bit for bit the same in a run of one row and of several: pad_attention_rows.py,
-passes/quant/row_invariance.py) and records the verdict in `quant.token_exact_speculation`.
-Only artifacts without that verdict (quantized before it existed) or with a negative one
-(e.g. `--group-size 128` at w4a8, or the per-tensor `dynamic` form) get the warning.
+`specport quantize --exact-speculation` makes int8-activation graphs row-invariant (every op
+computes a token bit for bit the same in a run of one row and of several: pad_attention_rows.py,
+passes/quant/row_invariance.py); every int8 artifact records the verdict in
+`quant.token_exact_speculation`. Artifacts without a positive verdict get the warning, with
+its reasons.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def warn_if_not_token_exact(manifest: Any) -> None:
     logger.warning(
         "this artifact quantizes activations to int8 (%s) and a multi-token verify run does not "
         "compute exactly as one-token steps (%s): speculative greedy output equals plain greedy "
-        "up to near-ties, not token for token. Quantize it again with this specport's defaults "
-        "(or --scheme w4a16 / w8a16) for token-exact speculation.",
+        "up to near-ties, not token for token. Quantize it again with --exact-speculation (or "
+        "--scheme w4a16 / w8a16) for token-exact speculation.",
         scheme,
         why,
     )

@@ -55,7 +55,7 @@ def test_int8_matmulnbits_rows_do_not_depend_on_the_run(bits, k):
 
 @pytest.mark.slow
 def test_quantize_records_the_verdict(quant_src, calib_text, tmp_path):
-    """Defaults give a row-invariant graph; a block the int8 kernel splits by row count does not,
+    """Default blocks keep the int8 kernels row-invariant; a block they split by row count does not,
     and the verdict says which nodes and why. (The unfused tiny graph's attention is the ONNX
     Attention op, not measured: fused graphs are checked in
     tests/runtime/speculative/test_quantized_exactness.py.)"""

@@ -1,7 +1,7 @@
 """Speculation on int8-activation artifacts keeps plain greedy's tokens, bit for bit below them.
 
-`specport quantize --scheme w4a8|w8a8` makes the graph row-invariant (passes/quant/
-row_invariance.py, pad_attention_rows.py): a verify run over 1 + K tokens computes every
+`specport quantize --scheme w4a8|w8a8 --exact-speculation` makes the graph row-invariant
+(passes/quant/row_invariance.py, pad_attention_rows.py): a verify run over 1 + K tokens computes every
 position's logits and KV exactly as K + 1 one-token steps do. Checked two ways on the tiny
 Llama, for scheme x layout: the logits and KV of a verify run equal the steps' bit for bit
 (what makes the tokens equal, and what float-rounding luck cannot fake), and greedy speculative
@@ -51,8 +51,13 @@ def arts(tmp_path_factory) -> dict[str, Any]:
         base = with_tokenizer(tmp / layout, tmp / f"{layout}-tok")
         for scheme in SCHEMES:
             dst = tmp / f"{layout}-{scheme}"
-            specport.quantize(base, dst, scheme=scheme, calib_files=[calib], calib_docs=24)
+            specport.quantize(
+                base, dst, scheme=scheme, calib_files=[calib], calib_docs=24, exact_speculation=True
+            )
             out[(layout, scheme)] = dst
+        # without the option: the verdict says why speculation may leave plain greedy's tokens
+        plain = specport.quantize(base, tmp / f"{layout}-fast", scheme="w4a8", algo="rtn")
+        out[(layout, "fast")] = plain.quant["token_exact_speculation"]
     cached_export(src, tmp / "draft", kv_layout="shared", layers=1, **kw)
     out["draft"] = specport.load(tmp / "draft", threads=1)
     return out
@@ -66,6 +71,8 @@ def test_verify_run_computes_as_one_token_steps(arts, layout, scheme):
 
     path = arts[(layout, scheme)]
     assert read_manifest(path).quant["token_exact_speculation"] == {"exact": True, "reasons": []}
+    fast = arts[(layout, "fast")]
+    assert not fast["exact"] and "GroupQueryAttention without a padded" in fast["reasons"][0]
     for prompt in ([1, 5, 6, 7, 8, 9, 10, 11], [1, 200, 3]):
         report = compare(path, prompt, tokens=5, threads=1)
         assert report["origins"] == [] and report["differs"] == {}, report["origins"][:3]
