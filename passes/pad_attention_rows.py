@@ -79,22 +79,22 @@ class PadAttentionRowsPass(Pass):
             key = tuple(id(_input(node, i)) for i in (_SEQLENS, _TOTAL, _QUERY_SEQLENS))
             if key not in cache:  # once per run, before the first attention
                 cache[key] = _lengths(tape, node, shared)
-            steps, seqlens, total, qlens, extra_total, step_total = cache[key]
+            steps, seqlens, total, qlens, extra_total, step_total, rows = cache[key]
+            row_pads = tape.op(
+                "Concat", [_i64(tape, [0, 0, 0, 0]), rows, _i64(tape, [0])], {"axis": 0}
+            )
             for i in (_Q, _K, _V):
                 x = _input(node, i)
-                if x is not None:
-                    node.replace_input_with(i, _append_row(tape, x))
+                if x is not None:  # [B, S, N] -> [B, S + rows, N], the new row zeros
+                    node.replace_input_with(i, _padded(tape, x, row_pads))
             pos = _input(node, _POS)
-            if pos is not None:  # rotary positions: the dummy one past the last
-                last = tape.op("Slice", [pos, *_ints(tape, [-1], [2**62], [1])])
-                node.replace_input_with(
-                    _POS,
-                    tape.op("Concat", [pos, tape.op("Add", [last, _i64(tape, 1)])], {"axis": 1}),
-                )
+            if pos is not None:  # rotary positions [B, S]: the dummy repeats the last
+                pads = tape.op("Concat", [_i64(tape, [0, 0, 0]), rows], {"axis": 0})
+                node.replace_input_with(_POS, tape.op("Pad", [pos, pads], {"mode": "edge"}))
             bias = _input(node, _BIAS)
-            if bias is not None:  # [B|1, H|1, S, T] -> [.., S + 1, T + extra]: the dummy's
-                zeros = _i64(tape, [0, 0, 0, 0, 0, 0, 1])  # row and column are never read
-                pads = tape.op("Concat", [zeros, extra_total], {"axis": 0})
+            if bias is not None:  # [B|1, H|1, S, T] -> [.., S + rows, T + extra]: the dummy's
+                zeros = _i64(tape, [0, 0, 0, 0, 0, 0])  # row and column are never read
+                pads = tape.op("Concat", [zeros, rows, extra_total], {"axis": 0})
                 node.replace_input_with(_BIAS, tape.op("Pad", [bias, pads]))
             if len(node.inputs) <= _QUERY_SEQLENS:
                 node.resize_inputs(_QUERY_SEQLENS + 1)
@@ -116,10 +116,13 @@ class PadAttentionRowsPass(Pass):
 
 
 def _lengths(tape: ir.tape.Tape, node: ir.Node, shared: bool) -> tuple[ir.Value, ...]:
-    """(S [1] int64, seqlens_k', total', query_seqlens', extra columns [1], original total).
+    """(S [1] int64, seqlens_k', total', query_seqlens', extra columns [1] int64, the step's
+    total, dummy rows [1] int64: 1 or 0).
 
-    A row gets the dummy (one more valid row and cached position) when it takes tokens this
-    step and, on the shared layout, its buffer has a slot to spare.
+    The kernel requires every row's cached tokens plus the whole chunk (padding included) to
+    fit in its buffer, so on the shared layout the run gets its dummy row only when every row
+    has a slot to spare; a row that takes tokens this step then gets one more valid row and
+    cached position.
     """
     query, seqlens, total = node.inputs[_Q], node.inputs[_SEQLENS], node.inputs[_TOTAL]
     assert query is not None and seqlens is not None and total is not None
@@ -135,11 +138,19 @@ def _lengths(tape: ir.tape.Tape, node: ir.Node, shared: bool) -> tuple[ir.Value,
         assert past is not None
         cap64 = tape.op("Shape", [past], {"start": 2, "end": 3})
         cap = tape.op("Cast", [cap64], {"to": ir.DataType.INT32})  # [1]
-        room = tape.op("Less", [tape.op("Add", [seqlens, one]), cap])  # slot seqlens_k + 1 free
-        gets = tape.op("And", [busy, room])
-        total2 = tape.op("Min", [tape.op("Add", [total, one]), tape.op("Squeeze", [cap])])
+        cached = tape.op("Sub", [tape.op("Add", [seqlens, one]), qlens])  # [B]
+        need = tape.op("Add", [tape.op("Add", [cached, steps32]), one])
+        fits = tape.op("Cast", [tape.op("LessOrEqual", [need, cap])], {"to": ir.DataType.INT64})
+        rows = tape.op("ReduceMin", [fits, _i64(tape, [0])], {"keepdims": 1})  # [1]
+        rows32 = tape.op("Cast", [rows], {"to": ir.DataType.INT32})
+        gets = tape.op("And", [busy, tape.op("Cast", [rows32], {"to": ir.DataType.BOOL})])
+        total2 = tape.op(
+            "Min",
+            [tape.op("Add", [total, tape.op("Squeeze", [rows32])]), tape.op("Squeeze", [cap])],
+        )
     else:
         gets = busy
+        rows = _i64(tape, [1])
         total2 = tape.op("Add", [total, one])
     add = tape.op("Cast", [gets], {"to": ir.DataType.INT32})
     seqlens2 = tape.op("Add", [seqlens, add])
@@ -148,12 +159,11 @@ def _lengths(tape: ir.tape.Tape, node: ir.Node, shared: bool) -> tuple[ir.Value,
     extra64 = tape.op("Cast", [extra], {"to": ir.DataType.INT64})
     for v, name in ((seqlens2, "seqlens_k"), (qlens2, "query_seqlens"), (total2, "total")):
         v.name = f"{node.name}/padded_rows/{name}"
-    return steps, seqlens2, total2, qlens2, extra64, total
+    return steps, seqlens2, total2, qlens2, extra64, total, rows
 
 
-def _append_row(tape: ir.tape.Tape, x: ir.Value) -> ir.Value:
-    """x [B, S, N] -> [B, S + 1, N], the new row zeros (one Pad: the cheapest op for it)."""
-    out = tape.op("Pad", [x, _i64(tape, [0, 0, 0, 0, 1, 0])])
+def _padded(tape: ir.tape.Tape, x: ir.Value, pads: ir.Value) -> ir.Value:
+    out = tape.op("Pad", [x, pads])
     if x.dtype is not None:
         out.dtype = x.dtype
     return out
@@ -176,10 +186,6 @@ def _slice_after(
     graph.insert_after(after, tape.nodes)
     value.name, sliced.name = f"{name}/padded", name
     value.shape = None
-
-
-def _ints(tape: ir.tape.Tape, *lists: list[int]) -> list[ir.Value]:
-    return [_i64(tape, v) for v in lists]
 
 
 def _i64(tape: ir.tape.Tape, v: Any) -> ir.Value:

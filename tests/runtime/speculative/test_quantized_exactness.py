@@ -102,3 +102,23 @@ def test_speculative_tokens_equal_plain(arts, layout, scheme, method, engine, ca
             got = [o.tokens for o in model.generate_batch(prompt_ids=prompts, num_draft=k, **kw)]
         assert got == plain, (layout, scheme, method, engine, k)
     assert "int8" not in caplog.text  # token-exact: no warning that it might not be
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_perplexity_is_the_same_through_one_and_five_token_runs(arts, layout, tmp_path, capsys):
+    """`eval ppl --chunk N` scores text through runs of N tokens over the cache: plain
+    decoding's run width (1) and a verify run's (5) give the same figure to the last bit, also
+    where a document fills its KV buffer (no slot for the dummy row: the run goes unpadded)."""
+    import json
+
+    from specport.cli import main
+    from tests.passes.quant._tiny import write_corpus
+
+    text = write_corpus(tmp_path / "eval.txt", docs=4, seed=3)
+    got = []
+    for chunk in ("1", "5"):
+        args = ["eval", "ppl", str(arts[(layout, "w8a8")]), "--text", str(text), "--chunk", chunk]
+        assert main([*args, "--json"]) == 0
+        got.append(json.loads(capsys.readouterr().out)["ppl"])
+    assert got[0] == got[1]
