@@ -122,6 +122,8 @@ class Runner:
             feeds["seqlens_k"] = np.array([total - 1], dtype=np.int32)
         if "total_sequence_length" in self.inputs:
             feeds["total_sequence_length"] = np.array(total, dtype=np.int32)
+        if "tree_mask" in self.inputs:  # a chain: each token sees every earlier one
+            feeds["tree_mask"] = np.tril(np.ones((s, s), dtype=np.int64))[None]
         if "logits_index" in self.inputs:
             feeds["logits_index"] = np.arange(s, dtype=np.int64)[None]
         missing = set(self.inputs) - set(feeds)

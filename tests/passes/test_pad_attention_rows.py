@@ -27,17 +27,22 @@ def _padded_copy(src: Path, dst: Path) -> dict:
     return report
 
 
-@pytest.mark.parametrize("layout", ["concat", "shared"])
+@pytest.mark.parametrize("layout", ["concat", "shared", "shared-tree"])
 def test_float_attention_becomes_row_invariant(tiny_zoo, tmp_path, layout):
     """Before: GroupQueryAttention is where a verify run first differs from the steps (its
     one-row GEMM path). After: attention and everything it feeds up to the float LM head's
-    MatMul (SGEMM, not padded) equal the steps bit for bit, KV included."""
-    src = tiny_zoo.artifact("llama", fuse=True) if layout == "concat" else tiny_zoo.shared("llama")
+    MatMul (SGEMM, not padded) equal the steps bit for bit, KV included (with a token-tree
+    bias and rotary positions too: shared-tree)."""
+    if layout == "concat":
+        src = tiny_zoo.artifact("llama", fuse=True)
+    else:
+        src = tiny_zoo.shared("llama", tree_mask=layout == "shared-tree")
     prompt = [1, 5, 6, 7, 8, 9, 10, 11]
     before = compare(src, prompt, tokens=4, threads=1)
     assert "GroupQueryAttention" in {o["op"] for o in before["origins"]}
     report = _padded_copy(src, tmp_path / "padded")
-    assert report["modified"] and report["layers"] == 2 and report["layout"] == layout
+    assert report["modified"] and report["layers"] == 2
+    assert report["layout"] == layout.split("-")[0]
     after = compare(tmp_path / "padded", prompt, tokens=4, threads=1)
     assert {o["op"] for o in after["origins"]} <= {"MatMul"}  # the float head only
     assert after["kv_differs"] == []
