@@ -82,10 +82,7 @@ class PadAttentionRowsPass(Pass):
             key = tuple(id(_input(node, i)) for i in (_SEQLENS, _TOTAL, _QUERY_SEQLENS))
             if key not in cache:  # once per run, before the first attention
                 cache[key] = _lengths(tape, node, shared)
-            steps, seqlens, total, qlens, extra_total, step_total, rows = cache[key]
-            row_pads = tape.op(
-                "Concat", [_i64(tape, [0, 0, 0, 0]), rows, _i64(tape, [0])], {"axis": 0}
-            )
+            steps, seqlens, total, qlens, extra_total, step_total, rows, row_pads = cache[key]
             for i in (_Q, _K, _V):
                 x = _input(node, i)
                 if x is not None:  # [B, S, N] -> [B, S + rows, N], the new row zeros
@@ -120,7 +117,8 @@ class PadAttentionRowsPass(Pass):
 
 def _lengths(tape: ir.tape.Tape, node: ir.Node, shared: bool) -> tuple[ir.Value, ...]:
     """(S [1] int64, seqlens_k', total', query_seqlens', extra columns [1] int64, the step's
-    total, dummy rows [1] int64: 1 or 0).
+    total, dummy rows [1] int64: 1 or 0, and the Pad amounts [6] of a [B, S, N] input), once
+    per run for every layer.
 
     The kernel requires every row's cached tokens plus the whole chunk (padding included) to
     fit in its buffer, so on the shared layout the run gets its dummy row only when every row
@@ -160,9 +158,10 @@ def _lengths(tape: ir.tape.Tape, node: ir.Node, shared: bool) -> tuple[ir.Value,
     qlens2 = tape.op("Add", [qlens, add])
     extra = tape.op("Reshape", [tape.op("Sub", [total2, total]), _i64(tape, [1])])
     extra64 = tape.op("Cast", [extra], {"to": ir.DataType.INT64})
+    row_pads = tape.op("Concat", [_i64(tape, [0, 0, 0, 0]), rows, _i64(tape, [0])], {"axis": 0})
     for v, name in ((seqlens2, "seqlens_k"), (qlens2, "query_seqlens"), (total2, "total")):
         v.name = f"{node.name}/padded_rows/{name}"
-    return steps, seqlens2, total2, qlens2, extra64, total, rows
+    return steps, seqlens2, total2, qlens2, extra64, total, rows, row_pads
 
 
 def _padded(tape: ir.tape.Tape, x: ir.Value, pads: ir.Value) -> ir.Value:
