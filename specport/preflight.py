@@ -232,7 +232,7 @@ def check_quantize(
     at_least("calib_docs", calib_docs, 1)
     if embedding_bits not in (None, 0, 4, 8):
         raise UsageError(f"{option('embedding_bits')} must be 0, 4 or 8, got {embedding_bits!r}.")
-    resolved_group = group_size if group_size is not None else (128 if scheme == "w8a8" else 32)
+    resolved_group = group_size if group_size is not None else checks.default_group_size(scheme)
     resolved_algo = algo
     if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
         resolved_algo = "hqq"

@@ -5,8 +5,12 @@ Schemes:
   w4a8   same weights, MatMulNBits accuracy_level=4 (int8 activations inside the kernel)
   w8a16  8-bit blockwise weights, MatMulNBits
   w8a8   int8 weights + int8 activations, SmoothQuant; form matmulnbits (default: MatMulNBits
-         8-bit accuracy_level 4, dynamic per-block activations), dynamic
+         8-bit blocks of 64, accuracy_level 4, dynamic per-row-and-block activations), dynamic
          (DynamicQuantizeMatMul) or qdq (static per-tensor activations)
+The int8-activation schemes record whether the graph is row-invariant (a verify run computes
+each token as a one-token step does, so greedy speculation keeps plain greedy's tokens:
+`quant.token_exact_speculation`, passes/quant/row_invariance.py); `exact_speculation` makes it
+so by padding every attention run to two query rows (passes/pad_attention_rows.py).
 Both KV layouts: a `shared` artifact is quantized as it is (calibration runs the shared graph),
 so the quantized model keeps the IO-bound decode loop; its int8 KV cache lives in
 GroupQueryAttention's in-place buffers (passes/quant/kv_cache_shared.py).
@@ -43,6 +47,7 @@ from specport.eval_record import EVAL_KEY, SOURCE_EVAL_KEY, source_eval_for_quan
 from specport.interop.files import write_artifact_manifest
 from specport.passes.base import PassResult
 from specport.passes.mtp_graphs import write_mtp_graphs
+from specport.passes.pad_attention_rows import PadAttentionRowsPass
 from specport.passes.quant import calibration as C
 from specport.passes.quant.budget import BudgetPlan, plan_bit_budget
 from specport.passes.quant.checks import (
@@ -50,6 +55,7 @@ from specport.passes.quant.checks import (
     check_kv_layout,
     check_kv_options,
     check_weight_options,
+    default_group_size,
 )
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
 from specport.passes.quant.head import check_head_bits, choose_lm_head_bits, head_wide
@@ -59,11 +65,14 @@ from specport.passes.quant.mixed import plan_mixed_precision
 from specport.passes.quant.npu import npu_qdq_pass
 from specport.passes.quant.ort_baseline import run_ort_baseline
 from specport.passes.quant.ort_check import integer_kernel_summary
+from specport.passes.quant.row_invariance import token_exact_report
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 from specport.weight_size import artifact_weight_size, model_weight_size
 
 logger = logging.getLogger(__name__)
+
+INT8_ACTIVATION_SCHEMES = ("w4a8", "w8a8")
 
 Progress = Callable[[str, int, int], None]
 
@@ -110,6 +119,7 @@ def quantize_artifact(
     lm_head_group_size: int | None = None,
     bits_per_weight: float | None = None,
     mixture: str | None = None,
+    exact_speculation: bool = False,
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
@@ -124,13 +134,16 @@ def quantize_artifact(
     `bits_per_weight` (or a named `mixture`, budget.MIXTURES): every tensor's width and block,
     the LM head and embedding table included, planned by measured error so that the whole
     file holds at most that many bits per parameter (passes/quant/budget.py).
+    `exact_speculation` (w4a8, w8a8): pad every attention run to two query rows, so greedy
+    speculation gives plain greedy's tokens; it costs plain decoding a dummy attention row per
+    step (SmolLM2 W8A8: 1.15-1.18x CPU per token, see pad_attention_rows.py), so it is asked for.
     """
     src_p, out_p = Path(src), Path(out)
     target_bpw = check_budget_options(
         scheme, algo, form, mixed_precision, lm_head_bits, embedding_bits, bits_per_weight, mixture
     )
     if group_size is None:
-        group_size = 128 if scheme == "w8a8" else 32
+        group_size = default_group_size(scheme)
     if target_bpw is not None:
         lm_head_bits, embedding_bits = 0, 0  # placeholders: the budget plans both
     if lm_head_bits is None and scheme == "w4a8" and not algo.startswith("ort-"):
@@ -175,6 +188,7 @@ def quantize_artifact(
     accuracy_level = 4 if scheme == "w4a8" else None
     reports: list[dict[str, Any]] = []
     per_layer: dict[str, Any] = {}
+    exact: dict[str, Any] | None = None  # int8 activations: can speculation keep the tokens?
     manifest_head: dict[str, Any] | None = None  # auto's decision and what it measured
     budget_report: dict[str, Any] | None = None  # a size budget's plan (budget.py)
     budget: BudgetPlan | None = None
@@ -280,6 +294,10 @@ def quantize_artifact(
                     float_layers=kv_float_layers,
                 )
                 reports.append(kv_report)
+            if scheme in INT8_ACTIVATION_SCHEMES:
+                if exact_speculation:  # verify runs and one-token steps round alike
+                    reports.append(PadAttentionRowsPass()(model).report)
+                exact = token_exact_report(model)
             if progress:
                 progress("writing the quantized graph", 0, 1)
             ir.save(model, tmp / manifest.model_file, external_data=DATA_NAME)
@@ -305,6 +323,7 @@ def quantize_artifact(
             "symmetric": symmetric,
             "embedding_bits": embedding_bits,
             "mixed_precision": mixed_precision,
+            **({"token_exact_speculation": exact} if exact is not None else {}),
             "layers": {
                 k: v.get("bits") if isinstance(v, dict) else v for k, v in per_layer.items()
             },

@@ -3,12 +3,14 @@
 Three graph forms of the same smoothed weights (`form`):
 
 - `matmulnbits` (default): com.microsoft.MatMulNBits bits=8, accuracy_level=4, blockwise
-  asymmetric int8 weights (block `group_size` along K, default 128); the kernel quantizes the
-  activations to int8 per block at run time (dynamic, symmetric) and runs integer dot products.
+  asymmetric int8 weights (block `group_size` along K, default 64); the kernel quantizes the
+  activations to int8 per row and block at run time (dynamic, symmetric) and runs integer dot
+  products. Blocks of at most 64 keep that kernel row-invariant (a token computes the same in
+  a one-token step and a verify run: quant/row_invariance.py); 128 does not.
   Fastest on onnxruntime's CPU provider (AVX512-VNNI/AMX), and needs no activation ranges.
 - `dynamic`: com.microsoft.DynamicQuantizeMatMul (what onnxruntime's quantize_dynamic emits
   after fusion): uint8 per-channel weights with a zero point, uint8 per-tensor activations
-  computed per run.
+  computed per run (not row-invariant: speculation on it is not token-exact).
 - `qdq`: static per-tensor uint8 activations from the calibration ranges, in QDQ form
   (portable; onnxruntime fuses it into MatMulIntegerToFloat).
 - `ascend`: the layout of Ascend's own W8A8 (msModelSlim's `weight`, `deq_scale`,
@@ -114,7 +116,7 @@ class QuantizeW8A8Pass(Pass):
         stats: dict[str, ActStats],
         smooth: bool = True,
         lm_head_bits: int = 8,
-        group_size: int = 128,
+        group_size: int = 64,
         alphas: tuple[float, ...] = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
         form: str = "matmulnbits",
     ) -> None:

@@ -82,7 +82,7 @@ def test_cli_quantize_and_eval(quant_src, calib_text, eval_text, tmp_path, capsy
     )
     assert rc == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["scheme"] == "w8a8" and info["group_size"] == 128
+    assert info["scheme"] == "w8a8" and info["group_size"] == 64  # row-invariant blocks
     # default form: 8-bit MatMulNBits with int8 activations (accuracy_level 4), head included
     assert info["ort_cpu"]["kernels"]["com.microsoft.MatMulNBits"] == info["layers"] - 6  # packed
     assert read_manifest(out).quant["form"] == "matmulnbits"
