@@ -128,7 +128,7 @@ def quantize_artifact(
     KV-only recipe); `kv_cache="int8"` adds the calibrated int8 KV cache (`quant.kv_cache`),
     with `kv_granularity` scales (None: the layout's default, see `default_kv_granularity`)
     and `kv_float_layers` kept float32 (shared layout), then checks chat answers (kv_check.py).
-    `group_size` None: 32 for weight-only schemes, 128 for w8a8 (its MatMulNBits blocks).
+    `group_size` None: `default_group_size` (32 for weight-only schemes, 64 for w8a8).
     `lm_head_group_size` None: the LM head's block size by `head_group_size`'s rule (an 8-bit
     head with int8 activations takes a larger block than the body).
     `bits_per_weight` (or a named `mixture`, budget.MIXTURES): every tensor's width and block,
