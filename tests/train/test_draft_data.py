@@ -163,3 +163,14 @@ def test_train_draft_text_needs_written_text(chat_artifact, tmp_path):
     with pytest.raises(InputError, match="0 examples with written text"):
         train_draft(chat_artifact, tmp_path / "b", data=prompts, data_kind="text", minutes=0.1)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_command_says_in_one_line_that_text_needs_a_file(chat_artifact, tmp_path, capsys):
+    from specport.cli import main
+
+    out = tmp_path / "drafted"
+    assert main(["train-draft", str(chat_artifact), "--out", str(out),
+                 "--data-kind", "text"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--data-kind text reads written answers" in err and "Traceback" not in err
+    assert not out.exists()
