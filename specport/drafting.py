@@ -315,7 +315,7 @@ def _sequences(
         template = _template(src, model)
         render = None if template is None else _render(template)
         end = [] if template is None else end_of_turn(template, model.encode)
-        examples = read_examples(data)[:limit]
+        examples = read_examples(data, split)[:limit]
         text, text_starts = text_sequences(examples, render, model.encode, new_tokens, end)
         seqs += text
         starts += text_starts

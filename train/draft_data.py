@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specport.prompt_files import read_prompt_file
+from specport.prompt_files import read_prompt_file, select
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +43,11 @@ class Example:
     chat: bool = True  # False: plain text, read as it is (no chat template)
 
 
-def read_examples(path: str | Path) -> list[Example]:
+def read_examples(path: str | Path, split: str = "all") -> list[Example]:
     """The examples in ``path`` (a prompt file, see the module doc), in file order: each
-    record's first request with its written answer."""
-    records = read_prompt_file(path, "--data").records
+    record's first request with its written answer; ``split`` "tune" / "eval" keeps the seeded
+    half ``bench --prompts-split`` keeps (``prompt_files.select``)."""
+    records = select(read_prompt_file(path, "--data").records, split=split)
     return [Example(r.turns[0].strip(), r.answer, r.chat) for r in records]
 
 
