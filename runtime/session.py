@@ -21,6 +21,7 @@ where offsets allow); there is no session option for it, so none is exposed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -130,7 +131,7 @@ def make_session(
     so = session_options(config)
     devices = prov.plugin_devices(config.provider.lower())
     if devices is not None:  # a plugin provider (qnn, openvino) is added by device
-        so.add_provider_for_devices(devices, dict(config.provider_options))
+        so.add_provider_for_devices(devices, plugin_options(config))
         providers = None
     source = model_path if isinstance(model_path, bytes) else str(Path(model_path))
     pages = HugePages() if config.huge_pages else None
@@ -145,6 +146,18 @@ def make_session(
     used = prov.check_session(session, config.provider.lower())
     logger.info("session on %s (%s), options %s", used, providers, config.describe())
     return session, used
+
+
+def plugin_options(config: SessionConfig) -> dict[str, str]:
+    """The options a plugin provider gets: the config's, over our defaults. OpenVINO computes
+    in bf16 on CPUs with AVX512-BF16 / AMX unless told otherwise, which changes greedy tokens;
+    its CPU device's INFERENCE_PRECISION_HINT f32 (through `load_config`) keeps the graph's own
+    float32, as every other provider does (its `precision` option FP32 / ACCURACY did not, on
+    onnxruntime-ep-openvino 1.8.1 with AMX: the tokens stayed bf16's)."""
+    defaults: dict[str, str] = {}
+    if config.provider.lower() == "openvino":
+        defaults["load_config"] = json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": "f32"}})
+    return {**defaults, **config.provider_options}
 
 
 def artifact_graph(
