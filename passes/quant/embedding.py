@@ -122,7 +122,7 @@ class QuantizeEmbeddingPass(Pass):
         for node in self._sites(model):
             data = node.inputs[0]
             assert data is not None and data.const_value is not None
-            v, d = data.const_value.shape
+            v, d = (int(x) for x in data.const_value.shape)  # type: ignore[arg-type]
             tied = self.shared.get(data.name or "")
             if tied is not None and d % tied[2] == 0 and _integer_zeros(tied[0]):
                 layers[node.name or "gather"] = _gather_from_head(graph, node, tied, v, d)
