@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from onnxscript.rewriter import pattern as orp
 
@@ -32,11 +33,7 @@ class TanhGeluFusion(ReasonedRule):
     def check(self, context, half, three, k, c, one, **_):
         expect = {"0.5": (half, 0.5), "3": (three, 3.0), "0.044715": (k, 0.044715)}
         expect.update({"sqrt(2/pi)": (c, _C), "1": (one, 1.0)})
-        for label, (value, want) in expect.items():
-            got = _scalar(value)
-            if got is None or abs(got - want) > 1e-5 * max(1.0, abs(want)):
-                return self.fail(f"constant {label} is {got}", value)
-        return orp.MatchResult()
+        return _check_constants(self, expect)
 
     def rewrite(self, op, x, **_):
         return op.Gelu(x, approximate="tanh")
@@ -50,11 +47,7 @@ class ErfGeluFusion(ReasonedRule):
 
     def check(self, context, root2, one, half, **_):
         expect = {"sqrt(2)": (root2, math.sqrt(2.0)), "1": (one, 1.0), "0.5": (half, 0.5)}
-        for label, (value, want) in expect.items():
-            got = _scalar(value)
-            if got is None or abs(got - want) > 1e-5 * max(1.0, abs(want)):
-                return self.fail(f"constant {label} is {got}", value)
-        return orp.MatchResult()
+        return _check_constants(self, expect)
 
     def rewrite(self, op, x, **_):
         return op.Gelu(x)
@@ -69,3 +62,13 @@ class FuseGeluPass(RuleFusionPass):
             TanhGeluFusion(name="tanh_gelu", commute=True),
             ErfGeluFusion(name="erf_gelu", commute=True),
         ]
+
+
+def _check_constants(rule: ReasonedRule, expect: dict[str, tuple[Any, float]]) -> Any:
+    """Each named constant of a GELU pattern equals its value (to 1e-5, relative), or the
+    rule fails naming the first that does not."""
+    for label, (value, want) in expect.items():
+        got = _scalar(value)
+        if got is None or abs(got - want) > 1e-5 * max(1.0, abs(want)):
+            return rule.fail(f"constant {label} is {got}", value)
+    return orp.MatchResult()
