@@ -7,8 +7,8 @@ the same documents, the same token ids and one prefill per document. Each row pr
 per weight as stored (specport/weight_size.py) and its perplexity change against its own fp32.
 
     python -m benchmarks.quant_peers --text T --max-docs 200 --last \\
-        --ref /work/artifacts/smollm \\
-        specport:/work/artifacts/smollm specport:Q genai:GENAI_FP32/model.onnx genai:GENAI_INT4/model.onnx
+        --ref smollm \\
+        specport:smollm specport:Q genai:GENAI_FP32/model.onnx genai:GENAI_INT4/model.onnx
 """
 
 from __future__ import annotations
