@@ -178,16 +178,14 @@ def test_ceiling_reruns_on_its_own_output_when_verify_runs_round_differently():
 
 
 @pytest.mark.slow
-def test_ceiling_drafts_right_on_an_int8_activation_artifact(shared_dir, tmp_path):
+def test_ceiling_drafts_right_on_an_int8_activation_artifact(shared_path, tmp_path):
     """stories260K at w4a8: its verify runs round differently from one-token steps, so the
     speculative tokens leave plain greedy's (equal: False), yet every ceiling draft is right
     (before, the rows drafted nothing past the first near-tie)."""
     from specport.passes.quant.apply import quantize_artifact
     from tests.export_cache import cached_export
 
-    src = shared_dir / "models" / "stories260K"
-    if not (src / "config.json").exists():
-        pytest.skip(f"stories260K not found under {shared_dir}")
+    src = shared_path("models", "stories260K")
     cached_export(src, tmp_path / "fp32", skip_verify=True, progress=False)
     quantize_artifact(tmp_path / "fp32", tmp_path / "w4a8", "w4a8", algo="hqq")
     report = run_speculative_bench(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -517,12 +518,10 @@ def test_idle_connection_is_closed(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def s260_tokenizer(shared_dir: Path) -> Any:
+def s260_tokenizer(shared_path: Callable[..., Path]) -> Any:
     from tokenizers import Tokenizer
 
-    path = shared_dir / "models" / "stories260K" / "tokenizer.json"
-    if not path.is_file():
-        pytest.skip(f"shared stories260K tokenizer not found at {path}")
+    path = shared_path("models", "stories260K", "tokenizer.json")
     return Tokenizer.from_file(str(path))
 
 

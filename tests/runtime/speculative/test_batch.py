@@ -371,13 +371,11 @@ STORY_PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def stories(shared_dir, tmp_path_factory):
+def stories(shared_path, tmp_path_factory):
     """stories260K, its 1-layer self-draft and a copy with 3 untrained MTP heads."""
     from tests.export_cache import cached_export, cached_mtp
 
-    src = shared_dir / "models" / "stories260K"
-    if not (src / "config.json").exists():
-        pytest.skip(f"stories260K not found under {shared_dir}")
+    src = shared_path("models", "stories260K")
     out = tmp_path_factory.mktemp("spec_batch_stories")
     cached_export(src, out / "s260", fuse=False, skip_verify=True, progress=False)
     cached_export(src, out / "l1", fuse=False, layers=1, skip_verify=True, progress=False)

@@ -19,7 +19,6 @@ from specport.runtime.speculative.loop import (
     check_num_draft,
     generate_speculative,
 )
-from specport.settings import shared_dir
 
 pytestmark = pytest.mark.slow  # the session fixture exports two tiny models (~10-30 s)
 
@@ -214,13 +213,11 @@ def test_bad_inputs(tiny):
 
 
 @pytest.fixture(scope="session")
-def stories(tmp_path_factory):
+def stories(shared_path, tmp_path_factory):
     import specport
     from specport.exporter.export import export_model
 
-    src = shared_dir() / "models" / "stories260K"
-    if not src.exists():
-        pytest.skip(f"stories260K not found under {shared_dir()} (set SPECPORT_SHARED)")
+    src = shared_path("models", "stories260K")
     out = tmp_path_factory.mktemp("spec_stories") / "s260"
     export_model(src, out, fuse=False, skip_verify=True, progress=False)
     return specport.load(out)
@@ -302,7 +299,7 @@ def test_mtp_greedy_equals_plain(tiny, tiny_mtp):
     assert len(a) == 16
 
 
-def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, tmp_path_factory):
+def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, shared_path, tmp_path_factory):
     """Real model, untrained heads and a 1-layer self-draft: acceptance is poor, output exact."""
     import specport
     from specport.exporter.export import export_model
@@ -313,7 +310,7 @@ def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, tmp_path_factory)
     base = load_base(stories.manifest)
     out = tmp_path_factory.mktemp("spec_stories_mtp")
     write_mtp_artifact(stories.path, MTPHeads(base, 3).eval(), out / "mtp", {"source": "test"})
-    src = shared_dir() / "models" / "stories260K"
+    src = shared_path("models", "stories260K")
     export_model(src, out / "l1", fuse=False, layers=1, skip_verify=True, progress=False)
     mtp, draft = specport.load(out / "mtp", mtp_branch=True), specport.load(out / "l1")
     eos = stories.manifest.eos_token_ids

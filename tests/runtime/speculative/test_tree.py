@@ -256,13 +256,11 @@ def test_bad_input(tiny):
 
 
 @pytest.fixture(scope="module")
-def stories(shared_dir, tmp_path_factory):
+def stories(shared_path, tmp_path_factory):
     import specport
     from specport.exporter.export import export_model
 
-    src = shared_dir / "models" / "stories260K"
-    if not src.is_dir():
-        pytest.skip(f"{src} is absent")
+    src = shared_path("models", "stories260K")
     out = tmp_path_factory.mktemp("tree_stories") / "tree"
     export_model(src, out, fuse=False, tree_mask=True, progress=False)
     return specport.load(out)
