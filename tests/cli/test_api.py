@@ -39,6 +39,7 @@ def model(tiny_llama_artifact):
         ({"prompt_ids": [1, 2], "speculative": "medusa"}, "speculative"),
         ({"prompt_ids": [1, 2], "speculative": "draft"}, "draft"),
         ({"prompt_ids": [1, 2], "tree_width": 2}, "tree_width"),
+        ({"prompt_ids": [1, 2], "speculative": "ngram", "tree_width": 17}, "tree_width"),
         ({"prompt_ids": [1, 2], "speculative": "ngram", "num_draft": 0}, "num_draft"),
         ({"prompt_ids": [1, 2], "speculative": "mtp"}, "train-mtp"),
         ({"prompt_ids": [1, 2], "on_text": print, "stream": True}, "on_text"),

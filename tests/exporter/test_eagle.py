@@ -14,8 +14,9 @@ import onnx_ir as ir
 import pytest
 import torch
 
+from specport.contract import EAGLE_FEATURES
 from specport.exporter.eagle_head import EagleConfig, EagleHead
-from specport.passes.eagle_features import FEATURES, ExposeEagleFeaturesPass, feature_layers
+from specport.passes.eagle_features import ExposeEagleFeaturesPass, feature_layers
 from specport.train.eagle_objective import ttt_loss
 
 CFG = EagleConfig(
@@ -46,7 +47,7 @@ def test_feature_output_leaves_logits_unchanged(tiny_llama_artifact, tmp_path):
     manifest = art.read_manifest(tiny_llama_artifact)
     new, report = copy_with_features(tiny_llama_artifact, tmp_path / "a", manifest)
     assert report["layers"] == [*feature_layers(manifest.num_layers), "final_norm"]
-    assert FEATURES in {o["name"] for o in new.io["outputs"]}
+    assert EAGLE_FEATURES in {o["name"] for o in new.io["outputs"]}
     model = ir.load(str(tmp_path / "a" / manifest.model_file))
     assert not ExposeEagleFeaturesPass(manifest.num_layers)(model).modified  # already there
 
@@ -57,7 +58,7 @@ def test_feature_output_leaves_logits_unchanged(tiny_llama_artifact, tmp_path):
     b = open_cache(featured, manifest).step(ids)
     np.testing.assert_array_equal(a.logits, b.logits)
     hidden = int(manifest.config["hidden_size"])
-    assert b.outputs[FEATURES].shape == (1, len(ids), 3 * hidden)
+    assert b.outputs[EAGLE_FEATURES].shape == (1, len(ids), 3 * hidden)
 
 
 def test_head_with_kv_computes_what_training_time_test_trains():
@@ -234,7 +235,7 @@ def test_train_draft_writes_a_new_artifact_and_leaves_the_input(chat_artifact, e
     held = eagle["training"]["heldout"]
     assert len(held["acceptance_per_position"]) == eagle["training"]["depth"]
     assert 1.0 <= held["expected_tokens_per_step"] <= 1 + eagle["training"]["depth"]
-    assert FEATURES in {o["name"] for o in manifest.io["outputs"]}
+    assert EAGLE_FEATURES in {o["name"] for o in manifest.io["outputs"]}
     # the training data stays beside the artifact (for a longer run), never in its files
     assert (Path(f"{eagle_artifact}.training") / "features" / "done.json").is_file()
     assert not any(f.startswith("training") for f in manifest.files)
