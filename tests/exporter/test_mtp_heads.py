@@ -8,7 +8,8 @@ import torch
 from specport.errors import InputError
 from specport.exporter.mtp_heads import MTPBranch, MTPHeads
 from specport.exporter.mtp_weights import load_deepseek_mtp, load_heads, save_heads
-from specport.train.mtp_train import acceptance, chain_loss, train_heads
+from specport.train.mtp_objective import acceptance, chain_loss
+from specport.train.mtp_train import train_heads
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +167,7 @@ def test_chat_answers_are_computed_in_their_own_prompts_context(llama):
 def test_draft_vocabulary_scores_the_frequent_tokens_only(llama, tmp_path):
     """Heads with a draft vocabulary score its rows of the LM head exactly, map indices back to
     token ids, ignore targets outside it, and round-trip through save/load."""
-    from specport.train.mtp_train import coverage, frequent_tokens
+    from specport.train.mtp_objective import coverage, frequent_tokens
 
     seqs = torch.tensor([[5, 5, 5, 9, 9, 200], [9, 5, 7, 7, 7, 7]])
     valid = torch.ones_like(seqs, dtype=torch.bool)

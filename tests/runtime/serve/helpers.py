@@ -9,7 +9,9 @@ from typing import Any
 
 import httpx
 
-from specport.runtime.serve import Server, ServeSettings, make_app
+from specport.runtime.serve.app import make_app
+from specport.runtime.serve.server import Server
+from specport.runtime.serve.state import ServeSettings
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

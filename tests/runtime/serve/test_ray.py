@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from specport.runtime.serve import ServeSettings
+from specport.runtime.serve.state import ServeSettings
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray Serve is optional: pip install 'specport[ray]'")

@@ -12,13 +12,10 @@ import numpy as np
 import pytest
 
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.speculative import (
-    Drafts,
-    NgramProposer,
-    SpecDecodingStats,
-    greedy_verify,
-    rejection_verify,
-)
+from specport.runtime.speculative.base import Drafts
+from specport.runtime.speculative.metrics import SpecDecodingStats
+from specport.runtime.speculative.ngram import NgramProposer
+from specport.runtime.speculative.verify import greedy_verify, rejection_verify
 
 logger = logging.getLogger(__name__)
 

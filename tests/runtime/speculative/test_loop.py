@@ -257,8 +257,9 @@ def test_stories260k_ngram_greedy_equals_plain(stories, k):
 def tiny_mtp(tiny, tmp_path_factory):
     """The tiny model with 2 untrained MTP heads spliced in (drafts are poor; output must not care)."""
     import specport
+    from specport.exporter.mtp_artifact import write_mtp_artifact
     from specport.exporter.mtp_heads import MTPHeads
-    from specport.train.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base
 
     model, _ = tiny
     torch = pytest.importorskip("torch")
@@ -303,9 +304,10 @@ def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, shared_path, tmp_
     """Real model, untrained heads and a 1-layer self-draft: acceptance is poor, output exact."""
     import specport
     from specport.exporter.export import export_model
+    from specport.exporter.mtp_artifact import write_mtp_artifact
     from specport.exporter.mtp_heads import MTPHeads
     from specport.runtime.speculative.mtp import MTPProposer
-    from specport.train.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base
 
     base = load_base(stories.manifest)
     out = tmp_path_factory.mktemp("spec_stories_mtp")

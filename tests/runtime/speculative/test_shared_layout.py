@@ -195,8 +195,9 @@ def test_mtp_draft_vocabulary_drafts_only_its_tokens_and_stays_exact(arts, tmp_p
     import torch
 
     import specport
+    from specport.exporter.mtp_artifact import write_mtp_artifact
     from specport.exporter.mtp_heads import MTPHeads
-    from specport.train.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base
 
     model = arts["shared"]
     base = load_base(model.manifest)  # type: ignore[attr-defined]

@@ -268,7 +268,7 @@ def stories(shared_path, tmp_path_factory):
 
 @pytest.mark.slow
 def test_stories260k_greedy_equal_and_tree_accepts_more(stories):
-    from specport.bench.speculative import PROMPT_SETS
+    from specport.bench.prompt_sets import PROMPT_SETS
     from specport.runtime.speculative.loop import generate_speculative
 
     tree = stories  # plain greedy on it runs a causal tree_mask (equal to a plain export:

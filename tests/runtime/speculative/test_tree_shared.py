@@ -145,7 +145,7 @@ def test_batching_engine_on_a_tree_artifact(models, speculative):
     """Chunked prefill, prefix-cache hits and engine speculation feed the causal mask."""
     import time
 
-    from specport.runtime.engine import Request
+    from specport.runtime.engine.base import Request
     from specport.runtime.engine.batching import BatchingEngine
 
     plain, tree = models
