@@ -71,77 +71,35 @@ def test_draft_beside_other_methods_in_one_run(tiny_llama_artifact):
     assert 0.5 < rows["draft"]["steps_that_drafted"] <= 1.0  # adaptive off: all but a last step
 
 
-def test_cli_bench_speculative_json(tiny_llama_artifact, capsys):
-    rc = main(
-        [
-            "bench",
-            str(tiny_llama_artifact),
-            "--speculative",
-            "ngram",
-            "--prompt-ids",
-            "3,4,5,3,4,5,3",
-            "--new-tokens",
-            "8",
-            "--runs",
-            "1",
-            "--threads",
-            "1",
-            "--json",
-        ]
-    )
+def _bench_json(capsys, artifact, *args: str) -> dict:
+    """`specport bench ARTIFACT ARGS --runs 1 --threads 1 --json`'s report."""
+    rc = main(["bench", str(artifact), *args, "--runs", "1", "--threads", "1", "--json"])
     assert rc == 0
-    report = json.loads(capsys.readouterr().out)
-    assert [r["engine"] for r in report["rows"]] == ["plain", "ngram"]
+    return json.loads(capsys.readouterr().out)
 
 
-def test_cli_bench_speculative_adaptive_both(tiny_llama_artifact, capsys):
-    rc = main(
-        [
-            "bench",
-            str(tiny_llama_artifact),
-            "--speculative",
-            "ngram",
-            "--adaptive",
-            "both",
-            "--prompt-ids",
-            "3,4,5,3,4,5,3",
-            "--new-tokens",
-            "8",
-            "--runs",
-            "1",
-            "--threads",
-            "1",
-            "--json",
-        ]
-    )
-    assert rc == 0
-    report = json.loads(capsys.readouterr().out)
-    assert [r["engine"] for r in report["rows"]] == ["plain", "ngram", "ngram+adaptive"]
+@pytest.mark.parametrize(
+    ("adaptive", "engines"),
+    [([], ["plain", "ngram"]), (["--adaptive", "both"], ["plain", "ngram", "ngram+adaptive"])],
+)
+def test_cli_bench_speculative_json(tiny_llama_artifact, capsys, adaptive, engines):
+    report = _bench_json(
+        capsys, tiny_llama_artifact, "--speculative", "ngram", *adaptive,
+        "--prompt-ids", "3,4,5,3,4,5,3", "--new-tokens", "8",
+    )  # fmt: skip
+    assert [r["engine"] for r in report["rows"]] == engines
     assert all(r["tokens_equal_plain"] for r in report["rows"])
-    assert report["plain"] == "same artifact" and report["adaptive"] == "both"
+    assert report["plain"] == "same artifact"
+    if adaptive:
+        assert report["adaptive"] == "both"
 
 
 def test_ceiling_rows_accept_every_draft_and_keep_tokens(tiny_llama_artifact, capsys):
-    rc = main(
-        [
-            "bench",
-            str(tiny_llama_artifact),
-            "--ceiling",
-            "--num-draft",
-            "3",
-            "--prompt-ids",
-            "3,4,5,6",
-            "--new-tokens",
-            "12",
-            "--runs",
-            "1",
-            "--threads",
-            "1",
-            "--json",
-        ]
-    )
-    assert rc == 0
-    rows = {r["engine"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    report = _bench_json(
+        capsys, tiny_llama_artifact, "--ceiling", "--num-draft", "3",
+        "--prompt-ids", "3,4,5,6", "--new-tokens", "12",
+    )  # fmt: skip
+    rows = {r["engine"]: r for r in report["rows"]}
     assert list(rows) == ["plain", "ceiling K=1", "ceiling K=2", "ceiling K=3"]
     for k in (1, 2, 3):
         row = rows[f"ceiling K={k}"]
