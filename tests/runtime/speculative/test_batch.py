@@ -20,6 +20,7 @@ from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Drafts, adopt
 from specport.runtime.speculative.loop import default_adaptive, proposer_factory
 from specport.runtime.speculative.verify import graph_verdict, greedy_rows, greedy_verify
+from tests.runtime.speculative.helpers import RandomProposer
 
 GREEDY = SamplingConfig()
 slow = pytest.mark.slow  # the model fixtures export tiny models (a few seconds each)
@@ -121,23 +122,10 @@ def _plain(model, prompts, n, eos=True):
     ]
 
 
-class RandomProposer:
-    """Random drafts of random length per row: most are rejected, rows drift apart."""
-
-    name = "random"
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-
-    def propose(self, context, num_draft):
-        k = int(self.rng.integers(0, num_draft + 1))
-        return Drafts.from_lists([self.rng.integers(3, 256, size=k).tolist()])
-
-
 def _random(model, prompts, n: int, k: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return generate_rows(
-        model, prompts, n, lambda: adopt(RandomProposer(rng)), k, method="random"
+        model, prompts, n, lambda: adopt(RandomProposer(rng, any_length=True)), k, method="random"
     ).tokens
 
 

@@ -12,13 +12,13 @@ import pytest
 from specport.errors import InputError
 from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.sampler import SamplingConfig
-from specport.runtime.speculative.base import Drafts
 from specport.runtime.speculative.draft import DraftModelProposer
 from specport.runtime.speculative.loop import (
     SpeculativeGenerator,
     check_num_draft,
     generate_speculative,
 )
+from tests.runtime.speculative.helpers import RandomProposer
 
 pytestmark = pytest.mark.slow  # the session fixture exports two tiny models (~10-30 s)
 
@@ -49,18 +49,6 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
         base = rng.integers(3, 256, size=int(rng.integers(1, 12))).tolist()
         out.append(base * (1 + i % 3))  # some prompts repeat themselves: n-gram hits
     return out
-
-
-class RandomProposer:
-    """Drafts random tokens: nearly every draft is rejected, exercising the KV trim."""
-
-    name = "random"
-
-    def __init__(self, seed: int = 0) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def propose(self, context, num_draft):
-        return Drafts.from_lists([self.rng.integers(3, 256, size=num_draft).tolist()])
 
 
 @pytest.mark.parametrize("method,k", [("ngram", 1), ("ngram", 4), ("draft", 2), ("draft", 5)])
