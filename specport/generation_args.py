@@ -15,8 +15,8 @@ from typing import Any
 from specport.errors import InputError, UsageError
 from specport.options import option
 
-METHODS = ("ngram", "suffix", "draft", "mtp", "eagle", "auto")
-MAX_DRAFT = 16  # runtime/speculative/loop.py
+METHODS = ("ngram", "suffix", "draft", "mtp", "eagle", "auto")  # as runtime/speculative/loop.py
+MAX_DRAFT = 16  # as runtime/speculative/loop.py, which cannot import this layer
 DEFAULT_NUM_DRAFT = 4
 AUTO_NUM_DRAFT = 8  # --speculative auto: long suffix matches pay, short drafts are its choice
 

@@ -118,3 +118,13 @@ def test_num_draft_default_fits_the_mtp_heads(model):
             resolve_num_draft(model, "mtp", 4)
     finally:
         model.manifest.mtp = saved
+
+
+def test_the_call_checks_use_the_runtimes_methods_and_draft_limit():
+    """generation_args keeps its own copies so that the CLI parses without loading the runtime
+    (which cannot import the API layer): they must stay the runtime's."""
+    from specport import generation_args
+    from specport.runtime.speculative import loop
+
+    assert generation_args.METHODS == loop.METHODS
+    assert generation_args.MAX_DRAFT == loop.MAX_DRAFT
