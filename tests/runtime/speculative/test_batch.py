@@ -15,12 +15,11 @@ import pytest
 
 from specport.errors import ContextLengthError, InputError, UsageError
 from specport.runtime.engine.driver import generate_rows
-from specport.runtime.kv.seq_cache import open_cache
-from specport.runtime.sampler import Sampler, SamplingConfig
+from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.base import Drafts, adopt
 from specport.runtime.speculative.loop import default_adaptive, proposer_factory
 from specport.runtime.speculative.verify import graph_verdict, greedy_rows, greedy_verify
-from tests.runtime.speculative.helpers import RandomProposer
+from tests.runtime.speculative.helpers import RandomProposer, first_two_law, total_variation
 
 GREEDY = SamplingConfig()
 slow = pytest.mark.slow  # the model fixtures export tiny models (a few seconds each)
@@ -323,15 +322,7 @@ def test_rejection_sampling_preserves_distribution(llama):
     model, draft, _ = llama
     ids = [5, 17, 42]
     cfg = dict(greedy=False, temperature=1.0, top_k=3)
-    sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
-    logits = open_cache(model.session, model.manifest).step(ids).logits[None]
-    p1 = sampler.probs(logits[:, -1])[0]
-    expected: dict[tuple[int, int], float] = {}
-    for t1 in np.flatnonzero(p1):
-        l2 = open_cache(model.session, model.manifest).step([*ids, int(t1)]).logits[None]
-        p2 = sampler.probs(l2[:, -1])[0]
-        for t2 in np.flatnonzero(p2):
-            expected[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    expected = first_two_law(model, ids, SamplingConfig(**cfg))
     counts: Counter[tuple[int, int]] = Counter()
     drafted = 0
     runs, rows = 400, 4
@@ -343,8 +334,7 @@ def test_rejection_sampling_preserves_distribution(llama):
         drafted += metrics["speculative"]["drafted"]
     n = runs * rows
     assert drafted > n // 10
-    assert set(counts) <= set(expected)
-    tv = 0.5 * sum(abs(counts[c] / n - p) for c, p in expected.items())
+    tv = total_variation(counts, expected)
     assert tv < 0.06, (tv, counts, expected)
 
 

@@ -18,7 +18,7 @@ from specport.runtime.speculative.loop import (
     check_num_draft,
     generate_speculative,
 )
-from tests.runtime.speculative.helpers import RandomProposer
+from tests.runtime.speculative.helpers import RandomProposer, first_two_law, total_variation
 
 pytestmark = pytest.mark.slow  # the session fixture exports two tiny models (~10-30 s)
 
@@ -148,17 +148,7 @@ def test_rejection_sampling_preserves_distribution(tiny, request, method):
     spec_model = request.getfixturevalue("tiny_mtp") if method == "mtp" else model
     ids = [5, 17, 42]
     cfg = dict(greedy=False, temperature=1.0, top_k=3)
-    from specport.runtime.sampler import Sampler
-
-    sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
-    logits = open_cache(model.session, model.manifest).step(ids).logits[None]
-    p1 = sampler.probs(logits[:, -1])[0]
-    expected: dict[tuple[int, int], float] = {}
-    for t1 in np.flatnonzero(p1):
-        l2 = open_cache(model.session, model.manifest).step([*ids, int(t1)]).logits[None]
-        p2 = sampler.probs(l2[:, -1])[0]
-        for t2 in np.flatnonzero(p2):
-            expected[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    expected = first_two_law(model, ids, SamplingConfig(**cfg))
     n = 1500
     counts: Counter[tuple[int, int]] = Counter()
     drafted = 0
@@ -169,8 +159,7 @@ def test_rejection_sampling_preserves_distribution(tiny, request, method):
         counts[(toks[0], toks[1])] += 1
         drafted += metrics["speculative"]["drafted"]
     assert drafted > n // 10  # the drafts really went through rejection sampling
-    assert set(counts) <= set(expected)
-    tv = 0.5 * sum(abs(counts[c] / n - p) for c, p in expected.items())
+    tv = total_variation(counts, expected)
     assert tv < 0.06, (tv, counts, expected)
 
 
