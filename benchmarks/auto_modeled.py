@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 import specport
-from specport.bench.speculative import chat_prompt_ids
+from specport.bench.prompt_sets import chat_prompt_ids
 from specport.runtime.engine.step_cost import verify_costs
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.hybrid import make_hybrid_proposer

@@ -8,58 +8,18 @@ arithmetic shows. This times a stack of SmolLM2-sized MatMulNBits (576 x 1536, b
 activations (accuracy_level 4, what w4a8 artifacts use) and with float ones (level 1), with and
 without zero points, the configurations alternating in every round. Usage:
 
-    python benchmarks/matmulnbits_rows.py [--threads 2] [--rounds 5]
+    python -m benchmarks.matmulnbits_rows [--threads 2] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
-import numpy as np
-import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from benchmarks.matmulnbits import stack_session, time_rows
 
-K, N, BLOCK, LAYERS = 576, 1536, 32, 60
+BITS, BLOCK = 4, 32
 ROWS = (1, 2, 3, 5, 9)
-
-
-def session(level: int, zero_points: bool, threads: int) -> ort.InferenceSession:
-    """``LAYERS`` independent MatMulNBits over one input, summed."""
-    rng = np.random.default_rng(0)
-    blocks = K // BLOCK
-    nodes, inits = [], []
-    for i in range(LAYERS):
-        weight = rng.integers(0, 255, size=(N, blocks, BLOCK // 2), dtype=np.uint8)
-        scale = rng.random(N * blocks, dtype=np.float32) * 0.01 + 0.001
-        inits += [numpy_helper.from_array(weight, f"w{i}"), numpy_helper.from_array(scale, f"s{i}")]
-        inputs = ["x", f"w{i}", f"s{i}"]
-        if zero_points:
-            zp = rng.integers(0, 255, size=N * ((blocks + 1) // 2), dtype=np.uint8)
-            inits.append(numpy_helper.from_array(zp, f"z{i}"))
-            inputs.append(f"z{i}")
-        nodes.append(
-            helper.make_node(
-                "MatMulNBits", inputs, [f"y{i}"], domain="com.microsoft",
-                K=K, N=N, bits=4, block_size=BLOCK, accuracy_level=level,
-            )
-        )  # fmt: skip
-    nodes.append(helper.make_node("Sum", [f"y{i}" for i in range(LAYERS)], ["y"]))
-    graph = helper.make_graph(
-        nodes,
-        "rows",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", K])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", N])],
-        inits,
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    )
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 def main() -> None:
@@ -68,29 +28,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     configs = {
-        (level, zp): session(level, zp, args.threads) for level in (4, 1) for zp in (False, True)
+        (level, zp): stack_session(BITS, BLOCK, level, zp, args.threads)
+        for level in (4, 1)
+        for zp in (False, True)
     }
-    inputs = {m: np.random.default_rng(m).standard_normal((m, K), dtype=np.float32) for m in ROWS}
-    times: dict[tuple[int, bool, int], list[float]] = {}
     print("load average", Path("/proc/loadavg").read_text().split()[:3])
-    for _ in range(args.rounds):
-        for key, sess in configs.items():
-            for m in ROWS:
-                for _ in range(3):
-                    sess.run(None, {"x": inputs[m]})
-                runs = []
-                for _ in range(10):
-                    start = time.perf_counter()
-                    sess.run(None, {"x": inputs[m]})
-                    runs.append(time.perf_counter() - start)
-                times.setdefault((*key, m), []).append(min(runs))
+    times = time_rows(configs, ROWS, args.rounds)
     print("| accuracy level | zero points | " + " | ".join(f"M = {m}" for m in ROWS) + " |")
     print("|---|---|" + "---:|" * len(ROWS))
     for level, zp in configs:
-        one = statistics.median(times[(level, zp, 1)])
+        one = times[((level, zp), 1)]
         cells = []
         for m in ROWS:
-            t = statistics.median(times[(level, zp, m)])
+            t = times[((level, zp), m)]
             cells.append(f"{t * 1e3:.2f} ms ({t / one:.2f}×)")
         print(f"| {level} | {'yes' if zp else 'no'} | " + " | ".join(cells) + " |")
     print("load average", Path("/proc/loadavg").read_text().split()[:3])

@@ -18,7 +18,7 @@ import statistics
 from typing import Any
 
 import specport
-from specport.bench.speculative import chat_prompt_ids
+from specport.bench.prompt_sets import chat_prompt_ids
 
 
 def main(argv: list[str] | None = None) -> None:

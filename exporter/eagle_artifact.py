@@ -28,9 +28,10 @@ import torch
 from torch import nn
 
 from specport import artifact as art
+from specport.contract import EAGLE_FEATURES
 from specport.errors import InputError
 from specport.exporter.eagle_head import INPUTS, OUTPUTS, EagleHead
-from specport.passes.eagle_features import FEATURES, ExposeEagleFeaturesPass
+from specport.passes.eagle_features import ExposeEagleFeaturesPass
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ MANIFEST_KEY = "eagle"
 
 
 def has_features(model: ir.Model) -> bool:
-    return any(v.name == FEATURES for v in model.graph.outputs)
+    return any(v.name == EAGLE_FEATURES for v in model.graph.outputs)
 
 
 def featured_graph(artifact: Path, manifest: art.Manifest) -> tuple[ir.Model, dict[str, Any]]:
@@ -221,7 +222,7 @@ def eagle_record(
         # "GroupQueryAttention": the CPU graph runs onnxruntime's fused attention
         # (``eagle_graph``); "exported": the TorchScript graph's own ops
         "int8_attention": int8_attention,
-        "features": FEATURES,
+        "features": EAGLE_FEATURES,
         "feature_layers": feature_report.get("layers"),
         "inputs": list(INPUTS),
         "outputs": list(OUTPUTS),

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specport.contract import MAX_TREE_WIDTH
 from specport.exporter.mtp_fold import fold_heads
 from specport.exporter.mtp_heads import export_module
 
@@ -37,7 +38,6 @@ HEADS_GRAPH_NAME = "mtp_heads.onnx"
 HEADS_GRAPH_DATA = "mtp_heads.onnx.data"
 HEADS_INPUTS = ("mtp_tree_hidden", "mtp_tree_tokens", "mtp_tree_head")
 HEADS_OUTPUTS = ("mtp_tree_next", "mtp_tree_ids", "mtp_tree_logp")
-MAX_TREE_WIDTH = 16  # runtime/speculative/tree.py MAX_TREE_WIDTH: the widest tree a run asks for
 
 
 class HeadsTopK(nn.Module):

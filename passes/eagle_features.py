@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from specport.contract import EAGLE_FEATURES
 from specport.errors import PassError
 from specport.passes.base import Pass
 from specport.passes.mtp import find_lm_head_input
@@ -40,7 +41,6 @@ from specport.passes.select_logits import LOGITS_INDEX
 
 logger = logging.getLogger(__name__)
 
-FEATURES = "eagle_features"
 _GATHERS = {"GatherND", "Gather", "GatherElements"}
 
 
@@ -100,8 +100,8 @@ class ExposeEagleFeaturesPass(Pass):
         self.logits_name = logits_name
 
     def precondition(self, model: ir.Model) -> str | None:
-        if any(v.name == FEATURES for v in model.graph.outputs):
-            return f"graph already has an {FEATURES!r} output"
+        if any(v.name == EAGLE_FEATURES for v in model.graph.outputs):
+            return f"graph already has an {EAGLE_FEATURES!r} output"
         if self.logits_name not in {v.name for v in model.graph.outputs}:
             return f"graph has no {self.logits_name!r} output"
         return None
@@ -112,19 +112,19 @@ class ExposeEagleFeaturesPass(Pass):
             final_hidden(model, self.logits_name)
         ]
         graph = model.graph
-        node = ir.node("Concat", parts, attributes={"axis": -1}, name=f"/{FEATURES}/Concat")
+        node = ir.node("Concat", parts, attributes={"axis": -1}, name=f"/{EAGLE_FEATURES}/Concat")
         graph.append(node)
         out = node.outputs[0]
         index = next((v for v in graph.inputs if v.name == LOGITS_INDEX), None)
         if index is not None:
-            out.name = f"/{FEATURES}/all"
+            out.name = f"/{EAGLE_FEATURES}/all"
             out = _gather_positions(graph, out, index)
-        out.name = FEATURES
+        out.name = EAGLE_FEATURES
         out.type = parts[-1].type or ir.TensorType(ir.DataType.FLOAT)
         out.shape = ir.Shape(["batch", "sequence_length", "eagle_feature_dim"])
         graph.outputs.append(out)
         return True, {
-            "output": FEATURES,
+            "output": EAGLE_FEATURES,
             "layers": [*layers, "final_norm"],
             "from": [str(v.name) for v in parts],
             "positions": "logits_index" if index is not None else "all fed",
@@ -133,13 +133,13 @@ class ExposeEagleFeaturesPass(Pass):
 
 def _gather_positions(graph: ir.Graph, values: ir.Value, index: ir.Value) -> ir.Value:
     """values [B, S, F] at index [B, K] -> [B, K, F] (the positions the LM head sees)."""
-    axes = ir.Value(name=f"/{FEATURES}/axes", const_value=ir.tensor(np.array([-1], np.int64)))
+    axes = ir.Value(name=f"/{EAGLE_FEATURES}/axes", const_value=ir.tensor(np.array([-1], np.int64)))
     axes.shape, axes.type = ir.Shape([1]), ir.TensorType(ir.DataType.INT64)
     graph.register_initializer(axes)
-    idx = ir.node("Unsqueeze", [index, axes], name=f"/{FEATURES}/index")
-    idx.outputs[0].name = f"/{FEATURES}/index3"
+    idx = ir.node("Unsqueeze", [index, axes], name=f"/{EAGLE_FEATURES}/index")
+    idx.outputs[0].name = f"/{EAGLE_FEATURES}/index3"
     gather = ir.node(
-        "GatherND", [values, idx.outputs[0]], {"batch_dims": 1}, name=f"/{FEATURES}/gather"
+        "GatherND", [values, idx.outputs[0]], {"batch_dims": 1}, name=f"/{EAGLE_FEATURES}/gather"
     )
     graph.append(idx)
     graph.append(gather)

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from specport.settings import shared_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,7 +62,7 @@ def main() -> None:
     ap.add_argument("--work", default="out/specport-scale")  # under the working directory
     ap.add_argument("--kv-layout", default="shared")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--tokenizer", default=str(ROOT.parent / "shared/models/stories260K"))
+    ap.add_argument("--tokenizer", default=str(shared_dir() / "models" / "stories260K"))
     ap.add_argument("--quant", nargs="*", default=[], help="algorithms to run on the export")
     ap.add_argument("--scheme", default="w4a8")
     ap.add_argument("--calib", default=None)

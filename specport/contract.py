@@ -17,6 +17,14 @@ from specport.errors import InputError
 # attend new token j. Plain runs feed `causal_tree_mask` (exporter/wrapper.py builds the mask).
 TREE_MASK = "tree_mask"
 
+# The target graph's output an EAGLE head reads (passes/eagle_features.py adds it; the runtime's
+# proposer and the drafter's training read it): three layers' hidden states, [B, S, 3H].
+EAGLE_FEATURES = "eagle_features"
+
+# The widest token tree a run takes (--tree-width), and so the TopK width W of the MTP heads
+# graph (exporter/mtp_heads_graph.py) that fills it: a run takes its first columns.
+MAX_TREE_WIDTH = 16
+
 
 def causal_tree_mask(batch: int, s: int) -> np.ndarray:  # [B, S, S] int64, lower-triangular
     """The tree_mask that makes a tree-mask artifact run plain causal attention.

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from specport import artifact as art
+from specport.contract import EAGLE_FEATURES
 from specport.errors import InputError, OutputError, UsageError
 from specport.progress import Stages
 from specport.train.draft_data import KINDS as DATA_KINDS
@@ -217,7 +218,6 @@ def _train_draft(
         write_cpu_draft,
     )
     from specport.interop.files import write_artifact_manifest
-    from specport.passes.eagle_features import FEATURES
     from specport.self_messages import sampling_seconds
 
     del target  # its session holds the graph files open
@@ -228,7 +228,7 @@ def _train_draft(
     tmp = staged / f"{INT8_DRAFT_FILE}.tmp"
     int8_attention = write_cpu_draft(head, staged / DRAFT_FILE, tmp, final.context_length)
     os.replace(tmp, staged / INT8_DRAFT_FILE)
-    feature_pass = next((p for p in final.passes if p.get("output") == FEATURES), {})
+    feature_pass = next((p for p in final.passes if p.get("output") == EAGLE_FEATURES), {})
     report.update(
         {
             "source": _source_description(data, data_kind),
@@ -610,9 +610,7 @@ def _chat_caches(
 
 
 def _feature_dim(model: Any) -> int:
-    from specport.passes.eagle_features import FEATURES
-
-    out = next(o for o in model.session.get_outputs() if o.name == FEATURES)
+    out = next(o for o in model.session.get_outputs() if o.name == EAGLE_FEATURES)
     dim = out.shape[-1]
     return int(dim) if isinstance(dim, int) else 3 * int(model.manifest.config["hidden_size"])
 
@@ -620,14 +618,13 @@ def _feature_dim(model: Any) -> int:
 def _runner(model: Any) -> Any:
     """ids -> (features [S, 3H], the target's top ids [S, K] (argmax first), their
     probabilities [S, K]) in one run of the target."""
-    from specport.passes.eagle_features import FEATURES
     from specport.runtime.kv.seq_cache import open_cache
     from specport.train.eagle_cache import top_k
 
     def run(ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         step = open_cache(model.session, model.manifest, len(ids) + 1).step(ids)
         top_ids, top_probs = top_k(np.asarray(step.logits[: len(ids)]))
-        return np.array(step.outputs[FEATURES][0, : len(ids)], copy=True), top_ids, top_probs
+        return np.array(step.outputs[EAGLE_FEATURES][0, : len(ids)], copy=True), top_ids, top_probs
 
     return run
 

@@ -15,9 +15,8 @@ from typing import Any
 from specport.errors import InputError, UsageError
 from specport.options import option
 
-METHODS = ("ngram", "suffix", "draft", "mtp", "eagle", "auto")
-MAX_DRAFT = 16  # runtime/speculative/loop.py
-MAX_TREE_WIDTH = 16  # runtime/speculative/tree_generator.py
+METHODS = ("ngram", "suffix", "draft", "mtp", "eagle", "auto")  # as runtime/speculative/loop.py
+MAX_DRAFT = 16  # as runtime/speculative/loop.py, which cannot import this layer
 DEFAULT_NUM_DRAFT = 4
 AUTO_NUM_DRAFT = 8  # --speculative auto: long suffix matches pay, short drafts are its choice
 
@@ -101,6 +100,8 @@ def check_generation(
     tree_width: int = 1,
     batch: int = 1,
 ) -> None:
+    from specport.contract import MAX_TREE_WIDTH  # numpy: loaded with the model already
+
     _int_in("max_new_tokens", max_new_tokens, 1)
     _int_in("tree_width", tree_width, 1, MAX_TREE_WIDTH)
     if speculative is not None and speculative not in METHODS:

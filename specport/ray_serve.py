@@ -28,8 +28,10 @@ from typing import Any
 
 from specport.errors import InputError
 from specport.loading import load
-from specport.runtime.engine import PREFILL_STALL, make_engine
-from specport.runtime.serve.app import ServeSettings, make_app
+from specport.runtime.engine import make_engine
+from specport.runtime.engine.prefill_pace import STALL as PREFILL_STALL
+from specport.runtime.serve.app import make_app
+from specport.runtime.serve.state import ServeSettings
 from specport.runtime.speculative.suffix_record import (
     SuffixRecorder,
     check_record,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,24 @@ pytest_plugins = ["tests.gc_freeze"]  # long-lived objects kept out of gc.collec
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """The ../shared data folder (SPECPORT_SHARED); skips the test when it is absent."""
-    path = _shared_dir()
-    if not path.is_dir():
-        pytest.skip(f"shared data folder {path} is absent (set SPECPORT_SHARED to use it)")
-    return path
+def shared_path() -> Callable[..., Path]:
+    """`shared_path("models", "stories260K")`: that path in the shared data folder (the setting
+    SPECPORT_SHARED); the test skips, naming the path, when it is absent."""
+
+    def find(*parts: str | Path) -> Path:
+        path = _shared_dir().joinpath(*parts)
+        if not path.exists():
+            pytest.skip(f"{path} is absent (set SPECPORT_SHARED to the shared data folder)")
+        return path
+
+    return find
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that read the shared data folder carry the `shared` mark (`-m "not shared"`)."""
+    for item in items:
+        if "shared_path" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.shared)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -92,8 +92,9 @@ def cached_mtp(
     import torch
 
     from specport.artifact import read_manifest
+    from specport.exporter.mtp_artifact import write_mtp_artifact
     from specport.exporter.mtp_heads import MTPHeads
-    from specport.train.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base
 
     base, out = Path(base), Path(out)
     report = {"source": "test"} if report is None else report

@@ -357,6 +357,39 @@ def load_reference(model_dir: Path, model_type: str) -> Any:
     return model.eval()
 
 
+def frozen_tiny_llama(out_dir: Path) -> Any:
+    """The tiny Llama as a PyTorch model with its weights frozen: the base MTP heads train on."""
+    model = load_reference(build_tiny_model("llama", out_dir), "llama")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def eagle_config() -> Any:
+    """A tiny EAGLE head's shape: hidden 32, 4 heads (2 KV), vocab 50, draft vocabulary 20."""
+    from specport.exporter.eagle_head import EagleConfig
+
+    return EagleConfig(
+        hidden=32,
+        heads=4,
+        kv_heads=2,
+        head_dim=8,
+        intermediate=64,
+        rope_theta=10000.0,
+        eps=1e-5,
+        vocab=50,
+        draft_vocab=20,
+    )
+
+
+def tiny_eagle_head() -> Any:
+    """An untrained EAGLE head of `eagle_config()` (seeded), its draft vocabulary every other id."""
+    from specport.exporter.eagle_head import EagleHead
+
+    torch.manual_seed(0)
+    return EagleHead(eagle_config(), torch.randn(50, 32), torch.arange(0, 40, 2)).eval()
+
+
 def hf_greedy(model: Any, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """transformers' own greedy `generate`, EOS ignored; returns only the new tokens."""
     # `eos_token_id=None` as a generate() argument means "use the model's"; clear it instead.

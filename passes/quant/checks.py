@@ -15,10 +15,10 @@ from specport.artifact import Manifest
 from specport.errors import QuantizationError
 from specport.history import entries
 from specport.options import option
-from specport.passes.quant.kv_cache import KV_CLIPS, default_kv_granularity
-from specport.passes.quant.kv_calibration import KV_GRANULARITIES
+from specport.passes.quant.kv_cache import default_kv_granularity
+from specport.passes.quant.kv_calibration import KV_CLIPS, KV_GRANULARITIES
 from specport.passes.quant.w8a8 import FORMS as W8A8_FORMS
-from specport.passes.quant.weight_only import NEEDS_CALIB
+from specport.passes.quant.weight_quant import NEEDS_CALIB
 
 SCHEMES = ("w8a8", "w8a16", "w4a16", "w4a8")
 

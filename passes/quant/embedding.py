@@ -23,7 +23,7 @@ from specport.passes.quant.graph import (
     replace_node,
 )
 from specport.passes.quant.rtn import quantize_rtn
-from specport.passes.quant.weight_only import CHUNK_ELEMENTS, concat_rows
+from specport.passes.quant.weight_quant import CHUNK_ELEMENTS, concat_rows
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ Rule: 4 bits when the head at the wider precision is more than `SHARE_MIN` of th
 per token AND the 4-bit head's cross-entropy increase is under `CE_REL_MAX` AND its top-1
 agreement is at least `TOP1_MIN`; otherwise the wider head (8 bits for w4a8, float for w4a16).
 Both widths are costed and measured at the block size the pass would emit: an 8-bit head with
-int8 activations takes a larger block than the body (`weight_only.head_group_size`).
+int8 activations takes a larger block than the body (`weight_quant.head_group_size`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from specport.options import option
 from specport.passes.quant.blockquant import BlockQuant, dequantize
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.graph import WeightSite, find_weight_matmuls
-from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass, output_rel_error
+from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
+from specport.passes.quant.weight_quant import output_rel_error
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,6 @@ from specport.errors import QuantizationError
 from specport.passes.base import Pass
 from specport.passes.quant.graph import add_initializer, named, remove_unused
 from specport.passes.quant.kv_cache_shared import QuantizeSharedKVCachePass, is_shared_graph
-from specport.passes.quant.kv_calibration import KV_CLIPS as KV_CLIPS  # the recipe's options
 from specport.passes.quant.kv_calibration import calibrate_kv_scales
 from specport.passes.quant.kv_select import choose_for_artifact
 

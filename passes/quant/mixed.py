@@ -20,7 +20,7 @@ import onnx_ir as ir
 from specport.passes.quant.blockquant import dequantize
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.graph import find_weight_matmuls
-from specport.passes.quant.weight_only import output_rel_error, quantize_weight
+from specport.passes.quant.weight_quant import output_rel_error, quantize_weight
 
 logger = logging.getLogger(__name__)
 

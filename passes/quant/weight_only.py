@@ -47,10 +47,9 @@ from specport.passes.quant.graph import (
     remove_unused,
     replace_node,
 )
-from specport.passes.quant.weight_quant import (  # noqa: F401 - re-exported
+from specport.passes.quant.weight_quant import (
     ALGOS,
     CHUNK_ELEMENTS,
-    HEAD_GROUPS,
     NEEDS_CALIB,
     PARALLEL_MIN_ELEMENTS,
     WORKERS,
@@ -58,7 +57,6 @@ from specport.passes.quant.weight_quant import (  # noqa: F401 - re-exported
     error_terms,
     head_group_size,
     integer_zero_points,
-    output_rel_error,
     quantize_weight,
 )
 from specport.progress import track

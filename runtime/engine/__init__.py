@@ -10,18 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from specport.errors import ArtifactError, InputError
-from specport.runtime.engine.base import Engine, Event, Request, RequestHandle
+from specport.runtime.engine.base import Engine
 from specport.runtime.engine.prefill_pace import STALL as PREFILL_STALL
 
-__all__ = [
-    "ENGINE_KINDS",
-    "PREFILL_STALL",
-    "Engine",
-    "Event",
-    "Request",
-    "RequestHandle",
-    "make_engine",
-]
+__all__ = ["ENGINE_KINDS", "make_engine"]
 
 ENGINE_KINDS = ("auto", "batching", "serial")
 

@@ -34,7 +34,7 @@ from typing import Any
 from specport.runtime.engine.step_cost import StepCost, best_width, verify_costs
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.base import Proposer
-from specport.runtime.speculative.loop import METHODS, default_adaptive, make_proposer
+from specport.runtime.speculative.loop import default_adaptive, make_proposer
 from specport.runtime.speculative.metrics import AdaptiveDraftLength, SpecDecodingStats
 from specport.runtime.speculative.verify import GREEDY, Verifier, make_verifier
 
@@ -46,7 +46,6 @@ SPEC_MAX_ROWS = 1  # verify row by row only while this many rows (or fewer) deco
 SPEC_MAX_TOKENS = 24
 
 __all__ = [
-    "METHODS",
     "SPEC_MAX_ROWS",
     "SPEC_MAX_TOKENS",
     "EngineSpeculation",

@@ -10,10 +10,3 @@
 - `ray.py`: the same app as a Ray Serve deployment (`specport serve --replicas N`).
 The load test (`specport loadtest`) lives in `specport.bench.loadtest`.
 """
-
-from __future__ import annotations
-
-from specport.runtime.serve.app import ServeSettings, make_app
-from specport.runtime.serve.server import Server
-
-__all__ = ["ServeSettings", "Server", "make_app"]

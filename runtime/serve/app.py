@@ -38,7 +38,7 @@ from specport.runtime.serve.responses import TokenText, model_card, models_list
 from specport.runtime.serve.served import ServedModel
 from specport.runtime.serve.state import AppState, ServeSettings, log_access
 
-__all__ = ["AppState", "ServeSettings", "make_app"]
+__all__ = ["make_app"]
 
 logger = logging.getLogger(__name__)
 

@@ -168,6 +168,25 @@ class ProposerBase:
         return None
 
 
+class RowProposer(ProposerBase):
+    """A proposer that drafts each context row alone, from its tokens only (`propose_one`), at
+    most `max_draft` tokens: the n-gram and suffix matchers."""
+
+    max_draft: int
+
+    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
+        """One draft row per context row (possibly empty when nothing matches)."""
+        k = min(int(num_draft), self.max_draft)
+        if k <= 0:
+            return Drafts.empty(len(context))
+        if len(context) == 1:
+            return Drafts.one(self.propose_one(context[0], k))
+        return Drafts.from_lists([self.propose_one(row, k) for row in context])
+
+    def propose_one(self, tokens: list[int], num_draft: int) -> list[int]:
+        raise NotImplementedError
+
+
 class _Adopted(ProposerBase):
     """A caller's proposer with only part of the protocol (``propose``, maybe ``observe``,
     ``reset``, ``configure``): the defaults fill in the rest."""

@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
+from specport.contract import EAGLE_FEATURES
 from specport.errors import InputError
 from specport.runtime.speculative.base import Drafts, ProposerBase
 from specport.runtime.speculative.token_tree import beam_step
 
 logger = logging.getLogger(__name__)
 
-FEATURES = "eagle_features"
 # A tree path the head gives a lower cumulative probability is left out: every scored node
 # costs target time. The MTP trees' cut (runtime.speculative.mtp_tree.MIN_PROB, measured
 # there), not tuned for EAGLE heads, which are over-confident on unseen chat (see the guide)
@@ -73,7 +73,7 @@ class EagleProposer(ProposerBase):
         cfg = info["config"]
         self.session = session
         self.draft_ids = draft_ids
-        self.features_name = str(info.get("features") or FEATURES)
+        self.features_name = str(info.get("features") or EAGLE_FEATURES)
         self.hidden = int(cfg["hidden"])
         self.feat_dim = int(cfg["feature_layers"]) * self.hidden
         self.kv_shape = (1, int(cfg["kv_heads"]), 0, int(cfg["head_dim"]))
@@ -258,9 +258,9 @@ def _open_draft(model: Any, info: dict[str, Any]) -> Any:
     from specport.runtime.session import SessionConfig, make_session
 
     outputs = {o.name for o in model.session.get_outputs()}
-    if str(info.get("features") or FEATURES) not in outputs:
+    if str(info.get("features") or EAGLE_FEATURES) not in outputs:
         raise InputError(
-            f"{model.path}: the target graph has no {FEATURES!r} output; the artifact is "
+            f"{model.path}: the target graph has no {EAGLE_FEATURES!r} output; the artifact is "
             "incomplete (rerun `specport train-draft`)."
         )
     base = getattr(model, "session_config", None) or SessionConfig(provider=model.provider)

@@ -187,6 +187,29 @@ def proposer_factory(
     return first, make
 
 
+def generate_in_slot(
+    gen: Any,  # SpeculativeGenerator | TreeSpeculativeGenerator
+    slot: KVSlot | None,
+    model: Any,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    sampling: SamplingConfig | None,
+    eos_ids: Sequence[int],
+    on_token: OnToken | None,
+) -> tuple[list[int], str, dict[str, Any]]:
+    """`gen.generate` on the cache `slot` keeps from the model's last call (its prefix is not
+    prefilled again), leaving the cache there for the next; None: a fresh cache.
+    Returns (new tokens, finish reason, metrics with the model's provider)."""
+    if slot is not None:
+        gen.last_kv, gen.last_ids = slot.cache, slot.held
+        slot.held = None  # the cache changes now: held again only once this call ends
+    out = gen.generate(prompt_ids, max_new_tokens, sampling, eos_ids, on_token)
+    if slot is not None:
+        slot.cache, slot.held = gen.last_kv, gen.last_ids
+    out.metrics["provider"] = getattr(model, "provider", None)
+    return out.tokens, out.finish_reason, out.metrics
+
+
 def default_adaptive(proposer: Proposer) -> bool:
     """Whether adaptive draft length is on by default for this proposer (chosen by measurement)."""
     return adopt(proposer).adaptive_default
@@ -224,11 +247,6 @@ def generate_speculative(
         from specport.runtime.engine.step_cost import live_verify_costs
 
         gen.live_costs = live_verify_costs(model)
-    if slot is not None:  # a cache from the model's last call: its prefix is not prefilled
-        gen.last_kv, gen.last_ids = slot.cache, slot.held
-        slot.held = None  # the cache changes now: held again only once this call ends
-    out = gen.generate(prompt_ids, max_new_tokens, sampling, eos_ids, on_token)
-    if slot is not None:
-        slot.cache, slot.held = gen.last_kv, gen.last_ids
-    out.metrics["provider"] = getattr(model, "provider", None)
-    return out.tokens, out.finish_reason, out.metrics
+    return generate_in_slot(
+        gen, slot, model, prompt_ids, max_new_tokens, sampling, eos_ids, on_token
+    )

@@ -15,12 +15,12 @@ import logging
 import numpy as np
 
 from specport.errors import InputError
-from specport.runtime.speculative.base import Drafts, ProposerBase
+from specport.runtime.speculative.base import RowProposer
 
 logger = logging.getLogger(__name__)
 
 
-class NgramProposer(ProposerBase):
+class NgramProposer(RowProposer):
     """Drafts the continuation of the most recent earlier match of the longest suffix n-gram.
 
     The match is searched with n from ``max_n`` down to ``min_n``; the first n that matches
@@ -39,15 +39,6 @@ class NgramProposer(ProposerBase):
         self.min_n = min_n
         self.max_n = max_n
         self.max_draft = max_draft
-
-    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
-        """One draft row per context row (possibly empty when nothing matches)."""
-        k = min(int(num_draft), self.max_draft)
-        if k <= 0:
-            return Drafts.empty(len(context))
-        if len(context) == 1:
-            return Drafts.one(self.propose_one(context[0], k))
-        return Drafts.from_lists([self.propose_one(row, k) for row in context])
 
     def propose_one(self, tokens: list[int] | np.ndarray, num_draft: int) -> list[int]:
         """Draft for one sequence."""

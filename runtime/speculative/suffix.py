@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from specport.errors import InputError
-from specport.runtime.speculative.base import Drafts, ProposerBase
+from specport.runtime.speculative.base import RowProposer
 from specport.runtime.speculative.ngram import copy_after, find_suffix_match
 
 logger = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def _suffix_key(ngram: np.ndarray) -> np.int64:
     return key
 
 
-class SuffixProposer(ProposerBase):
+class SuffixProposer(RowProposer):
     """Drafts from the request's own text or from a `SuffixIndex` of earlier outputs,
     whichever matches the longer suffix (the request's own text on ties)."""
 
@@ -201,14 +201,6 @@ class SuffixProposer(ProposerBase):
         self.max_draft = max_draft
         self.min_share = min_share
         self.context_min_n = context_min_n
-
-    def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
-        k = min(int(num_draft), self.max_draft)
-        if k <= 0:
-            return Drafts.empty(len(context))
-        if len(context) == 1:
-            return Drafts.one(self.propose_one(context[0], k))
-        return Drafts.from_lists([self.propose_one(row, k) for row in context])
 
     def finish(self, answer: Sequence[int]) -> None:
         """A served request's answer joins the corpus later requests draft from."""

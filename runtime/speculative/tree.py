@@ -41,7 +41,7 @@ from typing import Any
 from specport.errors import InputError
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.exactness import warn_if_not_token_exact
-from specport.runtime.speculative.loop import KVSlot, OnToken
+from specport.runtime.speculative.loop import KVSlot, OnToken, generate_in_slot
 from specport.runtime.speculative.mtp_tree import mtp_tree_generator
 from specport.runtime.speculative.tree_generator import TreeSpeculativeGenerator
 
@@ -91,11 +91,6 @@ def generate_tree(
         )
     else:
         raise InputError(f"token trees take candidates from ngram, mtp or eagle, not {method!r}")
-    if slot is not None:  # a cache from the model's last call: its prefix is not prefilled
-        gen.last_kv, gen.last_ids = slot.cache, slot.held
-        slot.held = None  # the cache changes now: held again only once this call ends
-    out = gen.generate(prompt_ids, max_new_tokens, sampling, eos_ids, on_token)
-    if slot is not None:
-        slot.cache, slot.held = gen.last_kv, gen.last_ids
-    out.metrics["provider"] = getattr(model, "provider", None)
-    return out.tokens, out.finish_reason, out.metrics
+    return generate_in_slot(
+        gen, slot, model, prompt_ids, max_new_tokens, sampling, eos_ids, on_token
+    )

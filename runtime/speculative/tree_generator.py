@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from specport.artifact import Manifest
-from specport.contract import TREE_MASK
+from specport.contract import MAX_TREE_WIDTH, TREE_MASK
 from specport.errors import InputError
 from specport.runtime.engine.driver import generate_rows
 from specport.runtime.sampler import SamplingConfig
@@ -30,7 +30,6 @@ from specport.runtime.speculative.loop import (
 )
 from specport.runtime.speculative.token_tree import TokenTree, ngram_candidates
 
-MAX_TREE_WIDTH = 16
 METHOD = "ngram-tree"
 
 # candidates(context, depth, width) -> up to `width` continuations of up to `depth` tokens,

@@ -32,7 +32,7 @@ from specport.bench.arrivals import (
     served_rows,
 )
 from specport.bench.arrivals import serve_load as _load
-from specport.bench.speculative import CHAT_SETS, PROMPT_SETS, chat_prompt_ids
+from specport.bench.prompt_sets import CHAT_SETS, PROMPT_SETS, chat_prompt_ids
 from specport.errors import ArtifactError, InputError
 from specport.progress import Loop
 from specport.runtime.engine.batching import BatchingEngine

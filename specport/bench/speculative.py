@@ -23,11 +23,8 @@ from typing import Any
 
 import specport
 from specport.bench.prompt_sets import (
-    CHAT_SETS,
-    PROMPT_SETS,
     BenchPrompt,
     PromptFileChoice,
-    chat_prompt_ids,
     file_prompts,
     read_choice,
     set_prompt_ids,
@@ -48,10 +45,7 @@ from specport.runtime.speculative.tree import generate_tree
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "CHAT_SETS",
-    "PROMPT_SETS",
     "SpecBenchConfig",
-    "chat_prompt_ids",
     "format_speculative_table",
     "run_speculative_bench",
 ]

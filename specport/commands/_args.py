@@ -10,7 +10,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-from specport.generation_args import METHODS, TREE_METHODS
+from specport.generation_args import MAX_DRAFT, METHODS, TREE_METHODS
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -68,7 +68,6 @@ TEMPERATURE = float_in(0.0, 1e6, low_open=True, what=" (use --greedy for argmax)
 TOP_P = float_in(0.0, 1.0, low_open=True, what=" (1 turns it off)")
 MIN_P = float_in(0.0, 1.0, what=" (0 turns it off)")
 PENALTY = float_in(0.0, 1e6, low_open=True, what=" (1 turns it off)")
-MAX_DRAFT = 16
 
 
 def add_runtime_options(p: argparse.ArgumentParser) -> None:

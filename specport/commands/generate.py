@@ -22,8 +22,6 @@ from specport.commands._args import (
 )
 from specport.errors import InputError, UsageError
 
-__all__ = ["add_parser", "add_runtime_options", "add_speculative_options", "run"]
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text from an artifact")

@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from specport.cli import emit_json
-from specport.commands._args import add_suffix_record_option, check_speculative
-from specport.commands.generate import add_runtime_options, add_speculative_options
+from specport.commands._args import (
+    add_runtime_options,
+    add_speculative_options,
+    add_suffix_record_option,
+    check_speculative,
+)
 from specport.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -220,7 +224,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> Any:
-    from specport.runtime.serve import ServeSettings
+    from specport.runtime.serve.state import ServeSettings
 
     template = None
     if args.chat_template:
@@ -261,7 +265,8 @@ def run(args: argparse.Namespace) -> int:
 def _serve_local(args: argparse.Namespace, settings: Any) -> int:
     from specport.commands._speculative import load_model, start_recording
     from specport.runtime.engine import make_engine
-    from specport.runtime.serve import Server, make_app
+    from specport.runtime.serve.app import make_app
+    from specport.runtime.serve.server import Server
 
     model, record_largest = load_model(args)
     engine = make_engine(

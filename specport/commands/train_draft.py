@@ -13,12 +13,12 @@ import specport
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE, int_at_least, int_between
 from specport.drafting import (
-    DATA_KINDS,
     DEFAULT_DATA_KIND,
     DEFAULT_MESSAGES,
     DEFAULT_SEQUENCES,
     MESSAGES,
 )
+from specport.train.draft_data import KINDS as DATA_KINDS
 from specport.train.eagle_cache import LABELS, TOP_K
 
 

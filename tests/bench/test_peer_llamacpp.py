@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -46,11 +47,9 @@ def test_a_non_gguf_source_asks_for_peer_gguf(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.shared
-def test_llamacpp_peer_decodes_the_reference_tokens(shared_dir: Path) -> None:
+def test_llamacpp_peer_decodes_the_reference_tokens(shared_path: Callable[..., Path]) -> None:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (bench extra)")
-    gguf = shared_dir / GGUF
-    if not gguf.exists():
-        pytest.skip(f"{gguf} is absent")
+    gguf = shared_path(GGUF)
     from specport.bench.peer_llamacpp import LlamaCppPeer
 
     peer = LlamaCppPeer(_manifest(str(gguf)), SimpleNamespace(threads=2), "F32", None)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ prompt lookup and draft-model speculation keep them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,13 +18,13 @@ PROMPT = "Once upon a time, there was a cat. The cat sat on the mat. Once upon a
 
 @pytest.mark.slow
 @pytest.mark.shared
-def test_openvino_fp32_greedy_tokens_equal_specport(shared_dir: Path, tmp_path) -> None:
+def test_openvino_fp32_greedy_tokens_equal_specport(
+    shared_path: Callable[..., Path], tmp_path
+) -> None:
     venv = ov.venv_dir()
     if not (venv / ov.READY).exists():
         pytest.skip(f"OpenVINO GenAI's venv {venv} is absent (created on first --peer use)")
-    source = shared_dir / "models" / "stories260K"
-    if not (source / "config.json").exists():
-        pytest.skip(f"{source} is absent")
+    source = shared_path("models", "stories260K")
     import specport
     from specport import artifact as art
     from specport.bench.spec_peers import SpecPeer

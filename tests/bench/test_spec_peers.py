@@ -4,6 +4,7 @@ greedy tokens, and the report puts them in the same table as specport's methods.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -66,11 +67,9 @@ def test_speculative_bench_runs_genai_with_and_without_its_ngram(tmp_path, capsy
 
 @pytest.mark.slow
 @pytest.mark.shared
-def test_llamacpp_prompt_lookup_keeps_its_greedy_tokens(shared_dir: Path) -> None:
+def test_llamacpp_prompt_lookup_keeps_its_greedy_tokens(shared_path: Callable[..., Path]) -> None:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (bench extra)")
-    gguf = shared_dir / GGUF
-    if not gguf.exists():
-        pytest.skip(f"{gguf} is absent")
+    gguf = shared_path(GGUF)
     from specport.bench.spec_peers import SpecPeer
 
     manifest = SimpleNamespace(source={"path": str(gguf)}, quant=None)

@@ -71,77 +71,35 @@ def test_draft_beside_other_methods_in_one_run(tiny_llama_artifact):
     assert 0.5 < rows["draft"]["steps_that_drafted"] <= 1.0  # adaptive off: all but a last step
 
 
-def test_cli_bench_speculative_json(tiny_llama_artifact, capsys):
-    rc = main(
-        [
-            "bench",
-            str(tiny_llama_artifact),
-            "--speculative",
-            "ngram",
-            "--prompt-ids",
-            "3,4,5,3,4,5,3",
-            "--new-tokens",
-            "8",
-            "--runs",
-            "1",
-            "--threads",
-            "1",
-            "--json",
-        ]
-    )
+def _bench_json(capsys, artifact, *args: str) -> dict:
+    """`specport bench ARTIFACT ARGS --runs 1 --threads 1 --json`'s report."""
+    rc = main(["bench", str(artifact), *args, "--runs", "1", "--threads", "1", "--json"])
     assert rc == 0
-    report = json.loads(capsys.readouterr().out)
-    assert [r["engine"] for r in report["rows"]] == ["plain", "ngram"]
+    return json.loads(capsys.readouterr().out)
 
 
-def test_cli_bench_speculative_adaptive_both(tiny_llama_artifact, capsys):
-    rc = main(
-        [
-            "bench",
-            str(tiny_llama_artifact),
-            "--speculative",
-            "ngram",
-            "--adaptive",
-            "both",
-            "--prompt-ids",
-            "3,4,5,3,4,5,3",
-            "--new-tokens",
-            "8",
-            "--runs",
-            "1",
-            "--threads",
-            "1",
-            "--json",
-        ]
-    )
-    assert rc == 0
-    report = json.loads(capsys.readouterr().out)
-    assert [r["engine"] for r in report["rows"]] == ["plain", "ngram", "ngram+adaptive"]
+@pytest.mark.parametrize(
+    ("adaptive", "engines"),
+    [([], ["plain", "ngram"]), (["--adaptive", "both"], ["plain", "ngram", "ngram+adaptive"])],
+)
+def test_cli_bench_speculative_json(tiny_llama_artifact, capsys, adaptive, engines):
+    report = _bench_json(
+        capsys, tiny_llama_artifact, "--speculative", "ngram", *adaptive,
+        "--prompt-ids", "3,4,5,3,4,5,3", "--new-tokens", "8",
+    )  # fmt: skip
+    assert [r["engine"] for r in report["rows"]] == engines
     assert all(r["tokens_equal_plain"] for r in report["rows"])
-    assert report["plain"] == "same artifact" and report["adaptive"] == "both"
+    assert report["plain"] == "same artifact"
+    if adaptive:
+        assert report["adaptive"] == "both"
 
 
 def test_ceiling_rows_accept_every_draft_and_keep_tokens(tiny_llama_artifact, capsys):
-    rc = main(
-        [
-            "bench",
-            str(tiny_llama_artifact),
-            "--ceiling",
-            "--num-draft",
-            "3",
-            "--prompt-ids",
-            "3,4,5,6",
-            "--new-tokens",
-            "12",
-            "--runs",
-            "1",
-            "--threads",
-            "1",
-            "--json",
-        ]
-    )
-    assert rc == 0
-    rows = {r["engine"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    report = _bench_json(
+        capsys, tiny_llama_artifact, "--ceiling", "--num-draft", "3",
+        "--prompt-ids", "3,4,5,6", "--new-tokens", "12",
+    )  # fmt: skip
+    rows = {r["engine"]: r for r in report["rows"]}
     assert list(rows) == ["plain", "ceiling K=1", "ceiling K=2", "ceiling K=3"]
     for k in (1, 2, 3):
         row = rows[f"ceiling K={k}"]
@@ -178,16 +136,14 @@ def test_ceiling_reruns_on_its_own_output_when_verify_runs_round_differently():
 
 
 @pytest.mark.slow
-def test_ceiling_drafts_right_on_an_int8_activation_artifact(shared_dir, tmp_path):
+def test_ceiling_drafts_right_on_an_int8_activation_artifact(shared_path, tmp_path):
     """stories260K at w4a8: its verify runs round differently from one-token steps, so the
     speculative tokens leave plain greedy's (equal: False), yet every ceiling draft is right
     (before, the rows drafted nothing past the first near-tie)."""
     from specport.passes.quant.apply import quantize_artifact
     from tests.export_cache import cached_export
 
-    src = shared_dir / "models" / "stories260K"
-    if not (src / "config.json").exists():
-        pytest.skip(f"stories260K not found under {shared_dir}")
+    src = shared_path("models", "stories260K")
     cached_export(src, tmp_path / "fp32", skip_verify=True, progress=False)
     quantize_artifact(tmp_path / "fp32", tmp_path / "w4a8", "w4a8", algo="hqq")
     report = run_speculative_bench(

@@ -39,6 +39,7 @@ def model(tiny_llama_artifact):
         ({"prompt_ids": [1, 2], "speculative": "medusa"}, "speculative"),
         ({"prompt_ids": [1, 2], "speculative": "draft"}, "draft"),
         ({"prompt_ids": [1, 2], "tree_width": 2}, "tree_width"),
+        ({"prompt_ids": [1, 2], "speculative": "ngram", "tree_width": 17}, "tree_width"),
         ({"prompt_ids": [1, 2], "speculative": "ngram", "num_draft": 0}, "num_draft"),
         ({"prompt_ids": [1, 2], "speculative": "mtp"}, "train-mtp"),
         ({"prompt_ids": [1, 2], "on_text": print, "stream": True}, "on_text"),
@@ -117,3 +118,13 @@ def test_num_draft_default_fits_the_mtp_heads(model):
             resolve_num_draft(model, "mtp", 4)
     finally:
         model.manifest.mtp = saved
+
+
+def test_the_call_checks_use_the_runtimes_methods_and_draft_limit():
+    """generation_args keeps its own copies so that the CLI parses without loading the runtime
+    (which cannot import the API layer): they must stay the runtime's."""
+    from specport import generation_args
+    from specport.runtime.speculative import loop
+
+    assert generation_args.METHODS == loop.METHODS
+    assert generation_args.MAX_DRAFT == loop.MAX_DRAFT

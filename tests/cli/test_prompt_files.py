@@ -203,9 +203,9 @@ def test_a_folder_is_not_a_prompt_file(tmp_path):
 
 
 @pytest.mark.shared
-def test_shared_self_instruct_seed_tasks(shared_dir):
+def test_shared_self_instruct_seed_tasks(shared_path):
     """The 175 human-written instructions: the instruction, then the first instance's input."""
-    pf = read_prompt_file(shared_dir / "text" / "prompts" / "self_instruct_seed_tasks.jsonl")
+    pf = read_prompt_file(shared_path("text", "prompts", "self_instruct_seed_tasks.jsonl"))
     assert pf.format == "instruction" and len(pf.records) == 175
     with_input = [r for r in pf.records if "\n\n" in r.turns[0]]
     assert 0 < len(with_input) < 175

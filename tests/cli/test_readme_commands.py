@@ -206,8 +206,8 @@ def test_specport_command_parses(cmd: Command) -> None:
 def test_bench_names_real_prompt_sets_and_peers(cmd: Command) -> None:
     """--prompt-set and --peer are checked when the bench starts, not by the parser."""
     from specport.bench.peers import SPECPORT_PEER, check_peer_name
+    from specport.bench.prompt_sets import CHAT_SETS, PROMPT_SETS
     from specport.bench.spec_peers import check_spec_peer_name
-    from specport.bench.speculative import CHAT_SETS, PROMPT_SETS
     from specport.errors import InputError
 
     args = _specport_parser().parse_args(list(cmd.argv))

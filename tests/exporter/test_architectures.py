@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -301,9 +302,9 @@ PROMPT = "Once upon a time"
 PROMPT_IDS = [1, 403, 407, 261, 378]
 
 
-def reference_text(shared: Path) -> str:
+def reference_text(readme: Path) -> str:
     """The greedy reference paragraph quoted (indented) in shared/README.md."""
-    lines = (shared / "README.md").read_text().splitlines()
+    lines = readme.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("    Once upon a time"))
     para = []
     for line in lines[start:]:
@@ -320,21 +321,21 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def stories_hf_artifact(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    src = shared_dir / "models" / "stories260K"
-    if not (src / "config.json").exists():
-        pytest.skip(f"{src} is absent")
+def stories_hf_artifact(
+    shared_path: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    src = shared_path("models", "stories260K")
     out = tmp_path_factory.mktemp("stories") / "hf"
     cached_export(src, out)  # `specport export SRC --out OUT`'s defaults; shared with interop
     return out
 
 
 @pytest.fixture(scope="module")
-def stories_llama2c_artifact(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    ckpt = shared_dir / "models" / "llama2c" / "stories260K.bin"
-    tok = shared_dir / "models" / "llama2c" / "tok512.bin"
-    if not (ckpt.exists() and tok.exists()):
-        pytest.skip(f"{ckpt} or {tok} is absent")
+def stories_llama2c_artifact(
+    shared_path: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    ckpt = shared_path("models", "llama2c", "stories260K.bin")
+    tok = shared_path("models", "llama2c", "tok512.bin")
     out = tmp_path_factory.mktemp("stories") / "llama2c"
     cached_export(ckpt, out, tokenizer=tok)  # as `specport export CKPT --tokenizer TOK`
     return out
@@ -343,13 +344,15 @@ def stories_llama2c_artifact(shared_dir: Path, tmp_path_factory: pytest.TempPath
 @pytest.mark.slow
 @pytest.mark.shared
 @pytest.mark.parametrize("which", ["stories_hf_artifact", "stories_llama2c_artifact"])
-def test_stories260k_reproduces_reference_text(request, shared_dir: Path, which: str) -> None:
+def test_stories260k_reproduces_reference_text(
+    request, shared_path: Callable[..., Path], which: str
+) -> None:
     artifact = request.getfixturevalue(which)
     proc = _cli("generate", str(artifact), "--prompt", PROMPT, "--max-new-tokens", "60", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     text = PROMPT + result["text"]
-    assert text.startswith(reference_text(shared_dir)), text
+    assert text.startswith(reference_text(shared_path("README.md"))), text
     # Same tokens through the API from explicit ids: the tokenizer agrees with the reference ids.
     model = specport.load(artifact)
     assert model.encode(PROMPT) == PROMPT_IDS

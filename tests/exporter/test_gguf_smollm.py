@@ -4,6 +4,7 @@ reference greedy tokens (transformers 5.23 loading the same file) exactly."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,6 @@ import pytest
 
 pytest.importorskip("gguf", reason="the gguf extra is not installed (pip install 'specport[gguf]')")
 
-from specport.settings import shared_dir
 
 GGUF = ("models", "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
 SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -33,11 +33,8 @@ pytestmark = [pytest.mark.shared, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def gguf_path() -> Path:
-    path = shared_dir().joinpath(*GGUF)
-    if not path.is_file():
-        pytest.skip(f"{path} is absent (set SPECPORT_SHARED to the shared data folder)")
-    return path
+def gguf_path(shared_path: Callable[..., Path]) -> Path:
+    return shared_path(*GGUF)
 
 
 @pytest.fixture(scope="module")

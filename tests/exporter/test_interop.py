@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -278,21 +279,20 @@ REFERENCE = "Once upon a time, there was a little girl named Lily. She loved to 
 @pytest.mark.shared
 @pytest.mark.parametrize("source", ["hf", "llama2c"])
 def test_genai_tokenizer_and_text_on_stories260k(
-    shared_dir: Path, tmp_path: Path, source: str
+    shared_path: Callable[..., Path], tmp_path: Path, source: str
 ) -> None:
     """The real stories260K, from its HF directory and from llama2.c: genai reads the tokenizer
     files the artifact carries, encodes the reference prompt to the same ids as specport (with
     the tokenizer's own BOS), and greedy-decodes the known reference text."""
     from tests.export_cache import cached_export
 
-    models = shared_dir / "models"
     if source == "hf":
-        cached_export(models / "stories260K", tmp_path / "a", progress=False)
+        cached_export(shared_path("models", "stories260K"), tmp_path / "a", progress=False)
     else:
         cached_export(
-            models / "llama2c" / "stories260K.bin",
+            shared_path("models", "llama2c", "stories260K.bin"),
             tmp_path / "a",
-            tokenizer=models / "llama2c" / "tok512.bin",
+            tokenizer=shared_path("models", "llama2c", "tok512.bin"),
             progress=False,
         )
     model = og.Model(str(tmp_path / "a"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,6 @@ from specport.exporter.llama2c import (
     save_llama2c_as_hf,
 )
 from specport.exporter.sp_tokenizer import build_sp_bpe_tokenizer, read_llama2c_tokenizer
-from specport.settings import shared_dir
 
 PROMPT_IDS = [1, 403, 407, 261, 378]  # "<s> Once upon a time"
 REFERENCE_TEXT = (
@@ -28,23 +28,16 @@ REFERENCE_TEXT = (
 )
 
 
-def _shared(*parts: str) -> Path:
-    path = shared_dir().joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"{path} is absent (set SPECPORT_SHARED to the shared data folder)")
-    return path
-
-
 @pytest.fixture(scope="module")
-def llama2c_files() -> tuple[Path, Path]:
-    return _shared("models", "llama2c", "stories260K.bin"), _shared(
+def llama2c_files(shared_path: Callable[..., Path]) -> tuple[Path, Path]:
+    return shared_path("models", "llama2c", "stories260K.bin"), shared_path(
         "models", "llama2c", "tok512.bin"
     )
 
 
 @pytest.fixture(scope="module")
-def hf_reference_dir() -> Path:
-    return _shared("models", "stories260K")
+def hf_reference_dir(shared_path: Callable[..., Path]) -> Path:
+    return shared_path("models", "stories260K")
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +59,12 @@ def test_header_of_real_checkpoint(llama2c_files):
     assert header.expected_bytes() == llama2c_files[0].stat().st_size
 
 
-def test_tokenizer_matches_hf_conversion(llama2c_files, hf_reference_dir):
+def test_tokenizer_matches_hf_conversion(llama2c_files, hf_reference_dir, shared_path):
     pieces = read_llama2c_tokenizer(llama2c_files[1])
     ours = build_sp_bpe_tokenizer([p for p, _ in pieces], [s for _, s in pieces])
     ref = Tokenizer.from_file(str(hf_reference_dir / "tokenizer.json"))
     assert ours.get_vocab() == ref.get_vocab()
-    text = _shared("text", "tinystories_valid_dev.txt").read_text()[:100_000]
+    text = shared_path("text", "tinystories_valid_dev.txt").read_text()[:100_000]
     odd = "Héllo wörld 😀\n\ttabs  and   spaces, “quotes” — ok?"
     for sample in (text, odd, "Once upon a time", " leading space", ""):
         ids = ours.encode(sample).ids

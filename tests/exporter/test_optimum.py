@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,12 @@ def test_optimum_generates_specport_tokens(tiny_zoo: TinyZoo) -> None:
 
 @pytest.mark.slow
 @pytest.mark.shared
-def test_optimum_reads_the_real_tokenizer(shared_dir: Path, tmp_path: Path) -> None:
+def test_optimum_reads_the_real_tokenizer(shared_path: Callable[..., Path], tmp_path: Path) -> None:
     """stories260K from its transformers-5 directory: Optimum's transformers 4.x tokenizer gives
     specport's ids (the artifact's tokenizer_config.json is in the form both read)."""
     from tests.export_cache import cached_export
 
-    cached_export(shared_dir / "models" / "stories260K", tmp_path / "a", progress=False)
+    cached_export(shared_path("models", "stories260K"), tmp_path / "a", progress=False)
     (result,) = _check([tmp_path / "a"])
     assert result["ok"], result
     assert result["optimum"]["encoded"] == [1, 403, 407, 261, 378]

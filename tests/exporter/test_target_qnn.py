@@ -171,11 +171,11 @@ def forced_logits(session, tokens: list[int]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def stories_qnn(shared_dir, tmp_path_factory) -> Path:
+def stories_qnn(shared_path, tmp_path_factory) -> Path:
     if not ep_plugins.available("qnn"):
         pytest.skip("onnxruntime-qnn is not installed (pip install specport[qnn])")
     out = tmp_path_factory.mktemp("qnn") / "stories"
-    source = shared_dir / "models" / "stories260K"
+    source = shared_path("models", "stories260K")
     return export_qnn(source, out, context_length=128, prefill_chunk=16, soc=60)
 
 
@@ -194,10 +194,10 @@ def test_stories260k_generates_on_the_emulator(stories_qnn):
 
 @pytest.mark.parametrize("quant", ["w8a16", pytest.param("w4a16", marks=pytest.mark.slow)])
 @QNN
-def test_stories260k_qdq_on_the_emulator_equals_the_same_graph_on_cpu(shared_dir, tmp_path, quant):
+def test_stories260k_qdq_on_the_emulator_equals_the_same_graph_on_cpu(shared_path, tmp_path, quant):
     """QDQ (uint16 activations, per-channel weights): every node on the NPU, greedy tokens
     equal to the same QDQ graphs on the CPU provider; weights once on disk (qdq.onnx.data)."""
-    art = export_qnn(shared_dir / "models" / "stories260K", tmp_path / quant, quant=quant,
+    art = export_qnn(shared_path("models", "stories260K"), tmp_path / quant, quant=quant,
                      context_length=128, prefill_chunk=16, soc=60)  # fmt: skip
     manifest = read_manifest(art)
     report = manifest.extra["static"]["quant"]
@@ -220,11 +220,9 @@ def test_stories260k_qdq_on_the_emulator_equals_the_same_graph_on_cpu(shared_dir
     reason="SmolLM2 on the HTP emulator takes 25+ minutes on 2 cores (export, two context "
     "compiles, ~25 s per decode step): set SPECPORT_LONG_TESTS=1 to run it",
 )
-def test_smollm2_compiles_for_the_soc_and_decodes(shared_dir, tmp_path):
+def test_smollm2_compiles_for_the_soc_and_decodes(shared_path, tmp_path):
     """SmolLM2-135M (30 layers) compiled for SoC 60 and a few decode steps on the emulator."""
-    gguf = shared_dir / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not gguf.exists():
-        pytest.skip(f"{gguf} is absent")
+    gguf = shared_path("models", "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
     art = export_qnn(gguf, tmp_path / "smollm2", context_length=128, prefill_chunk=16, soc=60,
                      skip_verify=True)  # fmt: skip
     manifest = read_manifest(art)

@@ -107,10 +107,8 @@ HAIKU_IDS = [504, 6147, 282, 260, 3426, 28, 253, 13879, 6122, 28, 198, 49, 9154,
 
 
 @pytest.fixture(scope="module")
-def smollm2_standard(shared_dir, tmp_path_factory) -> Path:
-    gguf = shared_dir / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not gguf.exists():
-        pytest.skip(f"{gguf} is absent")
+def smollm2_standard(shared_path, tmp_path_factory) -> Path:
+    gguf = shared_path("models", "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
     return export_standard(gguf, tmp_path_factory.mktemp("smollm2") / "std", skip_verify=True)
 
 

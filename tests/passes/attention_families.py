@@ -255,32 +255,11 @@ def build_encoder(path: Path, kind: str, dynamo: bool, attn: str = "eager") -> N
 
 def build_llama(path: Path, dynamo: bool) -> None:
     import torch
-    from transformers import DynamicCache
+
+    from specport.exporter.wrapper import FlatKVWrapper
 
     model = _llama("sdpa" if dynamo else "eager")
     kv_heads, d = HEADS // 2, HIDDEN // HEADS
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = model
-
-        def forward(self, input_ids, attention_mask, position_ids, *past):
-            cache = DynamicCache()
-            for i in range(len(past) // 2):
-                cache.update(past[2 * i], past[2 * i + 1], i)
-            out = self.m(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            return (
-                out.logits,
-                *(t for la in out.past_key_values.layers for t in (la.keys, la.values)),
-            )
-
     kv = [f"past_key_values.{i}.{x}" for i in range(LAYERS) for x in ("key", "value")]
     names = ["input_ids", "attention_mask", "position_ids", *kv]
     outs = ["logits", *(k.replace("past_key_values", "present") for k in kv)]
@@ -298,7 +277,7 @@ def build_llama(path: Path, dynamo: bool) -> None:
         **{k: {0: "batch", 2: "past"} for k in kv},
         **{k: {0: "batch", 2: "total"} for k in outs[1:]},
     }
-    _export(Wrapper(), tuple(args), path, names, outs, dims, dynamo)
+    _export(FlatKVWrapper(model, LAYERS), tuple(args), path, names, outs, dims, dynamo)
 
 
 def build_ort_shaped(path: Path, kind: str) -> None:

@@ -3,30 +3,25 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from specport.runtime.detokenize import IncrementalDetokenizer
-from specport.settings import shared_dir
 
 MULTIBYTE = ["héllo 日本語 🙂", "naïve café — ünïcödé ✓", "emoji 👩‍👩‍👧 family", "Ωmega ≈ ∑ 中文"]
 
 
 @pytest.fixture(scope="module")
-def sp_tokenizer() -> Tokenizer:
-    path = shared_dir() / "models" / "stories260K" / "tokenizer.json"
-    if not path.exists():
-        pytest.skip(f"shared stories260K tokenizer not found at {path}")
-    return Tokenizer.from_file(str(path))
+def sp_tokenizer(shared_path: Callable[..., Path]) -> Tokenizer:
+    return Tokenizer.from_file(str(shared_path("models", "stories260K", "tokenizer.json")))
 
 
 @pytest.fixture(scope="module")
-def story_lines() -> list[str]:
-    path = shared_dir() / "text" / "tinystories_valid_dev.txt"
-    if not path.exists():
-        pytest.skip(f"shared TinyStories text not found at {path}")
-    with open(path, encoding="utf-8") as f:
+def story_lines(shared_path: Callable[..., Path]) -> list[str]:
+    with open(shared_path("text", "tinystories_valid_dev.txt"), encoding="utf-8") as f:
         return [line.strip() for _, line in zip(range(400), f) if line.strip()][:60]
 
 

@@ -62,16 +62,14 @@ def test_bad_inputs(eval_art, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.shared
-def test_stories260k_matches_transformers(shared_dir, tmp_path):
+def test_stories260k_matches_transformers(shared_path, tmp_path):
     """Real model: our ONNX perplexity vs transformers' own, same protocol, within 0.5%."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from tests.export_cache import cached_export
 
-    src = shared_dir / "models" / "stories260K"
-    text = shared_dir / "text" / "tinystories_valid_dev.txt"
-    if not src.is_dir() or not text.is_file():
-        pytest.skip("stories260K or the TinyStories text is absent from the shared folder")
+    src = shared_path("models", "stories260K")
+    text = shared_path("text", "tinystories_valid_dev.txt")
     art = tmp_path / "s260"
     cached_export(src, art, progress=False)
     r = perplexity(art, text, max_docs=40)

@@ -217,7 +217,7 @@ def test_batched_generator_equals_plain(arts, layout, proposer, verifier, adapti
 def test_engine_staggered_and_cancelled_equal_plain(arts, proposer, verifier, max_rows):
     """The serving engine (shared layout): arrivals while others decode, more requests than
     rows, a cancellation mid-generation; every finished request equals plain greedy."""
-    from specport.runtime.engine import Request
+    from specport.runtime.engine.base import Request
     from specport.runtime.engine.batching import BatchingEngine
 
     model = arts["shared"]

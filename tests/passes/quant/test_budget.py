@@ -163,12 +163,12 @@ def test_budget_below_floor_and_bad_options(quant_src, calib_text, tmp_path):
 @pytest.mark.shared
 @pytest.mark.slow
 @pytest.mark.parametrize("symmetric", [False, True])
-def test_tied_table_gathers_from_the_head_codes(shared_dir, tmp_path, symmetric):
+def test_tied_table_gathers_from_the_head_codes(shared_path, tmp_path, symmetric):
     """stories260K ties its embedding: under a budget the table is gathered from the head's
     MatMulNBits codes (stored once), and the result decodes like its dequantized reference."""
     src = tmp_path / "st"
-    export(shared_dir / "models" / "stories260K", src)
-    text = shared_dir / "text" / "tinystories_valid_dev.txt"
+    export(shared_path("models", "stories260K"), src)
+    text = shared_path("text", "tinystories_valid_dev.txt")
     out = tmp_path / "q"
     m = quantize(
         src,

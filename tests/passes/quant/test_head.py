@@ -13,7 +13,7 @@ from specport.commands.inspect import lm_head_line
 from specport.errors import QuantizationError, UsageError
 from specport.passes.quant import head as H
 from specport.passes.quant.apply import quantize_artifact
-from specport.passes.quant.weight_only import head_group_size
+from specport.passes.quant.weight_quant import head_group_size
 from specport.preflight import check_quantize
 from specport.runtime.eval import perplexity
 

@@ -9,13 +9,12 @@ Keeping the 16 layers whose cache alone costs the most KL (measured on the 16 ch
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("gguf", reason="the gguf extra is not installed (pip install 'specport[gguf]')")
-
-from specport.settings import shared_dir
 
 pytestmark = [
     pytest.mark.shared,
@@ -31,13 +30,13 @@ TEXT = ("text", "tinystories_valid_dev.txt")
 FLOAT_LAYERS = [1, 4, 6, 8, 10, 13, 14, 17, 18, 19, 20, 21, 22, 23, 24, 26]
 
 
-def test_int8_kv_smollm2_answers_paris(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_int8_kv_smollm2_answers_paris(
+    shared_path: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
     import specport
     from specport.chat_template import load_chat_template
 
-    gguf, text = shared_dir().joinpath(*GGUF), shared_dir().joinpath(*TEXT)
-    if not gguf.is_file() or not text.is_file():
-        pytest.skip(f"{gguf} or {text} is absent (set SPECPORT_SHARED to the shared data folder)")
+    gguf, text = shared_path(*GGUF), shared_path(*TEXT)
     tmp: Path = tmp_path_factory.mktemp("smol_kv8")
     specport.export(gguf, tmp / "fp32", progress=False)
     specport.quantize(

@@ -77,7 +77,7 @@ def test_cli_quantize_prints_a_line_per_layer(quant_src, calib_text, tmp_path, c
 def test_row_chunks_quantize_exactly_like_the_whole_weight(algo: str) -> None:
     """Large weights are quantized in chunks of output rows (one shared GPTQ factorization):
     the codes, scales and zero points equal those of quantizing the weight at once."""
-    from specport.passes.quant import weight_only as W
+    from specport.passes.quant import weight_quant as W
     from specport.passes.quant.calibration import ActStats
     from specport.passes.quant.gptq import gptq_factor
 

@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from specport.runtime.engine import Request, make_engine
+from specport.runtime.engine import make_engine
+from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine
 from specport.runtime.sampler import SamplingConfig
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specport.runtime.engine import Request, make_engine
+from specport.runtime.engine import make_engine
+from specport.runtime.engine.base import Request
 from specport.runtime.engine.kv_budget import (
     MAX_ROWS,
     KVBudget,

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import specport
-from specport.runtime.engine import Request
+from specport.runtime.engine.base import Request
 from specport.runtime.engine.serial import SerialEngine
 
 PROMPTS = [[1, 74, 75, 76, 90], [1, 100], [1, 5, 6, 7, 8, 9, 10, 11, 12]]

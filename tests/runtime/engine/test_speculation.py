@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from specport.errors import InputError
-from specport.runtime.engine import Request, make_engine
+from specport.runtime.engine import make_engine
+from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine
 from specport.runtime.engine.step_cost import StepCost
 from specport.runtime.sampler import SamplingConfig

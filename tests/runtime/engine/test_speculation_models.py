@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specport.runtime.engine import Request
+from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine
 from specport.runtime.sampler import SamplingConfig
 

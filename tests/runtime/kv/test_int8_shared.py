@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specport.runtime.engine import Request
+from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine
 from specport.runtime.kv.layouts import make_kv_state
 from specport.runtime.sampler import SamplingConfig

@@ -3,6 +3,7 @@ the same model with the shared KV layout (continuous batching), and stories260K 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,11 @@ def batching(tiny_zoo: Any, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def stories(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def stories(shared_path: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory):
     """stories260K served with a (test-only) chat template added to its artifact."""
     from tests.export_cache import cached_export
 
-    src = shared_dir / "models" / "stories260K"
-    if not (src / "config.json").exists():
-        pytest.skip(f"stories260K not found under {shared_dir}")
+    src = shared_path("models", "stories260K")
     art = tmp_path_factory.mktemp("serve_s260") / "s260"
     cached_export(src, art, fuse=False, skip_verify=True, progress=False)
     (art / "chat_template.jinja").write_text(CHAT_TEMPLATE)  # not hashed: not in the manifest

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from typing import Any
 
 import httpx
 
-from specport.runtime.serve import Server, ServeSettings, make_app
+from specport.runtime.serve.app import make_app
+from specport.runtime.serve.server import Server
+from specport.runtime.serve.state import ServeSettings
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -65,6 +68,29 @@ def stream(server: Server, path: str, body: dict[str, Any]) -> list[Any]:
         data = block[len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
+
+
+def concurrent_completions(
+    server: Server, prompts: list[list[int]], max_tokens: int
+) -> list[list[int] | None]:
+    """Greedy completions of `prompts`, all sent at once from their own threads, every other
+    one streamed: each prompt's token ids (None where no answer came)."""
+    results: dict[int, list[int]] = {}
+
+    def one(i: int) -> None:
+        req = {"prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        if i % 2:
+            events = stream(server, "/v1/completions", req)
+            results[i] = [t for e in events[:-1] for t in e["choices"][0].get("token_ids", [])]
+        else:
+            results[i] = call(server, "POST", "/v1/completions", req)[1]["choices"][0]["token_ids"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return [results.get(i) for i in range(len(prompts))]
 
 
 def raw_socket(server: Server, timeout: float = 10) -> socket.socket:

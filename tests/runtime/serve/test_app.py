@@ -9,8 +9,8 @@ its export takes ~15 s).
 from __future__ import annotations
 
 import shutil
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from tests.runtime.serve.helpers import (
     CHAT_TEMPLATE,
     assert_error,
     call,
+    concurrent_completions,
     openai_client,
     raw_socket,
     read_reply,
@@ -205,24 +206,7 @@ def test_concurrent_requests_all_answered(tiny_server, tiny_model):
         tiny_model.generate(prompt_ids=p, max_new_tokens=16, ignore_eos=True).tokens
         for p in prompts
     ]
-    results: dict[int, Any] = {}
-
-    def one(i: int) -> None:
-        req = {"prompt": prompts[i], "max_tokens": 16, "temperature": 0, "ignore_eos": True}
-        if i % 2:
-            events = stream(tiny_server, "/v1/completions", req)
-            results[i] = [t for e in events[:-1] for t in e["choices"][0].get("token_ids", [])]
-        else:
-            results[i] = call(tiny_server, "POST", "/v1/completions", req)[1]["choices"][0][
-                "token_ids"
-            ]
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert [results.get(i) for i in range(len(prompts))] == refs
+    assert concurrent_completions(tiny_server, prompts, 16) == refs
 
 
 @pytest.mark.slow
@@ -234,22 +218,7 @@ def test_batching_engine_concurrent_greedy(batching):
     refs = [
         model.generate(prompt_ids=p, max_new_tokens=20, ignore_eos=True).tokens for p in prompts
     ]
-    results: dict[int, Any] = {}
-
-    def one(i: int) -> None:
-        req = {"prompt": prompts[i], "max_tokens": 20, "temperature": 0, "ignore_eos": True}
-        if i % 2:
-            events = stream(server, "/v1/completions", req)
-            results[i] = [t for e in events[:-1] for t in e["choices"][0].get("token_ids", [])]
-        else:
-            results[i] = call(server, "POST", "/v1/completions", req)[1]["choices"][0]["token_ids"]
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert [results.get(i) for i in range(len(prompts))] == refs
+    assert concurrent_completions(server, prompts, 20) == refs
     assert state(server).stats()["engine"]
 
 
@@ -517,12 +486,10 @@ def test_idle_connection_is_closed(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def s260_tokenizer(shared_dir: Path) -> Any:
+def s260_tokenizer(shared_path: Callable[..., Path]) -> Any:
     from tokenizers import Tokenizer
 
-    path = shared_dir / "models" / "stories260K" / "tokenizer.json"
-    if not path.is_file():
-        pytest.skip(f"shared stories260K tokenizer not found at {path}")
+    path = shared_path("models", "stories260K", "tokenizer.json")
     return Tokenizer.from_file(str(path))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from specport.runtime.serve import ServeSettings
+from specport.runtime.serve.state import ServeSettings
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray Serve is optional: pip install 'specport[ray]'")
@@ -90,53 +90,9 @@ def test_two_replicas_answer_as_one_process(endpoint, tiny_model):
     assert [results.get(i) for i in range(len(prompts))] == want
 
 
-def test_killing_a_replica_fails_only_its_requests(endpoint, tiny_model):
-    names = [
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if "SERVE_REPLICA" in a["name"] and "specport" in a["name"]
-    ]
-    assert len(names) == 2, names
-    victim = ray.get_actor(names[0], namespace="serve")
-    prompt = [1, 5, 6, 7]
-    want = tiny_model.generate(prompt_ids=prompt, max_new_tokens=100, ignore_eos=True).tokens
-    outcomes: list[Any] = []
-
-    def one() -> None:
-        try:
-            r = _complete(endpoint, prompt, 100)
-            outcomes.append(
-                r.json()["choices"][0]["token_ids"] if r.status_code == 200 else r.status_code
-            )
-        except httpx.HTTPError as e:
-            outcomes.append(type(e).__name__)
-
-    threads = [threading.Thread(target=one) for _ in range(8)]
-    for t in threads:
-        t.start()
-    time.sleep(1.0)
-    ray.kill(victim, no_restart=False)
-    for t in threads:
-        t.join(timeout=180)
-    ok = [o for o in outcomes if o == want]
-    failed = [o for o in outcomes if o != want]
-    assert len(outcomes) == 8 and ok, outcomes  # the other replica's requests completed exactly
-    assert all(not isinstance(o, list) for o in failed), failed  # none wrong, only failed
-    # the endpoint keeps serving (the surviving replica, then the restarted one)
-    for _ in range(4):
-        r = _complete(endpoint, [1, 2, 3], 8)
-        assert r.status_code == 200
-
-
-def test_sigkill_of_a_replica_process_under_load(endpoint, tiny_model):
-    """kill -9 of one replica's process (not Ray's own kill) while 12 requests are in flight:
-    each request either gets its exact answer or fails cleanly (an HTTP error status or a
-    dropped connection, counted here), at least the other replica's succeed, and the endpoint
-    keeps serving while Ray starts a new replica."""
-    import os
-    import signal
-
-    deadline = time.monotonic() + 180  # the replica an earlier test killed is replaced
+def _replicas() -> list[str]:
+    """The replica actors' names, once there are two (Ray replaces a killed one)."""
+    deadline = time.monotonic() + 180
     while True:
         names = [
             a["name"]
@@ -144,14 +100,30 @@ def test_sigkill_of_a_replica_process_under_load(endpoint, tiny_model):
             if "SERVE_REPLICA" in a["name"] and "specport" in a["name"]
         ]
         if len(names) == 2 or time.monotonic() > deadline:
-            break
+            return names
         time.sleep(1)
+
+
+@pytest.mark.parametrize(
+    ("how", "requests", "prompt"), [("ray.kill", 8, [1, 5, 6, 7]), ("SIGKILL", 12, [1, 8, 9, 10])]
+)
+def test_killing_a_replica_under_load_fails_only_its_requests(
+    endpoint, tiny_model, how: str, requests: int, prompt: list[int]
+):
+    """One replica killed (Ray's own kill of its actor, or kill -9 of its process) while
+    requests are in flight: each request either gets its exact answer or fails cleanly (an
+    HTTP error status or a dropped connection, counted here), at least the other replica's
+    succeed, and the endpoint keeps serving while Ray starts a new replica."""
+    import os
+    import signal
+
+    names = _replicas()
     assert len(names) == 2, names
     for _ in range(4):  # both replicas serving
         assert _complete(endpoint, [1, 2, 3], 8).status_code == 200
     victim = ray.get_actor(names[0], namespace="serve")
-    pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
-    prompt = [1, 8, 9, 10]
+    if how == "SIGKILL":
+        pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
     want = tiny_model.generate(prompt_ids=prompt, max_new_tokens=100, ignore_eos=True).tokens
     outcomes: list[Any] = []
 
@@ -164,16 +136,19 @@ def test_sigkill_of_a_replica_process_under_load(endpoint, tiny_model):
         except httpx.HTTPError as e:
             outcomes.append(type(e).__name__)
 
-    threads = [threading.Thread(target=one) for _ in range(12)]
+    threads = [threading.Thread(target=one) for _ in range(requests)]
     for t in threads:
         t.start()
     time.sleep(1.0)
-    os.kill(pid, signal.SIGKILL)
+    if how == "SIGKILL":
+        os.kill(pid, signal.SIGKILL)
+    else:
+        ray.kill(victim, no_restart=False)
     for t in threads:
         t.join(timeout=180)
     ok = [o for o in outcomes if o == want]
     failed = [o for o in outcomes if o != want]
-    assert len(outcomes) == 12 and ok, outcomes
+    assert len(outcomes) == requests and ok, outcomes  # the other replica's answered exactly
     assert all(isinstance(o, (int, str)) for o in failed), failed  # failed, never wrong
     assert all(o >= 500 for o in failed if isinstance(o, int)), failed
     for _ in range(4):

@@ -15,11 +15,11 @@ import pytest
 
 from specport.errors import ContextLengthError, InputError, UsageError
 from specport.runtime.engine.driver import generate_rows
-from specport.runtime.kv.seq_cache import open_cache
-from specport.runtime.sampler import Sampler, SamplingConfig
+from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.base import Drafts, adopt
 from specport.runtime.speculative.loop import default_adaptive, proposer_factory
 from specport.runtime.speculative.verify import graph_verdict, greedy_rows, greedy_verify
+from tests.runtime.speculative.helpers import RandomProposer, first_two_law, total_variation
 
 GREEDY = SamplingConfig()
 slow = pytest.mark.slow  # the model fixtures export tiny models (a few seconds each)
@@ -121,23 +121,10 @@ def _plain(model, prompts, n, eos=True):
     ]
 
 
-class RandomProposer:
-    """Random drafts of random length per row: most are rejected, rows drift apart."""
-
-    name = "random"
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-
-    def propose(self, context, num_draft):
-        k = int(self.rng.integers(0, num_draft + 1))
-        return Drafts.from_lists([self.rng.integers(3, 256, size=k).tolist()])
-
-
 def _random(model, prompts, n: int, k: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return generate_rows(
-        model, prompts, n, lambda: adopt(RandomProposer(rng)), k, method="random"
+        model, prompts, n, lambda: adopt(RandomProposer(rng, any_length=True)), k, method="random"
     ).tokens
 
 
@@ -335,15 +322,7 @@ def test_rejection_sampling_preserves_distribution(llama):
     model, draft, _ = llama
     ids = [5, 17, 42]
     cfg = dict(greedy=False, temperature=1.0, top_k=3)
-    sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
-    logits = open_cache(model.session, model.manifest).step(ids).logits[None]
-    p1 = sampler.probs(logits[:, -1])[0]
-    expected: dict[tuple[int, int], float] = {}
-    for t1 in np.flatnonzero(p1):
-        l2 = open_cache(model.session, model.manifest).step([*ids, int(t1)]).logits[None]
-        p2 = sampler.probs(l2[:, -1])[0]
-        for t2 in np.flatnonzero(p2):
-            expected[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    expected = first_two_law(model, ids, SamplingConfig(**cfg))
     counts: Counter[tuple[int, int]] = Counter()
     drafted = 0
     runs, rows = 400, 4
@@ -355,8 +334,7 @@ def test_rejection_sampling_preserves_distribution(llama):
         drafted += metrics["speculative"]["drafted"]
     n = runs * rows
     assert drafted > n // 10
-    assert set(counts) <= set(expected)
-    tv = 0.5 * sum(abs(counts[c] / n - p) for c, p in expected.items())
+    tv = total_variation(counts, expected)
     assert tv < 0.06, (tv, counts, expected)
 
 
@@ -371,13 +349,11 @@ STORY_PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def stories(shared_dir, tmp_path_factory):
+def stories(shared_path, tmp_path_factory):
     """stories260K, its 1-layer self-draft and a copy with 3 untrained MTP heads."""
     from tests.export_cache import cached_export, cached_mtp
 
-    src = shared_dir / "models" / "stories260K"
-    if not (src / "config.json").exists():
-        pytest.skip(f"stories260K not found under {shared_dir}")
+    src = shared_path("models", "stories260K")
     out = tmp_path_factory.mktemp("spec_batch_stories")
     cached_export(src, out / "s260", fuse=False, skip_verify=True, progress=False)
     cached_export(src, out / "l1", fuse=False, layers=1, skip_verify=True, progress=False)

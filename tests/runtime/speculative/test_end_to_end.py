@@ -12,14 +12,10 @@ import numpy as np
 import pytest
 
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.speculative import (
-    Drafts,
-    NgramProposer,
-    SpecDecodingStats,
-    greedy_verify,
-    rejection_verify,
-)
-from specport.settings import shared_dir
+from specport.runtime.speculative.base import Drafts
+from specport.runtime.speculative.metrics import SpecDecodingStats
+from specport.runtime.speculative.ngram import NgramProposer
+from specport.runtime.speculative.verify import greedy_verify, rejection_verify
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +26,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(shared_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    path = shared_dir() / "models" / "stories260K"
-    if not (path / "config.json").exists():
-        pytest.skip(f"shared stories260K model not found at {path}")
+    path = shared_path("models", "stories260K")
     torch.set_num_threads(1)
     m = transformers.LlamaForCausalLM.from_pretrained(str(path)).eval()
 

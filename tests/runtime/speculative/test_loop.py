@@ -12,14 +12,13 @@ import pytest
 from specport.errors import InputError
 from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.sampler import SamplingConfig
-from specport.runtime.speculative.base import Drafts
 from specport.runtime.speculative.draft import DraftModelProposer
 from specport.runtime.speculative.loop import (
     SpeculativeGenerator,
     check_num_draft,
     generate_speculative,
 )
-from specport.settings import shared_dir
+from tests.runtime.speculative.helpers import RandomProposer, first_two_law, total_variation
 
 pytestmark = pytest.mark.slow  # the session fixture exports two tiny models (~10-30 s)
 
@@ -50,18 +49,6 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
         base = rng.integers(3, 256, size=int(rng.integers(1, 12))).tolist()
         out.append(base * (1 + i % 3))  # some prompts repeat themselves: n-gram hits
     return out
-
-
-class RandomProposer:
-    """Drafts random tokens: nearly every draft is rejected, exercising the KV trim."""
-
-    name = "random"
-
-    def __init__(self, seed: int = 0) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def propose(self, context, num_draft):
-        return Drafts.from_lists([self.rng.integers(3, 256, size=num_draft).tolist()])
 
 
 @pytest.mark.parametrize("method,k", [("ngram", 1), ("ngram", 4), ("draft", 2), ("draft", 5)])
@@ -161,17 +148,7 @@ def test_rejection_sampling_preserves_distribution(tiny, request, method):
     spec_model = request.getfixturevalue("tiny_mtp") if method == "mtp" else model
     ids = [5, 17, 42]
     cfg = dict(greedy=False, temperature=1.0, top_k=3)
-    from specport.runtime.sampler import Sampler
-
-    sampler = Sampler(SamplingConfig(**cfg), model.manifest.vocab_size)
-    logits = open_cache(model.session, model.manifest).step(ids).logits[None]
-    p1 = sampler.probs(logits[:, -1])[0]
-    expected: dict[tuple[int, int], float] = {}
-    for t1 in np.flatnonzero(p1):
-        l2 = open_cache(model.session, model.manifest).step([*ids, int(t1)]).logits[None]
-        p2 = sampler.probs(l2[:, -1])[0]
-        for t2 in np.flatnonzero(p2):
-            expected[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    expected = first_two_law(model, ids, SamplingConfig(**cfg))
     n = 1500
     counts: Counter[tuple[int, int]] = Counter()
     drafted = 0
@@ -182,8 +159,7 @@ def test_rejection_sampling_preserves_distribution(tiny, request, method):
         counts[(toks[0], toks[1])] += 1
         drafted += metrics["speculative"]["drafted"]
     assert drafted > n // 10  # the drafts really went through rejection sampling
-    assert set(counts) <= set(expected)
-    tv = 0.5 * sum(abs(counts[c] / n - p) for c, p in expected.items())
+    tv = total_variation(counts, expected)
     assert tv < 0.06, (tv, counts, expected)
 
 
@@ -214,13 +190,11 @@ def test_bad_inputs(tiny):
 
 
 @pytest.fixture(scope="session")
-def stories(tmp_path_factory):
+def stories(shared_path, tmp_path_factory):
     import specport
     from specport.exporter.export import export_model
 
-    src = shared_dir() / "models" / "stories260K"
-    if not src.exists():
-        pytest.skip(f"stories260K not found under {shared_dir()} (set SPECPORT_SHARED)")
+    src = shared_path("models", "stories260K")
     out = tmp_path_factory.mktemp("spec_stories") / "s260"
     export_model(src, out, fuse=False, skip_verify=True, progress=False)
     return specport.load(out)
@@ -260,8 +234,9 @@ def test_stories260k_ngram_greedy_equals_plain(stories, k):
 def tiny_mtp(tiny, tmp_path_factory):
     """The tiny model with 2 untrained MTP heads spliced in (drafts are poor; output must not care)."""
     import specport
+    from specport.exporter.mtp_artifact import write_mtp_artifact
     from specport.exporter.mtp_heads import MTPHeads
-    from specport.train.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base
 
     model, _ = tiny
     torch = pytest.importorskip("torch")
@@ -302,18 +277,19 @@ def test_mtp_greedy_equals_plain(tiny, tiny_mtp):
     assert len(a) == 16
 
 
-def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, tmp_path_factory):
+def test_stories260k_mtp_and_draft_greedy_equal_plain(stories, shared_path, tmp_path_factory):
     """Real model, untrained heads and a 1-layer self-draft: acceptance is poor, output exact."""
     import specport
     from specport.exporter.export import export_model
+    from specport.exporter.mtp_artifact import write_mtp_artifact
     from specport.exporter.mtp_heads import MTPHeads
     from specport.runtime.speculative.mtp import MTPProposer
-    from specport.train.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base
 
     base = load_base(stories.manifest)
     out = tmp_path_factory.mktemp("spec_stories_mtp")
     write_mtp_artifact(stories.path, MTPHeads(base, 3).eval(), out / "mtp", {"source": "test"})
-    src = shared_dir() / "models" / "stories260K"
+    src = shared_path("models", "stories260K")
     export_model(src, out / "l1", fuse=False, layers=1, skip_verify=True, progress=False)
     mtp, draft = specport.load(out / "mtp", mtp_branch=True), specport.load(out / "l1")
     eos = stories.manifest.eos_token_ids

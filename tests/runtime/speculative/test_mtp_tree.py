@@ -27,8 +27,9 @@ pytestmark = pytest.mark.slow  # exports tree-mask artifacts and MTP graphs (~1 
 
 
 def _mtp_artifact(base: Path, out: Path, heads: int = 3, seed: int = 0) -> Path:
+    from specport.exporter.mtp_artifact import write_mtp_artifact
     from specport.exporter.mtp_heads import MTPHeads
-    from specport.train.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base
 
     torch.manual_seed(seed)
     mtp = MTPHeads(load_base(specport.load(base).manifest), heads).eval()

@@ -19,8 +19,8 @@ from specport.runtime.kv.cache import SharedKVCache
 from specport.runtime.kv.concat_cache import ConcatKVCache
 from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.sampler import Sampler, SamplingConfig
-from specport.runtime.speculative.base import Drafts
 from specport.runtime.speculative.loop import SpeculativeGenerator, generate_speculative
+from tests.runtime.speculative.helpers import RandomProposer
 
 pytestmark = pytest.mark.slow  # exports four tiny artifacts (~20-60 s)
 
@@ -95,18 +95,6 @@ def test_shared_mtp_verifies_and_drafts_in_one_run(arts):
         accepted += 1
     assert int(step.outputs["mtp_accepted"][0]) == accepted
     assert int(step.outputs["mtp_bonus"][0]) == best[accepted]
-
-
-class RandomProposer:
-    """Drafts random tokens: nearly every draft is rejected, exercising the rollback."""
-
-    name = "random"
-
-    def __init__(self, seed: int = 0) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def propose(self, context, num_draft):
-        return Drafts.from_lists([self.rng.integers(3, 256, size=num_draft).tolist()])
 
 
 def test_rollback_moves_lengths_and_copies_nothing(arts):
@@ -195,8 +183,9 @@ def test_mtp_draft_vocabulary_drafts_only_its_tokens_and_stays_exact(arts, tmp_p
     import torch
 
     import specport
+    from specport.exporter.mtp_artifact import write_mtp_artifact
     from specport.exporter.mtp_heads import MTPHeads
-    from specport.train.mtp_train import load_base, write_mtp_artifact
+    from specport.train.mtp_train import load_base
 
     model = arts["shared"]
     base = load_base(model.manifest)  # type: ignore[attr-defined]

@@ -113,8 +113,8 @@ def test_ray_replicas_record_to_the_file(tiny_llama_artifact, tmp_path):
     its engine's learned answers go to the shared record file, after what it held."""
     import specport
     from specport.ray_serve import SpecportReplica
-    from specport.runtime.engine import Request
-    from specport.runtime.serve import ServeSettings
+    from specport.runtime.engine.base import Request
+    from specport.runtime.serve.state import ServeSettings
 
     record = tmp_path / "learned.jsonl"
     record.write_text('{"ids": [1, 2, 3]}\n')

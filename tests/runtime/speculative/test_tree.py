@@ -1,4 +1,7 @@
-"""Tree speculative decoding: trie, n-gram candidates, verification, and plain-greedy equality."""
+"""Tree speculative decoding: trie, n-gram candidates, verification, and on real artifacts in
+both KV layouts (concat and shared) greedy output equal to plain greedy token for token, the
+accepted path's KV equal to a plain prefill of the output, and plain (batched, ragged) decoding
+on a tree artifact equal to the plain artifact's."""
 
 from __future__ import annotations
 
@@ -143,6 +146,11 @@ def test_keep_path_cuts_a_chain_and_gathers_a_branch():
 
 
 # ---------------------------------------------------------------------- slow: real artifacts
+# The tiny Llama and its --tree-mask export in both KV layouts: concat (present = past + new,
+# accepted paths gathered by the cache) and shared (one bound buffer per layer, accepted paths
+# moved into place inside it). Every guarantee holds on both.
+
+LAYOUTS = ("concat", "shared")
 
 
 def _tree_artifact(zoo: Any) -> Path:
@@ -159,9 +167,26 @@ def _tree_artifact(zoo: Any) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_zoo):
+    """(plain, tree-mask) tiny Llama artifacts in the concat layout."""
     import specport
 
     return specport.load(tiny_zoo.artifact("llama")), specport.load(_tree_artifact(tiny_zoo))
+
+
+@pytest.fixture(scope="module")
+def tiny_shared(tiny_zoo):
+    """(plain, tree-mask) tiny Llama artifacts in the shared layout."""
+    import specport
+
+    plain = specport.load(tiny_zoo.shared("llama"), provider="cpu", threads=1)
+    tree = specport.load(tiny_zoo.shared("llama", tree_mask=True), provider="cpu", threads=1)
+    return plain, tree
+
+
+@pytest.fixture(params=LAYOUTS)
+def models(request):
+    """(plain, tree-mask) artifacts, once per KV layout."""
+    return request.getfixturevalue("tiny" if request.param == "concat" else "tiny_shared")
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -173,15 +198,29 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
+def _oracle(full: list[int], rng: np.random.Generator):
+    """Candidates with the true continuation of `full` in a non-first branch (after a branch
+    that shares its first token, then diverges): every accepted path is taken from the
+    middle of the tree."""
+
+    def candidates(ctx, depth, width):
+        true = full[len(ctx) : len(ctx) + depth]
+        noise = [rng.integers(3, 256, size=depth).tolist() for _ in range(width - 1)]
+        wrong = true[:1] + noise[0][1:]
+        return [noise[1], wrong, true, *noise[2:]]
+
+    return candidates
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("k,width", [(1, 1), (4, 2), (6, 4)])
-def test_greedy_equals_plain_tiny(tiny, k, width):
-    plain, tree = tiny
+def test_greedy_equals_plain(models, k, width):
+    plain, tree = models
     for ids in _prompts(10):
-        want = plain.generate(prompt_ids=ids, max_new_tokens=24, ignore_eos=True).tokens
-        toks, reason, metrics = generate_tree(tree, ids, 24, k, width)
+        want = plain.generate(prompt_ids=ids, max_new_tokens=32, ignore_eos=True).tokens
+        toks, reason, metrics = generate_tree(tree, ids, 32, k, width)
         assert toks == want, (k, width, ids)
-        assert reason == "length"
+        assert reason == "length" and metrics["kv_layout"] == tree.manifest.kv.layout
         spec = metrics["speculative"]
         assert spec["method"] == "ngram-tree" and spec["tree_width"] == width
         assert 1.0 <= spec["mean_accepted_length"] <= k + 1
@@ -190,9 +229,9 @@ def test_greedy_equals_plain_tiny(tiny, k, width):
 
 
 @pytest.mark.slow
-def test_oracle_branches_accept_and_keep_exact_kv(tiny, monkeypatch):
-    """Candidates hold the true continuation in a non-first branch: accepted paths are gathered
-    from the middle of the tree, and the cache must equal a plain prefill of the output."""
+def test_oracle_branches_gather_the_path_and_keep_exact_kv(tiny, monkeypatch):
+    """Concat: accepted paths are gathered from the middle of the tree, and the cache must
+    equal a plain prefill of the output."""
     from tests.runtime.speculative.test_loop import kept_kv
 
     plain, tree_model = tiny
@@ -201,15 +240,8 @@ def test_oracle_branches_accept_and_keep_exact_kv(tiny, monkeypatch):
     for ids in _prompts(6, seed=5):
         want = plain.generate(prompt_ids=ids, max_new_tokens=30, ignore_eos=True).tokens
         full = ids + want
-
-        def oracle(ctx, depth, width, full=full):
-            true = full[len(ctx) : len(ctx) + depth]
-            noise = [rng.integers(3, 256, size=depth).tolist() for _ in range(width - 1)]
-            wrong = true[:1] + noise[0][1:]  # shares the first token, then diverges
-            return [noise[1], wrong, true, *noise[2:]]
-
         gen = TreeSpeculativeGenerator(
-            tree_model.session, tree_model.manifest, 4, 4, candidates=oracle
+            tree_model.session, tree_model.manifest, 4, 4, candidates=_oracle(full, rng)
         )
         out = gen.generate(ids, 30)
         assert out.tokens == want
@@ -222,16 +254,45 @@ def test_oracle_branches_accept_and_keep_exact_kv(tiny, monkeypatch):
 
 
 @pytest.mark.slow
-def test_penalty_eos_and_sampling(tiny):
-    plain, tree = tiny
+def test_oracle_branches_move_the_path_into_place(tiny_shared):
+    """Shared: every accepted path is moved from the middle of the tree inside the bound
+    buffer, which must then equal a plain prefill of the output."""
+    from specport.runtime.kv.cache import SharedKVCache
+    from specport.runtime.kv.seq_cache import open_cache
+
+    plain, tree = tiny_shared
+    rng = np.random.default_rng(3)
+    gen: TreeSpeculativeGenerator | None = None
+    for ids in _prompts(6, seed=5):
+        want = plain.generate(prompt_ids=ids, max_new_tokens=30, ignore_eos=True).tokens
+        full = ids + want
+        if gen is None:
+            gen = TreeSpeculativeGenerator(tree.session, tree.manifest, 4, 4)
+        gen.candidates = _oracle(full, rng)  # the same generator: its bound buffers are reused
+        out = gen.generate(ids, 30)
+        assert out.tokens == want
+        assert out.metrics["speculative"]["mean_accepted_length"] > 3.5
+        cache = gen.last_kv  # the one step's KV interface, a batch of one (engine.driver)
+        assert isinstance(cache, SharedKVCache)  # its row is freed; the buffer keeps the KV
+        ref = open_cache(plain.session, plain.manifest, 64)
+        ref.step(full[:-1], last_only=True)
+        n = len(full) - 1
+        for got, exp in zip(cache.buffers, ref.bound.kv.buffers):
+            np.testing.assert_allclose(got[:, :, :n], exp[:, :, :n], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_penalty_eos_stop_and_sampling(models):
+    plain, tree = models
     ids = [5, 6, 7, 5, 6, 7, 5, 6]
     want = plain.generate(
         prompt_ids=ids, max_new_tokens=20, ignore_eos=True, repetition_penalty=1.3
     ).tokens
     toks, _, _ = generate_tree(tree, ids, 20, 4, 3, SamplingConfig(repetition_penalty=1.3))
     assert toks == want
-    toks, reason, _ = generate_tree(tree, ids, 20, 4, 3, eos_ids=[want[2]])
-    assert reason == "eos" and toks == want[: want.index(want[2]) + 1]
+    plain_want = plain.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True).tokens
+    toks, reason, _ = generate_tree(tree, ids, 20, 4, 3, eos_ids=[plain_want[2]])
+    assert reason == "eos" and toks == plain_want[: plain_want.index(plain_want[2]) + 1]
     toks, reason, _ = generate_tree(tree, ids, 20, 4, 3, on_token=lambda t: True)
     assert reason == "stop" and len(toks) == 1
     cfg = SamplingConfig(greedy=False, temperature=0.8, seed=7)
@@ -241,10 +302,26 @@ def test_penalty_eos_and_sampling(tiny):
 
 
 @pytest.mark.slow
-def test_bad_input(tiny):
-    plain, tree = tiny
+def test_near_the_buffer_end_the_tree_shrinks_to_fit(tiny_shared):
+    """A tree's nodes take slots past the output: close to the limit it is cut to the room."""
+    plain, tree = tiny_shared
+    limit = tree.manifest.kv.max_length
+    ids = (_prompts(4)[3] * 40)[: limit - 6]
+    want = plain.generate(prompt_ids=ids, max_new_tokens=6, ignore_eos=True).tokens
+    gen = TreeSpeculativeGenerator(tree.session, tree.manifest, 6, 4)
+    assert gen.generate(ids, 6).tokens == want
+
+
+@pytest.mark.slow
+def test_bad_input(models):
+    from specport.runtime.kv.seq_cache import open_cache
+
+    plain, tree = models
     with pytest.raises(InputError, match="--tree-mask"):
         generate_tree(plain, [1, 2, 3], 5, 4, 2)
+    cache = open_cache(plain.session, plain.manifest, 16)
+    with pytest.raises(InputError, match="--tree-mask"):
+        cache.step([1, 2], tree=(np.array([0, 1]), np.tri(2, dtype=np.int64)))
     with pytest.raises(InputError, match="--tree-width"):
         generate_tree(tree, [1, 2, 3], 5, 4, 0)
     with pytest.raises(InputError, match="--num-draft"):
@@ -255,14 +332,72 @@ def test_bad_input(tiny):
         generate_tree(tree, [10**6], 5, 4, 2)
 
 
+@pytest.mark.slow
+def test_api_bench_and_batched_decoding_on_a_tree_artifact(models):
+    """generate(tree_width=) and its chain, `bench --tree-width`, and plain ragged batches on a
+    tree artifact (the causal tree mask must not disturb them) give plain greedy's tokens."""
+    from specport.bench.speculative import SpecBenchConfig, _run
+
+    plain, tree = models
+    prompt = [1, 5, 9, 5, 9, 5, 9, 5]
+    want = plain.generate(prompt_ids=prompt, max_new_tokens=16, ignore_eos=True).tokens
+    got = tree.generate(
+        prompt_ids=prompt, max_new_tokens=16, ignore_eos=True, speculative="ngram", tree_width=3
+    )
+    assert got.tokens == want and got.metrics["speculative"]["method"] == "ngram-tree"
+    chain = tree.generate(
+        prompt_ids=prompt, max_new_tokens=16, ignore_eos=True, speculative="ngram"
+    )
+    assert chain.tokens == want
+    config = SpecBenchConfig(
+        methods=[], prompt_ids=[prompt], max_new_tokens=16, runs=1, tree_widths=[2]
+    )
+    report = _run(tree, tree, "tiny", config)
+    assert [r["engine"] for r in report["rows"]] == ["plain", "ngram-tree2"]
+    assert all(r["tokens_equal_plain"] for r in report["rows"])
+    rows = _prompts(4, seed=9)
+    a = plain.generate_batch(prompt_ids=rows, max_new_tokens=12, ignore_eos=True)
+    b = tree.generate_batch(prompt_ids=rows, max_new_tokens=12, ignore_eos=True)
+    assert [r.tokens for r in a] == [r.tokens for r in b]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("speculative", [None, "ngram"])
+def test_batching_engine_on_a_tree_artifact(tiny_shared, speculative):
+    """Chunked prefill, prefix-cache hits and engine speculation feed the causal mask (the
+    batching engine runs the shared layout)."""
+    import time
+
+    from specport.runtime.engine.base import Request
+    from specport.runtime.engine.batching import BatchingEngine
+
+    plain, tree = tiny_shared
+    rng = np.random.default_rng(4)
+    system = [1, *rng.integers(3, 250, 12).tolist()]
+    prompts = [(system if i % 2 else [1]) + _prompts(10, seed=i)[i % 10] for i in range(10)]
+    news = rng.integers(4, 30, len(prompts)).tolist()
+    want = [
+        plain.generate(prompt_ids=p, max_new_tokens=n, ignore_eos=True).tokens
+        for p, n in zip(prompts, news)
+    ]
+    eng = BatchingEngine(tree, max_batch=3, prefill_chunk=5, speculative=speculative)
+    try:
+        handles = []
+        for p, n in zip(prompts, news):
+            handles.append(eng.submit(Request(p, n, ignore_eos=True)))
+            time.sleep(float(rng.uniform(0, 0.004)))
+        assert [h.result(timeout=60).token_ids for h in handles] == want
+        assert eng.stats()["prefix_cache_hits"] > 0
+    finally:
+        eng.close()
+
+
 @pytest.fixture(scope="module")
-def stories(shared_dir, tmp_path_factory):
+def stories(shared_path, tmp_path_factory):
     import specport
     from specport.exporter.export import export_model
 
-    src = shared_dir / "models" / "stories260K"
-    if not src.is_dir():
-        pytest.skip(f"{src} is absent")
+    src = shared_path("models", "stories260K")
     out = tmp_path_factory.mktemp("tree_stories") / "tree"
     export_model(src, out, fuse=False, tree_mask=True, progress=False)
     return specport.load(out)
@@ -270,7 +405,7 @@ def stories(shared_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_stories260k_greedy_equal_and_tree_accepts_more(stories):
-    from specport.bench.speculative import PROMPT_SETS
+    from specport.bench.prompt_sets import PROMPT_SETS
     from specport.runtime.speculative.loop import generate_speculative
 
     tree = stories  # plain greedy on it runs a causal tree_mask (equal to a plain export:
@@ -287,23 +422,3 @@ def test_stories260k_greedy_equal_and_tree_accepts_more(stories):
             chain_acc += mc["speculative"]["mean_accepted_length"]
             tree_acc += m["speculative"]["mean_accepted_length"]
     assert tree_acc >= chain_acc > len(PROMPT_SETS["copy"])  # n-gram drafting pays at all
-
-
-@pytest.mark.slow
-def test_api_and_bench_run_tree_width(tiny):
-    from specport.bench.speculative import SpecBenchConfig, _run
-
-    plain, tree = tiny
-    prompt = [1, 5, 9, 5, 9, 5, 9, 5]
-    want = plain.generate(prompt_ids=prompt, max_new_tokens=16, ignore_eos=True).tokens
-    got = tree.generate(
-        prompt_ids=prompt, max_new_tokens=16, ignore_eos=True, speculative="ngram", tree_width=3
-    )
-    assert got.tokens == want
-    assert got.metrics["speculative"]["method"] == "ngram-tree"
-    config = SpecBenchConfig(
-        methods=[], prompt_ids=[prompt], max_new_tokens=16, runs=1, tree_widths=[2]
-    )
-    report = _run(tree, tree, "tiny", config)
-    assert [r["engine"] for r in report["rows"]] == ["plain", "ngram-tree2"]
-    assert all(r["tokens_equal_plain"] for r in report["rows"])
