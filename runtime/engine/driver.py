@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,7 @@ def generate_rows(
     out: list[list[int]] = [[] for _ in range(n)]
     reasons = ["length"] * n
     eos = {int(e) for e in eos_ids}
+    stops = [None if on_token is None else partial(on_token, r) for r in range(n)]
     plan = []  # one StepRow per row, kept across steps (its context grows in place)
     for r in range(n):
         row = step.StepRow(r, contexts[r], _picker(sampling, verifier, contexts[r]))
@@ -213,14 +215,7 @@ def generate_rows(
                 for tok in verdict.tokens:
                     out[r].append(tok)
                     contexts[r].append(tok)
-                    why = stop_reason(
-                        tok,
-                        len(out[r]),
-                        eos,
-                        None if on_token is None else (lambda t, r=r: on_token(r, t)),
-                        budgets[r],
-                        max_new_tokens,
-                    )
+                    why = stop_reason(tok, len(out[r]), eos, stops[r], budgets[r], max_new_tokens)
                     if why is not None:
                         reasons[r] = why
                         live.remove(row)

@@ -143,6 +143,13 @@ class SharedKVCache:
         bound = self._one(row)
         bound.kv.lengths[0] = self.lengths[row]  # in place: the binding's own length array
         before = bound.ort_seconds
+        if len(ids) == 1 and tree is None:  # a decode step: the one-token binding
+            logits, greedy = bound.decode(ids)
+            self.ort_seconds += bound.ort_seconds - before
+            self.lengths[row] += 1
+            return StepOut(
+                logits[:, None], None if greedy is None else greedy[:, None], bound.extra_outputs()
+            )
         logits, greedy = bound.extend(
             np.asarray(ids, dtype=np.int64)[None, :], last_only=last_only, tree=tree
         )
