@@ -36,7 +36,7 @@ import numpy as np
 
 from specport.runtime.kv.interface import KVCache
 from specport.runtime.speculative.base import Drafts, Proposer
-from specport.runtime.speculative.verify import GREEDY, Verifier, VerifyResult
+from specport.runtime.speculative.verify import ARGMAX, GREEDY, Verifier, VerifyResult
 
 logger = logging.getLogger(__name__)
 
@@ -121,13 +121,12 @@ def run(
         outputs = out.outputs if alone else _slice(out.outputs, i)
         try:
             if drafted == 0:
-                greedy = None if out.greedy is None or width != 1 else int(out.greedy[i, 0])
+                greedy = None if out.greedy is None else int(out.greedy[i, 0])
                 token = r.pick(logits[:1], greedy)
                 result = VerifyResult(_ZERO, [[token]], _TRUE)
-            else:
-                result = r.verifier.chain(
-                    r.drafts, logits[None, : drafted + 1], (r.context,), outputs
-                )
+            else:  # the graph's argmax at the fed positions, where it has one (``ARGMAX``)
+                seen = outputs if out.greedy is None else {**outputs, ARGMAX: out.greedy[i : i + 1]}
+                result = r.verifier.chain(r.drafts, logits[None, : drafted + 1], (r.context,), seen)
         except Exception as exc:
             logger.debug("row %d failed", r.row, exc_info=True)
             if width > 1:
