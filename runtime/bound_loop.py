@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from specport.artifact import Manifest
+from specport.runtime.engine.driver import BATCH_1_POSITIONS
 from specport.runtime.engine.prefix_cache import common_prefix
 from specport.runtime.kv.iobinding import BoundSession
 from specport.runtime.loop_contract import (
@@ -37,12 +38,6 @@ from specport.runtime.loop_contract import (
     greedy_select,
     step_metrics,
 )
-
-# A batch-1 call's buffers hold at least this many positions (or the context, if shorter), so
-# later calls that extend its sequence find them long enough and reuse its KV. numpy backs them
-# with 2 MiB pages, so the first token commits them whole: 94 MB for SmolLM2-135M fp32, once
-# per loaded model (kept: 4 KiB pages measured slower decode in the serving engine).
-BATCH_1_POSITIONS = 2048
 
 
 class BoundHolder(Protocol):

@@ -158,7 +158,7 @@ class SharedKV:
         return (after - 1).astype(np.int32), int(after.max())
 
     def advance(self, new_tokens: np.ndarray | int) -> None:
-        self.lengths = self.lengths + new_tokens
+        self.lengths += new_tokens  # in place: no array per step
 
     def rollback(self, n: np.ndarray | int) -> None:
         """Forget the last `n` positions per row (e.g. rejected draft tokens); data is overwritten later."""
