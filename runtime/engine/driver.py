@@ -1,9 +1,11 @@
 """The synchronous driver of the one step: several prompts (or one) decoded to the end, in order.
 
-``generate_rows`` is what ``Model.generate`` and ``Model.generate_batch`` run with
-``speculative=...`` on a shared-layout artifact (one prompt is a batch of one): every prompt
-gets a row of one ``SharedKVCache``, is prefilled on its own view (without its last token,
-which the first step feeds with the first drafts), and then every live row takes part in each
+``generate_rows`` is what ``Model.generate`` and ``Model.generate_batch`` run, with
+``speculative=...`` or without (plain decoding, ``runtime.generator.Generator``: the step with
+no proposer), on either KV layout (one prompt is a batch of one): every prompt gets a row of
+one ``KVCache``, is prefilled (without its last token, which the first step feeds with the
+first drafts; plain decoding prefills it whole and picks the first token from its scores),
+and then every live row takes part in each
 ``engine.step`` — propose, one run over every row's ``[last, drafts]``, verify, commit — until
 it stops (EOS, a stop string, its token budget). Rows that drafted nothing decode in that same
 run. A row whose drafts form a token tree, or, where the graph cannot take several new tokens
@@ -16,8 +18,8 @@ with a proposer whose graph verifies its own drafts (an MTP branch) it is the gr
 read from the run's outputs instead of recomputed on the host.
 
 One prompt on a cache kept from the previous call (``cache`` and ``held``, the ids its row
-holds) prefills only what follows their common prefix, as the plain loop does: a chat's next
-turn starts with the previous turn's prompt and answer.
+holds) prefills only what follows their common prefix: a chat's next turn starts with the
+previous turn's prompt and answer.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def generate_rows(
         or cache.max_length < length
         or cache.session is not session
     ):
-        if n == 1:  # room for a chat's next turns, as the plain loop keeps
+        if n == 1:  # room for a chat's next turns
             length = min(limit, max(2 * length, BATCH_1_POSITIONS))
         cache, held = open_kv_cache(session, manifest, n, length), None  # the artifact's layout
     cache.reset()
@@ -293,7 +295,7 @@ def _prefill(
     """Run each prompt past its ``reuse`` cached positions into its row: whole (returning each
     row's last scores [1, V] and the graph's argmax there, or None) or all but its last token
     (returning nothing). Several prompts on the in-place cache share one run (right-padded,
-    ``SharedKVCache.prefill_rows``), as the former plain loop prefilled them."""
+    ``SharedKVCache.prefill_rows``)."""
     chunks = [p[reuse : len(p) if whole else len(p) - 1] for p in rows]
     lengths = [len(c) for c in chunks]
     if len(rows) > 1 and not reuse and all(lengths) and isinstance(cache, SharedKVCache):
