@@ -93,6 +93,16 @@ def machine_has_idle_core() -> bool:
     return load + 1.0 <= (os.cpu_count() or 1)
 
 
+def spare_core(session: Any) -> bool:
+    """True when the machine has more cores than the session's intra-op threads."""
+    cores = os.cpu_count() or 1
+    try:
+        threads = int(session.get_session_options().intra_op_num_threads) or cores
+    except AttributeError:
+        threads = cores
+    return cores > threads
+
+
 def session_options(config: SessionConfig) -> Any:
     """onnxruntime.SessionOptions for `config` (also used to give peers the same settings)."""
     import onnxruntime as ort

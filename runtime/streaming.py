@@ -53,10 +53,16 @@ class TextStreams:
             return None
         hit = np.zeros(len(self.text), dtype=bool)
         for r in np.flatnonzero(active & ~self.stopped):
-            self.pending[r] += self.detok[r].add(int(new[r]))
-            if self._check(int(r)):
-                hit[r] = True
+            hit[r] = self.push_row(int(r), int(new[r]))
         return hit if hit.any() else None
+
+    def push_row(self, row: int, token: int) -> bool:
+        """Feed one token of one row (the engine's per-row callback); True when its stop
+        string just matched."""
+        if not self.detok or self.stopped[row]:
+            return False
+        self.pending[row] += self.detok[row].add(token)
+        return self._check(row)
 
     def _check(self, r: int) -> bool:
         buf = self.pending[r]

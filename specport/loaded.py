@@ -76,10 +76,10 @@ class LoadedArtifact:
 
     @contextmanager
     def plain_generator(self) -> Iterator[Generator]:
-        """The plain loop's `Generator`, kept between calls: its KV buffers and the ids they
-        hold, so a prompt that starts with the previous call's prompt and answer (a chat's next
-        turn) prefills only what follows, as llama.cpp's server and onnxruntime-genai's
-        generator keep a sequence's cache. A call made while another one runs (threads) gets
+        """Plain decoding's `Generator` (the one step with no proposer), kept between calls:
+        its KV cache and the ids it holds, so a prompt that starts with the previous call's
+        prompt and answer (a chat's next turn) prefills only what follows, as llama.cpp's
+        server and onnxruntime-genai's generator keep a sequence's cache. A call made while another one runs (threads) gets
         a fresh generator of its own."""
         if not self._generator_lock.acquire(blocking=False):
             yield Generator(self.session, self.manifest)

@@ -15,7 +15,7 @@ import numpy as np
 
 from specport.loaded import LoadedArtifact
 from specport.results import GenerationResult, row_metrics
-from specport.runtime.loop_contract import greedy_select
+from specport.runtime.engine.driver import RowSelect
 from specport.runtime.sampler import Sampler
 from specport.runtime.streaming import TextStreams
 
@@ -32,35 +32,30 @@ def plain_batch(
 ) -> list[GenerationResult]:
     """Generate for `rows` (prompt token ids) together; one result per row."""
 
-    sampler = Sampler(config, model.manifest.vocab_size)
-    history = [np.asarray(r, dtype=np.int64) for r in rows]
-    generated = [np.zeros(0, dtype=np.int64) for _ in rows]  # presence / frequency count these
-    needs_history = config.needs_history
-
-    def select(logits: np.ndarray, step: int) -> np.ndarray:
-        if not needs_history:
-            return sampler(logits)
-        return sampler(logits, history, generated)
-
-    if config.greedy and config.plain:
-        select = greedy_select  # lets a fused graph pick the token in-graph (argmax there)
-
     streams = TextStreams(model.tokenizer, len(rows), list(stop), on_text)
+    select: RowSelect | None = None  # plain greedy: the graph's argmax where it has one
+    if not (config.greedy and config.plain):
+        sampler = Sampler(config, model.manifest.vocab_size)
+        history = [np.asarray(r, dtype=np.int64) for r in rows]
+        generated = [np.zeros(0, dtype=np.int64) for _ in rows]  # presence / frequency count these
 
-    def on_step(new: np.ndarray, active: np.ndarray) -> np.ndarray | None:
-        if needs_history:
-            for r in np.flatnonzero(active):
-                history[r] = np.append(history[r], new[r])
-                generated[r] = np.append(generated[r], new[r])
-        return streams.push(new, active)
+        def sample(row: int, logits: np.ndarray) -> int:  # logits [1, V]
+            if not config.needs_history:
+                return int(sampler(logits)[0])
+            token = int(sampler(logits, history[row : row + 1], generated[row : row + 1])[0])
+            history[row] = np.append(history[row], token)
+            generated[row] = np.append(generated[row], token)
+            return token
+
+        select = sample
 
     eos = [] if ignore_eos else model.manifest.eos_token_ids
-    per_step = needs_history or streams.needs_steps
+    # text during the loop only when a callback or a stop string needs it (else ~35 us a token
+    # of detokenization between runs); otherwise all at once afterwards, the same text
+    on_token = streams.push_row if streams.needs_steps else None
     with model.plain_generator() as gen:
-        out = gen.generate(
-            rows, max_new_tokens, select=select, eos_ids=eos, on_step=on_step if per_step else None
-        )
-    if not per_step:
+        out = gen.generate(rows, max_new_tokens, select=select, eos_ids=eos, on_token=on_token)
+    if on_token is None:
         streams.push_all(out.tokens)
     texts = streams.finish()
     out.metrics["provider"] = model.provider

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from specport.loaded import LoadedArtifact
 from specport.results import GenerationResult, row_metrics
 from specport.runtime.engine.driver import generate_rows
@@ -42,11 +40,9 @@ def speculative_one(
     streams = TextStreams(
         model.tokenizer, 1, list(stop), (lambda row, piece: on_text(piece)) if on_text else None
     )
-    one = np.ones(1, dtype=bool)
 
     def push(tok: int) -> bool:
-        hit = streams.push(np.array([tok], dtype=np.int64), one)
-        return bool(hit is not None and hit[0])
+        return streams.push_row(0, tok)
 
     # text only during the loop when a callback or a stop string needs it (else ~35 us a token
     # of detokenization between runs); otherwise all at once afterwards, the same text
@@ -103,14 +99,7 @@ def speculative_batch(
 
     streams = TextStreams(model.tokenizer, len(rows), list(stop), on_text)
 
-    def push(row: int, tok: int) -> bool:
-        new = np.zeros(len(rows), dtype=np.int64)
-        active = np.zeros(len(rows), dtype=bool)
-        new[row], active[row] = tok, True
-        hit = streams.push(new, active)
-        return bool(hit is not None and hit[row])
-
-    on_token = push if streams.needs_steps else None  # else all text at once afterwards
+    on_token = streams.push_row if streams.needs_steps else None  # else all text afterwards
     eos = [] if ignore_eos else model.manifest.eos_token_ids
     # the engine's one step, driven synchronously, on either KV layout
     first, make = proposer_factory(method, model, num_draft, draft)

@@ -70,8 +70,8 @@ from specport.runtime.engine.speculation import (
 from specport.runtime.engine.step_cost import StepCost
 from specport.runtime.engine.textout import Stream, TextOut
 from specport.runtime.kv.cache import SharedKVCache, takes_batched_steps
-from specport.runtime.loop_contract import spare_core
 from specport.runtime.sampler import Sampler
+from specport.runtime.session import spare_core
 from specport.runtime.speculative.metrics import overhead_ms
 
 logger = logging.getLogger(__name__)

@@ -1,9 +1,11 @@
 """The synchronous driver of the one step: several prompts (or one) decoded to the end, in order.
 
-``generate_rows`` is what ``Model.generate`` and ``Model.generate_batch`` run with
-``speculative=...`` on a shared-layout artifact (one prompt is a batch of one): every prompt
-gets a row of one ``SharedKVCache``, is prefilled on its own view (without its last token,
-which the first step feeds with the first drafts), and then every live row takes part in each
+``generate_rows`` is what ``Model.generate`` and ``Model.generate_batch`` run, with
+``speculative=...`` or without (plain decoding, ``runtime.generator.Generator``: the step with
+no proposer), on either KV layout (one prompt is a batch of one): every prompt gets a row of
+one ``KVCache``, is prefilled (without its last token, which the first step feeds with the
+first drafts; plain decoding prefills it whole and picks the first token from its scores),
+and then every live row takes part in each
 ``engine.step`` — propose, one run over every row's ``[last, drafts]``, verify, commit — until
 it stops (EOS, a stop string, its token budget). Rows that drafted nothing decode in that same
 run. A row whose drafts form a token tree, or, where the graph cannot take several new tokens
@@ -16,8 +18,8 @@ with a proposer whose graph verifies its own drafts (an MTP branch) it is the gr
 read from the run's outputs instead of recomputed on the host.
 
 One prompt on a cache kept from the previous call (``cache`` and ``held``, the ids its row
-holds) prefills only what follows their common prefix, as the plain loop does: a chat's next
-turn starts with the previous turn's prompt and answer.
+holds) prefills only what follows their common prefix: a chat's next turn starts with the
+previous turn's prompt and answer.
 """
 
 from __future__ import annotations
@@ -26,16 +28,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specport.runtime.bound_loop import BATCH_1_POSITIONS
 from specport.runtime.engine import step
 from specport.runtime.engine.prefix_cache import common_prefix
 from specport.runtime.engine.step_cost import LiveVerifyCosts
-from specport.runtime.kv.cache import open_kv_cache, takes_batched_steps
+from specport.runtime.kv.cache import SharedKVCache, open_kv_cache, takes_batched_steps
 from specport.runtime.kv.interface import KVCache
 from specport.runtime.kv.seq_cache import context_limit
 from specport.runtime.sampler import Sampler, SamplingConfig
@@ -51,7 +53,16 @@ logger = logging.getLogger(__name__)
 
 MAX_DRAFT_SLACK = 17  # positions past a row's budget a wide run may write (1 + MAX_DRAFT)
 
+# A batch-1 call's buffers hold at least this many positions (or the context, if shorter), so
+# later calls that extend its sequence find them long enough and reuse its KV. numpy backs them
+# with 2 MiB pages, so the first token commits them whole: 94 MB for SmolLM2-135M fp32, once
+# per loaded model (kept: 4 KiB pages measured slower decode in the serving engine).
+BATCH_1_POSITIONS = 2048
+
+# on_token(row, token) -> True to stop that row here (e.g. a stop string matched)
 OnRowToken = Callable[[int, int], "bool | None"]
+# select(row, logits [1, V]) -> the row's next token (a caller's own sampler)
+RowSelect = Callable[[int, np.ndarray], int]
 
 
 @dataclass
@@ -82,6 +93,7 @@ def generate_rows(
     tree_width: int = 0,
     held: Sequence[int] | None = None,
     live_costs: LiveVerifyCosts | None = None,
+    select: RowSelect | None = None,
 ) -> RowsOutput:
     """Decode ``prompts`` together through the one step (see the module docstring).
 
@@ -95,7 +107,12 @@ def generate_rows(
     common prefix. ``live_costs``: what verifying k drafts costs on this machine, as the
     model's tracker has it (``engine.step_cost.live_verify_costs``): a greedy batch-1 row's
     adaptive draft length weighs it in place of its linear prior, and its timed steps correct
-    it (probing one draft now and then while too few one-draft verifies were timed)."""
+    it (probing one draft now and then while too few one-draft verifies were timed).
+    ``select``: the caller's choice of a row's token from its scores in place of the
+    request's verifier (plain decoding's sampler, which keeps per-row histories of its own).
+
+    Without a proposer this is plain decoding: every step has width 1 and takes the step's
+    one-token path (``step._decode``)."""
     manifest = model.manifest
     session = session if session is not None else model.session
     limit = context_limit(manifest)
@@ -112,7 +129,7 @@ def generate_rows(
         or cache.max_length < length
         or cache.session is not session
     ):
-        if n == 1:  # room for a chat's next turns, as the plain loop keeps
+        if n == 1:  # room for a chat's next turns
             length = min(limit, max(2 * length, BATCH_1_POSITIONS))
         cache, held = open_kv_cache(session, manifest, n, length), None  # the artifact's layout
     cache.reset()
@@ -125,6 +142,7 @@ def generate_rows(
     length = cache.max_length
     batched = (
         n == 1
+        or make_proposer is None  # no drafts: every run is one token per row
         or manifest.kv.layout == "concat"  # left padding: any rows, any width
         or takes_batched_steps(Path(model.path) / manifest.model_file)
     )
@@ -156,9 +174,15 @@ def generate_rows(
     out: list[list[int]] = [[] for _ in range(n)]
     reasons = ["length"] * n
     eos = {int(e) for e in eos_ids}
+    stops = [None if on_token is None else partial(on_token, r) for r in range(n)]
     plan = []  # one StepRow per row, kept across steps (its context grows in place)
     for r in range(n):
-        row = step.StepRow(r, contexts[r], _picker(sampling, verifier, contexts[r]))
+        pick = (
+            _picker(sampling, verifier, contexts[r])
+            if select is None
+            else partial(_selected, select, r)
+        )
+        row = step.StepRow(r, contexts[r], pick)
         row.proposer, row.verifier = proposers[r], verifier
         plan.append(row)
     live = list(plan)
@@ -168,36 +192,62 @@ def generate_rows(
     # (cap, start, propose seconds, drafts verified) of the last step, timed
     last_step: tuple[int, float, float, int] | None = None
 
+    def emit(row: step.StepRow, tokens: list[int]) -> None:
+        """Append a row's new tokens up to the first that stops it (then free its row)."""
+        nonlocal held_out
+        r = row.row
+        for tok in tokens:
+            out[r].append(tok)
+            contexts[r].append(tok)
+            why = stop_reason(tok, len(out[r]), eos, stops[r], budgets[r], max_new_tokens)
+            if why is not None:
+                reasons[r] = why
+                live.remove(row)
+                if n == 1:  # what the next call may reuse (KV past EOS is not held)
+                    held_out = contexts[r][: int(cache.lengths[r])]
+                cache.free(r)  # concat: out of the next runs' KV
+                return
+
+    # Plain decoding runs each prompt whole and picks the first token from its last scores
+    # (one run fewer than feeding the last token to the first step); with a proposer the
+    # last prompt token waits for the first step, which feeds it with the first drafts.
+    whole = make_proposer is None
     t_start = time.perf_counter()
-    for r, prompt in enumerate(rows):  # all but the last token: the first step feeds it
-        if len(prompt) - 1 > reuse:
-            cache.step_row(r, np.asarray(prompt[reuse:-1], dtype=np.int64), last_only=True)
+    scores = _prefill(cache, rows, reuse, whole)
     t_prefill = time.perf_counter()
     prefill_ort = cache.ort_seconds
     t_first: float | None = None
+    for row, (logits, greedy) in zip(list(live), scores):
+        emit(row, [row.pick(logits, greedy)])
+    if scores:
+        t_first = time.perf_counter()
     while live:
-        for row in live:
-            r = row.row
-            if row.proposer is not None:
-                row.room = length - 1 - int(cache.lengths[r])
-                room = min(budgets[r] - len(out[r]) - 1, row.room)
-                ctl = controllers[r]
-                row.cap = min(num_draft if ctl is None else ctl.choose(), room)
-                if not row.cap and room > 0 and live_costs is not None and live_costs.probe():
-                    row.cap = 1  # a one-draft verify timed for the costs (greedy: same tokens)
-        t0 = time.perf_counter()
-        if timed and last_step is not None:  # the previous step's share of proposing
-            cap, t_prev, propose_prev, fed = last_step
-            rest = t0 - t_prev - propose_prev
-            controllers[0].observe_cost(cap, propose_prev, rest, per_draft)  # type: ignore[union-attr]
-            if live_costs is not None and live_costs.observe(fed, rest):
-                controllers[0].set_verify_costs(live_costs.costs[: num_draft + 1])  # type: ignore[union-attr]
-        widest = step.propose(live)
-        t1 = time.perf_counter()
-        propose_s += t1 - t0
-        if timed:
-            last_step = (live[0].cap, t0, t1 - t0, int(live[0].drafts.lengths[0]))
-        for group, width, alone in _groups(list(live), widest, batched, cache):
+        if make_proposer is None:  # plain decoding: one run of width 1 over every live row
+            groups = [(list(live), 1, len(live) == 1)]
+        else:
+            for row in live:
+                r = row.row
+                if row.proposer is not None:
+                    row.room = length - 1 - int(cache.lengths[r])
+                    room = min(budgets[r] - len(out[r]) - 1, row.room)
+                    ctl = controllers[r]
+                    row.cap = min(num_draft if ctl is None else ctl.choose(), room)
+                    if not row.cap and room > 0 and live_costs is not None and live_costs.probe():
+                        row.cap = 1  # a one-draft verify timed for the costs (greedy: same tokens)
+            t0 = time.perf_counter()
+            if timed and last_step is not None:  # the previous step's share of proposing
+                cap, t_prev, propose_prev, fed = last_step
+                rest = t0 - t_prev - propose_prev
+                controllers[0].observe_cost(cap, propose_prev, rest, per_draft)  # type: ignore[union-attr]
+                if live_costs is not None and live_costs.observe(fed, rest):
+                    controllers[0].set_verify_costs(live_costs.costs[: num_draft + 1])  # type: ignore[union-attr]
+            widest = step.propose(live)
+            t1 = time.perf_counter()
+            propose_s += t1 - t0
+            if timed:
+                last_step = (live[0].cap, t0, t1 - t0, int(live[0].drafts.lengths[0]))
+            groups = _groups(list(live), widest, batched, cache)
+        for group, width, alone in groups:
             verdicts = step.run(cache, group, width, alone)
             runs += 1
             for row, verdict in zip(group, verdicts):
@@ -210,24 +260,7 @@ def generate_rows(
                     ctl = controllers[r]
                     if ctl is not None:
                         ctl.observe(verdict.drafted, verdict.accepted)
-                for tok in verdict.tokens:
-                    out[r].append(tok)
-                    contexts[r].append(tok)
-                    why = stop_reason(
-                        tok,
-                        len(out[r]),
-                        eos,
-                        None if on_token is None else (lambda t, r=r: on_token(r, t)),
-                        budgets[r],
-                        max_new_tokens,
-                    )
-                    if why is not None:
-                        reasons[r] = why
-                        live.remove(row)
-                        if n == 1:  # what the next call may reuse (KV past EOS is not held)
-                            held_out = contexts[r][: int(cache.lengths[r])]
-                        cache.free(r)  # concat: out of the next runs' KV
-                        break
+                emit(row, verdict.tokens)
         if t_first is None:
             t_first = time.perf_counter()
     t_end = time.perf_counter()
@@ -237,8 +270,8 @@ def generate_rows(
         make_proposer is not None,
     )  # fmt: skip
     metrics["kv_layout"] = manifest.kv.layout
+    metrics["cached_prompt_tokens"] = reuse  # only a batch of one reuses a held sequence
     if n == 1:
-        metrics["cached_prompt_tokens"] = reuse
         choices = getattr(first, "choices", None)  # auto: what it chose, step by step
         if isinstance(choices, dict) and "speculative" in metrics:
             metrics["speculative"]["choices"] = dict(choices)
@@ -254,6 +287,35 @@ def generate_rows(
     if make_proposer is not None and n == 1:
         stats[0].log()
     return RowsOutput(out, reasons, metrics, cache, stats, held_out)
+
+
+def _prefill(
+    cache: KVCache, rows: list[list[int]], reuse: int, whole: bool
+) -> list[tuple[np.ndarray, int | None]]:
+    """Run each prompt past its ``reuse`` cached positions into its row: whole (returning each
+    row's last scores [1, V] and the graph's argmax there, or None) or all but its last token
+    (returning nothing). Several prompts on the in-place cache share one run (right-padded,
+    ``SharedKVCache.prefill_rows``)."""
+    chunks = [p[reuse : len(p) if whole else len(p) - 1] for p in rows]
+    lengths = [len(c) for c in chunks]
+    if len(rows) > 1 and not reuse and all(lengths) and isinstance(cache, SharedKVCache):
+        ids = np.zeros((len(rows), max(lengths)), dtype=np.int64)
+        for i, c in enumerate(chunks):
+            ids[i, : len(c)] = c
+        out = cache.prefill_rows(0, ids, np.asarray(lengths, dtype=np.int64))
+        outs = [
+            (out.logits[i], None if out.greedy is None else out.greedy[i]) for i in range(len(rows))
+        ]
+    else:
+        outs = []
+        for r, c in enumerate(chunks):
+            if c:
+                one = cache.step_row(r, np.asarray(c, dtype=np.int64), last_only=True)
+                outs.append((one.logits[0], None if one.greedy is None else one.greedy[0]))
+    if not whole:
+        return []
+    # [1, V] each; the argmax as an int (views of a row's buffers: read before its next run)
+    return [(logits[-1:], None if g is None else int(g[-1])) for logits, g in outs]
 
 
 def _groups(
@@ -296,6 +358,10 @@ def _picker(sampling: SamplingConfig, verifier: Verifier, context: list[int]) ->
     if sampling.greedy and sampling.plain:
         return lambda logits, greedy: greedy if greedy is not None else int(np.argmax(logits[0]))
     return lambda logits, greedy: int(verifier.chain(_EMPTY, logits[None], (context,)).tokens[0][0])
+
+
+def _selected(select: RowSelect, row: int, logits: np.ndarray, greedy: int | None) -> int:
+    return select(row, logits)
 
 
 _EMPTY = Drafts.empty(1)

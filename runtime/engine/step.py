@@ -36,7 +36,7 @@ import numpy as np
 
 from specport.runtime.kv.interface import KVCache
 from specport.runtime.speculative.base import Drafts, Proposer
-from specport.runtime.speculative.verify import GREEDY, Verifier, VerifyResult
+from specport.runtime.speculative.verify import ARGMAX, GREEDY, Verifier, VerifyResult
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ def run(
     one run over rows [0, highest row] (rows not in ``rows`` stay as they are)."""
     if alone and rows[0].drafts.tree is not None:
         return [_run_tree(cache, rows[0])]
+    if width == 1:
+        return _decode(cache, rows, alone)
     for r in rows:
         if r.drafts.width > width - 1:
             r.drafts = truncate_drafts(r.drafts, width - 1)
@@ -119,13 +121,12 @@ def run(
         outputs = out.outputs if alone else _slice(out.outputs, i)
         try:
             if drafted == 0:
-                greedy = None if out.greedy is None or width != 1 else int(out.greedy[i, 0])
+                greedy = None if out.greedy is None else int(out.greedy[i, 0])
                 token = r.pick(logits[:1], greedy)
                 result = VerifyResult(_ZERO, [[token]], _TRUE)
-            else:
-                result = r.verifier.chain(
-                    r.drafts, logits[None, : drafted + 1], (r.context,), outputs
-                )
+            else:  # the graph's argmax at the fed positions, where it has one (``ARGMAX``)
+                seen = outputs if out.greedy is None else {**outputs, ARGMAX: out.greedy[i : i + 1]}
+                result = r.verifier.chain(r.drafts, logits[None, : drafted + 1], (r.context,), seen)
         except Exception as exc:
             logger.debug("row %d failed", r.row, exc_info=True)
             if width > 1:
@@ -138,6 +139,42 @@ def run(
         if r.proposer is not None:
             r.proposer.observe(outputs, result)
         verdicts.append(RowVerdict(result.tokens[0], logits, drafted, accepted, nodes=drafted))
+    return verdicts
+
+
+def _decode(cache: KVCache, rows: Sequence[StepRow], alone: bool) -> list[RowVerdict]:
+    """A step of width 1 (no row drafted, or none has room to verify): each row feeds its
+    last token and picks one from its own scores. Nothing is verified or rolled back, so no
+    drafts are built, no KV is kept back and the graph's argmax is read once for all rows; a
+    proposer still observes its row's (empty) verdict. This is plain decoding's whole step,
+    so its host work is kept to what the run itself needs (``benchmarks.plain_paths``)."""
+    if alone:
+        (only,) = rows
+        out = cache.step_row(only.row, np.array([only.context[-1]], dtype=np.int64))
+        index: Sequence[int] = (0,)
+    else:
+        index = [r.row for r in rows]
+        batch = max(index) + 1
+        ids = np.zeros((batch, 1), dtype=np.int64)
+        live = np.zeros(batch, dtype=bool)
+        ids[index, 0] = [r.context[-1] for r in rows]
+        live[index] = True
+        out = cache.step(ids, live)
+    greedy = None if out.greedy is None else out.greedy[:, 0].tolist()
+    verdicts = []
+    for r, i in zip(rows, index):
+        logits = out.logits[i]  # [1, V]
+        try:
+            token = r.pick(logits, None if greedy is None else greedy[i])
+        except Exception as exc:
+            logger.debug("row %d failed", r.row, exc_info=True)
+            verdicts.append(RowVerdict([], logits, 0, 0, f"{type(exc).__name__}: {exc}"))
+            continue
+        if r.proposer is not None:  # drafts it had no room for this step are dropped
+            r.drafts = _NONE
+            outputs = out.outputs if alone else _slice(out.outputs, i)
+            r.proposer.observe(outputs, VerifyResult(_ZERO, [[token]], _TRUE))
+        verdicts.append(RowVerdict([token], logits, 0, 0))
     return verdicts
 
 

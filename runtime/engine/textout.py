@@ -21,14 +21,10 @@ import queue
 import threading
 from typing import Any
 
-import numpy as np
-
 from specport.runtime.engine.base import Event, RequestHandle, TokenLogprobs
 from specport.runtime.streaming import TextStreams
 
 logger = logging.getLogger(__name__)
-
-_ONE = np.ones(1, dtype=bool)
 
 
 class Stream:
@@ -50,8 +46,7 @@ class Stream:
         self.tokens.append(token)
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
-        hit = self.text.push(np.array([token], dtype=np.int64), _ONE)
-        return bool(hit is not None and hit[0])
+        return self.text.push_row(0, token)
 
     def flush_event(self, finish: str | None = None, error: str | None = None) -> None:
         if finish is None and not self.tokens and not self.pieces:

@@ -125,12 +125,10 @@ class SharedKVCache:
         bound = self._rows(batch)
         bound.kv.lengths[:] = lengths
         before = bound.ort_seconds
-        logits, greedy = bound.decode(np.where(live, ids, 0))
+        bound.decode(np.where(live, ids, 0))
         self.ort_seconds += bound.ort_seconds - before
         lengths += live
-        return StepOut(
-            logits[:, None], None if greedy is None else greedy[:, None], bound.extra_outputs()
-        )
+        return _decoded(bound)
 
     def step_row(
         self, row: int, ids: np.ndarray, last_only: bool = False, tree: Any = None
@@ -143,6 +141,11 @@ class SharedKVCache:
         bound = self._one(row)
         bound.kv.lengths[0] = self.lengths[row]  # in place: the binding's own length array
         before = bound.ort_seconds
+        if len(ids) == 1 and tree is None:  # a decode step: the one-token binding
+            bound.decode(ids)
+            self.ort_seconds += bound.ort_seconds - before
+            self.lengths[row] += 1
+            return _decoded(bound)
         logits, greedy = bound.extend(
             np.asarray(ids, dtype=np.int64)[None, :], last_only=last_only, tree=tree
         )
@@ -159,11 +162,17 @@ class SharedKVCache:
         path (``BoundSession.prefill``, any shared graph); rows that hold KV (a prefix-cache
         hit, a later chunk) need, at B > 1, a graph that takes batched multi-token steps
         (``takes_batched_steps``). A block's view is made per call (1-2 ms beside a run's
-        45 ms and more; kept, the bound buffers of every block and width would add up)."""
+        45 ms and more; kept, the bound buffers of every block and width would add up),
+        except rows [0, b), which run on the binding the batched steps keep."""
         batch = ids.shape[0]
         lengths = np.asarray(lengths, dtype=np.int64)
         held = self.lengths[first : first + batch]
-        bound = self._one(first) if batch == 1 else self._view(first, first + batch)
+        if batch == 1:
+            bound = self._one(first)
+        elif first == 0:  # rows [0, b): the binding the batched steps run (kept)
+            bound = self._rows(batch)
+        else:
+            bound = self._view(first, first + batch)
         before = bound.ort_seconds
         if not held.any():
             bound.kv.lengths = np.zeros(batch, dtype=np.int64)
@@ -223,6 +232,11 @@ class SharedKVCache:
     def free(self, row: int) -> None:
         """Forget row ``row`` (its buffer is overwritten by the next request there)."""
         self.lengths[row] = 0
+
+
+def _decoded(bound: BoundSession) -> StepOut:
+    """A one-token run's outputs: the binding's decode buffers as they are ([b, 1, V], [b, 1])."""
+    return StepOut(bound.logits, bound.next_token if bound.has_next else None, bound.extra)
 
 
 def open_kv_cache(session: Any, manifest: Manifest, rows: int, max_length: int) -> KVCache:

@@ -152,9 +152,9 @@ class BoundSession:
         self.kv.lengths[:] = 0
         self.ort_seconds = 0.0
 
-    def _run(self) -> tuple[np.ndarray, np.ndarray | None]:
+    def _run(self, binding: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
         t0 = time.perf_counter()
-        self.session.run_with_iobinding(self.binding)
+        self.session.run_with_iobinding(self.binding if binding is None else binding)
         self.ort_seconds += time.perf_counter() - t0
         return self.logits[:, 0, :], (self.next_token[:, 0] if self.has_next else None)
 
@@ -166,8 +166,7 @@ class BoundSession:
             raise ArtifactError(
                 "prefill on a non-empty KV state; use extend() for chunked prompts."
             )
-        if self._bound_width is not None:
-            self._bind_decode_outputs()
+        self._leave_wide()
         seqlens, total = self.kv.step_lengths(lengths)
         if total != ids.shape[1]:
             raise ArtifactError("prefill ids must be padded exactly to the longest prompt.")
@@ -234,7 +233,7 @@ class BoundSession:
         return self.logits[:, 0, :], (self.next_token[:, 0] if self.has_next else None)
 
     def _bind_decode_inputs(self) -> None:
-        """Back to the one-token decode binding after a step of several tokens."""
+        """The one-token inputs again, after a prefill bound its own."""
         self._bind_in("input_ids", self.decode_ids)
         if self.has_positions:
             self._bind_in("position_ids", self.decode_pos)
@@ -264,10 +263,12 @@ class BoundSession:
         rejected positions with `self.kv.rollback(n)`. onnxruntime's CPU GroupQueryAttention
         takes several new tokens on a non-empty cache only at batch 1.
 
-        The buffers of a width are bound once and stay bound while steps keep that width (a
-        speculative loop's steps mostly do): binding an OrtValue costs ~10 us, and a step used
-        to bind eight and restore seven (about 0.15 ms per step, more than the whole budget of
-        a cheap model's step). ``decode`` and ``prefill`` rebind the one-token buffers.
+        Each width's buffers have an IO binding of their own, made once (with the KV buffers
+        and the shared inputs): binding an OrtValue costs ~10 us, and a step used to bind eight
+        and restore seven (about 0.15 ms per step, more than the whole budget of a cheap
+        model's step); rebinding one binding on each width change still cost five or more
+        binds per switch, which a chain's drafts make almost every step. Switching widths, or
+        back to ``decode``, now binds nothing.
         """
         ids = np.asarray(ids, dtype=np.int64)
         batch, s = ids.shape
@@ -297,8 +298,9 @@ class BoundSession:
         if self.has_positions:
             np.add(self.kv.lengths[:, None], offsets[None, :], out=wide.positions)
         if self._bound_width is not wide:
-            self._bind_wide(wide)
-        self._run()
+            self.extra.update(wide.extra)
+            self._bound_width = wide
+        self._run(wide.binding)
         self.kv.advance(s)
         logits, next_token = wide.logits, wide.next_token
         if last is not None and kept != 1:  # the graph scored every position: each row's own
@@ -316,32 +318,28 @@ class BoundSession:
             if len(self._wides) >= MAX_WIDTHS:  # e.g. prompt chunks of many lengths
                 old = next(iter(self._wides))
                 if self._bound_width is self._wides[old]:
-                    self._bind_decode_outputs()
+                    self._leave_wide()
                 self._wides.pop(old)
             wide = _Wide(self, batch, s, kept)
             self._wides[key] = wide
         return wide
 
-    def _bind_wide(self, wide: _Wide) -> None:
-        for name, (value, _) in wide.inputs.items():
-            self.binding.bind_ortvalue_input(name, value)
-        for name, (value, _) in wide.outputs.items():
-            self.binding.bind_ortvalue_output(name, value)
-        for name, buf in wide.extra.items():
-            self.extra[name] = buf
-        self._bound_width = wide
+    def _leave_wide(self) -> None:
+        """Back to the one-token buffers after steps of several tokens: each width runs its own
+        binding, so only the per-position outputs' views change."""
+        if self._bound_width is not None:
+            self._decode_extras()
+            self._bound_width = None
 
-    def _bind_decode_outputs(self) -> None:
-        """Back to the one-token binding (inputs and outputs) after steps of several tokens."""
-        self._bind_decode_inputs()
-        if self.has_index:
-            self._bind_in(self.io["logits_index_input"], self.logits_index)
-        self._bind_out("logits", self.logits)
-        if self.has_next:
-            self._bind_out(self.io["next_token_output"], self.next_token)
-        for name, decode_buf in self.per_position.items():
-            self._bind_out(name, decode_buf)
-        self._bound_width = None
+    def _shared_values(self) -> list[tuple[str, str, Any]]:
+        """(in/out, name, OrtValue) of what every width's binding shares with the one-token
+        binding: the lengths inputs and the fixed-shape outputs (an MTP branch's verdict)."""
+        shared = [f"in:{self.io['seqlens_input']}", f"in:{self.io['total_length_input']}"]
+        shared += [f"out:{n}" for n in self.extra if n not in self.per_position]
+        return [
+            (key[: key.index(":")], key[key.index(":") + 1 :], self._values[key][0])
+            for key in shared
+        ]
 
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """ids [B]: one new token per row (finished rows may pass anything)."""
@@ -349,8 +347,7 @@ class BoundSession:
         total = int(lengths.max()) + 1
         if total > self.kv.max_length:
             self.kv.step_lengths(1)  # raises the context error with its message
-        if self._bound_width is not None:
-            self._bind_decode_outputs()
+        self._leave_wide()
         self.decode_ids[:, 0] = ids
         self.decode_pos[:, 0] = lengths
         np.copyto(self.seqlens, lengths, casting="unsafe")  # seqlens_k = length after - 1
@@ -404,3 +401,17 @@ class _Wide:
         outs.update(self.extra)
         self.inputs = {name: (ov(arr), arr) for name, arr in ins.items()}
         self.outputs = {name: (ov(arr), arr) for name, arr in outs.items()}
+        # A binding of its own (the KV buffers, the shared inputs and outputs, these), made
+        # once: switching widths then rebinds nothing (about 10 us per OrtValue bound, five or
+        # more per switch, where a chain's width changes with its drafts almost every step).
+        self.binding = bound.session.io_binding()
+        bound.kv.bind(self.binding)
+        for kind, name, value in bound._shared_values():
+            if kind == "in":
+                self.binding.bind_ortvalue_input(name, value)
+            else:
+                self.binding.bind_ortvalue_output(name, value)
+        for name, (value, _) in self.inputs.items():
+            self.binding.bind_ortvalue_input(name, value)
+        for name, (value, _) in self.outputs.items():
+            self.binding.bind_ortvalue_output(name, value)

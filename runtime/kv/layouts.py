@@ -1,17 +1,16 @@
-"""KV-cache state per layout, behind one small interface the generator (and speculative decoding) uses.
+"""The shared layout's KV buffers (`SharedKV`) and the checks every KV allocation shares.
 
-`concat`: the graph returns present = past + new; we feed it back as the next past (allocates
-every step: fine for unfused graphs, which are not the fast path).
 `shared`: one preallocated buffer [B, Hkv, T, Dh] per layer, bound as both past and present, so
-the fused attention writes the new positions in place. The state is then just the per-row
-lengths; `rollback(n)` (rejected draft tokens) only moves lengths back: the stale slots are
-overwritten by the next step.
+the fused attention writes the new positions in place (`kv.iobinding.BoundSession`). The state
+is then just the per-row lengths; `rollback(n)` (rejected draft tokens) only moves lengths back:
+the stale slots are overwritten by the next step. The `concat` layout's tensors live in
+`kv.concat_cache.ConcatKVCache`, the one cache over that layout.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -58,36 +57,6 @@ def align_kv_dtype(session: Any, manifest: Manifest) -> str:
         )
         manifest.kv.dtype = graph
     return manifest.kv.dtype
-
-
-class KVState(Protocol):
-    def feeds(self) -> dict[str, Any]: ...
-
-    def update(self, outputs: list[Any]) -> None: ...
-
-
-class ConcatKV:
-    """Past tensors [B, Hkv, P, D] per layer; outputs[1:] are the presents in manifest order."""
-
-    def __init__(self, manifest: Manifest, batch: int) -> None:
-        kv = manifest.kv
-        self.names = [name for pair in kv.inputs for name in pair]
-        self.past: list[np.ndarray] = []
-        for heads, kd, vd, dt in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes()):
-            self.past.append(np.zeros((batch, heads, 0, kd), dt))
-            self.past.append(np.zeros((batch, heads, 0, vd), dt))
-        self.first_output = 1  # outputs[0] is logits
-
-    def feeds(self) -> dict[str, Any]:
-        return dict(zip(self.names, self.past))
-
-    def update(self, outputs: list[Any]) -> None:
-        start = self.first_output
-        self.past = list(outputs[start : start + len(self.names)])
-
-    @property
-    def length(self) -> int:
-        return int(self.past[0].shape[2]) if self.past else 0
 
 
 class SharedKV:
@@ -158,30 +127,8 @@ class SharedKV:
         return (after - 1).astype(np.int32), int(after.max())
 
     def advance(self, new_tokens: np.ndarray | int) -> None:
-        self.lengths = self.lengths + new_tokens
+        self.lengths += new_tokens  # in place: no array per step
 
     def rollback(self, n: np.ndarray | int) -> None:
         """Forget the last `n` positions per row (e.g. rejected draft tokens); data is overwritten later."""
         self.lengths = np.maximum(self.lengths - n, 0)
-
-    # -- KVState protocol (for callers that run without binding) --------------------
-    def feeds(self) -> dict[str, Any]:
-        return dict(zip(self.input_names, self.buffers))
-
-    def update(self, outputs: list[Any]) -> None:
-        raise ArtifactError(
-            "shared-layout KV must run through IO binding (runtime.iobinding.BoundSession)."
-        )
-
-
-def make_kv_state(
-    manifest: Manifest, batch: int, max_length: int | None = None
-) -> ConcatKV | SharedKV:
-    layout = manifest.kv.layout
-    if layout == "concat":
-        return ConcatKV(manifest, batch)
-    if layout == "shared":
-        return SharedKV(
-            manifest, batch, max_length or (manifest.kv.max_length or manifest.context_length)
-        )
-    raise ArtifactError(f"KV layout {layout!r} is not supported by this runtime; upgrade specport.")

@@ -245,11 +245,15 @@ def timing_metrics(
         "new_tokens": new_tokens,
         "ttft_ms": round((first - start) * 1e3, 3),
         "prefill_s": round(prefill - start, 6),
+        "prefill_tok_per_s": round(prompt_tokens / max(first - start, 1e-9), 2),
         "decode_steps": steps,
         "decode_tok_per_s": round(new_tokens / decode_wall, 2) if decode_wall > 0 else None,
         "tpot_ms": round(decode_wall / new_tokens * 1e3, 4) if new_tokens else None,
         "decode_ort_s": round(ort_s - prefill_ort_s, 6),
         "decode_wall_s": round(decode_wall, 6),
+        "framework_overhead_pct": (
+            round(100 * (1 - (ort_s - prefill_ort_s) / decode_wall), 2) if decode_wall > 0 else None
+        ),
         "propose_s": round(propose_s, 6),
         "step_overhead_ms": overhead_ms(decode_wall, ort_s - prefill_ort_s, steps),
         "total_s": round(end - start, 6),

@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Outputs = Mapping[str, np.ndarray]  # a run's extra graph outputs by name
+# The run's argmax at every scored position ([B, S] ids), when the graph computes it: the step
+# passes it among the outputs, and greedy verification reads it instead of repeating the argmax
+# over [S, V] scores on the host (about as much host time as the rest of a batch-1 step).
+ARGMAX = "argmax"
 
 
 @dataclass
@@ -167,10 +171,14 @@ def accept_prefix(row: Sequence[int], best: Sequence[int]) -> int:
     return a
 
 
-def greedy_rows(drafts: Drafts, logits: np.ndarray) -> VerifyResult:
-    """``greedy_verify`` for the few rows of one step: one argmax, then plain lists
-    (logits [n, S, V]; cheaper than batch-wide masks below a few dozen rows)."""
-    best = np.argmax(logits[:, : drafts.width + 1], axis=-1).tolist()  # [n, S]
+def greedy_rows(
+    drafts: Drafts, logits: np.ndarray, argmax: np.ndarray | None = None
+) -> VerifyResult:
+    """``greedy_verify`` for the few rows of one step: one argmax (the graph's ``argmax``
+    [n, >= S] when given), then plain lists (logits [n, S, V]; cheaper than batch-wide masks
+    below a few dozen rows)."""
+    s = drafts.width + 1
+    best = (np.argmax(logits[:, :s], axis=-1) if argmax is None else argmax[:, :s]).tolist()
     lengths = drafts.lengths.tolist()
     accepted, tokens = [], []
     for i, row in enumerate(drafts.tokens.tolist()):
@@ -181,10 +189,14 @@ def greedy_rows(drafts: Drafts, logits: np.ndarray) -> VerifyResult:
     return VerifyResult(acc, tokens, acc == drafts.lengths)
 
 
-def greedy_one(row: list[int], logits: np.ndarray) -> VerifyResult:
+def greedy_one(
+    row: list[int], logits: np.ndarray, argmax: np.ndarray | None = None
+) -> VerifyResult:
     """Exact greedy for one row: ``row`` drafts, ``logits`` [>= len(row)+1, V] (batch 1's fast
-    path: one argmax over the fed positions, no batch machinery)."""
-    best = np.argmax(logits[: len(row) + 1], axis=-1).tolist()
+    path: one argmax over the fed positions, or the graph's ``argmax`` [>= len(row)+1] when
+    given, no batch machinery)."""
+    s = len(row) + 1
+    best = (np.argmax(logits[:s], axis=-1) if argmax is None else argmax[:s]).tolist()
     a = accept_prefix(row, best)
     accepted = np.array([a], dtype=np.int64)
     return VerifyResult(accepted, [[*row[:a], int(best[a])]], np.array([a == len(row)]))
@@ -280,9 +292,10 @@ class GreedyVerifier:
         contexts: Sequence[list[int]] = (),
         outputs: Outputs | None = None,
     ) -> VerifyResult:
+        argmax = None if outputs is None else outputs.get(ARGMAX)
         if drafts.batch_size == 1:
-            return greedy_one(drafts.row(0), logits[0])
-        return greedy_rows(drafts, logits)
+            return greedy_one(drafts.row(0), logits[0], None if argmax is None else argmax[0])
+        return greedy_rows(drafts, logits, argmax)
 
     def tree(
         self, tree: TokenTree, logits: np.ndarray, context: list[int]
@@ -436,7 +449,7 @@ class GraphVerifier(GreedyVerifier):
         outputs: Outputs | None = None,
     ) -> VerifyResult:
         if not outputs or self.accepted not in outputs:
-            return super().chain(drafts, logits, contexts)
+            return super().chain(drafts, logits, contexts, outputs)
         # a batched run pads a row's drafts with its last token (see ``graph_verdict``)
         filler = contexts[0][-1] if len(contexts) == 1 and contexts[0] else 0
         accepted = outputs[self.accepted].reshape(-1).tolist()  # [B] int64

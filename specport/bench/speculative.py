@@ -5,7 +5,7 @@ per-prompt medians are summed, and every speculative output is checked against p
 a speed figure for a method whose tokens differ would be meaningless, so equality is reported
 beside it.
 
-"Plain" is the best plain loop on the same base model: for an MTP artifact that is the graph
+"Plain" is plain decoding on the same base model: for an MTP artifact that is the graph
 with the MTP branch left out (``runtime.session.artifact_graph``), because onnxruntime runs
 every node whatever outputs are fetched and plain decoding on the MTP graph would pay for the
 heads at every token (about 1.5x slower on stories260K), flattering the speculative figure.

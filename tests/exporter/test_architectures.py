@@ -256,13 +256,17 @@ def test_deepseek_v3_logits_parity_and_mtp_weights(tiny_zoo) -> None:
     ref = tiny_zoo.reference("deepseek_v3")
     model = specport.load(artifact)
     ids = np.array([LONG_PROMPT], np.int64)
-    from specport.runtime.kv.layouts import make_kv_state
-
+    kv = model.manifest.kv
+    empty = {}  # a prompt on an empty concat cache: [1, Hkv, 0, D] pasts
+    for (k, v), heads, kd, vd, dt in zip(
+        kv.inputs, kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes()
+    ):
+        empty[k], empty[v] = np.zeros((1, heads, 0, kd), dt), np.zeros((1, heads, 0, vd), dt)
     feeds = {
         "input_ids": ids,
         "attention_mask": np.ones_like(ids),
         "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None],
-        **make_kv_state(model.manifest, 1).feeds(),
+        **empty,
     }
     logits = model.session.run(["logits"], feeds)[0]
     with torch.no_grad():

@@ -143,7 +143,7 @@ def test_shared_weight_is_not_packed():
 
 
 @pytest.mark.slow
-def test_bound_loop_greedy_tokens_identical(tmp_path, monkeypatch):
+def test_packed_greedy_tokens_identical(tmp_path, monkeypatch):
     """Artifacts exported with and without the pass generate the same greedy tokens."""
     import specport
     from specport.exporter.export import export_model

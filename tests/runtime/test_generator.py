@@ -1,8 +1,9 @@
-"""The generator's two loops against each other and against transformers, on a tiny random Llama.
+"""Plain decoding (the one step with no proposer) on both KV layouts, against each other and
+against transformers, on a tiny random Llama.
 
 The shared-KV artifact (`export_model(kv_layout="shared")`: IO binding, in-place KV, in-graph
-argmax, overlapped callbacks) must produce exactly the tokens of the plain concat-KV export and
-of transformers' greedy `generate`; batching, seeding, streaming and stop strings must not change results.
+argmax) must produce exactly the tokens of the plain concat-KV export and of transformers'
+greedy `generate`; batching, seeding, streaming and stop strings must not change results.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _greedy(model, prompts, n=12):
     ]
 
 
-def test_fused_uses_the_bound_loop(fused):
+def test_fused_uses_io_binding_and_the_graph_argmax(fused):
     r = fused.generate(prompt_ids=PROMPTS[0], max_new_tokens=4, ignore_eos=True)
     assert fused.manifest.kv.layout == "shared"
     assert r.metrics["io_binding"] and r.metrics["greedy_in_graph"]
@@ -132,7 +133,7 @@ def test_text_without_a_stream_equals_the_streamed_text(fused):
     assert [r.tokens for r in quiet] == [r.tokens for r in streamed]
 
 
-def test_stop_string_stops_only_its_row_with_overlapped_callbacks(fused):
+def test_stop_string_stops_only_its_row(fused):
     full = fused.generate_batch(prompt_ids=PROMPTS, max_new_tokens=16, ignore_eos=True)
     text = full[0].text
     stop = text[len(text) // 2 : len(text) // 2 + 2]

@@ -17,7 +17,7 @@ import pytest
 
 from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine
-from specport.runtime.kv.layouts import make_kv_state
+from specport.runtime.kv.layouts import SharedKV
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.loop import generate_speculative
 
@@ -73,7 +73,7 @@ def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 def test_buffers_are_int8_and_a_quarter_of_fp32(arts):
     kv8, fp32 = arts["kv8"].manifest, arts["fp32"].manifest
     assert kv8.kv.layout == "shared" and kv8.kv.dtype == "int8"
-    q, f = make_kv_state(kv8, 2, 64), make_kv_state(fp32, 2, 64)
+    q, f = SharedKV(kv8, 2, 64), SharedKV(fp32, 2, 64)
     assert {b.dtype for b in q.buffers} == {np.dtype(np.int8)}
     assert sum(b.nbytes for b in f.buffers) == 4 * sum(b.nbytes for b in q.buffers)
 
@@ -219,7 +219,7 @@ def test_mixed_layer_dtypes_buffers_speculation_and_engine(arts):
     model = arts["mixed"]
     kv = model.manifest.kv
     assert kv.dtype == "int8" and kv.layer_dtypes == ["int8", "float32"]
-    state = make_kv_state(model.manifest, 2, 64)
+    state = SharedKV(model.manifest, 2, 64)
     assert [b.dtype for b in state.buffers] == [np.dtype(np.int8)] * 2 + [np.dtype(np.float32)] * 2
     drafted = 0
     prompts = _prompts(4, seed=6)
