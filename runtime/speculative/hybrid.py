@@ -20,6 +20,8 @@ has, by **expected tokens per unit of step cost**, and drafts with the best:
   plain steps (measured once per machine and artifact; under greedy decoding corrected by the
   steps' own times, ``LiveVerifyCosts``), plus what the drafter costs per draft (its prior,
   ``draft_cost``; under greedy decoding, its timed runs against the timed rest of the step).
+  Steps are timed by the tracker's clock: process CPU time on the CPU provider, so a machine
+  with more runnable threads than cores does not make drafts look dear.
 
 The candidates are plain decoding (value 1), the suffix draft at its best length, and the
 model's draft at its best length (run only when it wins: an EAGLE head that would not pay is
@@ -89,6 +91,11 @@ class HybridState:
         self.costs = list(verify_costs)  # verifying k = 0..max_draft drafts, a plain step = 1
         self.live: LiveVerifyCosts | None = None  # corrects ``costs`` from timed steps
         self.last: int | None = None  # id() of the proposer that proposed last
+
+    def clock(self) -> float:
+        """Now, by the clock the verify-cost tracker times steps with (process CPU time on the
+        CPU provider: ``engine.step_cost.step_clock``); wall time without a tracker."""
+        return self.live.clock() if self.live is not None else time.perf_counter()
 
     def time_step(self, drafts: int, seconds: float) -> None:
         """A timed step's verify run and host work: corrects the verify costs (if tracked)."""
@@ -170,12 +177,11 @@ class HybridProposer(ProposerBase):
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         if len(context) != 1:
             raise ValueError(f"the hybrid proposer drafts one row, got {len(context)}")
-        t0 = time.perf_counter()
-        self._time_rest(t0)
+        self._time_rest(self.state.clock())
         self._score(context[0])
         drafts = self._choose(context[0], min(int(num_draft), self.max_draft))
         self._fed = len(drafts)
-        self._end = time.perf_counter()
+        self._end = self.state.clock()
         return Drafts.one(drafts)
 
     def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
@@ -240,9 +246,9 @@ class HybridProposer(ProposerBase):
 
     def _model(self, ctx: list[int], cap: int, k: int, mctl: AdaptiveDraftLength) -> list[int]:
         """Run the drafter for ``k`` drafts; extend them by a suffix match when that pays."""
-        t0 = time.perf_counter()
+        t0 = self.state.clock()
         mdraft = self.model.propose([ctx], k).row(0)[:k]  # type: ignore[union-attr]
-        self._time_model(time.perf_counter() - t0, len(mdraft))
+        self._time_model(self.state.clock() - t0, len(mdraft))
         if not mdraft:
             return self._chose("plain", [])
         self._tests.append((mctl, mdraft, len(ctx), 0))
