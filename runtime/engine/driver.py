@@ -244,6 +244,9 @@ def generate_rows(
         choices = getattr(first, "choices", None)  # auto: what it chose, step by step
         if isinstance(choices, dict) and "speculative" in metrics:
             metrics["speculative"]["choices"] = dict(choices)
+        profile = getattr(first, "profile", None)  # auto: what it measured of the prompt
+        if profile is not None and "speculative" in metrics:
+            metrics["speculative"]["prompt"] = profile.as_dict()
     if tree_width and "speculative" in metrics:
         steps = metrics["speculative"].get("steps") or 0
         metrics["speculative"].update(

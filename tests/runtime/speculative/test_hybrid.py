@@ -15,6 +15,7 @@ from specport.runtime.engine import step_cost
 from specport.runtime.speculative.base import Drafts, ProposerBase
 from specport.runtime.speculative.hybrid import HybridProposer
 from specport.runtime.speculative.metrics import AdaptiveDraftLength
+from specport.runtime.speculative.prompt_profile import profile_prompt
 from specport.runtime.speculative.suffix import SuffixIndex, SuffixProposer
 from specport.runtime.speculative.verify import VerifyResult
 
@@ -50,6 +51,7 @@ def _hybrid(drafter: FakeDrafter | None, corpus: list[list[int]] = (), **rates: 
     if drafter is not None:
         hybrid.set_model_cost(drafter.cost)
     hybrid.start(None)
+    hybrid.profile = profile_prompt([])  # these requests' prompts measure nothing: rates as set
     for name, rate in rates.items():  # own=: both own-text kinds
         for kind in ("own-long", "own-short") if name == "own" else (name.replace("_", "-"),):
             hybrid.state.sources[kind].rate = [rate] * 8
