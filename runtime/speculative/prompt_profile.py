@@ -34,7 +34,8 @@ MAX_N = 6  # the longest suffix a match tries (``SuffixIndex``'s default max_n)
 LONG_N = 3  # a match this long or longer is ``own-long`` (as ``SuffixProposer.match``)
 REPLAY_DRAFT = 16  # draft positions scored per replayed match
 PSEUDO = 8.0  # tests the priors count for when blended with the replay
-PASSAGE_TOKENS = 400  # a prompt this long carries a passage the answer may copy from
+PASSAGE_TOKENS = 400  # a prompt this long, with phrases of its own that recur, carries a
+PASSAGE_MATCHES = 4  # passage the answer may copy from (random tokens recur in none)
 COPY_RATE = 0.5  # replayed own-long acceptance at position 0 that makes a request copy-heavy
 COPY_MATCHES = 16  # own-long matches the replay needs before it calls a request copy-heavy
 OPEN_DRAFT = 8  # the draft cap of a request that is not copy-heavy
@@ -72,11 +73,13 @@ class PromptProfile:
 
     @property
     def copy_heavy(self) -> bool:
-        """Long drafts may pay: the prompt carries a passage, or its own-long matches came
-        true at least ``COPY_RATE`` of the time over ``COPY_MATCHES`` matches or more."""
-        if self.tokens >= PASSAGE_TOKENS:
+        """Long drafts may pay: the prompt carries a passage (``PASSAGE_TOKENS`` or more, in
+        which ``PASSAGE_MATCHES`` three-token phrases recur), or its own-long matches came true
+        at least ``COPY_RATE`` of the time over ``COPY_MATCHES`` matches or more."""
+        long = self.matches.get("own-long", 0)
+        if self.tokens >= PASSAGE_TOKENS and long >= PASSAGE_MATCHES:
             return True
-        return self.matches.get("own-long", 0) >= COPY_MATCHES and self.copy_rate >= COPY_RATE
+        return long >= COPY_MATCHES and self.copy_rate >= COPY_RATE
 
     def as_dict(self) -> dict[str, Any]:
         """What ``metrics["speculative"]["prompt"]`` reports."""

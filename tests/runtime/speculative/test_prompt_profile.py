@@ -9,6 +9,7 @@ import pytest
 
 from specport.runtime.speculative.hybrid import HybridProposer
 from specport.runtime.speculative.prompt_profile import (
+    COPY_RATE,
     OPEN_DRAFT,
     PASSAGE_TOKENS,
     PSEUDO,
@@ -47,9 +48,27 @@ def test_a_prompt_that_repeats_itself_measures_long_matches_that_come_true():
     assert rates[0] == pytest.approx((tested + 0.5 * PSEUDO) / (tested + PSEUDO))
 
 
-@pytest.mark.parametrize(("tokens", "heavy"), [(PASSAGE_TOKENS - 1, False), (PASSAGE_TOKENS, True)])
-def test_a_long_prompt_carries_a_passage_the_answer_may_copy(tokens, heavy):
-    assert profile_prompt(_random(tokens)).copy_heavy == heavy
+def _article(n: int) -> list[int]:
+    """Random tokens in which one three-token phrase recurs six times, each time followed by
+    something new (a name in an article): matches that do not come true."""
+    ids, phrase = _random(n), [7, 8, 9]
+    for at in range(n - 200, n - 10, 30):
+        ids[at : at + 3] = phrase
+    return ids
+
+
+@pytest.mark.parametrize(
+    ("prompt", "heavy"),
+    [
+        (_article(PASSAGE_TOKENS - 1), False),
+        (_article(PASSAGE_TOKENS), True),
+        (_random(2 * PASSAGE_TOKENS), False),  # long, but nothing in it recurs
+    ],
+)
+def test_a_long_prompt_with_recurring_phrases_carries_a_passage(prompt, heavy):
+    profile = profile_prompt(prompt)
+    assert profile.copy_heavy == heavy
+    assert profile.copy_rate < COPY_RATE  # heavy or not, its matches themselves did not pay
 
 
 def _hybrid() -> HybridProposer:
