@@ -6,7 +6,10 @@ seeded, in the JSON lines `specport.prompt_files` reads:
 
 * ``random-tokens``: token ids drawn uniformly from the artifact's vocabulary, decoded to text,
   sent as they are (a ``text`` record: no chat template);
-* ``random-chat``: a chat request to continue a string of random letters and digits.
+* ``random-chat``: a chat request to continue a string of random letters and digits;
+* ``misleading``: a chat request to continue a table whose every row repeats the same words
+  with a new random value after them: prompt lookup always finds a match, and the value it
+  copies from an earlier row is wrong.
 
 Usage:
 
@@ -42,6 +45,13 @@ def main() -> None:
         noise = " ".join("".join(rng.choices(letters, k=rng.randint(3, 9))) for _ in range(150))
         prompt = f"Continue this sequence with 100 more items of the same kind:\n\n{noise}"
         print(json.dumps({"category": "random-chat", "prompt": prompt}))
+    for _ in range(args.per_kind):
+        rows = [
+            f"record {rng.randint(1000, 9999)} has the code {''.join(rng.choices(letters, k=6))}"
+            for _ in range(60)
+        ]
+        prompt = "Continue this table with 40 more records:\n\n" + "\n".join(rows)
+        print(json.dumps({"category": "misleading", "prompt": prompt}))
 
 
 if __name__ == "__main__":
