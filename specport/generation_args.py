@@ -18,7 +18,7 @@ from specport.options import option
 METHODS = ("ngram", "suffix", "draft", "mtp", "eagle", "auto")  # as runtime/speculative/loop.py
 MAX_DRAFT = 16  # as runtime/speculative/loop.py, which cannot import this layer
 DEFAULT_NUM_DRAFT = 4
-AUTO_NUM_DRAFT = 8  # --speculative auto: long suffix matches pay, short drafts are its choice
+AUTO_NUM_DRAFT = 16  # --speculative auto: its cap; 8 unless the prompt copies well (prompt_profile)
 
 
 def _int_in(name: str, value: Any, low: int, high: int | None = None) -> int:

@@ -189,8 +189,10 @@ def generate_rows(
     runs = 0
     propose_s = 0.0
     nodes = 0
-    # (cap, start, propose seconds, drafts verified) of the last step, timed
+    # (cap, start, propose seconds, drafts verified) of the last step, timed by the tracker's
+    # clock (process CPU time on the CPU provider: waits for a core are not a step's cost)
     last_step: tuple[int, float, float, int] | None = None
+    clock = live_costs.clock if live_costs is not None else time.perf_counter
 
     def emit(row: step.StepRow, tokens: list[int]) -> None:
         """Append a row's new tokens up to the first that stops it (then free its row)."""
@@ -234,10 +236,10 @@ def generate_rows(
                     row.cap = min(num_draft if ctl is None else ctl.choose(), room)
                     if not row.cap and room > 0 and live_costs is not None and live_costs.probe():
                         row.cap = 1  # a one-draft verify timed for the costs (greedy: same tokens)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), clock()
             if timed and last_step is not None:  # the previous step's share of proposing
                 cap, t_prev, propose_prev, fed = last_step
-                rest = t0 - t_prev - propose_prev
+                rest = c0 - t_prev - propose_prev
                 controllers[0].observe_cost(cap, propose_prev, rest, per_draft)  # type: ignore[union-attr]
                 if live_costs is not None and live_costs.observe(fed, rest):
                     controllers[0].set_verify_costs(live_costs.costs[: num_draft + 1])  # type: ignore[union-attr]
@@ -245,7 +247,7 @@ def generate_rows(
             t1 = time.perf_counter()
             propose_s += t1 - t0
             if timed:
-                last_step = (live[0].cap, t0, t1 - t0, int(live[0].drafts.lengths[0]))
+                last_step = (live[0].cap, c0, clock() - c0, int(live[0].drafts.lengths[0]))
             groups = _groups(list(live), widest, batched, cache)
         for group, width, alone in groups:
             verdicts = step.run(cache, group, width, alone)
@@ -275,6 +277,9 @@ def generate_rows(
         choices = getattr(first, "choices", None)  # auto: what it chose, step by step
         if isinstance(choices, dict) and "speculative" in metrics:
             metrics["speculative"]["choices"] = dict(choices)
+        profile = getattr(first, "profile", None)  # auto: what it measured of the prompt
+        if profile is not None and "speculative" in metrics:
+            metrics["speculative"]["prompt"] = profile.as_dict()
     if tree_width and "speculative" in metrics:
         steps = metrics["speculative"].get("steps") or 0
         metrics["speculative"].update(

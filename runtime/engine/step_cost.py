@@ -21,6 +21,16 @@ plain steps. That table comes from ~40 runs timed once; a machine that was busy 
 steer every later run. So the hybrid also times its own steps (`LiveVerifyCosts`): once it
 has enough plain and verify steps, their ratio corrects the table, and a table that was off
 by more than `LIVE_KEEP` is replaced on disk by the corrected one.
+
+Both time the work in **process CPU time** where the graph runs on this process's own threads
+(`step_clock`: the CPU provider, OpenVINO), not wall time. On a machine with more runnable
+threads than cores, wall time counts the waits for a core, and a verify run, longer than a
+plain step, is preempted more often: on SmolLM2-135M (2 threads, 2 cores, load 14-25) the
+steps' wall times priced one draft at 4.06 plain steps, while the runs cost 1.08 by wall and
+by CPU time timed alone (`benchmarks/verify_cost_clocks.py`). CPU time does not count the
+waits. Accelerator providers keep wall time (the work is not on the host's threads). And
+nothing measured while the 1-minute load average exceeds the core count (`busy`) is written
+to disk: it serves the run that measured it, and the reason is logged.
 """
 
 from __future__ import annotations
@@ -49,9 +59,12 @@ __all__ = [
     "LiveVerifyCosts",
     "StepCost",
     "best_width",
+    "busy",
     "keep_verify_costs",
     "live_verify_costs",
+    "machine_load",
     "measure_widths",
+    "step_clock",
     "verify_costs",
 ]
 
@@ -156,15 +169,51 @@ def best_width(
     return best_w
 
 
+HOST_PROVIDERS = ("cpu", "openvino")  # run the graph on this process's threads
+
+
+def step_clock(provider: str | None) -> Callable[[], float]:
+    """The clock that times steps for ``provider`` (the short name a session reports, e.g.
+    ``cpu``): process CPU time where the work runs on this process's own threads, so waiting
+    for a core on a busy machine is not counted as cost (see the module docstring); wall time
+    for accelerators, whose work the host's CPU time does not see."""
+    name = str(provider or "cpu").lower()
+    return time.process_time if name in HOST_PROVIDERS else time.perf_counter
+
+
+def machine_load() -> tuple[float, int]:
+    """(the 1-minute load average, the machine's cores); a load of 0 where the platform has no
+    load average."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows
+        load = 0.0
+    return float(load), int(os.cpu_count() or 1)
+
+
+def busy(load: float, cores: int) -> str | None:
+    """Why timings taken now must not be kept for later runs (None: they may be). Above one
+    runnable thread per core a step also waits for a core; a later run on a quieter machine
+    would inherit costs that were not the work's."""
+    if load > cores:
+        return f"the 1-minute load average {load:.1f} exceeds the {cores} cores"
+    return None
+
+
 WIDTHS = (1, 2, 3, 4, 5, 7, 9)  # batch-1 widths measured (1 + drafts)
 WIDTH_REPEATS = 5  # rounds over every width; each width's fastest run counts
 CONTEXT = 32  # positions already cached when a width is timed (a short chat turn's start)
 _MEMO: weakref.WeakKeyDictionary[Any, list[float]] = weakref.WeakKeyDictionary()
 
 
-def measure_widths(session: Any, manifest: Any, widths: Sequence[int] = WIDTHS) -> list[float]:
-    """Seconds of one batch-1 run feeding each of ``widths`` tokens (the fastest of
-    ``WIDTH_REPEATS`` interleaved rounds after a warm-up round: on a shared machine other
+def measure_widths(
+    session: Any,
+    manifest: Any,
+    widths: Sequence[int] = WIDTHS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """Seconds of one batch-1 run feeding each of ``widths`` tokens by ``clock`` (the fastest
+    of ``WIDTH_REPEATS`` interleaved rounds after a warm-up round: on a shared machine other
     processes only ever add time), on a cache of its own with ``CONTEXT`` positions filled."""
     from specport.progress import Stages
     from specport.runtime.kv.cache import open_kv_cache  # the engine's cache, opened here only
@@ -179,10 +228,10 @@ def measure_widths(session: Any, manifest: Any, widths: Sequence[int] = WIDTHS) 
     for repeat in range(WIDTH_REPEATS + 1):
         for w in widths:
             cache.keep(0, CONTEXT)
-            t0 = time.perf_counter()
+            t0 = clock()
             cache.step(np.zeros((1, w), dtype=np.int64), live)
             if repeat:
-                times[w] = min(times[w], time.perf_counter() - t0)
+                times[w] = min(times[w], clock() - t0)
     stage.done()
     return [times[w] for w in widths]
 
@@ -201,24 +250,34 @@ def relative_costs(seconds: Sequence[float], widths: Sequence[int], max_draft: i
     return [float(v) for v in out / max(float(s[0]), 1e-9)]
 
 
-def verify_costs(model: Any, max_draft: int = 16) -> list[float]:
+def verify_costs(
+    model: Any,
+    max_draft: int = 16,
+    load: Callable[[], tuple[float, int]] = machine_load,
+) -> list[float]:
     """What verifying k = 0..max_draft drafts costs relative to a plain step on this machine
     for ``model`` (a loaded ``specport.api.Model``, or anything with ``session`` and
     ``manifest``): measured once per machine and artifact and kept on disk (see the module
-    docstring), once per loaded model in memory."""
+    docstring) unless ``load()`` finds the machine oversubscribed (``busy``), once per loaded
+    model in memory."""
     with contextlib.suppress(TypeError):
         if model in _MEMO:
             return _extend(_MEMO[model], max_draft)
     key = _key(model)
     table = _read(key) if key else None
     if table is None:
-        seconds = measure_widths(model.session, model.manifest)
+        clock = step_clock(_provider(model))
+        seconds = measure_widths(model.session, model.manifest, WIDTHS, clock)
         table = {"widths": list(WIDTHS), "seconds": seconds}
         logger.info(
-            "verify cost per width (batch 1): %s",
+            "verify cost per width (batch 1, %s): %s",
+            _clock_name(clock),
             ", ".join(f"{w}: {1e3 * t:.1f} ms" for w, t in zip(WIDTHS, seconds)),
         )
-        if key:
+        why = busy(*load())
+        if why:
+            logger.info("verify costs not kept for later runs: %s", why)
+        elif key:
             _write(key, table)
     costs = relative_costs(table["seconds"], table["widths"], 16)
     with contextlib.suppress(TypeError):
@@ -255,7 +314,12 @@ class LiveVerifyCosts:
     plain steps' is what verifying k drafts costs now. Each count measured corrects its own
     cost, counts never drafted take the factor of the nearest measured one, and costs stay
     non-decreasing. When a measured count is off the kept table by more than ``LIVE_KEEP``,
-    ``keep`` stores the corrected table (``keep_verify_costs``), so the next run starts right.
+    ``keep`` stores the corrected table (``keep_verify_costs``), so the next run starts right,
+    unless ``load()`` says the machine is oversubscribed (``busy``): then the correction
+    serves this process only and the reason is logged.
+
+    Callers time their steps with ``clock`` (``step_clock``: process CPU time on the CPU
+    provider), never with a clock of their own: every ratio here is between steps timed alike.
 
     A table that prices drafts too high stops them, and with them the steps that would show
     it: so while fewer than ``LIVE_MIN`` one-draft verifies were timed, ``probe`` asks for one
@@ -264,12 +328,19 @@ class LiveVerifyCosts:
     """
 
     def __init__(
-        self, costs: Sequence[float], keep: Callable[[list[float]], None] | None = None
+        self,
+        costs: Sequence[float],
+        keep: Callable[[list[float]], None] | None = None,
+        clock: Callable[[], float] = time.process_time,
+        load: Callable[[], tuple[float, int]] = machine_load,
     ) -> None:
         self.table = [float(c) for c in costs]  # what the corrections scale
         self.costs = list(self.table)  # the corrected costs now
         self._kept = list(self.table)  # what the disk holds
         self._keep = keep
+        self.clock = clock  # what the steps fed to ``observe`` are timed with
+        self._load = load  # (1-minute load average, cores) when a correction would be kept
+        self.unkept: str | None = None  # why the last correction off the disk was not kept
         self._times: dict[int, deque[float]] = {}
         self._since = 0
         self.steps = 0  # timed steps seen
@@ -322,8 +393,13 @@ class LiveVerifyCosts:
             )
         off = max(abs(costs[k] / self._kept[k] - 1.0) for k in measured)
         if off > LIVE_KEEP and self._keep is not None:
-            self._keep(list(costs))
-            self._kept = list(costs)
+            why = busy(*self._load())
+            if why is None:
+                self._keep(list(costs))
+                self._kept = list(costs)
+            elif why != self.unkept:  # said once per reason, not every correction
+                logger.info("corrected verify costs not kept for later runs: %s", why)
+            self.unkept = why
         return changed
 
 
@@ -355,7 +431,7 @@ def live_verify_costs(model: Any) -> LiveVerifyCosts:
         keep: Callable[[list[float]], None] | None = _keeper(model)
     except TypeError:  # not weakly referenceable: corrections stay in this tracker
         keep = None
-    live = LiveVerifyCosts(verify_costs(model), keep)
+    live = LiveVerifyCosts(verify_costs(model), keep, step_clock(_provider(model)))
     with contextlib.suppress(TypeError):
         _LIVE[model] = live
     return live
@@ -368,15 +444,31 @@ def _extend(costs: list[float], max_draft: int) -> list[float]:
     return costs + [costs[-1] + slope * (i + 1) for i in range(max_draft + 1 - len(costs))]
 
 
+def _provider(model: Any) -> str | None:
+    """The provider ``model``'s session runs on: its short name, else the session's first."""
+    name = getattr(model, "provider", None)
+    if name:
+        return str(name)
+    with contextlib.suppress(AttributeError, IndexError, TypeError):
+        return str(model.session.get_providers()[0]).removesuffix("ExecutionProvider")
+    return None
+
+
+def _clock_name(clock: Callable[[], float]) -> str:
+    return "process CPU time" if clock is time.process_time else "wall time"
+
+
 def _key(model: Any) -> str | None:
-    """The cache key: the artifact's file hashes, provider, threads and the machine's CPU;
-    None for a model without files (nothing to key a measurement by)."""
+    """The cache key: the artifact's file hashes, provider, threads, the machine's CPU and the
+    clock (tables timed by another clock are not comparable); None for a model without files
+    (nothing to key a measurement by)."""
     files = getattr(model.manifest, "files", None)
     if not files or getattr(model, "path", None) is None:
         return None
     config = getattr(model, "session_config", None)
     parts = {
         "files": sorted(files.items()),
+        "clock": _clock_name(step_clock(_provider(model))),
         "provider": str(getattr(model, "provider", "")),
         "threads": getattr(config, "intra_op_threads", None),
         "cpu": _cpu_name(),

@@ -20,6 +20,13 @@ has, by **expected tokens per unit of step cost**, and drafts with the best:
   plain steps (measured once per machine and artifact; under greedy decoding corrected by the
   steps' own times, ``LiveVerifyCosts``), plus what the drafter costs per draft (its prior,
   ``draft_cost``; under greedy decoding, its timed runs against the timed rest of the step).
+  Steps are timed by the tracker's clock: process CPU time on the CPU provider, so a machine
+  with more runnable threads than cores does not make drafts look dear.
+
+Before a request's first step, its prompt is profiled (``prompt_profile``): own-text drafting
+replayed over the prompt's latest tokens adds what this request's text measures to the
+own-text estimates, and only a request whose prompt copies well (a passage, or own-text
+matches that came true) may draft past ``OPEN_DRAFT`` tokens per step.
 
 The candidates are plain decoding (value 1), the suffix draft at its best length, and the
 model's draft at its best length (run only when it wins: an EAGLE head that would not pay is
@@ -45,6 +52,7 @@ import numpy as np
 from specport.runtime.engine.step_cost import LiveVerifyCosts, live_verify_costs
 from specport.runtime.speculative.base import Drafts, Proposer, ProposerBase
 from specport.runtime.speculative.metrics import AdaptiveDraftLength
+from specport.runtime.speculative.prompt_profile import OPEN_DRAFT, PromptProfile, profile_prompt
 from specport.runtime.speculative.suffix import SuffixProposer
 
 logger = logging.getLogger(__name__)
@@ -89,6 +97,11 @@ class HybridState:
         self.costs = list(verify_costs)  # verifying k = 0..max_draft drafts, a plain step = 1
         self.live: LiveVerifyCosts | None = None  # corrects ``costs`` from timed steps
         self.last: int | None = None  # id() of the proposer that proposed last
+
+    def clock(self) -> float:
+        """Now, by the clock the verify-cost tracker times steps with (process CPU time on the
+        CPU provider: ``engine.step_cost.step_clock``); wall time without a tracker."""
+        return self.live.clock() if self.live is not None else time.perf_counter()
 
     def time_step(self, drafts: int, seconds: float) -> None:
         """A timed step's verify run and host work: corrects the verify costs (if tracked)."""
@@ -137,6 +150,8 @@ class HybridProposer(ProposerBase):
         self._tested: set[int] = set()  # estimates scored since the last step
         self._fed = 0
         self._end: float | None = None  # when the last propose returned
+        self.profile: PromptProfile | None = None  # this request's prompt (its first propose)
+        self.cap = self.max_draft  # this request's most drafts per step (from its profile)
 
     def _fresh(self) -> HybridState:
         return HybridState(self.max_draft, self._costs, self._prior, self._model_cost)
@@ -155,6 +170,7 @@ class HybridProposer(ProposerBase):
         self.state = self._shared if greedy and self._shared is not None else self._fresh()
         self._tests, self._tested, self._fed, self._end = [], set(), 0, None
         self.choices = {}
+        self.profile, self.cap = None, self.max_draft
         self.suffix.start(sampling, stream)
         if self.model is not None:
             self.model.start(sampling, stream)
@@ -170,13 +186,23 @@ class HybridProposer(ProposerBase):
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         if len(context) != 1:
             raise ValueError(f"the hybrid proposer drafts one row, got {len(context)}")
-        t0 = time.perf_counter()
-        self._time_rest(t0)
+        self._time_rest(self.state.clock())
+        if self.profile is None:
+            self._profile(context[0])
         self._score(context[0])
-        drafts = self._choose(context[0], min(int(num_draft), self.max_draft))
+        drafts = self._choose(context[0], min(int(num_draft), self.cap))
         self._fed = len(drafts)
-        self._end = time.perf_counter()
+        self._end = self.state.clock()
         return Drafts.one(drafts)
+
+    def _profile(self, prompt: list[int]) -> None:
+        """The request's prompt, before its first step: the own-text replay joins the
+        own-text estimates, and the draft cap follows from whether it copies well."""
+        profile = self.profile = profile_prompt(prompt)
+        for kind in ("own-long", "own-short"):
+            ctl = self.state.sources[kind]
+            ctl.rate = profile.rates(kind, ctl.rate)
+        self.cap = self.max_draft if profile.copy_heavy else min(self.max_draft, OPEN_DRAFT)
 
     def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
         if self.model is not None:
@@ -240,9 +266,9 @@ class HybridProposer(ProposerBase):
 
     def _model(self, ctx: list[int], cap: int, k: int, mctl: AdaptiveDraftLength) -> list[int]:
         """Run the drafter for ``k`` drafts; extend them by a suffix match when that pays."""
-        t0 = time.perf_counter()
+        t0 = self.state.clock()
         mdraft = self.model.propose([ctx], k).row(0)[:k]  # type: ignore[union-attr]
-        self._time_model(time.perf_counter() - t0, len(mdraft))
+        self._time_model(self.state.clock() - t0, len(mdraft))
         if not mdraft:
             return self._chose("plain", [])
         self._tests.append((mctl, mdraft, len(ctx), 0))

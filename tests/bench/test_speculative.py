@@ -46,6 +46,8 @@ def test_auto_reports_what_it_chose_step_by_step(tiny_llama_artifact):
     )
     spec = one.metrics["speculative"]
     assert spec["steps"] - 1 <= sum(spec["choices"].values()) <= spec["steps"]
+    assert spec["prompt"]["tokens"] == len(ids[0])  # what it measured of the prompt first
+    assert spec["prompt"]["copy_heavy"] is False  # 11 tokens: no passage, too few matches
 
 
 def test_draft_beside_other_methods_in_one_run(tiny_llama_artifact):

@@ -15,6 +15,7 @@ from specport.runtime.engine import step_cost
 from specport.runtime.speculative.base import Drafts, ProposerBase
 from specport.runtime.speculative.hybrid import HybridProposer
 from specport.runtime.speculative.metrics import AdaptiveDraftLength
+from specport.runtime.speculative.prompt_profile import profile_prompt
 from specport.runtime.speculative.suffix import SuffixIndex, SuffixProposer
 from specport.runtime.speculative.verify import VerifyResult
 
@@ -50,6 +51,7 @@ def _hybrid(drafter: FakeDrafter | None, corpus: list[list[int]] = (), **rates: 
     if drafter is not None:
         hybrid.set_model_cost(drafter.cost)
     hybrid.start(None)
+    hybrid.profile = profile_prompt([])  # these requests' prompts measure nothing: rates as set
     for name, rate in rates.items():  # own=: both own-text kinds
         for kind in ("own-long", "own-short") if name == "own" else (name.replace("_", "-"),):
             hybrid.state.sources[kind].rate = [rate] * 8
@@ -142,11 +144,15 @@ def test_relative_costs_interpolate_and_never_fall():
     assert costs[6] == pytest.approx(2.7)  # past the widest width: its last slope
 
 
+IDLE = (0.5, 2)  # (1-minute load average, cores): a machine where timings may be kept
+BUSY = (13.7, 2)  # an oversubscribed one
+
+
 def test_verify_costs_are_measured_once_per_machine_and_artifact(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPORT_CACHE", str(tmp_path))
     runs: list[int] = []
 
-    def fake_measure(session: Any, manifest: Any, widths=step_cost.WIDTHS) -> list[float]:
+    def fake_measure(session: Any, manifest: Any, widths=step_cost.WIDTHS, clock=None):
         runs.append(1)
         return [0.01 * (1 + 0.1 * (w - 1)) for w in widths]
 
@@ -156,17 +162,40 @@ def test_verify_costs_are_measured_once_per_machine_and_artifact(tmp_path, monke
         manifest = SimpleNamespace(files={"model.onnx": digest})
         return SimpleNamespace(manifest=manifest, path=tmp_path, session=None, provider="cpu")
 
-    first = step_cost.verify_costs(model("a"), 4)
+    first = step_cost.verify_costs(model("a"), 4, lambda: IDLE)
     assert first == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4]) and len(runs) == 1
+    step_cost._MEMO.clear()  # a new process
     assert step_cost.verify_costs(model("a"), 4) == first and len(runs) == 1  # from disk
-    step_cost.verify_costs(model("b"), 4)  # another artifact: measured
+    step_cost.verify_costs(model("b"), 4, lambda: IDLE)  # another artifact: measured
     assert len(runs) == 2
     assert len(json.loads((tmp_path / "step_costs.json").read_text())) == 2
 
 
+def test_verify_costs_measured_on_an_oversubscribed_machine_are_not_kept(
+    tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setenv("SPECPORT_CACHE", str(tmp_path))
+    runs: list[int] = []
+
+    def fake_measure(session: Any, manifest: Any, widths=step_cost.WIDTHS, clock=None):
+        runs.append(1)
+        return [0.01 * w for w in widths]
+
+    monkeypatch.setattr(step_cost, "measure_widths", fake_measure)
+    manifest = SimpleNamespace(files={"model.onnx": "busy"})
+    model = SimpleNamespace(manifest=manifest, path=tmp_path, session=None, provider="cpu")
+    with caplog.at_level("INFO", logger=step_cost.__name__):
+        step_cost.verify_costs(model, 4, lambda: BUSY)
+    assert not (tmp_path / "step_costs.json").exists()
+    assert "load average 13.7 exceeds the 2 cores" in caplog.text
+    step_cost._MEMO.clear()  # a new process on a quieter machine measures again, and keeps it
+    step_cost.verify_costs(model, 4, lambda: IDLE)
+    assert len(runs) == 2 and (tmp_path / "step_costs.json").exists()
+
+
 def test_timed_steps_correct_verify_costs_measured_under_load():
     kept: list[list[float]] = []
-    live = step_cost.LiveVerifyCosts([1.0, 1.3, 1.5, 1.7, 1.9], kept.append)
+    live = step_cost.LiveVerifyCosts([1.0, 1.3, 1.5, 1.7, 1.9], kept.append, load=lambda: IDLE)
     for i in range(2 * step_cost.LIVE_MIN):  # plain 10 ms, one draft 10.5 ms, some stalls
         stall = 5.0 if i % 7 == 0 else 1.0
         live.observe(i % 2, stall * (0.010 if i % 2 == 0 else 0.0105))
@@ -177,7 +206,7 @@ def test_timed_steps_correct_verify_costs_measured_under_load():
 
 def test_a_table_that_holds_is_kept_and_probes_stop_once_one_draft_is_timed():
     kept: list[list[float]] = []
-    live = step_cost.LiveVerifyCosts([1.0, 1.05, 1.1], kept.append)
+    live = step_cost.LiveVerifyCosts([1.0, 1.05, 1.1], kept.append, load=lambda: IDLE)
     probes = 0
     for _ in range(20 * step_cost.PROBE_EVERY):
         if live.probe():
@@ -189,17 +218,13 @@ def test_a_table_that_holds_is_kept_and_probes_stop_once_one_draft_is_timed():
     assert live.costs[1] == pytest.approx(1.06, rel=0.01) and kept == []
 
 
-def test_the_hybrid_probes_a_table_that_prices_drafts_out_and_drafts_once_corrected(
-    monkeypatch,
-):
-    from specport.runtime.speculative import hybrid as hybrid_module
+def test_the_hybrid_probes_a_table_that_prices_drafts_out_and_drafts_once_corrected():
     from specport.runtime.speculative.hybrid import HybridState
 
     clock = [0.0]
-    monkeypatch.setattr(hybrid_module.time, "perf_counter", lambda: clock[0])
     pessimistic = [1.0, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3]  # measured under load
     shared = HybridState(8, pessimistic, None, 0.0)
-    shared.live = step_cost.LiveVerifyCosts(pessimistic)
+    shared.live = step_cost.LiveVerifyCosts(pessimistic, clock=lambda: clock[0])
     hybrid = HybridProposer(
         SuffixProposer(SuffixIndex(), max_draft=8), None, pessimistic, None, shared=shared
     )
@@ -248,3 +273,78 @@ def test_rows_decoding_together_do_not_time_each_others_steps():
     for _ in range(4):  # one row alone
         rows[0].propose([[1, 2, 3]], 4)
     assert shared.live.steps == 3  # its first step still followed the other row's
+
+
+ALONE = [1.0, 1.08, 1.1, 1.12, 1.14, 1.16, 1.18, 1.2, 1.22]  # verify costs timed alone
+LOADED = [1.0, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3]  # a table measured under load
+
+
+def _busy_machine_run(table: list[float], clock: str, load: tuple[float, int], steps: int):
+    """A hybrid decoding text it drafts well on a machine with more runnable threads than
+    cores: a step's work is 10 ms (plain) or ``ALONE[k]`` times that (one draft: 1.08 plain
+    steps, what a verify costs timed alone), but while it waits for a core the wall clock runs on, and a longer
+    (verify) run waits more: its wall time reads 4x a plain step's. The tracker times the
+    steps by ``clock``."""
+    from specport.runtime.speculative.hybrid import HybridState
+
+    cpu, wall, kept = [0.0], [0.0], []
+    read = (lambda: cpu[0]) if clock == "cpu" else (lambda: wall[0])
+    shared = HybridState(8, table, None, 0.0)
+    shared.live = step_cost.LiveVerifyCosts(table, kept.append, read, lambda: load)
+    hybrid = HybridProposer(
+        SuffixProposer(SuffixIndex(), max_draft=8), None, table, None, shared=shared
+    )
+    hybrid.start(None)
+    ctx = [1, 2, 3, 4, 1, 2, 3]
+    for i in range(steps):
+        for ctl in shared.sources.values():
+            ctl.rate = [0.5] * 8  # 1.5 tokens for one draft, 1.94 for four
+        drafts = hybrid.propose([ctx], 8).row(0)
+        work = 0.010 * ALONE[len(drafts)]  # what the runs cost, whatever the table says
+        cpu[0] += work
+        wall[0] += work * (4.0 if drafts else 1.0)
+        ctx.append(ctx[-4] if i % 3 else 1000 + i)  # every third token new: nothing to match
+    return hybrid, shared.live, kept
+
+
+@pytest.mark.parametrize("clock", ["cpu", "wall"])
+def test_steps_timed_in_cpu_time_keep_drafts_paying_on_a_busy_machine(clock):
+    """In CPU time the waits for a core do not count and one draft stays at 1.08 plain steps;
+    by the wall clock (how steps were timed before) it reads 4, and auto stops drafting."""
+    steps = 40 * step_cost.PROBE_EVERY
+    hybrid, live, kept = _busy_machine_run(ALONE, clock, BUSY, steps)
+    if clock == "cpu":
+        assert live.costs[1] == pytest.approx(1.08, rel=0.02)
+        assert hybrid.choices["suffix"] > 0.6 * steps  # every step with a match drafts
+    else:
+        assert live.costs[1] > 3.5 and hybrid.choices["plain"] > 0.8 * steps
+        assert "load average 13.7 exceeds the 2 cores" in (live.unkept or "")
+    assert kept == []  # measured at a load above the core count: never written for later runs
+
+
+def test_a_correction_measured_on_a_quiet_machine_is_kept():
+    hybrid, live, kept = _busy_machine_run(LOADED, "cpu", IDLE, 40 * step_cost.PROBE_EVERY)
+    assert kept and kept[-1][1] < 1.1 and live.unkept is None  # no longer LOADED's 1.6
+    assert hybrid.choices["suffix"] > hybrid.choices["plain"]
+
+
+def test_a_correction_measured_on_a_busy_machine_serves_this_process_only(caplog):
+    with caplog.at_level("INFO", logger=step_cost.__name__):
+        hybrid, live, kept = _busy_machine_run(LOADED, "cpu", BUSY, 40 * step_cost.PROBE_EVERY)
+    assert live.costs[1] < 1.1 and kept == []
+    assert caplog.text.count("corrected verify costs not kept for later runs") == 1
+
+
+@pytest.mark.parametrize(
+    ("provider", "clock"),
+    [("cpu", "process_time"), ("openvino", "process_time"), ("cuda", "perf_counter")],
+)
+def test_steps_are_timed_in_cpu_time_where_the_graph_runs_on_this_process(provider, clock):
+    import time
+
+    assert step_cost.step_clock(provider) is getattr(time, clock)
+
+
+@pytest.mark.parametrize(("load", "kept"), [(1.9, True), (2.0, True), (2.1, False), (24.6, False)])
+def test_timings_are_kept_only_at_a_load_up_to_the_core_count(load, kept):
+    assert (step_cost.busy(load, 2) is None) == kept
