@@ -7,7 +7,8 @@ the server's resident memory sampled from /metrics and its /ready answers counte
 
 Starts `specport serve ART --port 0 --json` (plus `--serve-arg` flags), runs the open-loop
 workload of `specport loadtest --rate` at each rate (specport/bench/workload.py), and reports per
-rate the loadtest row, the largest resident memory seen and how often /ready said 503. What
+rate the loadtest row, the largest resident memory seen (and the largest KV committed, from
+`specport:kv_committed_bytes`) and how often /ready said 503. What
 overload should look like: every request answered or refused (`http 503`, `http 504`), no other
 error kind, memory flat, the server alive after. Quote the load average it prints.
 """
@@ -50,6 +51,8 @@ async def _watch(url: str, stop: asyncio.Event, seen: dict[str, Any]) -> None:
                 for line in m.text.splitlines():
                     if line.startswith("process_resident_memory_bytes"):
                         seen["rss_mb"] = max(seen["rss_mb"], float(line.split()[-1]) / 2**20)
+                    elif line.startswith("specport:kv_committed_bytes"):
+                        seen["kv_mb"] = max(seen["kv_mb"], float(line.split()[-1]) / 2**20)
             except httpx.HTTPError:
                 seen["ready"]["unreachable"] = seen["ready"].get("unreachable", 0) + 1
             await asyncio.sleep(0.5)
@@ -58,7 +61,7 @@ async def _watch(url: str, stop: asyncio.Event, seen: dict[str, Any]) -> None:
 async def _rate(
     url: str, model: str, rate: float, items: list[Any], slo_ttft_ms: float
 ) -> dict[str, Any]:
-    seen: dict[str, Any] = {"ready": {}, "rss_mb": 0.0}
+    seen: dict[str, Any] = {"ready": {}, "rss_mb": 0.0, "kv_mb": 0.0}
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch(url, stop, seen))
     client = workload.client_for(url, "unused")
@@ -70,6 +73,7 @@ async def _rate(
         await client.close()
     row = workload.summary(rate, outcomes, wall, slo_ttft_ms)
     row["rss_mb_max"] = round(seen["rss_mb"], 1)
+    row["kv_committed_mb_max"] = round(seen["kv_mb"], 1)  # servers that report it
     row["ready"] = seen["ready"]
     return row
 

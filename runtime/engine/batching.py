@@ -161,6 +161,10 @@ class BatchingEngine(QueueIntake):
         self.max_length = min(max_length or limit, limit)
         max_batch = plan_rows(manifest, self.max_length, max_batch)
         self.budget = KVBudget(kv_space or default_kv_space(), token_bytes(manifest))
+        # rows filled to the end fit the space: 2 MiB pages (faster decode) and nothing to
+        # count; otherwise 4 KiB pages, committed as written and counted (`KVBudget.fit`)
+        whole = max_batch * self.max_length * self.budget.per_token
+        self.small_pages = whole > self.budget.space
         self.model, self.max_batch, self.prefill_chunk = model, max_batch, prefill_chunk
         self.prefill_budget = prefill_budget or PREFILL_BUDGET
         self.pace = PrefillPace(prefill_stall)
@@ -168,12 +172,17 @@ class BatchingEngine(QueueIntake):
         self.eos = frozenset(int(e) for e in manifest.eos_token_ids)
         if speculative == "mtp":
             model.ensure_mtp_branch()  # `specport.load` leaves the branch out unless asked
-        self.kv = SharedKVCache(model.session, manifest, max_batch, self.max_length)
+        self.kv = SharedKVCache(
+            model.session, manifest, max_batch, self.max_length, small_pages=self.small_pages
+        )
+        if self.small_pages:
+            self.budget.commit = lambda n: int(self.kv.commit_bytes(n))
         self.kv_bytes = sum(b.nbytes for b in self.kv.buffers)
         logger.info(
-            "batching engine: %d rows x %d positions (%.1f MiB reserved, filled as written), "
+            "batching engine: %d rows x %d positions (%.1f MiB of address space, on %s pages), "
             "admitting requests within %.1f MiB of KV (%d tokens)",
-            max_batch, self.max_length, self.kv_bytes / 2**20, self.budget.space / 2**20,
+            max_batch, self.max_length, self.kv_bytes / 2**20,
+            "4 KiB" if self.small_pages else "2 MiB", self.budget.space / 2**20,
             self.budget.capacity,
         )  # fmt: skip
         self.cache = PrefixCache(max_batch, enabled=prefix_cache)
@@ -200,7 +209,7 @@ class BatchingEngine(QueueIntake):
                 "requests", "finished", "errors", "cancelled", "prompt_tokens",
                 "prefill_tokens", "generated_tokens", "decode_steps", "decode_rows",
                 "decode_batch_rows", "compactions", "busy_steps", "prefill_runs",
-                "prefill_padded_tokens",
+                "prefill_padded_tokens", "kv_rows_released",
             ),
             0,
         )  # fmt: skip
@@ -237,6 +246,7 @@ class BatchingEngine(QueueIntake):
             "max_batch": self.max_batch,
             "max_length": self.max_length,
             "kv_bytes": self.kv_bytes,
+            "kv_held_bytes": int(self.kv.held_bytes().sum()),
             **self.budget.stats(),
             "mean_decode_rows": round(c["decode_rows"] / steps, 3),
             "mean_decode_batch": round(c["decode_batch_rows"] / steps, 3),
@@ -355,6 +365,7 @@ class BatchingEngine(QueueIntake):
                 job.spec = self.spec.attach(handle.request.sampling, sampler)
             self.rows[row] = job
             self.counters["prompt_tokens"] += len(prompt)
+            self._fit_memory()
 
     def _live(self) -> dict[int, np.ndarray] | None:
         """Busy rows -> the ids whose KV they hold (copy sources for the prefix cache)."""
@@ -480,6 +491,23 @@ class BatchingEngine(QueueIntake):
         self.budget.move(old, new)
         self.rows[old], self.rows[new], job.row = None, job, new
         self.counters["compactions"] += 1
+        self._fit_memory()  # the free row may have held more than the request may write
+
+    def _fit_memory(self) -> None:
+        """Keep the KV pages committed within the KV space (`KVBudget.fit`): trim running rows
+        to what they may write, then release idle rows' cached KV, least recently used first
+        (their prefix-cache entries go with it)."""
+        if not self.small_pages:
+            return
+        idle = [r for r, job in enumerate(self.rows) if job is None]
+        idle.sort(key=self.cache.used.__getitem__)
+        trims, drop = self.budget.fit(self.kv.held_bytes(), idle)
+        for row, keep in trims.items():
+            self.kv.release(row, keep)
+        for row in drop:
+            self.kv.release(row)
+            self.cache.set(row, ())
+        self.counters["kv_rows_released"] += len(drop)
 
     def _decode(self) -> None:
         """One step over the decoding rows (see the module docstring for how they group)."""

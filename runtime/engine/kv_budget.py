@@ -1,15 +1,26 @@
-"""How many requests the batching engine admits: by KV memory, not by a fixed small number.
+"""How many requests the batching engine admits, and how its KV memory stays within the space.
 
-The in-place layout reserves ``rows x max_length`` positions per layer up front, but the
-buffers are ``np.zeros`` arrays: Linux hands out their pages only when onnxruntime first writes
-a position, so rows that are never filled cost address space, not memory. The engine therefore
+The in-place layout reserves ``rows x max_length`` positions per layer up front on anonymous
+maps (``kv.memory``): Linux hands out their pages only when onnxruntime first writes a
+position, so rows that are never filled cost address space, not memory. The engine therefore
 reserves many rows (``plan_rows``: up to ``MAX_ROWS``, with the whole reservation within half
-of the machine's memory, so even rows filled to the end cannot exhaust it) and admits a waiting
-request only while the tokens the running requests may still write — each one's prompt plus its
-token budget, the most its row can grow to — fit in the KV space (``KVBudget``; ``serve
---kv-cache-space``, default ``default_kv_space``). This is vLLM's rule (its scheduler admits
-by free KV blocks, sized by ``VLLM_CPU_KVCACHE_SPACE`` on CPU) without paging: a request
-reserves its worst case at admission, so no running request is ever preempted.
+of the machine's memory) and admits a waiting request only while what the running requests'
+rows may come to commit — each one's prompt plus its token budget, the most its row can grow
+to, in whole pages — fits in the KV space (``KVBudget``; ``serve --kv-cache-space``, default
+``default_kv_space``). This is vLLM's rule (its scheduler admits by free KV blocks, sized by
+``VLLM_CPU_KVCACHE_SPACE`` on CPU) without paging: a request reserves its worst case at
+admission, so no running request is ever preempted.
+
+Pages stay committed after a request ends (its KV stays for the prefix cache), and on 2 MiB
+pages a row's first position commits the whole row (189 MB for SmolLM2-135M at 4,096
+positions). Counting only running requests, the server's memory once grew to 5.7 GB with
+0.5 GiB of KV space (``docs/benchmarks/2026-12-05-serving-traffic.md``). So: when every row
+filled to the end fits the space, the buffers take 2 MiB pages (decode's faster ones) and
+nothing more is needed; otherwise they take 4 KiB pages, committed as written, and after each
+admission ``KVBudget.fit`` hands back what would overrun the space — a running row's pages past
+what its request may write, then idle rows' cached KV, least recently used first. The pages
+committed then stay within the space (plus a page per head of a free row inside a decode
+batch), whatever the traffic.
 
 Before this, ``serve`` admitted 8 requests (``--max-batch 8``): at 16 concurrent requests
 half of them waited a whole answer for a row (SmolLM2 fp32: TTFT p50 2.4 s).
@@ -19,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,11 +104,15 @@ def plan_rows(manifest: Manifest, max_length: int, max_batch: int | None = None)
 
 @dataclass
 class KVBudget:
-    """Admission by KV space: the tokens each running request may still write, summed."""
+    """Admission by KV space: the bytes each running request's row may come to commit, summed;
+    and (`fit`) the pages rows still hold, so the KV committed stays within the space."""
 
     space: int  # bytes
     per_token: int  # bytes per position (`token_bytes`)
     reserved: dict[int, int] = field(default_factory=dict)  # row -> tokens it may hold
+    # bytes a row's pages hold for n written positions (`SharedKVCache.commit_bytes`:
+    # whole pages); None: n x per_token
+    commit: Callable[[int], int] | None = None
 
     @property
     def capacity(self) -> int:
@@ -105,13 +121,44 @@ class KVBudget:
 
     @property
     def used(self) -> int:
-        return sum(self.reserved.values())
+        return sum(self._tokens())
+
+    def _tokens(self) -> tuple[int, ...]:
+        # one copy in C (under the GIL): `stats` reads it from the server's thread
+        return tuple(self.reserved.values())
+
+    def bytes_for(self, tokens: int) -> int:
+        """What a row that may hold `tokens` positions commits at most."""
+        return int(self.commit(tokens)) if self.commit else tokens * self.per_token
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(self.bytes_for(t) for t in self._tokens())
 
     def admits(self, tokens: int) -> bool:
         """Can a request that may hold `tokens` positions start now? A request alone is always
         admitted (a budget smaller than one request must not stall the server forever: its
         row exists and was checked against the KV length)."""
-        return not self.reserved or self.used + tokens <= self.capacity
+        return not self.reserved or self.reserved_bytes + self.bytes_for(tokens) <= self.space
+
+    def fit(self, held: np.ndarray, idle: Sequence[int]) -> tuple[dict[int, int], list[int]]:
+        """What to hand back so the rows' pages fit the space: (running row -> positions to
+        keep, for a row whose pages reach past what its request may write, e.g. a longer
+        request's before), and the `idle` rows (least recently used first: a finished
+        request's KV kept for the prefix cache) to release whole. `held` [rows]: the bytes
+        each row's pages hold now (`SharedKVCache.held_bytes`). Running rows count what they
+        may come to hold, so once this is applied the pages committed stay within the space
+        until the next admission (with a request alone past it as the exception)."""
+        trims = {r: t for r, t in self.reserved.items() if int(held[r]) > self.bytes_for(t)}
+        over = self.reserved_bytes + sum(int(held[r]) for r in idle) - self.space
+        drop: list[int] = []
+        for row in idle:
+            if over <= 0:
+                break
+            if held[row] > 0:
+                drop.append(row)
+                over -= int(held[row])
+        return trims, drop
 
     def reserve(self, row: int, tokens: int) -> None:
         self.reserved[row] = tokens
@@ -137,4 +184,5 @@ class KVBudget:
             "kv_space_bytes": self.space,
             "kv_space_tokens": self.capacity,
             "kv_reserved_tokens": self.used,
+            "kv_reserved_bytes": self.reserved_bytes,
         }

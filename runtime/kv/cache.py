@@ -15,6 +15,9 @@ row r's valid positions. Everything a decode step needs is a method:
 * ``keep(row, n)``: roll a row back to n positions (rejected drafts), ``keep_positions(row,
   index)``: keep exactly these positions (a tree's accepted path), ``copy_prefix(src, dst,
   n)`` / ``swap(a, b)``: the prefix cache, ``free(row)``.
+* ``held_bytes()`` / ``commit_bytes(n)`` / ``release(row, keep)`` (the in-place cache only):
+  the pages each row holds, what n written positions commit, and handing a row's pages past
+  ``keep`` positions back to the system (``kv.memory``; the batching engine's KV space).
 
 The interface itself (``KVCache`` and what a run returns, ``StepOut``) is ``kv.interface``, below
 both implementations. Two implementations, chosen by the artifact's layout (``open_kv_cache``). ``SharedKVCache``:
@@ -53,6 +56,7 @@ from specport.runtime.kv.concat_cache import ConcatKVCache
 from specport.runtime.kv.interface import KVCache, StepOut
 from specport.runtime.kv.iobinding import BoundSession
 from specport.runtime.kv.layouts import SharedKV
+from specport.runtime.kv.memory import row_commit
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +64,23 @@ logger = logging.getLogger(__name__)
 class SharedKVCache:
     """``rows`` rows of ``max_length`` positions in the shared layout's in-place buffers."""
 
-    def __init__(self, session: Any, manifest: Manifest, rows: int, max_length: int) -> None:
+    def __init__(
+        self,
+        session: Any,
+        manifest: Manifest,
+        rows: int,
+        max_length: int,
+        small_pages: bool = False,
+    ) -> None:
+        """`small_pages`: buffers committed 4 KiB at a time as written (`kv.memory`)."""
         if manifest.kv.layout != "shared":
             raise ArtifactError("the in-place KV cache needs a `shared` KV layout artifact.")
         self.session, self.manifest = session, manifest
         self.rows, self.max_length = rows, max_length
-        self.kv = SharedKV(manifest, rows, max_length)  # owns the buffers
+        self.kv = SharedKV(manifest, rows, max_length, small_pages=small_pages)  # owns them
         self.lengths = np.zeros(rows, dtype=np.int64)
+        # positions of each row written since its pages were last released (what it commits)
+        self.written = np.zeros(rows, dtype=np.int64)
         self._batch: dict[int, BoundSession] = {}  # rows [0, b) bound at batch b
         self._row: dict[int, BoundSession] = {}  # row r's own view bound at batch 1
         self.ort_seconds = 0.0
@@ -108,6 +122,7 @@ class SharedKVCache:
             return self._decode(ids[:, 0], live)
         bound = self._rows(batch)
         bound.kv.lengths[:] = self.lengths[:batch]
+        self._wrote(slice(0, batch), self.lengths[:batch] + s)  # every row, live or not
         before = bound.ort_seconds
         logits, greedy = bound.extend(np.asarray(ids, dtype=np.int64))
         self.ort_seconds += bound.ort_seconds - before
@@ -124,6 +139,7 @@ class SharedKVCache:
             raise ContextLengthError(f"KV buffer full ({self.max_length} positions).")
         bound = self._rows(batch)
         bound.kv.lengths[:] = lengths
+        self._wrote(slice(0, batch), lengths + 1)  # a free row's harmless token is written too
         before = bound.ort_seconds
         bound.decode(np.where(live, ids, 0))
         self.ort_seconds += bound.ort_seconds - before
@@ -140,6 +156,7 @@ class SharedKVCache:
         logits [1, S or 1, V]; the row advances by S."""
         bound = self._one(row)
         bound.kv.lengths[0] = self.lengths[row]  # in place: the binding's own length array
+        self._wrote(slice(row, row + 1), self.lengths[row : row + 1] + len(ids))
         before = bound.ort_seconds
         if len(ids) == 1 and tree is None:  # a decode step: the one-token binding
             bound.decode(ids)
@@ -167,6 +184,7 @@ class SharedKVCache:
         batch = ids.shape[0]
         lengths = np.asarray(lengths, dtype=np.int64)
         held = self.lengths[first : first + batch]
+        self._wrote(slice(first, first + batch), held + ids.shape[1])  # padding is written too
         if batch == 1:
             bound = self._one(first)
         elif first == 0:  # rows [0, b): the binding the batched steps run (kept)
@@ -217,6 +235,7 @@ class SharedKVCache:
         for buf in self.kv.buffers:
             buf[target, :, :positions] = buf[source, :, :positions]
         self.lengths[target] = positions
+        self._wrote(slice(target, target + 1), np.array([positions]))
 
     def swap(self, a: int, b: int) -> None:
         """Exchange the valid positions (and lengths) of rows ``a`` and ``b``."""
@@ -228,10 +247,32 @@ class SharedKVCache:
             buf[b, :, :la] = buf[a, :, :la]
             buf[a, :, :lb] = keep
         self.lengths[a], self.lengths[b] = lb, la
+        self.written[a], self.written[b] = max(self.written[a], lb), max(self.written[b], la)
 
     def free(self, row: int) -> None:
         """Forget row ``row`` (its buffer is overwritten by the next request there)."""
         self.lengths[row] = 0
+
+    # ---- memory ---------------------------------------------------------------------
+    def _wrote(self, rows: slice, ends: np.ndarray) -> None:
+        self.written[rows] = np.maximum(self.written[rows], np.minimum(ends, self.max_length))
+
+    def commit_bytes(self, positions: np.ndarray | int) -> np.ndarray:
+        """Bytes a row's pages hold once its first ``positions`` positions are written."""
+        return row_commit(self.kv.memory, positions)
+
+    def held_bytes(self) -> np.ndarray:
+        """[rows] bytes each row's pages hold now (running or not: a freed row keeps its
+        pages, and its KV for the prefix cache, until ``release``)."""
+        return self.commit_bytes(self.written)
+
+    def release(self, row: int, keep: int = 0) -> None:
+        """Hand row ``row``'s pages past its first ``keep`` positions back to the system; the
+        row keeps at most ``keep`` valid positions (the rest reads as zeros)."""
+        for buf in self.kv.memory:
+            buf.release(row, keep)
+        self.lengths[row] = min(int(self.lengths[row]), keep)
+        self.written[row] = min(int(self.written[row]), keep)
 
 
 def _decoded(bound: BoundSession) -> StepOut:

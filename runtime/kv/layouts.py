@@ -16,6 +16,7 @@ import numpy as np
 
 from specport.artifact import Manifest
 from specport.errors import ArtifactError, ContextLengthError
+from specport.runtime.kv.memory import KVBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +74,12 @@ class SharedKV:
         batch: int,
         max_length: int,
         buffers: list[np.ndarray] | None = None,
+        small_pages: bool = False,
     ) -> None:
         """`buffers` wraps existing arrays (e.g. row views of a larger batch's buffers, so a
-        request engine can prefill one row in place) instead of allocating new ones."""
+        request engine can prefill one row in place) instead of allocating new ones.
+        `small_pages`: allocate on 4 KiB pages, committed as positions are written, instead of
+        2 MiB pages (`kv.memory`)."""
         kv = manifest.kv
         limit = kv.max_length or manifest.context_length
         if max_length > limit:
@@ -87,13 +91,15 @@ class SharedKV:
         self.input_names = [n for pair in kv.inputs for n in pair]
         self.output_names = [n for pair in kv.outputs for n in pair]
         self.buffers: list[np.ndarray] = []
+        self.memory: list[KVBuffer] = []  # what this object allocated (none for given buffers)
         # Each layer in its own dtype: an int8 cache may keep some layers float32.
         for heads, kd, vd, name in zip(kv.num_heads, kv.key_dim, kv.value_dim, kv.dtypes()):
             dtype = np.dtype(name)
             for dim in (kd, vd):
                 shape = (batch, heads, max_length, dim)
                 if buffers is None:
-                    self.buffers.append(np.zeros(shape, dtype))
+                    self.memory.append(KVBuffer.allocate(shape, dtype, small_pages))
+                    self.buffers.append(self.memory[-1].array)
                     continue
                 given = buffers[len(self.buffers)]
                 if given.shape != shape or given.dtype != dtype or not given.flags.c_contiguous:

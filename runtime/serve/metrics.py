@@ -205,6 +205,9 @@ class _EngineCollector:
                         s["kv_space_tokens"])  # fmt: skip
             yield gauge("specport:kv_reserved_tokens", "KV positions running requests reserve.",
                         s.get("kv_reserved_tokens", 0))  # fmt: skip
+            yield gauge("specport:kv_committed_bytes",
+                        "Bytes of KV pages the rows hold (running and prefix-cached).",
+                        s.get("kv_held_bytes", 0))  # fmt: skip
         else:
             usage, doc = running / max_batch, "Fraction of KV rows in use (1 = full)."
         yield gauge("vllm:kv_cache_usage_perc", doc, usage)

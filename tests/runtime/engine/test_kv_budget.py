@@ -77,3 +77,37 @@ def test_requests_beyond_the_space_wait_and_keep_their_tokens(shared_model, spac
     assert stats["kv_reserved_tokens"] == 0  # every reservation released
     if space_tokens is not None:
         assert stats["kv_space_tokens"] == space_tokens
+
+
+def test_committed_kv_stays_within_the_space(shared_model):
+    """When rows filled to the end would not fit the space, the rows' pages (running requests'
+    and finished ones' kept for the prefix cache) stay within it: rows past what their request
+    may write are trimmed and idle rows released, least recently used first, and every
+    request still gets its tokens alone. Polled while 12 requests share a prefix."""
+    prefix = list(range(1, 40))
+    prompts = [[*prefix, 50 + i, 60 + i] for i in range(12)]
+    reference = [
+        shared_model.generate(prompt_ids=p, max_new_tokens=NEW, ignore_eos=True).tokens
+        for p in prompts
+    ]
+    engine = make_engine(shared_model, kind="batching", max_length=128, kv_space=1)
+    assert engine.small_pages  # 1 byte: nothing fits whole
+    per_row = int(engine.kv.commit_bytes(len(prompts[0]) + NEW))
+    engine.close()
+    space = 3 * per_row  # three requests' rows at a time
+    engine = make_engine(shared_model, kind="batching", max_length=128, kv_space=space)
+    # a row admitted copies its prefix before the others are released; a free row inside a
+    # decode batch is written one position
+    slack = per_row + engine.max_batch * int(engine.kv.commit_bytes(1))
+    try:
+        handles = [engine.submit(Request(p, NEW, ignore_eos=True)) for p in prompts]
+        held = []
+        while not all(h.done for h in handles):
+            held.append(engine.stats()["kv_held_bytes"])
+        got = [h.result(timeout=120).token_ids for h in handles]
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert got == reference
+    assert max([*held, stats["kv_held_bytes"]]) <= space + slack
+    assert stats["kv_rows_released"] > 0 and stats["prefix_cache_hits"] > 0
