@@ -175,10 +175,14 @@ def _train_draft(
     resuming = dst.exists()
     given = data
     data = _data_file(data, messages)
-    manifest = _check(
-        src, dst, work, data, minutes, device, sequences, depth, messages, eval_data, new_tokens
-    )
+    manifest = _check(src, dst, work, data, minutes, device, sequences, depth, messages, eval_data)
     _check_kind(data, data_kind)
+    room = _prompt_room(manifest, new_tokens)
+    if room < MIN_PROMPT:
+        raise UsageError(
+            f"--new-tokens {new_tokens} leaves {max(room, 0)} of {src}'s context for a prompt; "
+            f"ask for at most {new_tokens + room - MIN_PROMPT} new tokens."
+        )
     stages = Stages(total=5, show=progress)
     t0 = time.perf_counter()
 
@@ -398,7 +402,6 @@ def _check(
     depth: int,
     messages: str,
     eval_data: tuple[Any, ...] = (),
-    new_tokens: int = 128,
 ) -> art.Manifest:
     manifest = art.read_manifest(src)  # a clear error for a folder that is not an artifact
     art.refuse_hard_linked_weights(art.weight_files(src, manifest))
@@ -438,12 +441,6 @@ def _check(
 
         tokenizer = load_tokenizer(src, manifest.tokenizer)
         user_prefix(load_chat_template(SimpleNamespace(tokenizer=tokenizer, path=src)))
-    room = _prompt_room(manifest, new_tokens)
-    if room < MIN_PROMPT:
-        raise UsageError(
-            f"--new-tokens {new_tokens} leaves {max(room, 0)} of {src}'s context for a prompt; "
-            f"ask for at most {new_tokens + room - MIN_PROMPT} new tokens."
-        )
     if manifest.quant:
         logger.warning(
             "%s is quantized: the head learns this artifact's own choices (train on the fp32 "
