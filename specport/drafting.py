@@ -4,8 +4,9 @@ The steps, each resumable (the training folder ``OUT.training`` keeps what is do
 
 1. the target graph gets its ``eagle_features`` output (``passes.eagle_features``), written
    as a copy of the artifact in the training folder; the logits are checked unchanged;
-2. the model answers a prompt collection (``--data``: one message per paragraph; default: the
-   built-in ``samples.chat_distill`` collection), greedily, with onnxruntime;
+2. the model answers a prompt collection (``--data``, a prompt file; default: 120 real
+   human-written requests shipped with specport, ``samples.instructions``), greedily, with
+   onnxruntime;
 3. each prompt + answer runs through the target once; features, tokens and the target's
    choices go to a memory-mapped cache (``train.eagle_cache``);
 4. the head trains for ``minutes`` (``train.eagle_train``), with checkpoints and held-out
@@ -44,16 +45,20 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SEQUENCES = 2048  # 768 learned the collection's templates, not chat (docs: Measured)
 AUTO_DRAFT_VOCAB = 8192
-# what the model answers without --data: the built-in collection, requests it writes itself, or
-# half of each (docs: Measured)
-MESSAGES = ("builtin", "self", "mixed")
-DEFAULT_MESSAGES = "builtin"
+# what the model answers without --data: the real requests shipped with specport
+# (samples.instructions), the built-in templated collection, requests it writes itself, or half
+# of the last two. The real requests: the model's answers to real prompts drafted better on
+# held-apart real prompts than its answers to the templated collection
+# (docs/benchmarks/2026-12-05-drafter-data.md)
+MESSAGES = ("instructions", "builtin", "self", "mixed")
+DEFAULT_MESSAGES = "instructions"
 RUN_FILE = "run.json"  # in the training folder: the input this data belongs to
 # with --data: the model's own answers to its prompts, its written answers read by prefill, or
 # both. Answers: on held-apart real prompts they beat the written text and the mixture at equal
 # size and steps (docs/benchmarks/2026-12-05-drafter-data.md)
 DEFAULT_DATA_KIND = "answers"
 MIXED_ANSWERED = 0.5  # --data-kind mixed: the share of the prompts the model also answers
+MIN_PROMPT = 8  # tokens of a prompt that must fit before the answer (the chat header and more)
 
 
 def train_draft(
@@ -75,6 +80,7 @@ def train_draft(
     messages: str = DEFAULT_MESSAGES,
     data_kind: str = DEFAULT_DATA_KIND,
     data_split: str = "all",
+    eval_data: tuple[str | os.PathLike[str], ...] = (),
 ) -> art.Manifest:
     """Train an EAGLE draft head for ``artifact`` and write artifact ``out``. Returns the new
     manifest; its ``eagle`` entry holds the training report.
@@ -84,15 +90,19 @@ def train_draft(
     checkpoint up to ``minutes`` in all, on the same answers and features. ``keep_data``
     False removes the training folder once ``out`` is written. ``labels``: "soft" (the
     target's top-K distribution) or "greedy" (its choice only), see ``eagle_train``.
-    ``messages`` (without ``data``): what the model answers, one of ``MESSAGES``: the built-in
-    collection, requests the model writes itself (``self_messages``), or half of each.
+    ``messages`` (without ``data``): what the model answers, one of ``MESSAGES``: the real
+    requests shipped with specport (``samples.instructions``, read as ``data``), the built-in
+    templated collection, requests the model writes itself (``self_messages``), or half of the
+    last two.
     ``data_kind`` (with ``data``, see ``train.draft_data``): "answers" (the model answers the
     file's prompts), "text" (the file's written answers or paragraphs, read by prefill alone)
     or "mixed" (both: every written answer, and the model's own answers to the first
     ``MIXED_ANSWERED`` of the prompts); ``sequences`` counts the file's examples used.
     ``data_split`` "tune" or "eval" (with ``data``) takes the seeded half of the file that
     ``bench --prompts-split`` takes (``specport.prompt_files``), so a head trained on tune can
-    be measured on eval."""
+    be measured on eval. ``eval_data``: prompt files whose answers are measured at every point
+    of the timeline beside the held-apart sets (the bench's chat prompts and
+    ``samples.instructions.HELDOUT``)."""
     from specport import history
 
     options = {
@@ -107,6 +117,7 @@ def train_draft(
         "messages": messages,
         "data_kind": data_kind,
         "data_split": data_split,
+        "eval_data": [str(e) for e in eval_data],
     }
     with history.operation(
         "train-draft", artifact, history.defaults_of(train_draft), out=out, **options
@@ -129,6 +140,7 @@ def train_draft(
             messages,
             data_kind,
             data_split=data_split,
+            eval_data=tuple(eval_data),
         )
 
 
@@ -156,13 +168,22 @@ def _train_draft(
     messages: str,
     data_kind: str,
     data_split: str = "all",
+    eval_data: tuple[str | os.PathLike[str], ...] = (),
 ) -> art.Manifest:
     from specport.loading import load
 
     work = training_dir(dst)
     resuming = dst.exists()
-    manifest = _check(src, dst, work, data, minutes, device, sequences, depth, messages)
+    given = data
+    data = _data_file(data, messages)
+    manifest = _check(src, dst, work, data, minutes, device, sequences, depth, messages, eval_data)
     _check_kind(data, data_kind)
+    room = _prompt_room(manifest, new_tokens)
+    if room < MIN_PROMPT:
+        raise UsageError(
+            f"--new-tokens {new_tokens} leaves {max(room, 0)} of {src}'s context for a prompt; "
+            f"ask for at most {new_tokens + room - MIN_PROMPT} new tokens."
+        )
     stages = Stages(total=5, show=progress)
     t0 = time.perf_counter()
 
@@ -189,7 +210,7 @@ def _train_draft(
     dim = _feature_dim(target)
     cache = build_cache(work / "features", seqs, starts, dim, _runner(target), progress)
     feature_seconds = time.perf_counter() - t0
-    chat = _chat_caches(src, target, work, new_tokens, dim, progress)
+    chat = _eval_caches(src, target, work, new_tokens, dim, progress, eval_data)
 
     stages.start(f"training the draft head ({minutes:g} minutes)")
     head, report = _train(
@@ -232,7 +253,7 @@ def _train_draft(
     report.update(
         {
             "source": _source_description(data, data_kind),
-            "data": _data_description(data, messages),
+            "data": _data_description(given, messages),
             "data_kind": data_kind if data else "answers",
             "sequences": len(seqs),
             "positions": int(cache.offsets[-1]),
@@ -255,6 +276,16 @@ def _train_draft(
         shutil.rmtree(work, ignore_errors=True)
     stages.done()
     return final
+
+
+def _data_file(data: Any, messages: str) -> Any:
+    """The prompt file the model answers: ``data``, or without it the real requests shipped
+    with specport (``messages`` "instructions"); None for the other ``messages``."""
+    if data is None and messages == "instructions":
+        from specport.samples.instructions import TRAIN
+
+        return TRAIN
+    return data
 
 
 def _source_description(data: Any, data_kind: str) -> str:
@@ -308,6 +339,7 @@ def _sequences(
     n_answers = {"answers": limit, "text": 0, "mixed": int(limit * MIXED_ANSWERED)}[kind]
     if n_answers:
         prompts = _prompts(src, model, data, n_answers, messages, work, split)
+        prompts = [p[-_prompt_room(model.manifest, new_tokens) :] for p in prompts]
         answers, seconds = _answers(work, model, prompts, new_tokens)
         seqs += [p + a for p, a in zip(prompts, answers)]
         starts += [len(p) for p in prompts]
@@ -320,6 +352,14 @@ def _sequences(
         seqs += text
         starts += text_starts
     return seqs, starts, seconds
+
+
+def _prompt_room(manifest: art.Manifest, new_tokens: int) -> int:
+    """Tokens of a prompt that fit before its answer's ``new_tokens``: a longer prompt keeps
+    its end (the request's last words and the assistant's header), as the evaluation sets do."""
+    from specport.runtime.kv.seq_cache import context_limit
+
+    return context_limit(manifest) - new_tokens
 
 
 def _template(src: Path, model: Any) -> Any:
@@ -335,7 +375,10 @@ def _render(template: Any) -> Any:
 def _data_description(data: Any, messages: str) -> str:
     if data:
         return str(data)
+    from specport.samples.instructions import SOURCE
+
     return {
+        "instructions": f"120 real requests shipped with specport: {SOURCE}",
         "builtin": "built-in prompt collection (samples.chat_distill)",
         "self": "requests the model wrote itself (self_messages)",
         "mixed": "built-in prompt collection and requests the model wrote itself, alternating",
@@ -358,6 +401,7 @@ def _check(
     sequences: int,
     depth: int,
     messages: str,
+    eval_data: tuple[Any, ...] = (),
 ) -> art.Manifest:
     manifest = art.read_manifest(src)  # a clear error for a folder that is not an artifact
     art.refuse_hard_linked_weights(art.weight_files(src, manifest))
@@ -369,6 +413,10 @@ def _check(
         from specport.prompt_files import read_prompt_file
 
         read_prompt_file(data, "--data")
+    for path in eval_data:
+        from specport.prompt_files import read_prompt_file
+
+        read_prompt_file(path, "--eval-data")
     if messages not in MESSAGES:
         raise UsageError(f"--messages must be one of {', '.join(MESSAGES)}, got {messages!r}.")
     if not minutes > 0:
@@ -386,7 +434,7 @@ def _check(
             raise InputError("--device cuda: torch sees no CUDA GPU here; use --device cpu.")
     if manifest.tokenizer.get("kind") in (None, "none"):
         raise InputError(f"{src} has no tokenizer; train-draft reads prompts with it.")
-    if data is None and messages != "builtin":  # the model writes requests after its template
+    if data is None and messages in ("self", "mixed"):  # it writes requests after its template
         from specport.chat_template import load_chat_template
         from specport.self_messages import user_prefix
         from specport.tokenizer import load_tokenizer
@@ -517,6 +565,12 @@ def _file_prompts(model: Any, template: Any, data: Any, limit: int, split: str) 
         raise InputError(
             f"--data {data} has {len(records)} prompts (split {split}); at least 16 are needed."
         )
+    return _render_records(model, template, records)
+
+
+def _render_records(model: Any, template: Any, records: Any) -> list[list[int]]:
+    """Token ids of each prompt record: its messages under the chat template, or without one
+    its text's first 64 tokens (a base model continues the text)."""
     if template is None:
         return [model.encode(r.text())[:64] for r in records]
     return [template.render_ids(r.messages()) for r in records]
@@ -567,34 +621,53 @@ def _answers(
     return answers, round(spent * share, 3)
 
 
-def _chat_caches(
-    src: Path, model: Any, work: Path, new_tokens: int, dim: int, progress: bool | None
+def _eval_caches(
+    src: Path,
+    model: Any,
+    work: Path,
+    new_tokens: int,
+    dim: int,
+    progress: bool | None,
+    eval_data: tuple[Any, ...] = (),
 ) -> dict[str, Any]:
-    """Feature caches of the model's answers to the two chat sets of ``samples.chat_prompts``,
-    evaluation sets unlike the training collection (whose held-out split shares its templates
-    and rewritten texts): ``chat_prompts``, the 16 ``bench --prompt-set chat`` runs, and
-    ``more_chat_prompts``, 16 others (``--prompt-set chat-more``), which show whether what was
-    tuned on the first set holds on requests nobody tuned on. Empty for a model without a chat
-    template."""
+    """Feature caches of the model's answers to the evaluation sets measured at every point of
+    the timeline, each unlike the training data's own held-out split (which shares its
+    source): ``chat_prompts``, the 16 ``bench --prompt-set chat`` runs; ``more_chat_prompts``,
+    16 others (``--prompt-set chat-more``), which show whether what was tuned on the first set
+    holds on requests nobody tuned on; ``self_instruct_heldout``, the 55 real requests
+    ``samples.instructions`` holds apart; and each ``eval_data`` file, by its name. The chat
+    sets need the model's chat template; the files are rendered as ``--data`` is."""
     from specport.chat_template import load_chat_template
+    from specport.prompt_files import read_prompt_file
     from specport.samples.chat_prompts import chat_prompts
+    from specport.samples.instructions import HELDOUT
     from specport.train.eagle_cache import build_cache
 
     template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
-    if template is None:
-        return {}
-    from specport.runtime.kv.seq_cache import context_limit
-
-    limit = context_limit(model.manifest) - new_tokens
-    if limit < 8:
-        return {}
+    limit = _prompt_room(model.manifest, new_tokens)
+    sets: list[tuple[str, str, list[list[int]]]] = []  # (name, folder, prompts)
+    if template is not None:
+        for name, more, folder in (
+            ("chat_prompts", False, "chat"),
+            ("more_chat_prompts", True, "more_chat"),
+        ):
+            texts = chat_prompts(more=more)
+            sets.append(
+                (
+                    name,
+                    folder,
+                    [template.render_ids([{"role": "user", "content": t}]) for t in texts],
+                )
+            )
+    files = [("self_instruct_heldout", "self_instruct_heldout", HELDOUT)]
+    files += [(Path(f).stem, f"eval_{Path(f).stem}", f) for f in eval_data]
+    for name, folder, path in files:
+        while any(name == s[0] for s in sets):  # two files of one name: both measured
+            name, folder = f"{name}_", f"{folder}_"
+        records = read_prompt_file(path, "--eval-data").records
+        sets.append((name, folder, _render_records(model, template, records)))
     caches = {}
-    for name, more, folder in (
-        ("chat_prompts", False, "chat"),
-        ("more_chat_prompts", True, "more_chat"),
-    ):
-        texts = chat_prompts(more=more)
-        prompts = [template.render_ids([{"role": "user", "content": t}]) for t in texts]
+    for name, folder, prompts in sets:
         prompts = [p[-limit:] for p in prompts]  # a short context keeps the end of the template
         answers, _ = _answers(work, model, prompts, new_tokens, f"{folder}_answers.json")
         seqs = [p + a for p, a in zip(prompts, answers)]

@@ -1,8 +1,9 @@
 """`specport train-draft ARTIFACT --out DIR`: give an artifact an EAGLE draft head.
 
 The head is one small decoder layer fed by the target's own hidden states (three layers,
-exported as an extra output of the target graph) and trained on the model's own answers; use
-the result with `--speculative eagle` in generate, chat, serve and bench.
+exported as an extra output of the target graph) and trained on the model's own answers to real
+requests (by default the 120 human-written self-instruct tasks specport ships); use the result
+with `--speculative eagle` in generate, chat, serve and bench.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--data",
-        help="training data (default: the built-in prompt collection): JSONL or JSON records "
+        help="training data (default: 120 real requests shipped with specport, the "
+        "self-instruct seed tasks; see --messages): JSONL or JSON records "
         "(instruction + input + output / response, OpenAI messages, ShareGPT conversations, "
         "MT-bench turns) or plain text, one example per paragraph",
     )
@@ -68,9 +70,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--messages",
         choices=MESSAGES,
         default=None,
-        help="without --data, what the model answers: the built-in prompt collection, "
-        "requests the model writes itself (sampled after its chat template's user header), or "
-        f"half of each (default {DEFAULT_MESSAGES})",
+        help="without --data, what the model answers: real requests shipped with specport "
+        "(instructions: 120 self-instruct seed tasks, Apache-2.0), the built-in templated "
+        "collection (builtin), requests the model writes itself (self: sampled after its chat "
+        f"template's user header), or half of the last two (mixed); default {DEFAULT_MESSAGES}",
+    )
+    p.add_argument(
+        "--eval-data",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a prompt file (as --data) whose answers are measured at every point of the "
+        "training timeline, beside the bench's chat prompts and the 55 self-instruct tasks "
+        "held apart from the default data; repeatable",
     )
     p.add_argument(
         "--minutes",
@@ -153,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         messages=args.messages or DEFAULT_MESSAGES,
         data_kind=args.data_kind,
         data_split=args.data_split,
+        eval_data=tuple(args.eval_data),
     )
     training = manifest.extra["eagle"]["training"]
     held = training["heldout"]
@@ -169,10 +182,14 @@ def run(args: argparse.Namespace) -> int:
             f"acceptance per position [{rates}], {held['expected_tokens_per_step']} tokens per "
             f"verify step expected. Run it with --speculative eagle."
         )
-        for key, label in (
-            ("chat_prompts", "the benchmark's chat prompts (bench --prompt-set chat)"),
-            ("more_chat_prompts", "16 other chat prompts (--prompt-set chat-more)"),
-        ):
+        labels = {
+            "chat_prompts": "the benchmark's chat prompts (bench --prompt-set chat)",
+            "more_chat_prompts": "16 other chat prompts (--prompt-set chat-more)",
+            "self_instruct_heldout": "the 55 self-instruct tasks held apart",
+        }
+        timeline = training.get("timeline") or [{}]
+        names = [k for k in timeline[-1] if isinstance(timeline[-1][k], dict) and k != "heldout"]
+        for key, label in ((k, labels.get(k, k)) for k in names):
             chat = training.get(key)
             if chat:
                 rates = ", ".join(f"{r:.2f}" for r in chat["acceptance_per_position"])

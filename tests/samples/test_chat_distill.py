@@ -1,4 +1,4 @@
-"""The built-in distillation collection: what `train-draft` answers by default."""
+"""The built-in templated distillation collection (`train-draft --messages builtin`)."""
 
 from __future__ import annotations
 

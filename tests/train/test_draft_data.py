@@ -153,11 +153,15 @@ def test_train_draft_learns_the_targets_own_choices_over_written_text(
 
 
 def test_train_draft_text_needs_written_text(chat_artifact, tmp_path):
+    """The templated collection and a file of prompts alone have no written text to read (the
+    shipped self-instruct requests, the default, do)."""
     from specport.drafting import train_draft
     from specport.errors import InputError, UsageError
 
     with pytest.raises(UsageError, match="--data-kind text reads written answers"):
-        train_draft(chat_artifact, tmp_path / "a", data_kind="text", minutes=0.1)
+        train_draft(
+            chat_artifact, tmp_path / "a", messages="builtin", data_kind="text", minutes=0.1
+        )
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"turns": [f"question {i}"]}) for i in range(20)))
     with pytest.raises(InputError, match="0 examples with written text"):
@@ -170,7 +174,7 @@ def test_the_command_says_in_one_line_that_text_needs_a_file(chat_artifact, tmp_
 
     out = tmp_path / "drafted"
     assert main(["train-draft", str(chat_artifact), "--out", str(out),
-                 "--data-kind", "text"]) == 2  # fmt: skip
+                 "--messages", "builtin", "--data-kind", "text"]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert "--data-kind text reads written answers" in err and "Traceback" not in err
     assert not out.exists()

@@ -507,6 +507,65 @@ def test_train_draft_on_mixed_messages_answers_both_kinds(chat_artifact, tmp_pat
     assert answered == [template.render_ids([{"role": "user", "content": t}]) for t in expected]
 
 
+def test_train_draft_answers_the_shipped_real_requests_by_default(chat_artifact, tmp_path):
+    """Without --data the model answers the real requests specport ships (the first of
+    samples.instructions.TRAIN, as --data would render them) and every timeline point
+    measures the 55 it holds apart."""
+    import specport
+    from specport.chat_template import load_chat_template
+    from specport.drafting import train_draft, training_dir
+    from specport.prompt_files import read_prompt_file
+    from specport.samples.instructions import HELDOUT, TRAIN
+
+    out = tmp_path / "eagle"
+    manifest = train_draft(
+        chat_artifact, out, minutes=0.05, max_steps=4, sequences=16, new_tokens=8, threads=1,
+        progress=False,
+    )  # fmt: skip
+    training = manifest.extra["eagle"]["training"]
+    assert "self-instruct" in training["data"] and training["data_kind"] == "answers"
+    assert training["sequences"] == 16
+    template = load_chat_template(specport.load(chat_artifact, threads=1))
+    answered = json.loads((training_dir(out) / "answers.json").read_text())["prompts"]
+    records = read_prompt_file(TRAIN).records[:16]
+    room = 128 - 8  # the tiny model's context less the answer: a long request keeps its end
+    assert answered == [template.render_ids(r.messages())[-room:] for r in records]
+    assert max(len(template.render_ids(r.messages())) for r in records) > room
+    held = training_dir(out) / "self_instruct_heldout_answers.json"
+    assert len(json.loads(held.read_text())["prompts"]) == len(read_prompt_file(HELDOUT).records)
+    assert all(p["self_instruct_heldout"]["positions"] > 0 for p in training["timeline"])
+    assert training["self_instruct_heldout"] == training["timeline"][-1]["self_instruct_heldout"]
+
+
+def test_train_draft_keeps_the_templated_collection_and_measures_eval_files(
+    chat_artifact, tmp_path, capsys
+):
+    """--messages builtin still answers the built-in templated collection, and each
+    --eval-data file is measured at every timeline point under its name."""
+    from specport.cli import main
+    from specport.drafting import training_dir
+
+    extra = tmp_path / "mine.jsonl"
+    extra.write_text("\n".join(json.dumps({"turns": [f"count to {i}"]}) for i in range(5)))
+    out = tmp_path / "eagle"
+    code = main(["train-draft", str(chat_artifact), "--out", str(out), "--messages", "builtin",
+                 "--minutes", "0.02", "--sequences", "16", "--new-tokens", "8", "--threads", "1",
+                 "--eval-data", str(extra), "--json"])  # fmt: skip
+    assert code == 0
+    training = json.loads(capsys.readouterr().out)["training"]
+    assert training["data"].startswith("built-in prompt collection")
+    assert all(p["mine"]["positions"] > 0 for p in training["timeline"])
+    assert (
+        len(json.loads((training_dir(out) / "eval_mine_answers.json").read_text())["prompts"]) == 5
+    )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no prompt key"}\n')
+    code = main(["train-draft", str(chat_artifact), "--out", str(tmp_path / "o"),
+                 "--eval-data", str(bad)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code != 0 and "--eval-data" in err and "Traceback" not in err and "[1/5]" not in err
+
+
 def test_a_template_that_drops_the_message_has_no_user_header():
     from specport.chat_template import ChatTemplate
     from specport.errors import InputError
