@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> None:
             host[b].append((c1 - c0 - spent[0]) / n * 1e6)
             speed[b].append(n / (w1 - w0))
     load.append(os.getloadavg()[0])
-    print(f"{args.rounds} rounds, {args.new_tokens} new tokens, load {load[0]:.1f} -> {load[1]:.1f}")
+    print(
+        f"{args.rounds} rounds, {args.new_tokens} new tokens, load {load[0]:.1f} -> {load[1]:.1f}"
+    )
     for b in args.batches:
         print(
             f"batch {b:<3} host CPU per token {statistics.median(host[b]):7.1f} us "
