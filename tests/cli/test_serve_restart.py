@@ -37,7 +37,7 @@ def _digest(directory: Path) -> dict[str, str]:
 
 def _start(artifact: Path, cache: Path) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "specport", "serve", str(artifact), "--port", "0"]
-    cmd += ["--threads", "1", "--model-name", "tiny", "--json", "--drain-timeout", "0.2"]
+    cmd += ["--threads", "1", "--model-name", "tiny", "--json", "--drain-timeout", "0.2", "-v"]
     # self-drafting: exact, and it keeps its measured verify costs in the cache
     cmd += ["--speculative", "draft", "--draft", str(artifact)]
     env = {**os.environ, "SPECPORT_CACHE": str(cache)}
@@ -90,6 +90,7 @@ def test_restart_mid_load_keeps_files_and_tokens(tiny_zoo, tmp_path, sig):
     proc, url = _start(artifact, cache)
     got = [[] for _ in range(2 * len(PROMPTS))]
     ends: dict[int, str] = {}
+    first_err = ""
     try:
         threads = [
             threading.Thread(
@@ -104,7 +105,7 @@ def test_restart_mid_load_keeps_files_and_tokens(tiny_zoo, tmp_path, sig):
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.005)
         proc.send_signal(sig)
-        proc.communicate(timeout=60)
+        _, first_err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -122,7 +123,8 @@ def test_restart_mid_load_keeps_files_and_tokens(tiny_zoo, tmp_path, sig):
     for path in cache.rglob("*.json"):
         json.loads(path.read_text())  # whole JSON
     cached = _digest(cache)
-    assert cached, "the server kept nothing in its cache"
+    # costs timed on an oversubscribed machine are not kept (the log says why); else kept
+    assert cached or "not kept for later runs" in first_err, first_err[-2000:]
 
     proc, url = _start(artifact, cache)
     again: list[list[int]] = [[] for _ in PROMPTS]
@@ -145,4 +147,5 @@ def test_restart_mid_load_keeps_files_and_tokens(tiny_zoo, tmp_path, sig):
     assert again == alone
     assert "Traceback" not in err
     assert _digest(artifact) == before
-    assert set(_digest(cache)) == set(cached)  # the restart reused the cache, added no file
+    if cached:
+        assert set(_digest(cache)) == set(cached)  # the restart reused the cache, added no file

@@ -130,7 +130,7 @@ def test_shared_stops_at_its_max_length(shared_art):
     model = specport.load(shared_art, provider="cpu", threads=1)
     result = model.generate(prompt_ids=[1] * (MAX_LENGTH - 3), max_new_tokens=10, ignore_eos=True)
     assert len(result.tokens) == 3 and result.finish_reason == "context"
-    with pytest.raises(ContextLengthError, match="KV buffer length"):
+    with pytest.raises(ContextLengthError, match="context window"):
         model.generate(prompt_ids=[1] * MAX_LENGTH, max_new_tokens=1)
 
 
