@@ -3,7 +3,7 @@ onnxruntime.
 
 The public API is small on purpose: `load`, `export`, `quantize`, `optimize`, `train_mtp`,
 `Model` and its results, and the error family (`SpecportError` and its subclasses, see
-`specport.errors`). Everything the CLI does goes through these names. They live in
+`specport.core.errors`). Everything the CLI does goes through these names. They live in
 `specport.loading` (load), `specport.build` (export, quantize, optimize, train_mtp),
 `specport.model`, `specport.results` and `specport.text_stream`.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from specport.errors import (
+from specport.core.errors import (
     ArtifactError,
     ContextLengthError,
     ExportError,

@@ -13,10 +13,12 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from specport.errors import OutputError, UsageError
-from specport.options import option
+from specport.core.errors import OutputError, UsageError
+from specport.core.options import option
 
-MANIFEST_NAME = "specport.json"  # same as specport.artifact.MANIFEST_NAME (no heavy import)
+MANIFEST_NAME = (
+    "specport.json"  # same as specport.artifact.manifest.MANIFEST_NAME (no heavy import)
+)
 OPTIMIZED_MARK = "specport.optimize"  # metadata key `specport optimize` writes into its output
 
 
