@@ -2,7 +2,7 @@
 onnxruntime.
 
 The public API is small on purpose: `load`, `export`, `quantize`, `optimize`, `train_mtp`,
-`Model` and its results, and the error family (`SpecportError` and its subclasses, see
+`Model` and its results, and the error family (`SpecportError` and its subclasses, defined in
 `specport.core.errors`). Everything the CLI does goes through these names. They live in
 `specport.loading` (load), `specport.build` (export, quantize, optimize, train_mtp),
 `specport.model`, `specport.results` and `specport.text_stream`.
@@ -58,6 +58,10 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_API[name]), name)
+    if name == "errors":  # `specport.errors.UsageError`: a deprecated path (it warns)
+        import importlib
+
+        return importlib.import_module("specport.errors")
     raise AttributeError(f"module 'specport' has no attribute {name!r}")
 
 
