@@ -58,10 +58,10 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_API[name]), name)
-    if name == "errors":  # `specport.errors.UsageError`: a deprecated path (it warns)
+    if name == "errors":
         import importlib
 
-        return importlib.import_module("specport.errors")
+        return importlib.import_module("specport.errors")  # a deprecated path: it warns
     raise AttributeError(f"module 'specport' has no attribute {name!r}")
 
 
