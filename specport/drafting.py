@@ -249,7 +249,9 @@ def _train_draft(
     tmp = staged / f"{INT8_DRAFT_FILE}.tmp"
     int8_attention = write_cpu_draft(head, staged / DRAFT_FILE, tmp, final.context_length)
     os.replace(tmp, staged / INT8_DRAFT_FILE)
-    feature_pass = next((p for p in final.passes if p.get("output") == EAGLE_FEATURES), {})
+    feature_pass: dict[str, Any] = next(
+        (p for p in final.passes if p.get("output") == EAGLE_FEATURES), {}
+    )
     report.update(
         {
             "source": _source_description(data, data_kind),
