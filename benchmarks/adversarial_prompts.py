@@ -2,7 +2,7 @@
 
 Speculation must not make these slower than plain decoding: a drafter that guesses from the
 prompt finds nothing to copy, and what the model writes after them repeats little. Two kinds,
-seeded, in the JSON lines `specport.prompt_files` reads:
+seeded, in the JSON lines `specport.core.prompt_files` reads:
 
 * ``random-tokens``: token ids drawn uniformly from the artifact's vocabulary, decoded to text,
   sent as they are (a ``text`` record: no chat template);

@@ -12,7 +12,7 @@ node the way onnxruntime's fusion tests write them). Each goes through
 and per graph we report: main-graph nodes before and after, fused attention nodes (Attention in
 either domain, MultiHeadAttention, GroupQueryAttention), Softmax left, the max |difference| of
 every output against onnxruntime running the input (same random inputs, built by
-`specport.onnx_parity`: B=2, S=3, past 4 when the graph has a past), and the forward time of
+`specport.core.onnx_parity`: B=2, S=3, past 4 when the graph has a past), and the forward time of
 both outputs (B=1, S=16, past 16; median of interleaved rounds, one thread).
 """
 
@@ -47,7 +47,7 @@ def _session(path: Path, threads: int = 1) -> Any:
 
 
 def _feeds(sess: Any, proto: Any, batch: int, seq: int, past: int) -> dict[str, np.ndarray]:
-    from specport.onnx_parity import Case, _role, make_feeds
+    from specport.core.onnx_parity import Case, _role, make_feeds
 
     has_past = any(_role(i.name) == "past" for i in sess.get_inputs())
     made = make_feeds(sess, proto, Case(batch, seq, past if has_past else 0, has_past), seed=1)

@@ -5,7 +5,7 @@
                                                  # exporters' graphs
 
 Exports LlamaForCausalLM(8 layers, hidden 512, 8 heads / 4 KV heads, vocab 8192, intermediate
-1408) with random weights once (cached under specport.settings.cache_dir()), builds each
+1408) with random weights once (cached under specport.core.settings.cache_dir()), builds each
 variant with `optimize_model`, and times a decode step (B=1, S=1, past 64) and a prefill
 (B=1, S=128, past 0) and a long-context decode (past 1024) in onnxruntime CPU sessions. Median and min milliseconds are reported,
 with op counts of the main graph, so the speedup is tied to what the fusions changed.
@@ -164,7 +164,7 @@ def _peer_models(src: Path, root: Path) -> dict[str, Path]:
 
 def _cache_root() -> Path:
     try:
-        from specport.settings import cache_dir
+        from specport.core.settings import cache_dir
 
         return Path(cache_dir()) / "bench"
     except Exception:  # settings without cache_dir: fall back to a temp folder

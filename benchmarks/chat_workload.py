@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 import specport
-from specport.chat_template import load_chat_template
-from specport.errors import InputError
+from specport.core.chat_template import load_chat_template
+from specport.core.errors import InputError
 from specport.samples.chat_prompts import chat_prompts
 
 

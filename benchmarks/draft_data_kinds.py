@@ -53,7 +53,7 @@ NEW_TOKENS = 128
 
 
 def _template(model: Any, path: Path) -> Any:
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
 
     return load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=path))
 
@@ -87,7 +87,7 @@ def _record(
 
 
 def prepare(args: argparse.Namespace) -> None:
-    from specport import artifact as art
+    from specport.artifact import manifest as art
     from specport.loading import load
 
     src, work = Path(args.artifact), Path(args.work)
@@ -144,7 +144,7 @@ def concat(parts: list[tuple[FeatureCache, int]]) -> FeatureCache:
 def train(args: argparse.Namespace) -> None:
     import torch
 
-    from specport import artifact as art
+    from specport.artifact import manifest as art
     from specport.drafting import AUTO_DRAFT_VOCAB, head_config
     from specport.train.eagle_cache import frequent_choices
     from specport.train.eagle_train import train_head

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specport import artifact as art
+from specport.artifact import manifest as art
 from specport.drafting import _embedding
 from specport.exporter.eagle_head import EagleConfig, EagleHead
 from specport.samples.chat_prompts import CHAT_PROMPTS, MORE_CHAT_PROMPTS

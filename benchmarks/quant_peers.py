@@ -4,7 +4,7 @@ specport artifacts are scored by `specport.runtime.eval.perplexity`; a peer's ba
 (onnxruntime-genai's model builder output: input_ids, attention_mask, past_key_values.*) is
 scored by the same code with the reference artifact's BOS token and context, so every row sees
 the same documents, the same token ids and one prefill per document. Each row prints its bits
-per weight as stored (specport/weight_size.py) and its perplexity change against its own fp32.
+per weight as stored (core/weight_size.py) and its perplexity change against its own fp32.
 
     python -m benchmarks.quant_peers --text T --max-docs 200 --last \\
         --ref smollm \\
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import read_manifest
+from specport.artifact.manifest import read_manifest
+from specport.core.weight_size import artifact_weight_size, model_weight_size
 from specport.runtime import eval as E
-from specport.weight_size import artifact_weight_size, model_weight_size
 
 
 def _genai_logits(model: Any, ids: np.ndarray, head_dim: int) -> np.ndarray:

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from specport import artifact as art
-from specport.tokenizer import encode_prompt, load_tokenizer
+from specport.artifact import manifest as art
+from specport.core.tokenizer import encode_prompt, load_tokenizer
 
 # Ops whose first output is float when the graph does not say (contrib ops have no inference);
 # SkipSimplifiedLayerNormalization's 4th output is the residual sum the next layer reads.

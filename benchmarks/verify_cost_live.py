@@ -20,8 +20,8 @@ import os
 import time
 
 import specport
-from specport.chat_template import load_chat_template
-from specport.prompt_files import read_prompt_file, select
+from specport.core.chat_template import load_chat_template
+from specport.core.prompt_files import read_prompt_file, select
 from specport.runtime.engine.step_cost import LIVE_MIN, LiveVerifyCosts, live_verify_costs
 
 SHOWN = (1, 2, 4, 8)  # draft counts printed

@@ -35,6 +35,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import InlinePass, NameFixPass, RemoveUnusedOpsetsPass
 
+from specport.core.errors import PassError
 from specport.custom_ops._base import (
     DOMAIN,
     Builder,
@@ -44,7 +45,6 @@ from specport.custom_ops._base import (
 )
 from specport.custom_ops.cann import check_ops
 from specport.custom_ops.lowering_standard import lower_standard
-from specport.errors import PassError
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 
-from specport.errors import ProviderError
+from specport.core.errors import ProviderError
 
 logger = logging.getLogger(__name__)
 

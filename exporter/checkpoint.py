@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specport.errors import InvalidModelError
+from specport.core.errors import InvalidModelError
 
 logger = logging.getLogger(__name__)
 

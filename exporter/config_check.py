@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specport.errors import InvalidModelError
+from specport.core.errors import InvalidModelError
 from specport.exporter.checkpoint import Checkpoint
 
 logger = logging.getLogger(__name__)

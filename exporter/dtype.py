@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from specport.errors import ExportError, UsageError
-from specport.options import option
+from specport.core.errors import ExportError, UsageError
+from specport.core.options import option
 from specport.passes.convert_floats import ConvertFloatsPass
 
 logger = logging.getLogger(__name__)

@@ -27,9 +27,9 @@ import onnx_ir as ir
 import torch
 from torch import nn
 
-from specport import artifact as art
-from specport.contract import EAGLE_FEATURES
-from specport.errors import InputError
+from specport.artifact import manifest as art
+from specport.core.contract import EAGLE_FEATURES
+from specport.core.errors import InputError
 from specport.exporter.eagle_head import INPUTS, OUTPUTS, EagleHead
 from specport.passes.eagle_features import ExposeEagleFeaturesPass
 
@@ -104,7 +104,7 @@ def export_draft(head: EagleHead, path: Path) -> None:
     dynamo's twenty, and the graph is small enough that its fusions do not matter."""
     import warnings
 
-    from specport.errors import ExportError
+    from specport.core.errors import ExportError
 
     cfg = head.cfg
     saved = head.embed
@@ -155,7 +155,7 @@ def quantize_draft(graph: Path, out: Path) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from specport.errors import ExportError
+    from specport.core.errors import ExportError
 
     # the quantizer advises pre-processing through the root logger (which also installs a
     # stderr handler when there is none): neither belongs on the user's terminal

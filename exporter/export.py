@@ -12,9 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specport import artifact as art
-from specport.contract import TREE_MASK
-from specport.errors import ExportError
+from specport.artifact import manifest as art
+from specport.artifact.files import write_artifact_manifest
+from specport.artifact.optimum_config import save_source_config
+from specport.core.contract import TREE_MASK
+from specport.core.errors import ExportError
+from specport.core.progress import Stages
 from specport.exporter import source as src_mod
 from specport.exporter.checkpoint import probe_kv_shapes_meta, streaming_model
 from specport.exporter.dtype import (
@@ -49,10 +52,7 @@ from specport.exporter.static_graphs import plan, write_qnn_graphs
 from specport.exporter.tokenizer_files import copy_tokenizer
 from specport.exporter.verify import compare, reference_cases
 from specport.exporter.wrapper import probe_kv_shapes
-from specport.interop.files import write_artifact_manifest
-from specport.interop.optimum_config import save_source_config
 from specport.passes.quant.inline import check_inline, quantize_inline
-from specport.progress import Stages
 
 logger = logging.getLogger(__name__)
 

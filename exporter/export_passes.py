@@ -12,9 +12,9 @@ from typing import Any
 
 import onnx_ir as ir
 
-from specport import artifact as art
-from specport.contract import TREE_MASK
-from specport.errors import ExportError
+from specport.artifact import manifest as art
+from specport.core.contract import TREE_MASK
+from specport.core.errors import ExportError
 from specport.passes.io_contract import fused_io_contract, kv_layout_fields
 from specport.passes.pipelines import pipeline_for
 from specport.passes.select_logits import LOGITS_INDEX, NEXT_TOKEN, RUNTIME_IO

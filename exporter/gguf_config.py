@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.errors import InvalidModelError, UnsupportedArchitectureError
+from specport.core.errors import InvalidModelError, UnsupportedArchitectureError
 from specport.exporter.config_check import check_gguf_shapes
 
 # GGUF `general.architecture` -> transformers `model_type`.

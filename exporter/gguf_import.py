@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.errors import InvalidModelError
+from specport.core.errors import InvalidModelError
 from specport.exporter import gguf_config, gguf_tensors
 from specport.exporter.registry import lookup
 

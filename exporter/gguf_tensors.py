@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from specport.errors import InvalidModelError
+from specport.core.errors import InvalidModelError
+from specport.core.progress import track
 from specport.exporter.gguf_config import NORM_PLUS_ONE, PERMUTED_QK
-from specport.progress import track
 
 logger = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.artifact import DATA_NAME, MANIFEST_NAME, atomic_artifact_dir, read_manifest
-from specport.errors import QuantizationError
+from specport.artifact.files import write_artifact_manifest
+from specport.artifact.manifest import DATA_NAME, MANIFEST_NAME, atomic_artifact_dir, read_manifest
+from specport.core.errors import QuantizationError
 from specport.exporter.gguf_import import tensor_plan
 from specport.exporter.gguf_tensors import permuted_heads, unpermute
-from specport.interop.files import write_artifact_manifest
 from specport.passes.base import Pass
 from specport.passes.quant import gguf_blocks
 from specport.passes.quant.blockquant import BlockQuant, dequantize

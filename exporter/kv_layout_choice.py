@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specport.contract import TREE_MASK
-from specport.errors import ExportError
+from specport.core.contract import TREE_MASK
+from specport.core.errors import ExportError
 from specport.passes.pipelines import pipeline_for
 
 SHARED_MAX_LENGTH = 4096  # default KV buffer limit of a shared-layout artifact

@@ -28,7 +28,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from specport.errors import InvalidModelError, ModelNotFoundError
+from specport.core.errors import InvalidModelError, ModelNotFoundError
 from specport.exporter.sp_tokenizer import (
     build_sp_bpe_tokenizer,
     llama_tokenizer_config,

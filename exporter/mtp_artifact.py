@@ -11,13 +11,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from specport import artifact as art
-from specport.contract import TREE_MASK
-from specport.errors import InputError
+from specport.artifact import manifest as art
+from specport.artifact.files import write_artifact_manifest
+from specport.core.contract import TREE_MASK
+from specport.core.errors import InputError
 from specport.exporter.mtp_heads import MTPHeads, export_branch
 from specport.exporter.mtp_heads_graph import save_heads_graph
 from specport.exporter.mtp_weights import save_heads
-from specport.interop.files import write_artifact_manifest
 from specport.passes.mtp import BRANCH_OUTPUTS, InsertMTPBranchPass
 from specport.passes.mtp_graphs import write_mtp_graphs
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specport.errors import ExportError, InputError
+from specport.core.errors import ExportError, InputError
 from specport.exporter.mtp_fold import fold_heads
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specport.contract import MAX_TREE_WIDTH
+from specport.core.contract import MAX_TREE_WIDTH
 from specport.exporter.mtp_fold import fold_heads
 from specport.exporter.mtp_heads import export_module
 

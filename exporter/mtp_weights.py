@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.exporter.mtp_heads import MTPHeads
 
 

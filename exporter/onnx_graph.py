@@ -15,9 +15,9 @@ from typing import Any
 
 import onnx_ir as ir
 
-from specport import artifact as art
-from specport.contract import TREE_MASK
-from specport.errors import ExportError
+from specport.artifact import manifest as art
+from specport.core.contract import TREE_MASK
+from specport.core.errors import ExportError
 from specport.exporter.traced_optimizer import optimize_traced
 from specport.exporter.weights import detach_weights, fold_weight_transposes, release_weights
 from specport.exporter.wrapper import (

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specport import ep_plugins
-from specport.errors import ExportError, ProviderError
+from specport.core import ep_plugins
+from specport.core.errors import ExportError, ProviderError
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.errors import ExportError
+from specport.core.errors import ExportError
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specport.errors import UnsupportedArchitectureError
+from specport.core.errors import UnsupportedArchitectureError
 from specport.exporter.archs.base import ENTRIES, ArchConfig
 
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specport.errors import InvalidModelError, ModelNotFoundError
+from specport.core.errors import InvalidModelError, ModelNotFoundError
+from specport.core.progress import bar_enabled
 from specport.exporter.archs.base import ArchConfig
 from specport.exporter.config_check import check_config_against_weights
 from specport.exporter.gguf_import import save_gguf_as_hf
 from specport.exporter.registry import lookup
-from specport.progress import bar_enabled
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from specport.errors import InvalidModelError, ModelNotFoundError
+from specport.core.errors import InvalidModelError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from specport.errors import ExportError
+from specport.core.errors import ExportError
 from specport.exporter.qnn_context import compile_contexts
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.contract import TREE_MASK, causal_tree_mask
+from specport.core.contract import TREE_MASK, causal_tree_mask
 from specport.exporter.wrapper import FlatKVWrapper, kv_input_names
 
 # The shared layout's extra inputs (passes/shared_kv.py, passes/select_logits.py).

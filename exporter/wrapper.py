@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from specport.contract import TREE_MASK
+from specport.core.contract import TREE_MASK
 
 
 def kv_input_names(num_layers: int) -> list[str]:

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.contract import EAGLE_FEATURES
-from specport.errors import PassError
+from specport.core.contract import EAGLE_FEATURES
+from specport.core.errors import PassError
 from specport.passes.base import Pass
 from specport.passes.mtp import find_lm_head_input
 from specport.passes.select_logits import LOGITS_INDEX

@@ -97,5 +97,5 @@ KV_FIELDS = (
 
 
 def kv_layout_fields(contract: dict[str, Any]) -> dict[str, Any]:
-    """The subset of `fused_io_contract` that `specport.artifact.KVLayout` takes."""
+    """The subset of `fused_io_contract` that `specport.artifact.manifest.KVLayout` takes."""
     return {k: contract[k] for k in KV_FIELDS}

@@ -33,7 +33,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from specport.errors import PassError
+from specport.core.errors import PassError
 from specport.passes.base import Pass
 
 logger = logging.getLogger(__name__)

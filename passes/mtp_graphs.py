@@ -22,7 +22,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from specport.contract import TREE_MASK
+from specport.core.contract import TREE_MASK
 from specport.passes.mtp import expose_lm_head_input, strip_mtp_branch
 
 logger = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
+from specport.core.errors import PassError
 from specport.custom_ops.lowering import TARGETS, unique_names
-from specport.errors import PassError
 from specport.passes.base import Pass, Pipeline
 from specport.passes.cleanup import CleanupPass, NormalizePass
 from specport.passes.fuse_attention import FuseAttentionPass

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.contract import TREE_MASK
+from specport.core.contract import TREE_MASK
 from specport.passes.base import Pass
 from specport.passes.shared_kv import SEQLENS, TOTAL
 

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from specport.artifact import read_manifest
-from specport.contract import prefill_feeds, with_causal_tree_mask
-from specport.documents import read_text_documents
-from specport.errors import InputError
-from specport.progress import track
+from specport.artifact.manifest import read_manifest
+from specport.core.contract import prefill_feeds, with_causal_tree_mask
+from specport.core.documents import read_text_documents
+from specport.core.errors import InputError
+from specport.core.progress import track
 from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.session import artifact_graph, artifact_session_entries
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specport.artifact import Manifest
+from specport.artifact.manifest import Manifest
 from specport.runtime.engine.driver import OnRowToken, RowSelect, generate_rows
 from specport.runtime.kv.interface import KVCache
 from specport.runtime.kv.iobinding import runtime_io

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 fails with the list of what is, rather than onnxruntime's silent fallback to CPU.
 
 `qnn` (Qualcomm NPUs, `onnxruntime-qnn`) and `openvino` (`onnxruntime-ep-openvino`, or the
-`onnxruntime-openvino` build) are plugin providers (specport/ep_plugins.py): a session reaches
+`onnxruntime-openvino` build) are plugin providers (core/ep_plugins.py): a session reaches
 them through `add_provider_for_devices` (`plugin_devices`). `qnn` never falls back to the CPU:
 its sessions set `session.disable_cpu_ep_fallback`, so a graph the NPU cannot run in full fails
 to open instead of running slowly somewhere else. `auto` never picks a plugin.
@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from specport import ep_plugins
-from specport.errors import ProviderError
+from specport.core import ep_plugins
+from specport.core.errors import ProviderError
 
 logger = logging.getLogger(__name__)
 

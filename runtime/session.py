@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specport.artifact import Manifest
-from specport.errors import ArtifactError
+from specport.artifact.manifest import Manifest
+from specport.core.errors import ArtifactError
 from specport.runtime import providers as prov
 from specport.runtime.hugepages import HugePages
 

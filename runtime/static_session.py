@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from specport import artifact as art
-from specport.errors import ArtifactError, ContextLengthError
+from specport.artifact import manifest as art
+from specport.core.errors import ArtifactError, ContextLengthError
 from specport.runtime.session import make_session
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 logger = logging.getLogger(__name__)
 

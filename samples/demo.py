@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import specport as api
-from specport import settings
-from specport.artifact import read_manifest
+from specport.artifact.manifest import read_manifest
 from specport.bench.speculative import plain_reference
-from specport.errors import ArtifactError, OutputError
-from specport.outputs import check_artifact_out
-from specport.progress import Stages
-from specport.samples.corpus import generate_corpus
+from specport.core import settings
+from specport.core.corpus import generate_corpus
+from specport.core.errors import ArtifactError, OutputError
+from specport.core.outputs import check_artifact_out
+from specport.core.progress import Stages
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from specport.errors import SpecportError
+from specport.core.errors import SpecportError
+from specport.core.settings import cache_dir
 from specport.samples.trainer import DemoTrainConfig, save_hf_model_dir, train_demo_model
-from specport.settings import cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ The split is fixed in two files so it never moves: ``TRAIN``, the first 120 task
 source's order (``seed_task_0`` .. ``seed_task_119``), what ``train-draft`` answers by default;
 ``HELDOUT``, the other 55, never trained on by default and measured at every point of the
 training timeline, as the earlier data comparison held them apart. Both are prompt files
-(``specport.prompt_files``): ``bench --prompts`` and ``train-draft --data`` read them as any
+(``specport.core.prompt_files``): ``bench --prompts`` and ``train-draft --data`` read them as any
 other. Source and licence: ``data/README.md``.
 """
 

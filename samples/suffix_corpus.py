@@ -18,7 +18,7 @@ import logging
 import sys
 from pathlib import Path
 
-from specport.errors import InputError, SpecportError
+from specport.core.errors import InputError, SpecportError
 from specport.loading import load
 from specport.runtime.speculative.suffix_corpus import write_corpus
 

@@ -22,6 +22,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+from specport.core.corpus import generate_corpus
+from specport.core.progress import Loop, bar_enabled
 from specport.exporter.sp_tokenizer import (
     BOS,
     EOS,
@@ -32,8 +34,6 @@ from specport.exporter.sp_tokenizer import (
     llama_tokenizer_config,
     save_tokenizer,
 )
-from specport.progress import Loop, bar_enabled
-from specport.samples.corpus import generate_corpus
 
 logger = logging.getLogger(__name__)
 

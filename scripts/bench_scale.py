@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from specport.settings import shared_dir
+from specport.core.settings import shared_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -96,8 +96,8 @@ def run_specport(artifact: Path, prompts: list[list[int]], n: int) -> dict[str, 
 
 def check(python: Path, artifact: Path, prompts: list[list[int]], n: int) -> dict[str, Any]:
     """Greedy tokens (and the prompt's ids, with a tokenizer) from specport and from Optimum."""
-    from specport.artifact import read_manifest
-    from specport.interop.files import runtimes_of
+    from specport.artifact.files import runtimes_of
+    from specport.artifact.manifest import read_manifest
 
     support = runtimes_of(read_manifest(artifact))["optimum"]
     if support["status"] != "yes":  # the manifest says why; nothing to compare

@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from specport.artifact import read_manifest
+    from specport.artifact.manifest import read_manifest
     from specport.passes.quant.npu import calibration_feeds
 
     src, out = Path(args.artifact), Path(args.out)

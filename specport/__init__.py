@@ -2,8 +2,8 @@
 onnxruntime.
 
 The public API is small on purpose: `load`, `export`, `quantize`, `optimize`, `train_mtp`,
-`Model` and its results, and the error family (`SpecportError` and its subclasses, see
-`specport.errors`). Everything the CLI does goes through these names. They live in
+`Model` and its results, and the error family (`SpecportError` and its subclasses, defined in
+`specport.core.errors`). Everything the CLI does goes through these names. They live in
 `specport.loading` (load), `specport.build` (export, quantize, optimize, train_mtp),
 `specport.model`, `specport.results` and `specport.text_stream`.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from specport.errors import (
+from specport.core.errors import (
     ArtifactError,
     ContextLengthError,
     ExportError,
@@ -58,6 +58,10 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_API[name]), name)
+    if name == "errors":
+        import importlib
+
+        return importlib.import_module("specport.errors")  # a deprecated path: it warns
     raise AttributeError(f"module 'specport' has no attribute {name!r}")
 
 

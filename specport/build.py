@@ -11,15 +11,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specport import artifact as art
-from specport import history, preflight
+from specport import preflight
+from specport.artifact import manifest as art
+from specport.core import history
+from specport.core.onnx_file import load_onnx_input, load_repaired_ir, save_onnx_atomic
+from specport.core.onnx_parity import check_parity
+from specport.core.progress import Stages
 from specport.loading import load
-from specport.onnx_file import load_onnx_input, load_repaired_ir, save_onnx_atomic
-from specport.onnx_parity import check_parity
 from specport.passes.io_contract import fused_io_contract
 from specport.passes.quant.apply import quantize_artifact
 from specport.passes.quant.inline import INLINE_SCHEMES
-from specport.progress import Stages
 
 
 def export(
@@ -75,8 +76,8 @@ def optimize(
 
     Returns (out path, report; `report["io_contract"]` describes the graph's KV inputs,
     `report["repairs"]` what was repaired on load, `report["parity"]` the numeric check). The
-    input is accepted as onnxruntime accepts it (see `specport.onnx_file`); the output is run
-    against the input on random inputs (`specport.onnx_parity`) before it is renamed into
+    input is accepted as onnxruntime accepts it (see `specport.core.onnx_file`); the output is run
+    against the input on random inputs (`specport.core.onnx_parity`) before it is renamed into
     place, and `out` must be new or an earlier `optimize` output, never one of the input's
     files.
     """

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from specport import __version__
-from specport.errors import SpecportError
+from specport.core.errors import SpecportError
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from specport import progress
-    from specport.options import cli_names
+    from specport.core import progress
+    from specport.core.options import cli_names
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from specport import artifact as art
-from specport.contract import EAGLE_FEATURES
-from specport.errors import InputError, OutputError, UsageError
-from specport.progress import Stages
+from specport.artifact import manifest as art
+from specport.core.contract import EAGLE_FEATURES
+from specport.core.errors import InputError, OutputError, UsageError
+from specport.core.progress import Stages
 from specport.train.draft_data import KINDS as DATA_KINDS
 
 logger = logging.getLogger(__name__)
@@ -99,11 +99,11 @@ def train_draft(
     or "mixed" (both: every written answer, and the model's own answers to the first
     ``MIXED_ANSWERED`` of the prompts); ``sequences`` counts the file's examples used.
     ``data_split`` "tune" or "eval" (with ``data``) takes the seeded half of the file that
-    ``bench --prompts-split`` takes (``specport.prompt_files``), so a head trained on tune can
+    ``bench --prompts-split`` takes (``specport.core.prompt_files``), so a head trained on tune can
     be measured on eval. ``eval_data``: prompt files whose answers are measured at every point
     of the timeline beside the held-apart sets (the bench's chat prompts and
     ``samples.instructions.HELDOUT``)."""
-    from specport import history
+    from specport.core import history
 
     options = {
         "data": data,
@@ -230,6 +230,7 @@ def _train_draft(
     )
 
     stages.start("writing the draft graph")
+    from specport.artifact.files import write_artifact_manifest
     from specport.exporter.eagle_artifact import (
         DRAFT_FILE,
         INT8_DRAFT_FILE,
@@ -238,7 +239,6 @@ def _train_draft(
         export_draft,
         write_cpu_draft,
     )
-    from specport.interop.files import write_artifact_manifest
     from specport.self_messages import sampling_seconds
 
     del target  # its session holds the graph files open
@@ -249,7 +249,9 @@ def _train_draft(
     tmp = staged / f"{INT8_DRAFT_FILE}.tmp"
     int8_attention = write_cpu_draft(head, staged / DRAFT_FILE, tmp, final.context_length)
     os.replace(tmp, staged / INT8_DRAFT_FILE)
-    feature_pass = next((p for p in final.passes if p.get("output") == EAGLE_FEATURES), {})
+    feature_pass: dict[str, Any] = next(
+        (p for p in final.passes if p.get("output") == EAGLE_FEATURES), {}
+    )
     report.update(
         {
             "source": _source_description(data, data_kind),
@@ -363,7 +365,7 @@ def _prompt_room(manifest: art.Manifest, new_tokens: int) -> int:
 
 
 def _template(src: Path, model: Any) -> Any:
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
 
     return load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=src))
 
@@ -410,11 +412,11 @@ def _check(
     if dst.exists():
         _check_resume(src, dst, work, manifest, minutes)
     if data is not None:  # the whole file is read before any work: a bad record stops here
-        from specport.prompt_files import read_prompt_file
+        from specport.core.prompt_files import read_prompt_file
 
         read_prompt_file(data, "--data")
     for path in eval_data:
-        from specport.prompt_files import read_prompt_file
+        from specport.core.prompt_files import read_prompt_file
 
         read_prompt_file(path, "--eval-data")
     if messages not in MESSAGES:
@@ -435,9 +437,9 @@ def _check(
     if manifest.tokenizer.get("kind") in (None, "none"):
         raise InputError(f"{src} has no tokenizer; train-draft reads prompts with it.")
     if data is None and messages in ("self", "mixed"):  # it writes requests after its template
-        from specport.chat_template import load_chat_template
+        from specport.core.chat_template import load_chat_template
+        from specport.core.tokenizer import load_tokenizer
         from specport.self_messages import user_prefix
-        from specport.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(src, manifest.tokenizer)
         user_prefix(load_chat_template(SimpleNamespace(tokenizer=tokenizer, path=src)))
@@ -498,8 +500,8 @@ def _claim(work: Path, src: Path, manifest: art.Manifest) -> None:
 
 def _stage(src: Path, staged: Path, manifest: art.Manifest) -> None:
     """The artifact copied into ``staged`` with the features output (atomically)."""
+    from specport.artifact.files import write_artifact_manifest
     from specport.exporter.eagle_artifact import copy_with_features
-    from specport.interop.files import write_artifact_manifest
 
     tmp = staged.with_name(staged.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -533,7 +535,7 @@ def _prompts(
     message's own tokens (a base model continues the text). ``messages`` "mixed" alternates
     the built-in collection's and the model's own (so the held-out split, the first
     sequences, holds both)."""
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
     from specport.samples.chat_distill import prompts as builtin
     from specport.self_messages import self_messages
 
@@ -558,7 +560,7 @@ def _prompts(
 def _file_prompts(model: Any, template: Any, data: Any, limit: int, split: str) -> list[list[int]]:
     """A prompt file's records (their first turn, after any context they give), rendered as
     ``_prompts`` renders messages."""
-    from specport.prompt_files import read_prompt_file, select
+    from specport.core.prompt_files import read_prompt_file, select
 
     records = select(read_prompt_file(data, "--data").records, split=split)[:limit]
     if len(records) < 16:
@@ -637,8 +639,8 @@ def _eval_caches(
     holds on requests nobody tuned on; ``self_instruct_heldout``, the 55 real requests
     ``samples.instructions`` holds apart; and each ``eval_data`` file, by its name. The chat
     sets need the model's chat template; the files are rendered as ``--data`` is."""
-    from specport.chat_template import load_chat_template
-    from specport.prompt_files import read_prompt_file
+    from specport.core.chat_template import load_chat_template
+    from specport.core.prompt_files import read_prompt_file
     from specport.samples.chat_prompts import chat_prompts
     from specport.samples.instructions import HELDOUT
     from specport.train.eagle_cache import build_cache

@@ -1,7 +1,7 @@
 """Checks of `Model.generate` / `generate_batch` arguments, in the caller's own terms.
 
 They run before any onnxruntime call, so a Python caller reads `max_new_tokens must be ...`
-and a CLI user `--max-new-tokens must be ...` (see `specport.options`), and what depends on
+and a CLI user `--max-new-tokens must be ...` (see `specport.core.options`), and what depends on
 the artifact (a tokenizer for text prompts, MTP heads, a tree-mask input) is checked against
 its manifest here rather than failing deep in the runtime.
 """
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from numbers import Integral
 from typing import Any
 
-from specport.errors import InputError, UsageError
-from specport.options import option
+from specport.core.errors import InputError, UsageError
+from specport.core.options import option
 
 METHODS = ("ngram", "suffix", "draft", "mtp", "eagle", "auto")  # as runtime/speculative/loop.py
 MAX_DRAFT = 16  # as runtime/speculative/loop.py, which cannot import this layer
@@ -100,7 +100,7 @@ def check_generation(
     tree_width: int = 1,
     batch: int = 1,
 ) -> None:
-    from specport.contract import MAX_TREE_WIDTH  # numpy: loaded with the model already
+    from specport.core.contract import MAX_TREE_WIDTH  # numpy: loaded with the model already
 
     _int_in("max_new_tokens", max_new_tokens, 1)
     _int_in("tree_width", tree_width, 1, MAX_TREE_WIDTH)

@@ -17,7 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from specport import artifact as art
+from specport.artifact import manifest as art
+from specport.core.tokenizer import encode_prompt, load_tokenizer
 from specport.runtime.generator import Generator
 from specport.runtime.kv.layouts import align_kv_dtype, check_runtime_dtype
 from specport.runtime.session import (
@@ -30,7 +31,6 @@ from specport.runtime.speculative.loop import KVSlot
 from specport.runtime.speculative.suffix import SuffixIndex
 from specport.runtime.speculative.suffix_corpus import read_corpus
 from specport.runtime.static_session import open_static, static_info
-from specport.tokenizer import encode_prompt, load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, overload
 
 from specport import generation_args as checks
-from specport.errors import UsageError
+from specport.core.errors import UsageError
+from specport.core.options import option
 from specport.loaded import LoadedArtifact
-from specport.options import option
 from specport.plain_calls import plain_batch
 from specport.results import GenerationResult
 from specport.speculative_calls import speculative_batch, speculative_one

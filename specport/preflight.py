@@ -3,7 +3,7 @@
 An export takes 20 s to hours and a quantization up to an hour: a bad option, an unknown pass,
 a KV layout the model cannot take or an output that cannot be written must be reported at
 once, not at the end. Everything here reads only arguments, paths and config files (never
-weights). Messages name options with `specport.options.option`, so the CLI shows flags and the
+weights). Messages name options with `specport.core.options.option`, so the CLI shows flags and the
 API keyword arguments.
 """
 
@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specport.artifact import read_manifest, refuse_hard_linked_weights, weight_files
-from specport.errors import InputError, SpecportError, UsageError
+from specport.artifact.manifest import read_manifest, refuse_hard_linked_weights, weight_files
+from specport.core.errors import InputError, SpecportError, UsageError
+from specport.core.onnx_file import check_onnx_input
+from specport.core.options import option
+from specport.core.outputs import check_artifact_out, check_onnx_out
 from specport.exporter.dtype import resolve_dtype
-from specport.onnx_file import check_onnx_input
-from specport.options import option
-from specport.outputs import check_artifact_out, check_onnx_out
 from specport.passes.pipelines import all_pass_names
 from specport.passes.quant import checks
 from specport.passes.quant.head import check_head_bits
@@ -285,7 +285,7 @@ def check_optimize(
     passes: Sequence[str] | None,
     options: dict[str, Any],
 ) -> Any:
-    """Options, the input graph (see `specport.onnx_file`) and the output; returns the proto."""
+    """Options, the input graph (see `specport.core.onnx_file`) and the output; returns the proto."""
 
     check_layout(target, options.get("kv_layout", "concat"), True, passes)
     at_least("sliding_window", options.get("sliding_window"), 1, allow_none=True)

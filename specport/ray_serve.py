@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.loading import load
 from specport.runtime.engine import make_engine
 from specport.runtime.engine.prefill_pace import STALL as PREFILL_STALL

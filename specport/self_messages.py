@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specport.errors import InputError
-from specport.progress import Loop
+from specport.core.errors import InputError
+from specport.core.progress import Loop
 
 if TYPE_CHECKING:
-    from specport.chat_template import ChatTemplate
+    from specport.core.chat_template import ChatTemplate
 
 logger = logging.getLogger(__name__)
 

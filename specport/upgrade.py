@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from specport import artifact as art
-from specport import history
-from specport.interop.files import write_artifact_manifest
+from specport.artifact import manifest as art
+from specport.artifact.files import write_artifact_manifest
+from specport.core import history
 from specport.passes.mtp_graphs import needs_mtp_graphs, write_mtp_graphs
 
 

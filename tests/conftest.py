@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from specport.settings import shared_dir as _shared_dir
+from specport.core.settings import shared_dir as _shared_dir
 from tests import export_cache
 from tests.fixtures import TinyZoo
 

@@ -61,7 +61,7 @@ def source_digest(src: Path, skip: tuple[str, ...] = ()) -> str:
 
 def cached_export(src: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any) -> Any:
     """`export_model(src, out, **kwargs)`, built once per run and copied; returns the Manifest."""
-    from specport.artifact import read_manifest
+    from specport.artifact.manifest import read_manifest
     from specport.exporter.export import export_model
 
     src, out = Path(src), Path(out)
@@ -91,7 +91,7 @@ def cached_mtp(
     once per run for each base model's bytes, then copied to ``out``. Returns the Manifest."""
     import torch
 
-    from specport.artifact import read_manifest
+    from specport.artifact.manifest import read_manifest
     from specport.exporter.mtp_artifact import write_mtp_artifact
     from specport.exporter.mtp_heads import MTPHeads
     from specport.train.mtp_train import load_base

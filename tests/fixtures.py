@@ -549,8 +549,8 @@ def add_chat_tokenizer(artifact: Path, out: Path) -> Path:
     (cheaper than another export; the graph is the same)."""
     import shutil
 
-    from specport import artifact as art
-    from specport.interop.files import write_artifact_manifest
+    from specport.artifact import manifest as art
+    from specport.artifact.files import write_artifact_manifest
 
     shutil.copytree(artifact, out)
     write_chat_tokenizer(out)

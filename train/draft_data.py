@@ -14,7 +14,7 @@ target's next-token distribution at every position (``eagle_cache``):
 
 ``mixed`` trains on both: the answers to part of the prompts and the written text of all.
 
-``read_examples`` takes the records of a prompt file (``specport.prompt_files``, the reader
+``read_examples`` takes the records of a prompt file (``specport.core.prompt_files``, the reader
 ``bench --prompts`` uses: instruction / messages / conversations / turns records or plain
 paragraphs) with the answer each one wrote, if any.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specport.prompt_files import read_prompt_file, select
+from specport.core.prompt_files import read_prompt_file, select
 
 logger = logging.getLogger(__name__)
 

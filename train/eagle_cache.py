@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specport.progress import Loop
+from specport.core.progress import Loop
 
 logger = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from specport.core.progress import Loop
 from specport.exporter.eagle_head import EagleConfig, EagleHead
-from specport.progress import Loop
 from specport.train.eagle_cache import LABELS, FeatureCache
 from specport.train.eagle_objective import ttt_loss
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from specport.chat_template import load_chat_template
-from specport.errors import InputError
-from specport.progress import Loop
-from specport.tokenizer import encode_prompt
+from specport.core.chat_template import load_chat_template
+from specport.core.errors import InputError
+from specport.core.progress import Loop
+from specport.core.tokenizer import encode_prompt
 
 logger = logging.getLogger(__name__)
 

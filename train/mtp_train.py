@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
-from specport import artifact as art
-from specport.errors import InputError, UsageError
+from specport.artifact import manifest as art
+from specport.core.errors import InputError, UsageError
+from specport.core.progress import Loop, Stages
+from specport.core.tokenizer import load_tokenizer
 from specport.exporter import source as src_mod
 from specport.exporter.mtp_artifact import write_mtp_artifact
 from specport.exporter.mtp_heads import MTPHeads
 from specport.exporter.mtp_weights import load_deepseek_mtp
-from specport.progress import Loop, Stages
-from specport.tokenizer import load_tokenizer
 from specport.train.mtp_data import (
     base_hidden,
     chat_prompts,

@@ -35,16 +35,17 @@ from typing import Any
 
 import onnx_ir as ir
 
-from specport.artifact import (
+from specport.artifact.eval_record import EVAL_KEY, SOURCE_EVAL_KEY, source_eval_for_quantized
+from specport.artifact.files import write_artifact_manifest
+from specport.artifact.manifest import (
     DATA_NAME,
     MANIFEST_NAME,
     Manifest,
     atomic_artifact_dir,
     read_manifest,
 )
-from specport.errors import QuantizationError
-from specport.eval_record import EVAL_KEY, SOURCE_EVAL_KEY, source_eval_for_quantized
-from specport.interop.files import write_artifact_manifest
+from specport.core.errors import QuantizationError
+from specport.core.weight_size import artifact_weight_size, model_weight_size
 from specport.passes.base import PassResult
 from specport.passes.mtp_graphs import write_mtp_graphs
 from specport.passes.pad_attention_rows import PadAttentionRowsPass
@@ -68,7 +69,6 @@ from specport.passes.quant.ort_check import integer_kernel_summary
 from specport.passes.quant.row_invariance import token_exact_report
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
-from specport.weight_size import artifact_weight_size, model_weight_size
 
 logger = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ def quantize_artifact(
             manifest.quant.update(algorithm="minmax", symmetric=True, lm_head_bits=bits)
             manifest.quant["group_size"] = 0  # per output channel (npu.py says why)
             if not calib_files:
-                manifest.quant["calibration"] = {"builtin": "samples/corpus.py seed 11"}
+                manifest.quant["calibration"] = {"builtin": "core/corpus.py seed 11"}
         if form == "ascend":
             # What the graph says, on the CPU provider too: onnxruntime's QDQ fusions turn a
             # quantized-output chain into QLinearMatMul with per-channel weight scales, which

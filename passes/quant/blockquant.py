@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
 
 GROUP_SIZES = (16, 32, 64, 128, 256)
 

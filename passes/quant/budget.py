@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.errors import QuantizationError
-from specport.options import option
+from specport.core.errors import QuantizationError
+from specport.core.options import option
 from specport.passes.quant.blockquant import dequantize
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.embedding import gather_tables

@@ -25,10 +25,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from specport.artifact import Manifest
-from specport.contract import prefill_feeds
-from specport.documents import read_text_documents
-from specport.errors import QuantizationError
+from specport.artifact.manifest import Manifest
+from specport.core.contract import prefill_feeds
+from specport.core.documents import read_text_documents
+from specport.core.errors import QuantizationError
 from specport.passes.quant.graph import find_weight_matmuls
 from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specport.artifact import Manifest
-from specport.errors import QuantizationError
-from specport.history import entries
-from specport.options import option
+from specport.artifact.manifest import Manifest
+from specport.core.errors import QuantizationError
+from specport.core.history import entries
+from specport.core.options import option
 from specport.passes.quant.kv_cache import default_kv_granularity
 from specport.passes.quant.kv_calibration import KV_CLIPS, KV_GRANULARITIES
 from specport.passes.quant.w8a8 import FORMS as W8A8_FORMS

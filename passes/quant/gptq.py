@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
 from specport.passes.quant.blockquant import (
     BlockQuant,
     block_params,

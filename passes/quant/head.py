@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.errors import QuantizationError
-from specport.options import option
+from specport.core.errors import QuantizationError
+from specport.core.options import option
 from specport.passes.quant.blockquant import BlockQuant, dequantize
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.graph import WeightSite, find_weight_matmuls

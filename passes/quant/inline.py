@@ -17,7 +17,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.artifact import Manifest
-from specport.errors import QuantizationError
+from specport.artifact.manifest import Manifest
+from specport.core.errors import QuantizationError
 from specport.passes.base import Pass
 from specport.passes.quant.graph import add_initializer, named, remove_unused
 from specport.passes.quant.kv_cache_shared import QuantizeSharedKVCachePass, is_shared_graph

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
 from specport.passes.base import Pass
 from specport.passes.quant.graph import add_initializer
 

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specport.artifact import Manifest
-from specport.chat_template import load_chat_template
-from specport.contract import prefill_feeds
-from specport.errors import QuantizationError
+from specport.artifact.manifest import Manifest
+from specport.core.chat_template import load_chat_template
+from specport.core.contract import prefill_feeds
+from specport.core.errors import QuantizationError
 from specport.passes.quant import calibration as C
 from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 

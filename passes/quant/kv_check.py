@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.chat_template import load_chat_template
+from specport.core.chat_template import load_chat_template
 from specport.passes.quant import calibration as C
 from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 

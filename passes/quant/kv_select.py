@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
+from specport.artifact.manifest import Manifest
 from specport.passes.quant import calibration as C
 from specport.passes.quant.kv_cache_shared import GRANULARITIES, kernel_scale
 from specport.passes.quant.kv_check import (

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 
 def calibration_context(manifest: Any) -> int:

@@ -4,7 +4,7 @@ ready `QuantizeQDQPass` out.
 Calibration runs the fp32 artifact as prefills (past length 0) over the documents, so the
 past-KV inputs see no values there: they take the ranges of the matching present outputs,
 which hold the same tensors one step later. With no text given, the built-in seeded
-tiny-stories corpus (samples/corpus.py) is used, so the form works offline.
+tiny-stories corpus (core/corpus.py) is used, so the form works offline.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
-from specport.contract import prefill_feeds
-from specport.errors import QuantizationError
+from specport.artifact.manifest import Manifest
+from specport.core.contract import prefill_feeds
+from specport.core.corpus import generate_corpus
+from specport.core.errors import QuantizationError
 from specport.passes.quant.calibration import read_documents, tokenize
 from specport.passes.quant.layout import calibration_context, shared_prefill_feeds
 from specport.passes.quant.qdq import QuantizeQDQPass, Range, collect_ranges
-from specport.samples.corpus import generate_corpus
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specport.artifact import DATA_NAME
+from specport.artifact.manifest import DATA_NAME
 
 
 def run_ort_baseline(

@@ -50,7 +50,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
+from specport.core.progress import track
 from specport.passes.base import Pass
 from specport.passes.quant import smoothquant as SQ
 from specport.passes.quant.blockquant import BlockQuant
@@ -65,7 +66,6 @@ from specport.passes.quant.graph import (
 )
 from specport.passes.quant.rtn import quantize_rtn
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
-from specport.progress import track
 
 logger = logging.getLogger(__name__)
 

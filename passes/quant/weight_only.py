@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
+from specport.core.progress import track
 from specport.passes.base import Pass
 from specport.passes.quant.blockquant import (
     BlockQuant,
@@ -59,7 +60,6 @@ from specport.passes.quant.weight_quant import (
     integer_zero_points,
     quantize_weight,
 )
-from specport.progress import track
 
 logger = logging.getLogger(__name__)
 

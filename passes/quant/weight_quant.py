@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
 from specport.passes.quant.blockquant import BlockQuant
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.gptq import GptqFactor, quantize_gptq, refit_scales

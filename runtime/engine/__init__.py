@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specport.errors import ArtifactError, InputError
+from specport.core.errors import ArtifactError, InputError
 from specport.runtime.engine.base import Engine
 from specport.runtime.engine.prefill_pace import STALL as PREFILL_STALL
 

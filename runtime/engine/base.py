@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
 
 

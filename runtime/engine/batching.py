@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.errors import ArtifactError, InputError, SpecportError
+from specport.core.errors import ArtifactError, InputError, SpecportError
 from specport.runtime.engine import prefill_plan, step
 from specport.runtime.engine.base import (
     QueueIntake,

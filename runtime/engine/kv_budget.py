@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specport.artifact import Manifest
+from specport.artifact.manifest import Manifest
 
 logger = logging.getLogger(__name__)
 

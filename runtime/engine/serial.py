@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from specport.errors import SpecportError
+from specport.core.errors import SpecportError
 from specport.runtime.engine.base import Event, QueueIntake, RequestHandle
 from specport.runtime.engine.logprobs import score
 

@@ -215,7 +215,7 @@ def measure_widths(
     """Seconds of one batch-1 run feeding each of ``widths`` tokens by ``clock`` (the fastest
     of ``WIDTH_REPEATS`` interleaved rounds after a warm-up round: on a shared machine other
     processes only ever add time), on a cache of its own with ``CONTEXT`` positions filled."""
-    from specport.progress import Stages
+    from specport.core.progress import Stages
     from specport.runtime.kv.cache import open_kv_cache  # the engine's cache, opened here only
 
     # a second on a small model, up to a minute on an 8B one: say what it is and what it took
@@ -487,7 +487,7 @@ def _cpu_name() -> str:
 
 
 def _path() -> Path:
-    from specport.settings import cache_dir
+    from specport.core.settings import cache_dir
 
     return cache_dir() / "step_costs.json"
 

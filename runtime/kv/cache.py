@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
-from specport.contract import TREE_MASK
-from specport.errors import ArtifactError, ContextLengthError
+from specport.artifact.manifest import Manifest
+from specport.core.contract import TREE_MASK
+from specport.core.errors import ArtifactError, ContextLengthError
 from specport.runtime.kv.concat_cache import ConcatKVCache
 from specport.runtime.kv.interface import KVCache, StepOut
 from specport.runtime.kv.iobinding import BoundSession

@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
-from specport.contract import TREE_MASK, causal_tree_mask, row_position_feeds
-from specport.errors import ArtifactError, ContextLengthError, InputError
+from specport.artifact.manifest import Manifest
+from specport.core.contract import TREE_MASK, causal_tree_mask, row_position_feeds
+from specport.core.errors import ArtifactError, ContextLengthError, InputError
 from specport.runtime.kv.interface import StepOut
 
 # the common left padding a batched step may carry before the cache is rebuilt without it

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
-from specport.contract import TREE_MASK, causal_tree_mask
-from specport.errors import ArtifactError, InputError
+from specport.artifact.manifest import Manifest
+from specport.core.contract import TREE_MASK, causal_tree_mask
+from specport.core.errors import ArtifactError, InputError
 from specport.runtime.kv.layouts import SharedKV
 
 logger = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
-from specport.errors import ArtifactError, ContextLengthError
+from specport.artifact.manifest import Manifest
+from specport.core.errors import ArtifactError, ContextLengthError
 from specport.runtime.kv.memory import KVBuffer
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
+from specport.artifact.manifest import Manifest
 from specport.runtime.kv.cache import open_kv_cache
 from specport.runtime.kv.interface import KVCache
 

@@ -25,8 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specport.chat_template import load_chat_template
-from specport.errors import InputError
+from specport.core.chat_template import load_chat_template
+from specport.core.errors import InputError
 from specport.runtime.engine.base import Engine
 from specport.runtime.serve.api_error import APIError, error_body
 from specport.runtime.serve.generate import generate

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specport.errors import InputError, SpecportError
+from specport.core.errors import InputError, SpecportError
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.serve.api_error import APIError
 from specport.runtime.serve.schemas import _Sampling

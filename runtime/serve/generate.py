@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from specport.errors import ContextLengthError, InputError
+from specport.core.errors import ContextLengthError, InputError
 from specport.runtime.engine.base import Event, RequestHandle
 from specport.runtime.engine.base import Request as EngineRequest
 from specport.runtime.serve.api_error import APIError, error_body

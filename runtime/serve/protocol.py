@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from specport.chat_template import ChatTemplate
-from specport.errors import InputError
+from specport.core.chat_template import ChatTemplate
+from specport.core.errors import InputError
 from specport.runtime.engine.base import Request
 from specport.runtime.serve.api_error import APIError
 from specport.runtime.serve.fields import (

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import Request
 
-from specport.chat_template import ChatTemplate
+from specport.core.chat_template import ChatTemplate
 from specport.runtime.engine.base import Engine, RequestHandle
 from specport.runtime.serve.metrics import Metrics, RequestRecord
 from specport.runtime.serve.responses import TokenText

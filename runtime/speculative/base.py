@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from specport.errors import ContextLengthError, InputError
+from specport.core.errors import ContextLengthError, InputError
 
 if TYPE_CHECKING:
     from specport.runtime.sampler import SamplingConfig

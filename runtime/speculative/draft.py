@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
-from specport.errors import InputError
+from specport.artifact.manifest import Manifest
+from specport.core.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
 from specport.runtime.speculative.base import Drafts, ProposerBase
 

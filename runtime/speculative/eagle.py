@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
-from specport.contract import EAGLE_FEATURES
-from specport.errors import InputError
+from specport.artifact.manifest import Manifest
+from specport.core.contract import EAGLE_FEATURES
+from specport.core.errors import InputError
 from specport.runtime.speculative.base import Drafts, ProposerBase
 from specport.runtime.speculative.token_tree import beam_step
 

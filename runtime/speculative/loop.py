@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specport.artifact import Manifest
-from specport.errors import InputError
+from specport.artifact.manifest import Manifest
+from specport.core.errors import InputError
 from specport.runtime.engine.driver import generate_rows
 from specport.runtime.engine.step_cost import LiveVerifyCosts
 from specport.runtime.sampler import SamplingConfig

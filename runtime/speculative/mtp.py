@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
-from specport.errors import InputError
+from specport.artifact.manifest import Manifest
+from specport.core.errors import InputError
 from specport.runtime.speculative.base import Drafts, ProposerBase
 from specport.runtime.speculative.verify import VerifyResult
 

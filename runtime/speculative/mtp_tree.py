@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.speculative.loop import check_num_draft
 from specport.runtime.speculative.mtp import mtp_info
 from specport.runtime.speculative.token_tree import beam_step

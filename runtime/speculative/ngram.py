@@ -14,7 +14,7 @@ import logging
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.speculative.base import RowProposer
 
 logger = logging.getLogger(__name__)

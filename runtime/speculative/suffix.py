@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.speculative.base import RowProposer
 from specport.runtime.speculative.ngram import copy_after, find_suffix_match
 

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 logger = logging.getLogger(__name__)
 

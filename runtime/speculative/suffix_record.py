@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.speculative.suffix_corpus import parse_line
 
 logger = logging.getLogger(__name__)

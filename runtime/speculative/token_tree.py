@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.speculative.ngram import suffix_match_ends
 
 

@@ -38,7 +38,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.exactness import warn_if_not_token_exact
 from specport.runtime.speculative.loop import KVSlot, OnToken, generate_in_slot

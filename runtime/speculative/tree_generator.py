@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact import Manifest
-from specport.contract import MAX_TREE_WIDTH, TREE_MASK
-from specport.errors import InputError
+from specport.artifact.manifest import Manifest
+from specport.core.contract import MAX_TREE_WIDTH, TREE_MASK
+from specport.core.errors import InputError
 from specport.runtime.engine.driver import generate_rows
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.base import (

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.sampler import Sampler, sample_from_probs
 from specport.runtime.speculative.base import Drafts
 

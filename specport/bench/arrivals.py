@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.engine.base import Request
 
 logger = logging.getLogger(__name__)

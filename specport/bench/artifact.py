@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from specport import artifact as art
+from specport.artifact import manifest as art
 from specport.bench import peers as peer_mod
 from specport.bench.hardware import (
     bytes_per_token,

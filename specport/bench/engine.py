@@ -33,8 +33,8 @@ from specport.bench.arrivals import (
     serve_load,
     served_rows,
 )
-from specport.errors import InputError
-from specport.progress import Loop
+from specport.core.errors import InputError
+from specport.core.progress import Loop
 from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine
 from specport.runtime.engine.serial import SerialEngine

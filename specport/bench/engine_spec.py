@@ -33,8 +33,8 @@ from specport.bench.arrivals import (
 )
 from specport.bench.arrivals import serve_load as _load
 from specport.bench.prompt_sets import CHAT_SETS, PROMPT_SETS, chat_prompt_ids
-from specport.errors import ArtifactError, InputError
-from specport.progress import Loop
+from specport.core.errors import ArtifactError, InputError
+from specport.core.progress import Loop
 from specport.runtime.engine.batching import BatchingEngine
 from specport.runtime.engine.speculation import SPEC_MAX_ROWS, SPEC_MAX_TOKENS
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specport import artifact as art
+from specport.artifact import manifest as art
 from specport.passes.mtp import BRANCH_OUTPUTS
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from specport.bench.loadtest import client_for, level, prompts, references
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specport import artifact as art
-from specport.errors import InputError
+from specport.artifact import manifest as art
+from specport.core.errors import InputError
 from specport.exporter import source as src_mod
 
 _KEEP: list[Any] = []  # resolved sources whose temp dirs (llama2c conversions) must live on

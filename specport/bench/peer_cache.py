@@ -32,8 +32,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from specport.artifact import sha256_file
-from specport.settings import cache_dir, peer_cache_limit_bytes
+from specport.artifact.manifest import sha256_file
+from specport.core.settings import cache_dir, peer_cache_limit_bytes
 
 try:
     import fcntl

@@ -21,10 +21,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from specport import artifact as art
+from specport.artifact import manifest as art
 from specport.bench.peer_base import peer_metrics
 from specport.bench.peer_cache import Entry, content_key, evict, file_sha256
-from specport.errors import InputError, SpecportError
+from specport.core.errors import InputError, SpecportError
 
 logger = logging.getLogger(__name__)
 

@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specport import artifact as art
+from specport.artifact import manifest as art
 from specport.bench.peer_base import genai_precision, peer_metrics, source_dir
 from specport.bench.peer_cache import Entry, content_key, evict
-from specport.errors import InputError, SpecportError
-from specport.settings import cache_dir
+from specport.core.errors import InputError, SpecportError
+from specport.core.settings import cache_dir
 
 logger = logging.getLogger(__name__)
 

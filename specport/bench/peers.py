@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from specport import artifact as art
+from specport.artifact import manifest as art
 from specport.bench.peer_base import genai_precision, peer_metrics, source_dir
 from specport.bench.peer_cache import Entry, content_key, evict
-from specport.errors import InputError, SpecportError
+from specport.core.errors import InputError, SpecportError
 from specport.runtime.hugepages import HugePages
 from specport.runtime.session import SessionConfig
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specport.errors import UsageError
+from specport.core.errors import UsageError
 
 SUFFIXES = (".png", ".svg")
 

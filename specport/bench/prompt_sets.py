@@ -1,6 +1,6 @@
 """The prompts `specport bench --speculative` decodes: built-in sets, or a user's prompt file.
 
-A prompt file (``specport.prompt_files``: MT-bench / Spec-Bench ``turns``, Alpaca /
+A prompt file (``specport.core.prompt_files``: MT-bench / Spec-Bench ``turns``, Alpaca /
 self-instruct ``instruction``, OpenAI ``messages``, text paragraphs) is rendered with the
 artifact's chat template when it has one (the plain text otherwise). Every turn of a
 multi-turn record is a prompt of its own, timed like the others: turn 2 follows the model's own
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specport.chat_template import load_chat_template
-from specport.errors import InputError
-from specport.prompt_files import PromptRecord, read_prompt_file, select
+from specport.core.chat_template import load_chat_template
+from specport.core.errors import InputError
+from specport.core.prompt_files import PromptRecord, read_prompt_file, select
 from specport.samples.chat_prompts import chat_prompts
 
 logger = logging.getLogger(__name__)

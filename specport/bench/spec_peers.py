@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from specport import artifact as art
+from specport.artifact import manifest as art
 from specport.bench.peer_openvino import OpenVinoPeer, is_openvino, parse_name
 from specport.bench.peers import make_peer
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 SPECULATION_SUFFIX = "+ngram"
 # every suffix that names a peer's own speculative decoding (OpenVINO GenAI's are its own names)

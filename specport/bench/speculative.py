@@ -31,11 +31,11 @@ from specport.bench.prompt_sets import (
 )
 from specport.bench.spec_peers import SpecPeer, check_spec_peer_name
 from specport.bench.spec_tally import SpecTally, copied_share, format_category_table
-from specport.errors import InputError
+from specport.core.errors import InputError
+from specport.core.progress import Loop
+from specport.core.prompt_files import PromptRecord
 from specport.generation_args import TREE_METHODS, resolve_num_draft
 from specport.loading import load
-from specport.progress import Loop
-from specport.prompt_files import PromptRecord
 from specport.results import GenerationResult
 from specport.runtime.speculative.loop import SpeculativeGenerator
 from specport.runtime.speculative.metrics import step_overhead_ms

@@ -34,7 +34,7 @@ import numpy as np
 
 from specport.bench.arrivals import arrival_offsets
 from specport.bench.loadtest import WORDS, client_for
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ def add_suffix_record_option(p: argparse.ArgumentParser) -> None:
 
 def check_speculative(args: argparse.Namespace) -> None:
     """The speculative options that cannot work together (generate, chat and serve)."""
-    from specport.errors import UsageError
+    from specport.core.errors import UsageError
 
     if getattr(args, "tree_width", 1) != 1 and args.speculative not in TREE_METHODS:
         raise UsageError(
@@ -202,7 +202,7 @@ def sampling_requested(args: argparse.Namespace) -> bool:
 
 def check_sampling(args: argparse.Namespace) -> bool:
     """Refuse --greedy with sampling options; returns whether decoding samples."""
-    from specport.errors import UsageError
+    from specport.core.errors import UsageError
 
     sampling = sampling_requested(args)
     if args.greedy and sampling:

@@ -17,7 +17,7 @@ from specport.commands._args import (
     int_at_least,
     int_between,
 )
-from specport.errors import SpecportError, UsageError
+from specport.core.errors import SpecportError, UsageError
 from specport.generation_args import METHODS
 
 
@@ -528,7 +528,7 @@ def _num_draft(args: argparse.Namespace) -> int:
     if args.num_draft is not None:
         return int(args.num_draft)
     if "mtp" in (args.speculative or []):
-        from specport.artifact import read_manifest
+        from specport.artifact.manifest import read_manifest
 
         heads = int((read_manifest(args.artifact, check_hashes=False).mtp or {}).get("heads") or 0)
         if heads:

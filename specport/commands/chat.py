@@ -30,7 +30,7 @@ from specport.commands._args import (
 )
 from specport.commands._prompt import LineReader, line_reader
 from specport.commands.generate import generation_options
-from specport.errors import ContextLengthError, InputError
+from specport.core.errors import ContextLengthError, InputError
 
 HELP = "commands: /reset (start over), /exit (quit); Ctrl-C stops an answer"
 
@@ -56,8 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.chat_template import load_chat_template
     from specport.commands._speculative import load_model, start_recording
+    from specport.core.chat_template import load_chat_template
 
     sampling = check_sampling(args)
     check_speculative(args)

@@ -71,7 +71,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.progress import stage_callback
+    from specport.core.progress import stage_callback
     from specport.runtime.eval import compare, perplexity
 
     report = stage_callback()
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     def progress(i: int, n: int) -> None:
         report("scoring documents", i, n)
 
-    from specport.eval_record import (
+    from specport.artifact.eval_record import (
         artifact_label,
         options_key,
         record_eval,
@@ -173,12 +173,12 @@ def _point(artifact: str, ppl: float) -> dict[str, Any]:
 
 
 def _size(artifact: str) -> dict[str, Any] | None:
-    """The artifact's stored bits per weight (specport/weight_size.py); None for a bare .onnx."""
+    """The artifact's stored bits per weight (core/weight_size.py); None for a bare .onnx."""
     from pathlib import Path
 
-    from specport.artifact import read_manifest
-    from specport.errors import ArtifactError
-    from specport.weight_size import artifact_weight_size
+    from specport.artifact.manifest import read_manifest
+    from specport.core.errors import ArtifactError
+    from specport.core.weight_size import artifact_weight_size
 
     if not Path(artifact).is_dir():
         return None
@@ -193,9 +193,9 @@ def weight_bits(artifact: str) -> tuple[float, str]:
     """Bits per weight as stored (every weight, scale and zero-point byte over the parameter
     count, as llama.cpp reports a file), with the recipe's name to show; a bare .onnx counts
     its own graph."""
-    from specport.artifact import read_manifest
-    from specport.errors import ArtifactError
-    from specport.weight_size import model_weight_size
+    from specport.artifact.manifest import read_manifest
+    from specport.core.errors import ArtifactError
+    from specport.core.weight_size import model_weight_size
 
     try:
         manifest = read_manifest(artifact, check_hashes=False)

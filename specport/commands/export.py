@@ -108,7 +108,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.errors import UsageError
+    from specport.core.errors import UsageError
 
     passes = (
         [p.strip() for p in args.passes.split(",") if p.strip()]

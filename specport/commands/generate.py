@@ -20,7 +20,7 @@ from specport.commands._args import (
     check_sampling,
     check_speculative,
 )
-from specport.errors import InputError, UsageError
+from specport.core.errors import InputError, UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -91,7 +91,7 @@ def check_args(args: argparse.Namespace) -> bool:
 
 def chat_prompt_ids(model: Any, messages: list[dict[str, str]]) -> list[int]:
     """The prompt ids of `messages` under the artifact's chat template, or a clear error."""
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
 
     template = load_chat_template(model)
     if template is None:

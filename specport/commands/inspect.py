@@ -10,8 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from specport import history
 from specport.cli import emit_json
+from specport.core import history
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -110,8 +110,8 @@ def lm_head_line(quant: dict[str, Any] | None) -> str | None:
 
 
 def size_line(size: dict[str, Any]) -> str:
-    """A recorded `WeightSize` (specport/weight_size.py) in one line."""
-    from specport.weight_size import WeightSize
+    """A recorded `WeightSize` (core/weight_size.py) in one line."""
+    from specport.core.weight_size import WeightSize
 
     fields = ("params", "weight_bytes", "by_role", "file_bytes", "excluded_bytes")
     return WeightSize(**{k: size[k] for k in fields if k in size}).line()
@@ -225,7 +225,7 @@ def _ranges(idx: list[int]) -> str:
 
 def runtimes(manifest: Any, directory: str) -> dict[str, dict[str, Any]]:
     """Which runtimes run the artifact (recorded at write time; worked out for older artifacts)."""
-    from specport.interop.files import runtimes_of
+    from specport.artifact.files import runtimes_of
 
     return runtimes_of(manifest, Path(directory))
 
@@ -251,8 +251,8 @@ def batched_verification(manifest: Any, directory: str) -> bool | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.artifact import read_manifest
-    from specport.weight_size import artifact_weight_size
+    from specport.artifact.manifest import read_manifest
+    from specport.core.weight_size import artifact_weight_size
 
     if Path(args.artifact).is_file() and Path(args.artifact).suffix == ".onnx":
         info = summarize_onnx(args.artifact)
@@ -324,12 +324,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summarize_onnx(path: str) -> dict[str, Any]:
-    """A bare ONNX file, checked (see `specport.onnx_file`) without loading its weights."""
+    """A bare ONNX file, checked (see `specport.core.onnx_file`) without loading its weights."""
     from collections import Counter
 
     import onnx
 
-    from specport.onnx_file import load_onnx_input
+    from specport.core.onnx_file import load_onnx_input
 
     proto, repairs = load_onnx_input(path)
 

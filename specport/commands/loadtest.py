@@ -17,7 +17,7 @@ from typing import Any
 
 from specport.cli import emit_json
 from specport.commands._args import POSITIVE
-from specport.errors import UsageError
+from specport.core.errors import UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

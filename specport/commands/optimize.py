@@ -86,7 +86,7 @@ def parity_line(parity: dict[str, Any] | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.errors import UsageError
+    from specport.core.errors import UsageError
     from specport.passes.pipelines import all_pass_names
 
     if args.list_passes:

@@ -151,8 +151,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specport.errors import UsageError
-    from specport.progress import stage_callback
+    from specport.core.errors import UsageError
+    from specport.core.progress import stage_callback
 
     budget = args.bits_per_weight is not None or args.mixture is not None
     if args.scheme is None and budget:
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _layer_list(text: str | None) -> list[int] | str:
     """`--kv-float-layers 4,18,22` -> [4, 18, 22]."""
-    from specport.errors import UsageError
+    from specport.core.errors import UsageError
 
     if not text:
         return []

@@ -21,7 +21,7 @@ from specport.commands._args import (
     add_suffix_record_option,
     check_speculative,
 )
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -140,8 +140,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specport.core.errors import UsageError
     from specport.drafting import data_size, training_dir
-    from specport.errors import UsageError
 
     if args.data and args.messages:
         raise UsageError("give --data FILE or --messages, not both: --data is what is answered.")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specport.bench.arrivals import arrival_offsets, latency_summary, serve_load
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 GAP = 0.5  # seconds between arrivals: far above a tiny model's TTFT, far below a timeout
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from specport import artifact as art
+from specport.artifact import manifest as art
 from tests.fixtures import TINY, make_llama
 
 

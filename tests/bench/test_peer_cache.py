@@ -15,8 +15,8 @@ import pytest
 
 from specport.bench import peer_cache
 from specport.bench.peer_cache import Entry, content_key, evict
-from specport.errors import InputError
-from specport.settings import peer_cache_limit_bytes
+from specport.core.errors import InputError
+from specport.core.settings import peer_cache_limit_bytes
 
 MB = 1_000_000
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from specport.bench import peers
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 GGUF = Path("models") / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 # the shared folder's README: greedy from "Once upon a time" (no BOS) with the fp32 weights

@@ -14,7 +14,7 @@ import pytest
 from specport.bench import peer_openvino as ov
 from specport.bench.peers import check_peer_name
 from specport.bench.spec_peers import check_spec_peer_name
-from specport.errors import InputError, SpecportError
+from specport.core.errors import InputError, SpecportError
 
 
 def test_peer_names_give_precision_and_mode() -> None:

@@ -26,7 +26,7 @@ def test_openvino_fp32_greedy_tokens_equal_specport(
         pytest.skip(f"OpenVINO GenAI's venv {venv} is absent (created on first --peer use)")
     source = shared_path("models", "stories260K")
     import specport
-    from specport import artifact as art
+    from specport.artifact import manifest as art
     from specport.bench.spec_peers import SpecPeer
     from tests.export_cache import cached_export
 

@@ -12,7 +12,7 @@ pytest.importorskip("matplotlib")
 
 from specport.bench import plot  # noqa: E402
 from specport.cli import main  # noqa: E402
-from specport.errors import UsageError  # noqa: E402
+from specport.core.errors import UsageError  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

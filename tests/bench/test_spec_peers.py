@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from specport.bench.spec_peers import check_spec_peer_name
-from specport.errors import InputError
+from specport.core.errors import InputError
 from tests.fixtures import TINY, make_llama
 
 GGUF = Path("models") / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,7 +49,7 @@ def test_speculative_bench_runs_genai_with_and_without_its_ngram(tmp_path, capsy
     assert all(r["decode_tok_per_s"] > 0 for r in rows.values())
     assert report["peers"]["onnxruntime-genai+ngram"]["speculation"]["max_draft_tokens"] == 4
     # genai's own n-gram speculation verifies greedily: its tokens are genai's plain tokens
-    from specport import artifact as art
+    from specport.artifact import manifest as art
     from specport.bench.spec_peers import SpecPeer
 
     manifest = art.read_manifest(tmp_path / "art")

@@ -10,7 +10,7 @@ import re
 import pytest
 
 import specport
-from specport import errors
+from specport.core import errors
 
 FLAG = re.compile(r"(^|\s)--[a-z]")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import specport
-from specport.chat_template import load_chat_template
+from specport.core.chat_template import load_chat_template
 
 N = 8  # new tokens per answer
 

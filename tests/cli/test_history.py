@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from specport.artifact import read_manifest
-from specport.history import entries
+from specport.artifact.manifest import read_manifest
+from specport.core.history import entries
 
 pytestmark = pytest.mark.slow  # the module fixture exports and quantizes a tiny model (~40 s)
 
@@ -90,7 +90,7 @@ def test_kv_cache_after_weights_is_recorded_as_a_second_step(chain, cli, tmp_pat
 
 def test_the_card_of_an_artifact_without_history_says_so(chain):
     float_art, _ = chain
-    from specport.interop.model_card import _history_section
+    from specport.artifact.model_card import _history_section
 
     assert "Not recorded" in " ".join(_history_section(read_manifest(float_art)))
 
@@ -115,7 +115,7 @@ def test_optimize_records_its_step_in_the_onnx_file(cli, tmp_path):
 
 
 def test_history_describe_reads_as_a_command():
-    from specport.history import command_line
+    from specport.core.history import command_line
 
     entry = {
         "command": "quantize",

@@ -35,7 +35,7 @@ def kv8(tmp_path_factory) -> Path:
 
 
 def test_kv_scales_are_one_line_and_in_full_in_json(cli, kv8):
-    from specport.artifact import read_manifest
+    from specport.artifact.manifest import read_manifest
 
     kv = read_manifest(kv8).quant["kv_cache"]
     code, out, err = cli("inspect", kv8)
@@ -94,7 +94,7 @@ def test_an_export_without_query_seqlens_says_it_verifies_row_by_row(cli, tiny_z
 
     import onnx
 
-    from specport import artifact as art
+    from specport.artifact import manifest as art
 
     fresh = tiny_zoo.shared("llama")
     code, out, err = cli("inspect", fresh)

@@ -1,4 +1,4 @@
-"""Progress on stderr: bars only on a terminal, plain lines elsewhere (specport/progress.py)."""
+"""Progress on stderr: bars only on a terminal, plain lines elsewhere (core/progress.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from specport import progress
+from specport.core import progress
 
 
 class _Stream(io.StringIO):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specport.errors import InputError
-from specport.prompt_files import PromptRecord, read_prompt_file, select, split_of
+from specport.core.errors import InputError
+from specport.core.prompt_files import PromptRecord, read_prompt_file, select, split_of
 
 
 def _jsonl(path: Path, records: list[object]) -> Path:

@@ -208,7 +208,7 @@ def test_bench_names_real_prompt_sets_and_peers(cmd: Command) -> None:
     from specport.bench.peers import SPECPORT_PEER, check_peer_name
     from specport.bench.prompt_sets import CHAT_SETS, PROMPT_SETS
     from specport.bench.spec_peers import check_spec_peer_name
-    from specport.errors import InputError
+    from specport.core.errors import InputError
 
     args = _specport_parser().parse_args(list(cmd.argv))
     if args.prompt_set is not None:

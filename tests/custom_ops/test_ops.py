@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specport.core.errors import PassError, ProviderError
 from specport.custom_ops import REGISTRY
 from specport.custom_ops import torch_npu as npu
 from specport.custom_ops.cann import check_ops
 from specport.custom_ops.lowering import lower_model
 from specport.custom_ops.testing import run, single_op_model
-from specport.errors import PassError, ProviderError
 from specport.passes.base import op_counts
 
 TARGETS = ["neutral", "cpu", "cann"]

@@ -185,7 +185,7 @@ REFUSED = [
 def test_unsupported_option_fails_before_export(tmp_path: Path, name, change, named) -> None:
     """A supported model_type with an option its entry does not implement: a clear error
     naming it (and what is supported), before any weights load and with no output written."""
-    from specport.errors import UnsupportedArchitectureError
+    from specport.core.errors import UnsupportedArchitectureError
     from specport.exporter.export import export_model
 
     config = fixture_config(name)

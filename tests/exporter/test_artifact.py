@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from specport import artifact as art
-from specport.errors import ArtifactError
+from specport.artifact import manifest as art
+from specport.core.errors import ArtifactError
 
 
 class Boom(RuntimeError):

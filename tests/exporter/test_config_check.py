@@ -93,7 +93,7 @@ def test_a_config_that_matches_passes_silently(good_dir):
     ],
 )
 def test_gguf_metadata_that_disagrees_with_its_tensors(tmp_path, attr, value, key, implied):
-    from specport.errors import InvalidModelError
+    from specport.core.errors import InvalidModelError
     from specport.exporter.gguf_import import save_gguf_as_hf
     from tests.gguf_files import llama_vocab, write_gguf
 

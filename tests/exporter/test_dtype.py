@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 import specport
-from specport.errors import UsageError
+from specport.core.errors import UsageError
 from specport.exporter.dtype import cpu_missing_kernel, resolve_dtype
 from tests.fixtures import build_tiny_model, hf_greedy, load_reference
 
@@ -48,7 +48,7 @@ def _initializer_types(path):
 
 @pytest.mark.slow
 def test_fp16_artifact_verifies_and_records_its_dtype(fp16_art):
-    m = specport.artifact.read_manifest(fp16_art)
+    m = specport.artifact.manifest.read_manifest(fp16_art)
     # cpu: attention and its cache stay float32 (the CPU float16 kernel loses precision)
     kv = "float16" if m.target == "cuda" else "float32"
     assert m.dtype == "float16" and m.kv.dtype == kv
@@ -148,7 +148,7 @@ def test_cli_refuses_bf16_for_cpu_before_loading(capsys):
 
 
 def test_fp16_artifact_is_not_quantized(fp16_manifest_dir):
-    from specport.errors import SpecportError
+    from specport.core.errors import SpecportError
 
     with pytest.raises(SpecportError, match="float16 artifact"):
         specport.quantize(fp16_manifest_dir, fp16_manifest_dir.parent / "q", scheme="w4a16")
@@ -157,7 +157,7 @@ def test_fp16_artifact_is_not_quantized(fp16_manifest_dir):
 @pytest.fixture
 def fp16_manifest_dir(tmp_path):
     """A directory whose manifest says float16 (quantize refuses before reading weights)."""
-    from specport.artifact import KVLayout, Manifest, write_manifest
+    from specport.artifact.manifest import KVLayout, Manifest, write_manifest
 
     d = tmp_path / "a"
     d.mkdir()

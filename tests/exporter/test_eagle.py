@@ -12,7 +12,7 @@ import onnx_ir as ir
 import pytest
 import torch
 
-from specport.contract import EAGLE_FEATURES
+from specport.core.contract import EAGLE_FEATURES
 from specport.exporter.eagle_head import EagleHead
 from specport.passes.eagle_features import ExposeEagleFeaturesPass, feature_layers
 from specport.train.eagle_objective import ttt_loss
@@ -24,7 +24,7 @@ CFG = eagle_config()
 def test_feature_output_leaves_logits_unchanged(tiny_llama_artifact, tmp_path):
     import onnxruntime as ort
 
-    from specport import artifact as art
+    from specport.artifact import manifest as art
     from specport.exporter.eagle_artifact import copy_with_features
     from specport.runtime.kv.seq_cache import open_cache
 

@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("gguf", reason="the gguf extra is not installed (pip install 'specport[gguf]')")
 
-from specport.errors import InvalidModelError, UnsupportedArchitectureError
+from specport.core.errors import InvalidModelError, UnsupportedArchitectureError
 from specport.exporter.gguf_import import save_gguf_as_hf
 from tests.gguf_files import gpt2_vocab, llama_vocab, random_model, tiny_config, write_gguf
 
@@ -170,8 +170,8 @@ def test_cli_export_of_a_quantized_gguf_generates_like_transformers(
 ) -> None:
     """`specport export tiny.gguf`: ONNX logits and greedy tokens vs transformers on the file."""
     import specport
-    from specport.chat_template import load_chat_template
     from specport.cli import main
+    from specport.core.chat_template import load_chat_template
     from specport.exporter.gguf_import import file_sha256
 
     model = random_model(tiny_config("llama", len(gpt2_tok["tokens"])))

@@ -56,7 +56,7 @@ def test_manifest_records_the_gguf_source(smollm: Any) -> None:
 
 
 def test_chat_reference_tokens(smollm: Any) -> None:
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
 
     template = load_chat_template(smollm)
     assert template is not None
@@ -88,7 +88,7 @@ def test_tokenizer_matches_transformers_gguf_tokenizer(smollm: Any, gguf_path: P
 def test_the_model_writes_requests_after_its_user_header(smollm: Any, tmp_path: Path) -> None:
     """`train-draft --messages self`: sampled after the chat template's user header, the
     real chat model writes distinct user requests (most of them questions) and ends them."""
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
     from specport.self_messages import MAX_TOKENS, self_messages
 
     template = load_chat_template(smollm)

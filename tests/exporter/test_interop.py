@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import specport
-from specport.artifact import read_manifest
+from specport.artifact.manifest import read_manifest
 from tests.fixtures import LONG_PROMPT, SHORT_PROMPT, TinyZoo
 
 og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
@@ -200,7 +200,7 @@ def test_genai_runs_variants(
 
 
 def test_model_card_and_hashes_are_consistent(tiny_llama_artifact: Path) -> None:
-    from specport.interop.model_card import is_generated
+    from specport.artifact.model_card import is_generated
 
     m = read_manifest(tiny_llama_artifact)  # checks every file's sha256, the card's included
     card = (tiny_llama_artifact / "README.md").read_text()
@@ -228,7 +228,7 @@ def test_user_files_are_never_overwritten(tiny_llama_artifact: Path, tmp_path: P
     (src / "README.md").write_text("my notes\n")
     m = read_manifest(src, check_hashes=False)
     m.extra["interop"]["generated"].remove("README.md")
-    from specport.interop.files import write_artifact_manifest
+    from specport.artifact.files import write_artifact_manifest
 
     write_artifact_manifest(src, m)
     assert (src / "README.md").read_text() == "my notes\n"
@@ -259,8 +259,8 @@ def test_inspect_lists_runtimes(
 
 def test_write_manifest_never_fails_on_interop(tmp_path: Path) -> None:
     """A manifest with a bogus graph still writes; the runtimes it cannot serve say why."""
-    from specport import artifact as art
-    from specport.interop.files import write_artifact_manifest
+    from specport.artifact import manifest as art
+    from specport.artifact.files import write_artifact_manifest
     from tests.exporter.test_artifact import _manifest
 
     (tmp_path / "model.onnx").write_bytes(b"not a graph")
@@ -317,7 +317,7 @@ def test_inspect_on_an_artifact_without_interop_files(
     tiny_llama_artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An artifact written before these files existed: inspect says what is missing and how."""
-    from specport.artifact import write_manifest
+    from specport.artifact.manifest import write_manifest
     from specport.cli import main
 
     old = tmp_path / "old"
@@ -335,7 +335,7 @@ def test_inspect_on_an_artifact_without_interop_files(
 
 def test_tokenizer_config_compat_keeps_the_tokens() -> None:
     """transformers-5 tokenizer configs get the form transformers 4.x (Optimum's) reads too."""
-    from specport.interop.optimum_config import tokenizer_config_compat
+    from specport.artifact.optimum_config import tokenizer_config_compat
 
     v5 = {"tokenizer_class": "TokenizersBackend", "extra_special_tokens": ["<s>", "</s>"]}
     assert tokenizer_config_compat(v5) == {

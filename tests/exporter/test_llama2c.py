@@ -11,7 +11,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from specport.errors import InvalidModelError, ModelNotFoundError
+from specport.core.errors import InvalidModelError, ModelNotFoundError
 from specport.exporter.llama2c import (
     MAGIC_V1,
     load_llama2c,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.exporter.mtp_heads import MTPBranch, MTPHeads
 from specport.exporter.mtp_weights import load_deepseek_mtp, load_heads, save_heads
 from specport.train.mtp_objective import chain_loss

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from specport.artifact import read_manifest
+from specport.artifact.manifest import read_manifest
 from tests.fixtures import TinyZoo
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_optimum.py"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import specport
-from specport.errors import ExportError
+from specport.core.errors import ExportError
 from tests.fixtures import CONTEXT, build_tiny_model, hf_greedy, load_reference
 
 PROMPTS = [[1, 74, 75, 76, 90], [1, 100], [1, 5, 6, 7, 8, 9, 10, 11, 12]]
@@ -35,7 +35,7 @@ def shared_art(tiny_llama, tmp_path_factory):
 
 @pytest.mark.slow
 def test_shared_export_verifies_its_own_contract(shared_art):
-    from specport import artifact as art
+    from specport.artifact import manifest as art
 
     m = art.read_manifest(shared_art)
     assert m.kv.layout == "shared" and m.kv.max_length == MAX_LENGTH
@@ -100,7 +100,7 @@ def test_shared_batched_chunk_on_a_past_equals_rows_alone(shared_art):
     import numpy as np
     import onnxruntime as ort
 
-    from specport import artifact as art
+    from specport.artifact import manifest as art
 
     m = art.read_manifest(shared_art)
     sess = ort.InferenceSession(str(shared_art / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -125,7 +125,7 @@ def test_shared_batched_chunk_on_a_past_equals_rows_alone(shared_art):
 
 @pytest.mark.slow
 def test_shared_stops_at_its_max_length(shared_art):
-    from specport.errors import ContextLengthError
+    from specport.core.errors import ContextLengthError
 
     model = specport.load(shared_art, provider="cpu", threads=1)
     result = model.generate(prompt_ids=[1] * (MAX_LENGTH - 3), max_new_tokens=10, ignore_eos=True)

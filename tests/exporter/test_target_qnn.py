@@ -23,8 +23,8 @@ import onnx
 import pytest
 
 import specport
-from specport import ep_plugins
-from specport.artifact import read_manifest
+from specport.artifact.manifest import read_manifest
+from specport.core import ep_plugins
 from specport.runtime.session import SessionConfig
 from specport.runtime.static_session import open_static
 from tests.fixtures import LONG_PROMPT, SHORT_PROMPT
@@ -121,7 +121,7 @@ def test_static_graphs_decode_like_the_dynamic_graph_on_cpu(tiny_qnn):
 
 
 def test_static_session_refuses_past_its_context(tiny_qnn):
-    from specport.errors import ContextLengthError
+    from specport.core.errors import ContextLengthError
 
     manifest = read_manifest(tiny_qnn)
     static, _ = open_static(tiny_qnn, manifest, SessionConfig(provider="cpu"))

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specport.contract import TREE_MASK, causal_tree_mask, prefill_feeds
-from specport.errors import ExportError
+from specport.core.contract import TREE_MASK, causal_tree_mask, prefill_feeds
+from specport.core.errors import ExportError
 
 
 def tree_artifact(zoo: Any, fuse: bool) -> Path:
@@ -141,7 +141,7 @@ def test_sliding_window_model_verifies(tiny_zoo, tmp_path):
 
 @pytest.mark.slow
 def test_manifest_records_tree_and_fusion(tiny_zoo):
-    from specport.artifact import read_manifest
+    from specport.artifact.manifest import read_manifest
 
     for fuse in (False, True):
         m = read_manifest(tree_artifact(tiny_zoo, fuse))

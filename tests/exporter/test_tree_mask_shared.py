@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import specport
-from specport.contract import TREE_MASK
-from specport.errors import ExportError
+from specport.core.contract import TREE_MASK
+from specport.core.errors import ExportError
 from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.speculative.token_tree import TokenTree
 
@@ -101,7 +101,7 @@ def test_auto_picks_shared_and_sliding_windows_keep_the_concat_tree(tiny_zoo, tm
 
 
 def test_model_card_snippet_runs_in_a_bare_session(models, monkeypatch):
-    from specport.interop.model_card import _bare_session
+    from specport.artifact.model_card import _bare_session
 
     _, tree = models
     code = "\n".join(_bare_session(tree.manifest))

@@ -57,7 +57,7 @@ def _ort_fused(src: Path, entry: Entry, out: Path) -> int:
 
 def _padded_feeds(sess: ort.InferenceSession, src: Path) -> dict[str, np.ndarray]:
     """B=2, S=3, past 4 (when the graph has one), the first row's first position padded."""
-    from specport.onnx_parity import Case, _role, make_feeds
+    from specport.core.onnx_parity import Case, _role, make_feeds
 
     has_past = any(_role(i.name) == "past" for i in sess.get_inputs())
     proto = onnx.load(str(src), load_external_data=False)

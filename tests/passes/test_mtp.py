@@ -7,7 +7,7 @@ import onnx_ir as ir
 import pytest
 import torch
 
-from specport.errors import PassError
+from specport.core.errors import PassError
 from specport.passes.mtp import BRANCH_OUTPUTS, InsertMTPBranchPass, find_lm_head_input
 
 pytestmark = pytest.mark.slow  # exports a tiny decoder and an MTP branch (~10-30 s)

@@ -10,8 +10,8 @@ import onnx_ir as ir
 import pytest
 
 from benchmarks.row_invariance import compare
-from specport.artifact import DATA_NAME, read_manifest
-from specport.interop.files import write_artifact_manifest
+from specport.artifact.files import write_artifact_manifest
+from specport.artifact.manifest import DATA_NAME, read_manifest
 from specport.passes.pad_attention_rows import PADDED, PadAttentionRowsPass
 
 

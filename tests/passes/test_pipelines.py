@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specport.errors import PassError
+from specport.core.errors import PassError
 from specport.passes.base import op_counts
 from specport.passes.pipelines import optimize_model, pipeline_for
 from tests.passes.graph_models import cpu_session, kv_dims, make_feeds

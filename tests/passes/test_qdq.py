@@ -180,7 +180,7 @@ def test_precondition_refuses_a_quantized_graph(block: dict[str, Any]) -> None:
 
 
 def _htp_session(proto: onnx.ModelProto) -> ort.InferenceSession:
-    from specport.ep_plugins import devices
+    from specport.core.ep_plugins import devices
 
     so = ort.SessionOptions()
     so.log_severity_level = 3

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.eval import compare, perplexity, read_documents
 from tests.passes.quant._tiny import char_tokenizer, with_tokenizer, write_corpus
 

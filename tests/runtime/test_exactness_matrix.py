@@ -57,7 +57,7 @@ def test_grammar_verifier_refuses_trees_and_batches():
     sampler = Sampler(SamplingConfig(constraint=_Grammar()), 4)
     verifier = make_verifier(sampler)
     assert isinstance(verifier, GrammarVerifier)
-    from specport.errors import InputError
+    from specport.core.errors import InputError
 
     with pytest.raises(InputError, match="one sequence"):
         verifier.chain(Drafts.from_lists([[1], [2]]), np.zeros((2, 2, 4)), ([0], [0]))

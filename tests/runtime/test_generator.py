@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import specport
-from specport.interop.files import write_artifact_manifest
+from specport.artifact.files import write_artifact_manifest
 from specport.runtime.generator import Generator
 from tests.fixtures import TINY, make_llama
 
@@ -208,7 +208,7 @@ def test_runs_the_fusion_passes_shared_layout(plain, tmp_path):
 
     import onnx_ir as ir
 
-    from specport import artifact as art
+    from specport.artifact import manifest as art
 
     try:
         from specport.passes.pipelines import pipeline_for
@@ -230,7 +230,7 @@ def test_runs_the_fusion_passes_shared_layout(plain, tmp_path):
 
 
 def test_shared_export_refuses_head_dims_gqa_cannot_run(tmp_path):
-    from specport.errors import ExportError
+    from specport.core.errors import ExportError
     from tests.export_cache import cached_export
 
     hf = make_llama(

@@ -51,7 +51,7 @@ def test_a_large_new_buffer_is_collapsed_into_huge_pages():
 
 
 def test_session_numbers_do_not_change(tiny_llama_artifact):
-    from specport.artifact import read_manifest
+    from specport.artifact.manifest import read_manifest
     from specport.runtime.generator import Generator
     from specport.runtime.session import SessionConfig, make_session
 

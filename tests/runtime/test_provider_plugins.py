@@ -6,8 +6,8 @@ import importlib
 
 import pytest
 
-from specport import ep_plugins
-from specport.errors import ProviderError
+from specport.core import ep_plugins
+from specport.core.errors import ProviderError
 from specport.runtime import providers
 from specport.runtime.session import SessionConfig, session_options
 

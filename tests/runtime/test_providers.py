@@ -1,6 +1,6 @@
 import pytest
 
-from specport.errors import ProviderError
+from specport.core.errors import ProviderError
 from specport.runtime import providers
 
 

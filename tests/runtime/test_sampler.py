@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
 
 

@@ -109,10 +109,10 @@ def test_an_old_mtp_artifact_names_the_upgrade_command_and_upgrade_fixes_it(
     import shutil
 
     import specport
-    from specport import artifact as art
+    from specport.artifact import manifest as art
+    from specport.artifact.files import write_artifact_manifest
     from specport.cli import main
-    from specport.errors import ArtifactError
-    from specport.interop.files import write_artifact_manifest
+    from specport.core.errors import ArtifactError
 
     base_dir, mtp_dir = artifacts
     old = tmp_path / "old"

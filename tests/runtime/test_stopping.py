@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.stopping import StopCriteria
 
 

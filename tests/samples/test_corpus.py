@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specport.samples.corpus import generate_corpus
+from specport.core.corpus import generate_corpus
 
 
 def test_same_seed_same_corpus():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specport.prompt_files import read_prompt_file
+from specport.core.prompt_files import read_prompt_file
 from specport.samples import chat_prompts as bench
 from specport.samples.chat_distill import prompts as builtin
 from specport.samples.instructions import DATA, HELDOUT, TRAIN

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer, pre_tokenizers
 
-from specport.samples.corpus import generate_corpus
+from specport.core.corpus import generate_corpus
 from specport.samples.trainer import SPECIAL_PIECES, train_tokenizer
 
 

@@ -67,7 +67,7 @@ def test_read_examples_reads_the_formats_people_have(tmp_path, name):
 
 
 def test_read_examples_names_the_record_it_cannot_read(tmp_path):
-    from specport.errors import InputError
+    from specport.core.errors import InputError
 
     path = tmp_path / "odd.jsonl"
     path.write_text(json.dumps({"instruction": "x", "output": "y"}) + "\n" + json.dumps({"q": 1}))
@@ -139,7 +139,7 @@ def test_train_draft_learns_the_targets_own_choices_over_written_text(
     model = specport.load(out, threads=1)
     from types import SimpleNamespace
 
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
 
     template = load_chat_template(SimpleNamespace(tokenizer=model.tokenizer, path=out))
     end = end_of_turn(template, model.encode)
@@ -155,8 +155,8 @@ def test_train_draft_learns_the_targets_own_choices_over_written_text(
 def test_train_draft_text_needs_written_text(chat_artifact, tmp_path):
     """The templated collection and a file of prompts alone have no written text to read (the
     shipped self-instruct requests, the default, do)."""
+    from specport.core.errors import InputError, UsageError
     from specport.drafting import train_draft
-    from specport.errors import InputError, UsageError
 
     with pytest.raises(UsageError, match="--data-kind text reads written answers"):
         train_draft(

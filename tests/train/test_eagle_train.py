@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from specport.contract import EAGLE_FEATURES
+from specport.core.contract import EAGLE_FEATURES
 from specport.exporter.eagle_head import EagleHead
 from specport.train.eagle_objective import ttt_loss
 from tests.fixtures import eagle_config, tiny_eagle_head
@@ -82,7 +82,7 @@ def eagle_artifact(chat_artifact, tmp_path_factory) -> Path:
 
 
 def test_train_draft_writes_a_new_artifact_and_leaves_the_input(chat_artifact, eagle_artifact):
-    from specport import artifact as art
+    from specport.artifact import manifest as art
 
     before = json.loads((chat_artifact / "specport.json").read_text())
     manifest = art.read_manifest(eagle_artifact)  # hashes checked
@@ -134,7 +134,7 @@ def test_the_int8_draft_graph_computes_the_heads_logits_and_runs_on_cpu(eagle_ar
 
 
 def test_training_reports_its_speed_and_a_timeline(eagle_artifact):
-    from specport import artifact as art
+    from specport.artifact import manifest as art
 
     training = art.read_manifest(eagle_artifact).extra["eagle"]["training"]
     assert training["positions_trained"] > 0 and training["positions_per_second"] > 0
@@ -192,8 +192,8 @@ def test_timeline_rows_hold_about_the_budgeted_positions(monkeypatch):
 def test_train_draft_refuses_an_out_it_cannot_continue(
     chat_artifact, eagle_artifact, tiny_llama_artifact, tmp_path
 ):
+    from specport.core.errors import OutputError, UsageError
     from specport.drafting import train_draft
-    from specport.errors import OutputError, UsageError
 
     other = tmp_path / "other"
     other.mkdir()
@@ -210,7 +210,7 @@ def test_a_longer_run_continues_the_head_on_the_kept_data(chat_artifact, tmp_pat
     """`--minutes` larger on the same --out: training resumes from the checkpoint on the same
     answers and feature cache (not recomputed), and the artifact's head and report are
     replaced in place (hashes valid)."""
-    from specport import artifact as art
+    from specport.artifact import manifest as art
     from specport.drafting import train_draft, training_dir
 
     data = tmp_path / "messages.txt"
@@ -401,7 +401,7 @@ def _accepted(n: int):
 
 def test_the_user_prefix_is_where_the_template_puts_a_message(chat_artifact):
     import specport
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
 
     model = specport.load(chat_artifact, threads=1)
     template = load_chat_template(model)
@@ -416,7 +416,7 @@ def test_self_messages_keep_what_the_model_ended_and_a_rerun_reads_them(chat_art
     """What the model ends within the token limit is kept, distinct; a rerun asking for as
     many samples nothing."""
     import specport
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
     from specport.self_messages import FILE, MAX_TOKENS, self_messages
 
     model = specport.load(chat_artifact, threads=1)
@@ -434,8 +434,8 @@ def test_a_model_that_never_ends_a_message_gets_a_clear_error(chat_artifact, tmp
     number of batches and says what to do instead of looping."""
     import specport
     from specport import self_messages as sm
-    from specport.chat_template import load_chat_template
-    from specport.errors import InputError
+    from specport.core.chat_template import load_chat_template
+    from specport.core.errors import InputError
 
     monkeypatch.setattr(sm, "MAX_TOKENS", 2)
     model = specport.load(chat_artifact, threads=1)
@@ -463,9 +463,9 @@ def test_train_draft_without_a_chat_template_refuses_own_messages_up_front(
     template is refused before any work (no staging, no output, no training folder)."""
     import shutil
 
-    from specport import artifact as art
+    from specport.artifact import manifest as art
+    from specport.artifact.files import write_artifact_manifest
     from specport.cli import main
-    from specport.interop.files import write_artifact_manifest
 
     plain = tmp_path / "no_template"
     shutil.copytree(chat_artifact, plain)
@@ -486,7 +486,7 @@ def test_train_draft_on_mixed_messages_answers_both_kinds(chat_artifact, tmp_pat
     """--messages mixed alternates the built-in collection's and the model's own requests
     (so the held-out split, the first sequences, holds both) and reports what it used."""
     import specport
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
     from specport.drafting import train_draft, training_dir
     from specport.samples.chat_distill import prompts as builtin
     from specport.self_messages import FILE
@@ -512,9 +512,9 @@ def test_train_draft_answers_the_shipped_real_requests_by_default(chat_artifact,
     samples.instructions.TRAIN, as --data would render them) and every timeline point
     measures the 55 it holds apart."""
     import specport
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
+    from specport.core.prompt_files import read_prompt_file
     from specport.drafting import train_draft, training_dir
-    from specport.prompt_files import read_prompt_file
     from specport.samples.instructions import HELDOUT, TRAIN
 
     out = tmp_path / "eagle"
@@ -567,8 +567,8 @@ def test_train_draft_keeps_the_templated_collection_and_measures_eval_files(
 
 
 def test_a_template_that_drops_the_message_has_no_user_header():
-    from specport.chat_template import ChatTemplate
-    from specport.errors import InputError
+    from specport.core.chat_template import ChatTemplate
+    from specport.core.errors import InputError
 
     template = ChatTemplate(None, "{{ 'always the same text' }}", {})
     with pytest.raises(InputError, match="no user header.*--data FILE"):
@@ -579,9 +579,9 @@ def test_train_draft_data_reads_prompt_files_and_their_halves(chat_artifact, tmp
     """--data takes every format bench --prompts takes (a record's first turn, after its
     context), and --data-split the same seeded half."""
     import specport
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
+    from specport.core.prompt_files import read_prompt_file, select
     from specport.drafting import _file_prompts
-    from specport.prompt_files import read_prompt_file, select
 
     data = tmp_path / "p.jsonl"
     rows = [{"turns": [f"question {i}", "and then?"], "category": "c"} for i in range(40)]

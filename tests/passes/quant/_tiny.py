@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-from specport.artifact import read_manifest
-from specport.interop.files import write_artifact_manifest
+from specport.artifact.files import write_artifact_manifest
+from specport.artifact.manifest import read_manifest
 
 WORDS = [
     "once",

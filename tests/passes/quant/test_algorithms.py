@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
 from specport.passes.quant import smoothquant as SQ
 from specport.passes.quant.blockquant import check_group_size, dequantize, pack_matmul_nbits
 from specport.passes.quant.gptq import quantize_gptq, refit_scales

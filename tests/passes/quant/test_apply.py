@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from specport.artifact import read_manifest
+from specport.artifact.manifest import read_manifest
 from specport.cli import main
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
 from specport.passes.quant.apply import quantize_artifact
 from specport.runtime.eval import perplexity
 
@@ -122,7 +122,7 @@ def test_calib_file_missing_message(tmp_path):
 def test_unknown_layout_refused(quant_src, tmp_path):
     import shutil
 
-    from specport.interop.files import write_artifact_manifest
+    from specport.artifact.files import write_artifact_manifest
 
     art = tmp_path / "odd"
     shutil.copytree(quant_src, art)

@@ -12,10 +12,10 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from specport.artifact import DATA_NAME, read_manifest
+from specport.artifact.files import write_artifact_manifest
+from specport.artifact.manifest import DATA_NAME, read_manifest
 from specport.build import export, quantize
-from specport.errors import QuantizationError, UsageError
-from specport.interop.files import write_artifact_manifest
+from specport.core.errors import QuantizationError, UsageError
 from specport.loading import load
 from specport.passes.quant.budget import MIXTURES
 

@@ -14,8 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from specport.core.errors import ProviderError, QuantizationError
 from specport.custom_ops.cann import check_ops
-from specport.errors import ProviderError, QuantizationError
 from specport.passes.quant import smoothquant as SQ
 from specport.passes.quant.apply import quantize_artifact
 from specport.passes.quant.calibration import ActStats

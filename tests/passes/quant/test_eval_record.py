@@ -1,4 +1,4 @@
-"""`specport eval ... --record` (specport/eval_record.py) on a tiny artifact: the manifest and the
+"""`specport eval ... --record` (artifact/eval_record.py) on a tiny artifact: the manifest and the
 model card carry the measured perplexity (and a quantized artifact's float32 reference and
 delta), every hash still verifies, and nothing is written without --record."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specport.artifact import MANIFEST_NAME, read_manifest
+from specport.artifact.manifest import MANIFEST_NAME, read_manifest
 from specport.cli import main
 from specport.passes.quant.apply import quantize_artifact
 from tests.passes.quant._tiny import write_corpus

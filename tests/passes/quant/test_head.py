@@ -10,7 +10,7 @@ import pytest
 
 from specport.cli import main
 from specport.commands.inspect import lm_head_line
-from specport.errors import QuantizationError, UsageError
+from specport.core.errors import QuantizationError, UsageError
 from specport.passes.quant import head as H
 from specport.passes.quant.apply import quantize_artifact
 from specport.passes.quant.weight_quant import head_group_size

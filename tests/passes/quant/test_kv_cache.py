@@ -12,10 +12,10 @@ import onnxruntime as ort
 import pytest
 
 import specport
-from specport.artifact import read_manifest
+from specport.artifact.manifest import read_manifest
 from specport.cli import main
-from specport.contract import prefill_feeds
-from specport.errors import QuantizationError
+from specport.core.contract import prefill_feeds
+from specport.core.errors import QuantizationError
 from specport.passes.quant.apply import quantize_artifact
 from specport.passes.quant.kv_cache import (
     QuantizeKVCachePass,

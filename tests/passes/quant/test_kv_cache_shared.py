@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import specport
-from specport.artifact import read_manifest
-from specport.errors import QuantizationError, UsageError
+from specport.artifact.manifest import read_manifest
+from specport.core.errors import QuantizationError, UsageError
 from specport.passes.quant.apply import quantize_artifact
 from specport.passes.quant.kv_cache_shared import QuantizeSharedKVCachePass, kernel_scale
 from specport.passes.quant.kv_calibration import HeadStats, scales_from_stats
@@ -269,7 +269,7 @@ def test_kv_calibration_adds_chat_turns_when_there_is_a_template(tiny_llama_arti
     """A chat template's tokens push keys and values past plain text's ranges (3x in some
     SmolLM2-135M channels), so KV calibration also runs documents as chat turns."""
     import specport
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
     from specport.passes.quant.kv_calibration import chat_sequences
     from tests.fixtures import add_chat_tokenizer
 

@@ -34,7 +34,7 @@ def test_int8_kv_smollm2_answers_paris(
     shared_path: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     import specport
-    from specport.chat_template import load_chat_template
+    from specport.core.chat_template import load_chat_template
 
     gguf, text = shared_path(*GGUF), shared_path(*TEXT)
     tmp: Path = tmp_path_factory.mktemp("smol_kv8")

@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 
 import specport
-from specport.artifact import read_manifest
-from specport.contract import prefill_feeds
+from specport.artifact.manifest import read_manifest
+from specport.core.contract import prefill_feeds
 from specport.passes.quant.apply import quantize_artifact
 from specport.passes.quant.layout import shared_prefill_feeds
 from tests.fixtures import TINY, make_llama

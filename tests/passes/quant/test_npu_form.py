@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
 from specport.passes.quant.apply import quantize_artifact
 from specport.passes.quant.npu import late_position_feeds
 from specport.runtime.eval import perplexity

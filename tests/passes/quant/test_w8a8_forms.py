@@ -10,7 +10,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from specport.errors import QuantizationError
+from specport.core.errors import QuantizationError
 from specport.passes.base import op_counts
 from specport.passes.quant import smoothquant as SQ
 from specport.passes.quant.blockquant import dequantize

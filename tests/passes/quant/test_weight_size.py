@@ -1,4 +1,4 @@
-"""Bits per weight as stored (specport/weight_size.py), checked against a count by hand of what
+"""Bits per weight as stored (core/weight_size.py), checked against a count by hand of what
 a tiny quantized artifact must hold, and shown by inspect, eval ppl and the model card."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from math import ceil
 
 import pytest
 
-from specport.artifact import read_manifest
+from specport.artifact.manifest import read_manifest
 from specport.build import quantize
 from specport.cli import main
-from specport.weight_size import artifact_weight_size
+from specport.core.weight_size import artifact_weight_size
 
 
 def _matmuls(c: dict) -> list[tuple[int, int]]:

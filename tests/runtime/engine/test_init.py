@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import specport
-from specport.errors import ArtifactError, InputError
+from specport.core.errors import ArtifactError, InputError
 from specport.runtime.engine import make_engine
 from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.engine import make_engine
 from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine

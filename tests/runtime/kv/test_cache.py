@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specport.artifact import KVLayout, Manifest
-from specport.errors import ContextLengthError, InputError
+from specport.artifact.manifest import KVLayout, Manifest
+from specport.core.errors import ContextLengthError, InputError
 from specport.runtime.kv.cache import SharedKVCache, open_kv_cache
 from specport.runtime.kv.concat_cache import ConcatKVCache
 from specport.runtime.kv.iobinding import BoundSession

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 import specport
-from specport.artifact import KVLayout, Manifest
-from specport.errors import ArtifactError
+from specport.artifact.manifest import KVLayout, Manifest
+from specport.core.errors import ArtifactError
 from specport.runtime.kv.layouts import align_kv_dtype, check_runtime_dtype
 
 PROMPTS = [[1, 74, 75, 76, 90], [1, 100], [1, 5, 6, 7, 8, 9, 10, 11, 12]]

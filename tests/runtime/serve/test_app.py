@@ -499,8 +499,8 @@ def test_chat_template_from_tokenizer_config(tmp_path, s260_tokenizer):
     import json
     from types import SimpleNamespace
 
-    from specport.chat_template import load_chat_template
-    from specport.errors import InputError
+    from specport.core.chat_template import load_chat_template
+    from specport.core.errors import InputError
 
     model = SimpleNamespace(path=tmp_path, tokenizer=s260_tokenizer)
     assert load_chat_template(model) is None  # no files: no template

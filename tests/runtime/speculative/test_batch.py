@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specport.errors import ContextLengthError, InputError, UsageError
+from specport.core.errors import ContextLengthError, InputError, UsageError
 from specport.runtime.engine.driver import generate_rows
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.base import Drafts, adopt

@@ -165,7 +165,7 @@ def test_greedy_eagle_tree_equals_plain_greedy(tree_eagle, width):
 
 def test_an_artifact_without_a_head_gets_the_command_that_makes_one(tiny_llama_artifact):
     import specport
-    from specport.errors import SpecportError
+    from specport.core.errors import SpecportError
 
     model = specport.load(tiny_llama_artifact, threads=1)
     with pytest.raises(SpecportError, match="train-draft"):

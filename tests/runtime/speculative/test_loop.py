@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.draft import DraftModelProposer

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import specport
-from specport.errors import InputError
-from specport.interop.files import write_artifact_manifest
+from specport.artifact.files import write_artifact_manifest
+from specport.core.errors import InputError
 from specport.runtime.sampler import SamplingConfig
 from specport.runtime.speculative.tree import generate_tree
 
@@ -141,7 +141,7 @@ def test_greedy_equals_plain(arts, layout):
 def test_width_one_beam_is_the_chain_branch_drafts(arts):
     """Seeded with the hidden state at the accepted position and the bonus token, the heads
     graph's greedy chain is the in-graph MTP branch's: the tree reads the right hidden row."""
-    from specport.contract import prefill_feeds
+    from specport.core.contract import prefill_feeds
     from specport.passes.mtp import HIDDEN_OUTPUT
     from specport.runtime.speculative.mtp_tree import (
         MTPTreeCandidates,
@@ -192,7 +192,7 @@ def test_penalty_and_seeded_sampling(arts):
 
 
 def test_old_artifact_and_wrong_artifacts_get_one_line_errors(arts, tmp_path, capsys):
-    from specport import artifact as art
+    from specport.artifact import manifest as art
     from specport.cli import main
 
     plain, mtp = arts["shared"]

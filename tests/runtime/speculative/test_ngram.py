@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.speculative.base import Drafts, Proposer
 from specport.runtime.speculative.ngram import NgramProposer, find_suffix_match
 

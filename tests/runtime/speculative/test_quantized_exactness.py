@@ -67,7 +67,7 @@ def arts(tmp_path_factory) -> dict[str, Any]:
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_verify_run_computes_as_one_token_steps(arts, layout, scheme):
-    from specport.artifact import read_manifest
+    from specport.artifact.manifest import read_manifest
 
     path = arts[(layout, scheme)]
     assert read_manifest(path).quant["token_exact_speculation"] == {"exact": True, "reasons": []}

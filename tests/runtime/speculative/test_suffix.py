@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.speculative.suffix import SEPARATOR, SuffixIndex, SuffixProposer
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.speculative.suffix import SuffixIndex
 from specport.runtime.speculative.suffix_corpus import read_corpus
 from specport.runtime.speculative.suffix_record import (

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specport.contract import prefill_feeds
-from specport.errors import InputError
+from specport.core.contract import prefill_feeds
+from specport.core.errors import InputError
 from specport.runtime.sampler import Sampler, SamplingConfig
 from specport.runtime.speculative.ngram import NgramProposer
 from specport.runtime.speculative.token_tree import TokenTree, ngram_candidates

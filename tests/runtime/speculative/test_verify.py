@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 from specport.runtime.speculative.base import Drafts
 from specport.runtime.speculative.verify import greedy_verify, rejection_verify
 

@@ -1,6 +1,6 @@
 """What other runtimes read, written beside the manifest every time an artifact is written.
 
-`specport.artifact.write_manifest` calls `write_interop_files` just before it hashes the
+`specport.artifact.manifest.write_manifest` calls `write_interop_files` just before it hashes the
 directory, so export, quantize, train-mtp and anything else that writes an artifact keep these
 files consistent with the graph they ship:
 
@@ -24,12 +24,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from specport import history
-from specport.artifact import MANIFEST_NAME, Manifest, sha256_file, write_manifest
-from specport.interop.genai_config import GENAI_CONFIG_NAME, genai_config, genai_support
-from specport.interop.genai_graph import GENAI_MODEL_NAME, write_genai_graph
-from specport.interop.model_card import CARD_NAME, is_generated, model_card
-from specport.interop.optimum_config import (
+from specport.artifact.genai_config import GENAI_CONFIG_NAME, genai_config, genai_support
+from specport.artifact.genai_graph import GENAI_MODEL_NAME, write_genai_graph
+from specport.artifact.manifest import MANIFEST_NAME, Manifest, sha256_file, write_manifest
+from specport.artifact.model_card import CARD_NAME, is_generated, model_card
+from specport.artifact.optimum_config import (
     GENERATION_CONFIG_NAME,
     HF_CONFIG_NAME,
     generation_config,
@@ -37,6 +36,7 @@ from specport.interop.optimum_config import (
     optimum_support,
     tokenizer_config_compat,
 )
+from specport.core import history
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from specport.errors import InvalidModelError
-from specport.onnx_file import ort_load_error
+from specport.core.errors import InvalidModelError
+from specport.core.onnx_file import ort_load_error
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from specport.interop.genai_graph import (
+from specport.artifact.genai_graph import (
     DERIVED_INPUTS,
     GENAI_FEEDS,
     GENAI_MODEL_NAME,

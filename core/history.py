@@ -4,7 +4,7 @@ Why: the manifest's `quant` / `passes` sections say what the last step left; a u
 `inspect`, and the model card) also needs what was done, in which order, from which input. Each
 operation that writes an artifact (export, quantize, train-mtp, upgrade) runs inside
 `operation(...)`, which sets the entry this write appends; the artifact writer
-(`specport.interop.files.write_artifact_manifest`) calls `stamp` before it writes the model
+(`specport.artifact.files.write_artifact_manifest`) calls `stamp` before it writes the model
 card. One operation that writes twice (export with --quant quantizes in place) appends once.
 `optimize` writes a bare ONNX file: its history goes into the file's metadata (`ONNX_KEY`).
 
@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from specport.options import FLAGS
+from specport.core.options import FLAGS
 
 HISTORY_KEY = "history"
 ONNX_KEY = "specport.history"

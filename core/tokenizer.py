@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specport.errors import ArtifactError, InputError
+from specport.core.errors import ArtifactError, InputError
 
 
 def load_tokenizer(artifact_dir: Path, info: dict[str, Any]) -> Any | None:

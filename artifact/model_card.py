@@ -108,7 +108,7 @@ def _pass_line(report: dict[str, Any]) -> str:
 
 def _history_section(manifest: Any) -> list[str]:
     """The operations that made this artifact, oldest first (the manifest's `history`)."""
-    from specport import history
+    from specport.core import history
 
     steps = history.entries(manifest)
     lines = ["## How it was made", ""]
@@ -164,7 +164,7 @@ def _quant_section(manifest: Any, quant: dict[str, Any]) -> list[str]:
 
 
 def _eval_section(manifest: Any, quant: dict[str, Any]) -> list[str]:
-    """The recorded perplexity (`specport eval ... --record`, specport/eval_record.py)."""
+    """The recorded perplexity (`specport eval ... --record`, artifact/eval_record.py)."""
     lines = ["## Evaluation", ""]
     ev = manifest.extra.get("eval") if isinstance(manifest.extra, dict) else None
     quantized = bool(quant) and quant.get("scheme") not in (None, "none")

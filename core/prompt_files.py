@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specport.documents import split_documents
-from specport.errors import InputError
+from specport.core.documents import split_documents
+from specport.core.errors import InputError
 
 SPLITS = ("all", "tune", "eval")
 EVAL_FRACTION = 0.5  # the share of each category ``select(split="eval")`` keeps

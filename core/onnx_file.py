@@ -7,7 +7,7 @@ or onnxruntime itself cannot load it. Blemishes that onnx's checker objects to a
 ignores (value_info or outputs without a type, stale shape annotations) are repaired and
 reported, not refused: exports in the wild carry them. The output is written to a temp folder
 beside `--out`, checked there (for `optimize`: onnxruntime runs it and the input on the same
-random inputs, see `specport.onnx_parity`) and only then renamed into place, so a failure never
+random inputs, see `specport.core.onnx_parity`) and only then renamed into place, so a failure never
 leaves a partial file.
 """
 
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specport.errors import InvalidModelError, UsageError
-from specport.options import option
-from specport.outputs import OPTIMIZED_MARK, onnx_data_path
+from specport.core.errors import InvalidModelError, UsageError
+from specport.core.options import option
+from specport.core.outputs import OPTIMIZED_MARK, onnx_data_path
 
 logger = logging.getLogger(__name__)
 

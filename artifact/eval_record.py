@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from specport.artifact import MANIFEST_NAME, Manifest, read_manifest, sha256_file
-from specport.errors import ArtifactError, UsageError
+from specport.artifact.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_file
+from specport.core.errors import ArtifactError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def source_eval_for_quantized(source: Manifest) -> dict[str, Any] | None:
 
 def _write(d: Path, manifest: Manifest) -> None:
     """Regenerate the card (if specport generated one) and write the manifest, each atomically."""
-    from specport.interop.files import refresh_card
+    from specport.artifact.files import refresh_card
 
     try:
         card = refresh_card(d, manifest)

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from specport.errors import ProviderError
+from specport.core.errors import ProviderError
 
 logger = logging.getLogger(__name__)
 

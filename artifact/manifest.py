@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specport.errors import ArtifactError
+from specport.core.errors import ArtifactError
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def write_manifest(
     hashes, when the caller has them already).
 
     This writes only the manifest: an artifact writer calls
-    `specport.interop.files.write_artifact_manifest`, which first writes what other runtimes
+    `specport.artifact.files.write_artifact_manifest`, which first writes what other runtimes
     read (genai_config.json, config.json, the README.md model card) and then calls this.
     """
     manifest.files = hash_files(directory) if files is None else files

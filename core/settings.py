@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 
 def cache_dir() -> Path:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.errors import InputError
+from specport.core.errors import InputError
 
 # Optional input of artifacts exported with --tree-mask: int64 [B, S, S], 1 = new token i may
 # attend new token j. Plain runs feed `causal_tree_mask` (exporter/wrapper.py builds the mask).
