@@ -8,6 +8,7 @@ This runs batch-1 steps of each width on a KV cache with CONTEXT positions fille
 at the minimum, lower quartile and median of the rounds. Usage:
 
     python benchmarks/verify_cost_clocks.py ARTIFACT [--threads 2] [--context 512] [--rounds 30]
+        [--widths 1,2,5,9]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 import specport
 from specport.runtime.kv.cache import open_kv_cache
 
-WIDTHS = (1, 2, 5, 9)  # a plain step, and verifying 1, 4 and 8 drafts
+WIDTHS = "1,2,5,9"  # a plain step, and verifying 1, 4 and 8 drafts (the first is the unit)
 
 
 def main() -> None:
@@ -30,28 +31,30 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--widths", default=WIDTHS, help="tokens per run, the first the unit")
     args = p.parse_args()
+    widths = [int(w) for w in args.widths.split(",")]
     model = specport.load(args.artifact, threads=args.threads)
-    cache = open_kv_cache(model.session, model.manifest, 1, args.context + max(WIDTHS) + 1)
+    cache = open_kv_cache(model.session, model.manifest, 1, args.context + max(widths) + 1)
     live = np.ones(1, dtype=bool)
     cache.step(np.zeros((1, args.context), dtype=np.int64), live)
-    wall: dict[int, list[float]] = {w: [] for w in WIDTHS}
-    cpu: dict[int, list[float]] = {w: [] for w in WIDTHS}
+    wall: dict[int, list[float]] = {w: [] for w in widths}
+    cpu: dict[int, list[float]] = {w: [] for w in widths}
     load0 = os.getloadavg()[0]
     for r in range(args.rounds + 1):  # the first round warms up
-        for w in WIDTHS:
+        for w in widths:
             cache.keep(0, args.context)
             t0, c0 = time.perf_counter(), time.process_time()
             cache.step(np.zeros((1, w), dtype=np.int64), live)
             if r:
                 wall[w].append(time.perf_counter() - t0)
                 cpu[w].append(time.process_time() - c0)
-    print(f"widths {list(WIDTHS)}; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
+    print(f"widths {widths}; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
     stats = {"min": np.min, "q25": lambda x: np.quantile(x, 0.25), "median": np.median}
     for clock, times in (("wall", wall), ("cpu", cpu)):
         for name, stat in stats.items():
-            base = float(stat(times[1]))
-            rel = ", ".join(f"{float(stat(times[w])) / base:.2f}" for w in WIDTHS)
+            base = float(stat(times[widths[0]]))
+            rel = ", ".join(f"{float(stat(times[w])) / base:.2f}" for w in widths)
             print(f"{clock:>4} {name:>6}: one token {1e3 * base:6.1f} ms; relative [{rel}]")
 
 

@@ -10,10 +10,12 @@ Requests:
 - ``{"op": "load", "model": DIR, "properties": {...}, "mode": "plain"|"lookup"|"draft",
   "draft": DIR|null}`` -> ``{"ok": true, "versions": {...}}``
 - ``{"op": "run", "ids": [...], "new_tokens": N, "num_draft": K, "ngram": G}`` ->
-  ``{"tokens": [...], "t_start": s, "t_first": s, "t_end": s, "writes": n}``: greedy, EOS
-  ignored, exactly N tokens; ``t_first`` is when the first new token reached the streamer
-  (prefill done), ``writes`` how many times the streamer was called (one per decoding step:
-  a speculative step hands over all the tokens it accepted at once).
+  ``{"tokens": [...], "t_start": s, "t_first": s, "t_end": s, "c_first": s, "c_end": s,
+  "writes": n}``: greedy, EOS ignored, exactly N tokens; ``t_first`` is when the first new
+  token reached the streamer (prefill done), ``c_first`` / ``c_end`` this process's CPU time
+  (all threads: OpenVINO's own) then and at the end, ``writes`` how many times the streamer
+  was called (one per decoding step: a speculative step hands over all the tokens it accepted
+  at once).
 - ``{"op": "quit"}``.
 Any failure answers ``{"error": "one line"}``.
 """
@@ -73,11 +75,14 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     if req.get("mode") == "lookup":
         config.max_ngram_size = int(req.get("ngram", 3))
     stamps: list[float] = []
+    cpu_first: list[float] = []
 
     class Stamp(ov_genai.StreamerBase):  # type: ignore[misc,name-defined]
         """Records when each step's tokens arrive (no detokenization, which would cost time)."""
 
         def write(self, token: Any) -> Any:
+            if not stamps:
+                cpu_first.append(time.process_time())
             stamps.append(time.perf_counter())
             return ov_genai.StreamingStatus.RUNNING
 
@@ -87,13 +92,15 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     ids = ov.Tensor(np.asarray([req["ids"]], dtype=np.int64))
     t_start = time.perf_counter()
     out = PIPE.generate(ids, config, Stamp())
-    t_end = time.perf_counter()
+    t_end, c_end = time.perf_counter(), time.process_time()
     tokens = [int(t) for t in out.tokens[0]]
     return {
         "tokens": tokens,
         "t_start": t_start,
         "t_first": stamps[0] if stamps else t_end,
         "t_end": t_end,
+        "c_first": cpu_first[0] if cpu_first else c_end,
+        "c_end": c_end,
         "writes": len(stamps),
     }
 

@@ -428,9 +428,12 @@ class OpenVinoPeer:
             }
         return info
 
-    def generate(self, ids: Sequence[int], new_tokens: int) -> tuple[list[int], float, int]:
+    def generate(
+        self, ids: Sequence[int], new_tokens: int
+    ) -> tuple[list[int], float, int, float | None]:
         """(exactly `new_tokens` greedy tokens, seconds from the first token to the last,
-        model runs that made tokens: the prefill's and one per decoding step)."""
+        model runs that made tokens: the prefill's and one per decoding step, the worker's CPU
+        seconds over the same span)."""
         answer = self.worker.call(
             {
                 "op": "run",
@@ -457,7 +460,7 @@ class OpenVinoPeer:
                 "ngram": LOOKUP_NGRAM,
             }
         )
-        tokens, _, _ = run_result(answer)
+        tokens, *_ = run_result(answer)
         return peer_metrics(
             1,
             len(prompts[0]),
@@ -482,8 +485,9 @@ def load_properties(precision: str, threads: int) -> dict[str, Any]:
     return {"INFERENCE_NUM_THREADS": int(threads), **PRECISIONS[precision]}
 
 
-def run_result(answer: dict[str, Any]) -> tuple[list[int], float, int]:
-    """(tokens, decode seconds after the first token, model runs that made tokens).
+def run_result(answer: dict[str, Any]) -> tuple[list[int], float, int, float | None]:
+    """(tokens, decode seconds after the first token, model runs that made tokens, the worker
+    process's CPU seconds over the same span, or None from a worker that does not say).
 
     The streamer is called once per model run that makes tokens (a speculative step hands over
     every token it accepted at once), so its calls count the runs, the prefill's included."""
@@ -491,11 +495,16 @@ def run_result(answer: dict[str, Any]) -> tuple[list[int], float, int]:
         tokens = [int(t) for t in answer["tokens"]]
         decode = float(answer["t_end"]) - float(answer["t_first"])
         writes = int(answer["writes"])
+        cpu = (
+            float(answer["c_end"]) - float(answer["c_first"])
+            if "c_end" in answer and "c_first" in answer
+            else None
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise SpecportError(
             f"the OpenVINO GenAI worker's answer lacks {e}: {answer!r:.200}"
         ) from None
-    return tokens, max(decode, 0.0), writes
+    return tokens, max(decode, 0.0), writes, None if cpu is None else max(cpu, 0.0)
 
 
 def _gguf_hash(manifest: art.Manifest) -> str | None:

@@ -40,6 +40,7 @@ class PeerRun:
     tokens: list[int]
     decode_s: float  # from the first new token to the last
     rounds: int | None = None  # model runs after the first token, where the peer reports them
+    decode_cpu_s: float | None = None  # CPU seconds over decode_s, where the peer reports them
 
 
 def check_spec_peer_name(name: str) -> tuple[str, bool]:
@@ -96,8 +97,8 @@ class SpecPeer:
         if self.kind == "llama.cpp":
             return self._run_llamacpp(ids, new_tokens)
         if self.kind == "openvino-genai":
-            tokens, decode_s, runs = self.peer.generate(ids, new_tokens)
-            return PeerRun(tokens, decode_s, runs if self.speculate else None)
+            tokens, decode_s, runs, cpu_s = self.peer.generate(ids, new_tokens)
+            return PeerRun(tokens, decode_s, runs if self.speculate else None, cpu_s)
         return self._run_genai(ids, new_tokens)
 
     def _run_genai(self, ids: Sequence[int], new_tokens: int) -> PeerRun:
@@ -111,30 +112,30 @@ class SpecPeer:
         gen = og.Generator(self.peer.model, params)
         gen.append_tokens(prompt)
         gen.generate_next_token()  # the first token: sampled from the prefill's logits
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         while not gen.is_done():
             gen.generate_next_token()
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         tokens = [int(t) for t in gen.get_sequence(0)[prompt.shape[1] :]]
         rounds = None
         if self.speculate:
             stats = gen.get_speculative_stats()  # model runs that made tokens, verify included
             rounds = int(stats.get("target_forward_passes", 0)) or None
         del gen
-        return PeerRun(tokens[:new_tokens], t2 - t1, rounds)
+        return PeerRun(tokens[:new_tokens], t2 - t1, rounds, c2 - c1)
 
     def _run_llamacpp(self, ids: Sequence[int], new_tokens: int) -> PeerRun:
         llm = self.peer.ensure(len(ids) + new_tokens + self.num_draft + 8)
         llm.reset()
         tokens: list[int] = []
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         for token in llm.generate([int(t) for t in ids], temp=0.0, top_k=1, reset=True):
             tokens.append(int(token))
             if len(tokens) == 1:
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.process_time()
             if len(tokens) >= new_tokens:
                 break
-        return PeerRun(tokens, time.perf_counter() - t1)
+        return PeerRun(tokens, time.perf_counter() - t1, None, time.process_time() - c1)
 
     def close(self) -> None:
         self.peer.close()

@@ -51,7 +51,7 @@ class SpecTally:
         equal: dict[str, bool],  # tokens equal plain greedy's in every round
         stats: dict[str, dict[str, Any]],  # the last round's speculative metrics
         copied: float | None = None,  # copied_share of plain greedy's answer
-        cpu: dict[str, list[float]] | None = None,  # CPU seconds per token, one per round
+        cpu: dict[str, list[float]] | None = None,  # decoding CPU s per token, one per round
     ) -> None:
         """One prompt's rounds, to the run and to its category."""
         keys = [ALL] if category is None else [ALL, category]
@@ -63,7 +63,7 @@ class SpecTally:
             for name in self.names:
                 _add(group[name], per[name], counts[name], equal[name], stats.get(name, {}))
                 rounds = (cpu or {}).get(name)
-                if rounds:  # engines in this process only
+                if rounds:  # engines whose CPU time is known
                     group[name]["cpu_seconds"] = (
                         group[name].get("cpu_seconds", 0.0)
                         + statistics.median(rounds) * counts[name]
@@ -85,7 +85,7 @@ class SpecTally:
         plain_cpu = group["plain"].get("cpu_seconds")
         for row, name in zip(rows, self.names):
             spent = group[name].get("cpu_seconds")
-            if plain_cpu and spent:  # the same ratio from CPU time (load-steady; prefill in)
+            if plain_cpu and spent:  # the same ratio from decoding CPU time (load-steady)
                 row["cpu_speedup_vs_plain"] = round(plain_cpu / spent, 3)
         return rows
 
@@ -174,7 +174,7 @@ def format_category_table(report: dict[str, Any]) -> str:
     )
     return (
         "per category: speed-up vs plain in wall time (accepted tokens per step) and in CPU "
-        "time (cpu, whole calls); plain: its tok/s; "
+        "time (cpu, decoding alone); plain: its tok/s; "
         f"copied: share of plain greedy's answer {COPY_N}-grams found in the prompt; "
         "† = tokens differ from plain greedy's\n" + text
     )

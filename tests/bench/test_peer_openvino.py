@@ -124,8 +124,10 @@ def test_weight_format_matches_the_artifact(scheme, fmt) -> None:
 
 def test_worker_answers_are_parsed_or_named() -> None:
     answer = {"tokens": [5, 6, 7], "t_start": 1.0, "t_first": 1.5, "t_end": 2.5, "writes": 2}
-    tokens, decode, runs = ov.run_result(ov.parse_answer(json.dumps(answer) + "\n", "run"))
-    assert (tokens, decode, runs) == ([5, 6, 7], 1.0, 2)
+    tokens, decode, runs, cpu = ov.run_result(ov.parse_answer(json.dumps(answer) + "\n", "run"))
+    assert (tokens, decode, runs, cpu) == ([5, 6, 7], 1.0, 2, None)  # an older worker's answer
+    answer |= {"c_first": 3.0, "c_end": 4.75}  # the worker's CPU seconds over the decode
+    assert ov.run_result(answer)[3] == 1.75
     with pytest.raises(SpecportError, match=r"OpenVINO GenAI failed \(load\): RuntimeError: x"):
         ov.parse_answer('{"error": "RuntimeError: x"}', "load")
     with pytest.raises(SpecportError, match="exited during 'run'"):

@@ -21,6 +21,27 @@ def test_ngram_bench_reports_equal_tokens_and_acceptance(tiny_llama_artifact):
     assert rows["plain"]["speedup_vs_plain"] == 1.0
     # the step's own cost (wall minus onnxruntime per decode step) is reported per engine
     assert all(rows[name]["step_overhead_ms"] >= 0 for name in ("plain", "ngram"))
+    assert rows["ngram"]["cpu_speedup_vs_plain"] > 0  # from decoding CPU time
+
+
+def test_decoding_cpu_time_leaves_the_prefill_out(tiny_llama_artifact):
+    """Engines decode the same prompt one after another and the generator reuses the prompt's
+    KV the last call held, so the bench's CPU figures span the decode alone (as its wall-clock
+    ones do): a call that prefilled the prompt and one that found it cached report the same
+    kind of figure, within the CPU time the whole call spent."""
+    import time
+
+    import specport
+
+    model = specport.load(tiny_llama_artifact, threads=1)
+    prompt = [5, 6, 7, 8] * 25
+    for cached in (0, len(prompt) - 1):
+        for method in (None, "ngram"):
+            c0 = time.process_time()
+            result = model.generate(prompt_ids=prompt, max_new_tokens=6, speculative=method)
+            whole = time.process_time() - c0
+            assert result.metrics["cached_prompt_tokens"] in (0, cached)
+            assert 0.0 <= result.metrics["decode_cpu_s"] <= whole
 
 
 def test_auto_reports_what_it_chose_step_by_step(tiny_llama_artifact):
