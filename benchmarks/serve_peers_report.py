@@ -27,7 +27,7 @@ _FILE = re.compile(r"(.+)-r(\d+)-(?:(.+)-)?(c\d+|rates|stall)\.json")
 
 def _last_json(path: Path) -> Any:
     lines = [x for x in path.read_text().splitlines() if x.startswith("{")]
-    return json.loads(lines[-1])
+    return json.loads(lines[-1]) if lines else None  # None: a part still running, or failed
 
 
 def _log(out: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         server, rnd, workload, what = m.groups()
         data = _last_json(path)
+        if data is None:
+            continue
         if what == "stall":
             stalls.append((server, rnd, data["summary"], data["load_average"]))
             continue
