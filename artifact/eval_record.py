@@ -19,11 +19,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from specport.artifact.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_file
+from specport.artifact.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    read_manifest,
+    sha256_file,
+    write_text_atomic,
+)
 from specport.core.errors import ArtifactError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -138,21 +143,8 @@ def _write(d: Path, manifest: Manifest) -> None:
         card = refresh_card(d, manifest)
         if card is not None:
             name, text = card
-            _atomic_write(d / name, text)
+            write_text_atomic(d / name, text)
             manifest.files[name] = sha256_file(d / name)
-        _atomic_write(d / MANIFEST_NAME, json.dumps(manifest.to_json(), indent=2) + "\n")
+        write_text_atomic(d / MANIFEST_NAME, json.dumps(manifest.to_json(), indent=2) + "\n")
     except OSError as e:
         raise ArtifactError(f"could not record the evaluation in {d}: {e}") from e
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

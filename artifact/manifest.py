@@ -153,6 +153,31 @@ def write_manifest(
     (directory / MANIFEST_NAME).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader (or a restart after a crash) sees the old
+    file or the whole new one, never a part: a temp file in the same directory, flushed to
+    disk (fsync) before it replaces ``path`` in one rename; on any failure it is removed and
+    ``path`` is left as it was. An existing file's permission bits are kept."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        else:  # mkstemp makes 0600; a new file gets the umask's bits, as open() would give
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 @contextmanager
 def atomic_artifact_dir(out: Path, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temp directory beside `out`; on success it replaces `out` in one rename.

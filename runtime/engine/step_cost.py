@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from specport.artifact.manifest import write_text_atomic
 from specport.runtime.kv.interface import KVCache
 
 logger = logging.getLogger(__name__)
@@ -501,7 +502,8 @@ def _read(key: str) -> dict[str, Any] | None:
 
 
 def _write(key: str, table: dict[str, Any]) -> None:
-    """Add ``table`` under ``key`` (atomic replace; a failure only costs a later re-measure)."""
+    """Add ``table`` under ``key``, written atomically (``write_text_atomic``: a crash leaves the
+    old file or the new one and no temp file); a failure only costs a later re-measure."""
     path = _path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -510,8 +512,6 @@ def _write(key: str, table: dict[str, Any]) -> None:
         except (OSError, ValueError):
             data = {}
         data[key] = table
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(data))
     except OSError as exc:
         logger.debug("could not keep the step costs in %s: %s", path, exc)

@@ -86,3 +86,29 @@ def test_timed_steps_correct_a_verify_cost_measured_too_low():
         cost.observe(8, 2.0 * cost(4), verify=True)
     assert cost.verify_scale > 1.5 and cost.plain_scale == pytest.approx(1.0)
     assert best_width(cost, 4, [1] * 4, expected) == 1
+
+
+@pytest.mark.parametrize("fails", [None, "fsync", "replace"])
+def test_kept_costs_are_written_whole_or_not_at_all(tmp_path, monkeypatch, fails):
+    """The kept step costs survive a write that fails halfway (a full disk, a crash before the
+    rename): the old file stays whole JSON and no temp file is left beside it."""
+    import json
+    import os
+
+    from specport.runtime.engine import step_cost
+
+    monkeypatch.setenv("SPECPORT_CACHE", str(tmp_path))
+    step_cost._write("old", {"widths": [1, 2], "seconds": [1.0, 1.5]})
+    path = tmp_path / "step_costs.json"
+    path.chmod(0o640)
+    if fails:
+
+        def broken(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, fails, broken)
+    step_cost._write("new", {"widths": [1, 2], "seconds": [1.0, 1.25]})
+    kept = json.loads(path.read_text())
+    assert sorted(kept) == (["old"] if fails else ["new", "old"])
+    assert [p.name for p in tmp_path.iterdir()] == ["step_costs.json"]
+    assert path.stat().st_mode & 0o777 == 0o640

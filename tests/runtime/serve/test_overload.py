@@ -131,3 +131,50 @@ def test_draining_server_is_not_ready_and_refuses(serial_server):
     assert reply.status_code == 503 and reply.headers["Retry-After"] == "1"
     assert "shutting down" in reply.json()["error"]["message"]
     assert httpx.get(serial_server.url + "/ready").status_code == 200
+
+
+@pytest.mark.slow
+def test_twice_the_capacity_is_answered_or_refused(bytes_batching):
+    """Poisson arrivals at twice what the batching engine serves (measured here: 2 rows, a
+    request's time alone), through the open-loop load test: every request is answered in full
+    or refused with 503, the refusals are counted, the KV held stays within the KV space and
+    the server still answers after."""
+    import asyncio
+    from collections import Counter
+
+    from specport.bench import workload
+    from specport.bench.loadtest import client_for
+    from specport.runtime.engine import make_engine
+
+    model, _ = bytes_batching
+    engine = make_engine(model, max_batch=2, kind="batching")
+    server = serve(model, engine, model_name="bytes", max_queue=2)
+    try:
+        body = {"prompt": "Once upon a", "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+        _post(server, body)  # warm
+        t0 = time.perf_counter()
+        assert _post(server, body).status_code == 200
+        capacity = 2 / (time.perf_counter() - t0)  # requests/s with both rows busy, at best
+        items = workload.build(24, 2 * capacity, (3, 8), (48, 48), seed=0)
+
+        async def run() -> list[Any]:
+            client = client_for(server.url, "unused")
+            try:
+                return (await workload.run_rate(client, "bytes", items))[0]
+            finally:
+                await client.close()
+
+        outcomes = asyncio.run(run())
+        kinds = Counter(o.error for o in outcomes)
+        assert set(kinds) <= {None, "http 503"}, kinds
+        assert all(o.tokens == 48 for o in outcomes if o.error is None)
+        assert kinds[None] >= 2
+        assert state(server).counters["refused"] == kinds["http 503"]
+        stats = engine.stats()
+        if stats.get("kv_space_tokens"):
+            assert stats["kv_reserved_tokens"] <= stats["kv_space_tokens"]
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+        assert _post(server, body).status_code == 200
+    finally:
+        server.stop()
+        engine.close()
