@@ -154,7 +154,7 @@ def fused_draft_graph(head: EagleHead, max_positions: int) -> onnx.ModelProto:
     dims = ["batch", "sequence_length"]
     past = ["batch", kv, "past_sequence_length", dh]
     present = ["batch", kv, "total_sequence_length", dh]
-    shapes = {
+    shapes: dict[str, tuple[Any, list[Any]]] = {  # (element type, dims)
         "input_ids": (i64, dims),
         "features": (f32, [*dims, cfg.feature_layers * h]),
         "hidden_in": (f32, [*dims, h]),

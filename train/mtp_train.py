@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -160,8 +161,8 @@ def auto_draft_vocab(vocab: int) -> int:
 
 
 def train_mtp(
-    artifact: str | Path,
-    out: str | Path,
+    artifact: str | os.PathLike[str],
+    out: str | os.PathLike[str],
     num_heads: int = 3,
     data: str | Path | None = None,
     steps: int = 600,

@@ -345,8 +345,9 @@ def apply_int8_kv(
             float_layers, choice = choose_for_artifact(
                 model_path, manifest, src, calib_files, scales, granularity, progress
             )
+    kept_float = () if isinstance(float_layers, str) else float_layers  # "auto": resolved above
     kv_pass: Pass = (
-        QuantizeSharedKVCachePass(scales, granularity, float_layers)
+        QuantizeSharedKVCachePass(scales, granularity, kept_float)
         if shared
         else QuantizeKVCachePass(scales)
     )

@@ -58,9 +58,9 @@ def integer_zero_points(bq: BlockQuant, w: np.ndarray) -> BlockQuant:
     top = (1 << bq.bits) - 1
     zero = np.clip(np.round(bq.zero), 0, top)
     n, g = w.shape[1], bq.group_size
-    wb = np.zeros((n, bq.n_blocks * g))
-    wb[:, : bq.k] = w.T
-    wb = wb.reshape(n, bq.n_blocks, g)
+    padded = np.zeros((n, bq.n_blocks * g))
+    padded[:, : bq.k] = w.T
+    wb = padded.reshape(n, bq.n_blocks, g)
     q = np.clip(np.round(wb / bq.scale[..., None] + zero[..., None]), 0, top).reshape(n, -1)
     return dataclasses.replace(bq, q=q.astype(bq.q.dtype), zero=zero)
 

@@ -394,7 +394,7 @@ def _drafter(model: Any, draft_model: Any | None) -> tuple[Proposer | None, Any,
     if mtp.get("heads"):
         from specport.runtime.speculative.mtp import MTPProposer
 
-        proposer = MTPProposer(manifest)
+        mtp_proposer = MTPProposer(manifest)
         model.ensure_mtp_branch()
-        return proposer, [MODEL_PRIOR], proposer.heads
+        return mtp_proposer, [MODEL_PRIOR], mtp_proposer.heads
     return None, None, 0

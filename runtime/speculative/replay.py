@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specport.runtime.speculative.base import Drafts
+from specport.runtime.speculative.base import Drafts, ProposerBase
 
 
-class ReplayProposer:
+class ReplayProposer(ProposerBase):
     """Drafts the next tokens of ``continuation``, the known output after the prompt. Past
     its end it drafts nothing; off its track, nothing too, or with ``keep_width`` the last
     token repeated: a guess that keeps every verify run as wide as on the track, so that the

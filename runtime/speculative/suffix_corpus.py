@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ from specport.core.errors import InputError
 logger = logging.getLogger(__name__)
 
 
-def read_corpus(path: str | Path, tokenizer: Any | None, vocab_size: int) -> list[list[int]]:
+def read_corpus(
+    path: str | os.PathLike[str], tokenizer: Any | None, vocab_size: int
+) -> list[list[int]]:
     """The corpus file's sequences as token ids, or an error naming the bad line."""
     source = Path(path)
     if not source.is_file():
