@@ -107,11 +107,14 @@ def gguf_bits(path: str) -> tuple[float, int]:
     return 8 * nbytes / sum(int(t.n_elements) for t in r.tensors), nbytes
 
 
-def score_llama(path: str, text: str, ctx: int, chunks: int, bin_dir: Path, threads: int):
+def score_llama(
+    path: str, text: str, ctx: int, chunks: int, bin_dir: Path, threads: int, extra: list[str]
+) -> dict[str, Any]:
     cmd = [
         str(bin_dir / "llama-perplexity"),
         *("-m", path, "-f", text, "-c", str(ctx), "--chunks", str(chunks), "-t", str(threads)),
         *("-b", str(ctx)),
+        *extra,
     ]
     t0 = time.perf_counter()
     before = os.times()
@@ -144,16 +147,35 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=40)
     p.add_argument("--llama-bin", default="../peers/llama.cpp/build/bin")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--llama-arg",
+        action="append",
+        default=[],
+        help="an extra llama-perplexity argument (repeat; e.g. --llama-arg=--no-repack where "
+        "the repacked Q4_0 kernels stop with an illegal instruction)",
+    )
+    p.add_argument(
+        "--base",
+        action="append",
+        default=[],
+        help="KIND=PPL: that kind's fp32 perplexity from an earlier run of the same chunks",
+    )
     args = p.parse_args()
     chunks = chunk_tokens(Path(args.ref), args.text, args.ctx, args.chunks)
-    base: dict[str, float] = {}
+    base = {k: float(v) for k, v in (b.split("=", 1) for b in args.base)}
     rows = []
     for spec in args.models:
         kind, path = spec.split(":", 1)
         load = os.getloadavg()[0]
         if kind == "llama":
             row = score_llama(
-                path, args.text, args.ctx, len(chunks), Path(args.llama_bin), args.threads
+                path,
+                args.text,
+                args.ctx,
+                len(chunks),
+                Path(args.llama_bin),
+                args.threads,
+                args.llama_arg,
             )
         else:
             row = score_onnx(kind, path, Path(args.ref), chunks)
