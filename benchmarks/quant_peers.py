@@ -1,14 +1,22 @@
-"""Perplexity of quantized SmolLM2-class files from several tools on the same tokens.
+"""Perplexity of quantized SmolLM2-class files from several tools on the same token ids.
 
-specport artifacts are scored by `specport.runtime.eval.perplexity`; a peer's bare ONNX graph
-(onnxruntime-genai's model builder output: input_ids, attention_mask, past_key_values.*) is
-scored by the same code with the reference artifact's BOS token and context, so every row sees
-the same documents, the same token ids and one prefill per document. Each row prints its bits
-per weight as stored (core/weight_size.py) and its perplexity change against its own fp32.
+Every row is scored with llama.cpp's `llama-perplexity` protocol: the whole text is tokenized
+once, cut into chunks of `--ctx` tokens (no BOS: the GGUF says add_bos_token false for
+SmolLM2), each chunk runs as one prefill with an empty cache, and the loss is the mean NLL of
+the second half of each chunk (positions ctx/2 .. ctx-1). llama.cpp rows are scored by
+`llama-perplexity` itself; specport artifacts and onnxruntime-genai graphs by the same
+protocol here, on ids from the reference artifact's tokenizer.json. The fp32 rows of the
+tools agreeing to four digits is the check that the ids and the protocol are the same.
 
-    python -m benchmarks.quant_peers --text T --max-docs 200 --last \\
-        --ref smollm \\
-        specport:smollm specport:Q genai:GENAI_FP32/model.onnx genai:GENAI_INT4/model.onnx
+Each row prints its bits per weight as stored (every tensor's bytes over the float model's
+parameter count: core/weight_size.py for ONNX, the GGUF's tensor bytes for llama.cpp, as
+llama-quantize reports it) and its perplexity change against the first row of its own kind
+(list each tool's fp32 file first):
+
+    python -m benchmarks.quant_peers --text wiki.test.raw --chunks 40 --ref smollm \\
+        --llama-bin llama.cpp/build/bin \\
+        specport:smollm specport:Q genai:GENAI_FP32/model.onnx genai:GENAI_INT4/model.onnx \\
+        llama:F32.gguf llama:Q4_K_M.gguf
 """
 
 from __future__ import annotations
@@ -16,6 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -43,53 +54,143 @@ def _genai_logits(model: Any, ids: np.ndarray, head_dim: int) -> np.ndarray:
     return np.asarray(out[0])
 
 
-def score(kind: str, path: str, ref: Path, text: str, max_docs: int, last: bool) -> dict[str, Any]:
-    m = read_manifest(ref, check_hashes=False)
-    c = m.config
+def chunk_tokens(ref: Path, text: str, ctx: int, chunks: int) -> list[np.ndarray]:
+    """The text's ids (reference tokenizer, no BOS) cut into `chunks` chunks of `ctx`."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ref / "tokenizer.json"))
+    ids = np.asarray(tok.encode(Path(text).read_text(), add_special_tokens=False).ids, np.int64)
+    n = min(chunks, len(ids) // ctx)
+    return [ids[i * ctx : (i + 1) * ctx] for i in range(n)]
+
+
+def second_half_nll(logits: np.ndarray, ids: np.ndarray) -> tuple[float, int]:
+    """llama-perplexity's count: logits at ctx/2 .. ctx-2 predict ids ctx/2+1 .. ctx-1."""
+    first = len(ids) // 2
+    lp = E._log_softmax(logits[first:-1])
+    return -float(lp[np.arange(len(lp)), ids[first + 1 :]].sum()), len(lp)
+
+
+def score_onnx(kind: str, path: str, ref: Path, chunks: list[np.ndarray]) -> dict[str, Any]:
+    c = read_manifest(ref, check_hashes=False).config
     tied = (int(c["vocab_size"]), int(c["hidden_size"])) if c.get("tie_word_embeddings") else None
     if kind == "specport":
         size = artifact_weight_size(path, read_manifest(path, check_hashes=False))
-        model = E._open(path)
-    else:  # a bare graph: the reference artifact's tokenizer, BOS and context
+    else:  # a bare graph (onnxruntime-genai's builder output)
         size = model_weight_size(path, tied)
-        model = E._open(path)
-        model.tokenizer_file = ref / "tokenizer.json"
-        model.bos_token_id, model.context = c.get("bos_token_id"), c.get("context_length")
-    seqs = E._encode(model, E.read_documents(text, max_docs, last), None)
-    t0 = time.perf_counter()
+    model = E._open(path)
+    t0, c0 = time.perf_counter(), time.process_time()
     nll, count = 0.0, 0
-    head_dim = int(c["head_dim"])
-    for ids in seqs:
-        logits = (
-            E._logits(model, ids) if kind == "specport" else _genai_logits(model, ids, head_dim)
-        )
-        lp = E._log_softmax(logits)
-        nll -= float(lp[np.arange(len(ids) - 1), ids[1:]].sum())
-        count += len(ids) - 1
+    for ids in chunks:
+        if kind == "specport":
+            logits = E._logits(model, ids)
+        else:
+            logits = _genai_logits(model, ids, int(c["head_dim"]))
+        a, b = second_half_nll(logits, ids)
+        nll, count = nll + a, count + b
     return {
-        "kind": kind,
-        "path": path,
         "ppl": math.exp(nll / count),
         "tokens": count,
-        "docs": len(seqs),
         "bits_per_weight": round(size.bits_per_weight, 3),
         "weight_mb": round(size.weight_bytes / 1e6, 1),
         "seconds": round(time.perf_counter() - t0, 1),
+        "cpu_seconds": round(time.process_time() - c0, 1),
+    }
+
+
+def gguf_bits(path: str) -> tuple[float, int]:
+    """Tensor bytes x 8 over elements (llama-quantize's BPW), and the tensor bytes."""
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    nbytes = sum(int(t.n_bytes) for t in r.tensors)
+    return 8 * nbytes / sum(int(t.n_elements) for t in r.tensors), nbytes
+
+
+def score_llama(
+    path: str, text: str, ctx: int, chunks: int, bin_dir: Path, threads: int, extra: list[str]
+) -> dict[str, Any]:
+    cmd = [
+        str(bin_dir / "llama-perplexity"),
+        *("-m", path, "-f", text, "-c", str(ctx), "--chunks", str(chunks), "-t", str(threads)),
+        *("-b", str(ctx)),
+        *extra,
+    ]
+    t0 = time.perf_counter()
+    before = os.times()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    after = os.times()
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr)
+    if m is None:
+        raise SystemExit(f"no PPL in llama-perplexity's output for {path}:\n{out.stderr[-2000:]}")
+    bits, nbytes = gguf_bits(path)
+    return {
+        "ppl": float(m.group(1)),
+        "tokens": chunks * (ctx - ctx // 2 - 1),
+        "bits_per_weight": round(bits, 3),
+        "weight_mb": round(nbytes / 1e6, 1),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "cpu_seconds": round(
+            (after.children_user + after.children_system)
+            - (before.children_user + before.children_system),
+            1,
+        ),
     }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("models", nargs="+", help="specport:ARTIFACT or genai:GRAPH.onnx")
-    p.add_argument("--ref", required=True, help="the float specport artifact (tokenizer, BOS)")
+    p.add_argument("models", nargs="+", help="specport:ARTIFACT, genai:GRAPH.onnx or llama:F.gguf")
+    p.add_argument("--ref", required=True, help="the float specport artifact (tokenizer)")
     p.add_argument("--text", required=True)
-    p.add_argument("--max-docs", type=int, default=200)
-    p.add_argument("--last", action="store_true")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--chunks", type=int, default=40)
+    p.add_argument("--llama-bin", default="../peers/llama.cpp/build/bin")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--llama-arg",
+        action="append",
+        default=[],
+        help="an extra llama-perplexity argument (repeat; e.g. --llama-arg=--no-repack where "
+        "the repacked Q4_0 kernels stop with an illegal instruction)",
+    )
+    p.add_argument(
+        "--base",
+        action="append",
+        default=[],
+        help="KIND=PPL: that kind's fp32 perplexity from an earlier run of the same chunks",
+    )
     args = p.parse_args()
+    chunks = chunk_tokens(Path(args.ref), args.text, args.ctx, args.chunks)
+    base = {k: float(v) for k, v in (b.split("=", 1) for b in args.base)}
+    rows = []
     for spec in args.models:
         kind, path = spec.split(":", 1)
-        row = score(kind, path, Path(args.ref), args.text, args.max_docs, args.last)
+        load = os.getloadavg()[0]
+        if kind == "llama":
+            row = score_llama(
+                path,
+                args.text,
+                args.ctx,
+                len(chunks),
+                Path(args.llama_bin),
+                args.threads,
+                args.llama_arg,
+            )
+        else:
+            row = score_onnx(kind, path, Path(args.ref), chunks)
+        base.setdefault(kind, row["ppl"])
+        row = {"kind": kind, "path": path, **row, "load": round(load, 2)}
+        row["delta_pct"] = round(100 * (row["ppl"] / base[kind] - 1), 2)
+        rows.append(row)
         print(json.dumps(row), flush=True)
+    print("\n| file | bits per weight | MB | perplexity | Δ vs own fp32 |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['kind']}: {Path(r['path']).name} | {r['bits_per_weight']:.2f} | "
+            f"{r['weight_mb']:.1f} | {r['ppl']:.4f} | {r['delta_pct']:+.2f}% |"
+        )
 
 
 if __name__ == "__main__":

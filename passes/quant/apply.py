@@ -59,6 +59,7 @@ from specport.passes.quant.checks import (
     default_group_size,
 )
 from specport.passes.quant.embedding import QuantizeEmbeddingPass
+from specport.passes.quant.graph import find_weight_matmuls
 from specport.passes.quant.head import check_head_bits, choose_lm_head_bits, head_wide
 from specport.passes.quant.kv_cache import apply_int8_kv, int8_kv_manifest
 from specport.passes.quant.kv_check import check_artifact
@@ -67,6 +68,7 @@ from specport.passes.quant.npu import npu_qdq_pass
 from specport.passes.quant.ort_baseline import run_ort_baseline
 from specport.passes.quant.ort_check import integer_kernel_summary
 from specport.passes.quant.row_invariance import token_exact_report
+from specport.passes.quant.sensitivity import measure_group_kl
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 
@@ -212,6 +214,19 @@ def quantize_artifact(
             elif target_bpw is not None:
                 if progress:
                     progress("measuring every tensor's widths", 0, 1)
+                loss = None
+                if calib_files:  # every tensor's error in one unit: the loss (sensitivity.py)
+                    seqs, feeds = C.calibration_sequences(manifest, src_p, calib_files, calib_docs)
+                    loss = measure_group_kl(
+                        model_path,
+                        find_weight_matmuls(model),
+                        seqs,
+                        feeds,
+                        symmetric=symmetric,
+                        progress=(lambda i, n: progress("loss per group", i, n))
+                        if progress
+                        else None,
+                    )
                 budget, budget_report = plan_bit_budget(
                     model,
                     stats,
@@ -220,6 +235,7 @@ def quantize_artifact(
                     source_size.weight_bytes,
                     widths=(4, 8) if scheme == "w4a8" else (4,),
                     symmetric=symmetric,
+                    loss=loss,
                 )
                 reports.append(budget_report)
                 plan, groups = budget.bits, budget.groups

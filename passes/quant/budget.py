@@ -41,6 +41,7 @@ from specport.passes.quant.embedding import gather_tables
 from specport.passes.quant.graph import find_weight_matmuls
 from specport.passes.quant.head import nbits_bytes
 from specport.passes.quant.rtn import quantize_rtn
+from specport.passes.quant.sensitivity import MEASURE_BITS, MEASURE_GROUP, loss_factors
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +137,26 @@ def _pareto(options: list[Option]) -> list[Option]:
     return kept
 
 
+def _apply_loss(
+    tensors: list[Tensor], loss: tuple[dict[str, str], dict[str, dict[str, Any]]]
+) -> dict[str, float]:
+    """Scale every tensor's option errors by its group's loss factor (sensitivity.py); a
+    tensor without a measured group keeps its relative error."""
+    keys, group_kl = loss
+    at_measured = {
+        t.name: o.error
+        for t in tensors
+        for o in t.options
+        if (o.bits, o.group) == (MEASURE_BITS, MEASURE_GROUP)
+    }
+    factors = loss_factors(keys, group_kl, at_measured)
+    for t in tensors:
+        f = factors.get(t.name)
+        if f is not None:
+            t.options = [Option(o.bits, o.group, o.nbytes, o.error * f) for o in t.options]
+    return factors
+
+
 def table_bytes(v: int, d: int, bits: int, group: int) -> int:
     """GatherBlockQuantized bytes of a [V, D] table: codes, float32 scales, packed zero points."""
     blocks = d // group
@@ -176,11 +197,14 @@ def plan_bit_budget(
     widths: tuple[int, ...] = (4, 8),
     symmetric: bool = False,
     table: bool = True,
+    loss: tuple[dict[str, str], dict[str, dict[str, Any]]] | None = None,
 ) -> tuple[BudgetPlan, dict[str, Any]]:
     """Plan widths for `model` (float) so that its file holds at most `target_bpw` bits per
     parameter. `params`: the model's parameter count; `float_bytes`: bytes of every float
     weight in the source graph (the part not planned stays float). `table`: the embedding
-    table is quantized too (GatherBlockQuantized)."""
+    table is quantized too (GatherBlockQuantized). `loss`: (site -> group, group -> measured
+    KL) from sensitivity.measure_group_kl; each tensor's errors are then converted to loss
+    with its group's factor, else the head's error is weighted `HEAD_WEIGHT`."""
     tensors: list[Tensor] = []
     planned_elems = 0
     seen: set[str] = set()
@@ -191,7 +215,7 @@ def plan_bit_budget(
         st = (stats or {}).get(site.x.name or "")
         opts = _measure_matmul(w, st, widths, symmetric)
         kind = "head" if site.lm_head else "matmul"
-        if site.lm_head:
+        if site.lm_head and loss is None:
             opts = [Option(o.bits, o.group, o.nbytes, o.error * HEAD_WEIGHT) for o in opts]
         if site.lm_head and site.transposed and site.weight.name in table_names:
             # Tied: the table gathers from the head's codes (embedding.py), so one matrix is
@@ -204,7 +228,7 @@ def plan_bit_budget(
                 for o in opts
                 if (o.bits, o.group) in table_err
             ]
-        tensors.append(Tensor(site.name, kind, w.size, _pareto(opts)))
+        tensors.append(Tensor(site.name, kind, w.size, opts))
         if site.weight.name not in seen:
             planned_elems += w.size
             seen.add(site.weight.name or site.name)
@@ -219,6 +243,9 @@ def plan_bit_budget(
         if value.name not in seen:
             planned_elems += e.size
             seen.add(value.name or "")
+    factors = _apply_loss(tensors, loss) if loss is not None else {}
+    for t in tensors:
+        t.options = _pareto(t.options)
     fixed = float_bytes - 4 * planned_elems  # what stays float (norms)
     budget = int(target_bpw * params / 8)
     total = fixed + sum(t.chosen.nbytes for t in tensors)
@@ -265,7 +292,10 @@ def plan_bit_budget(
         "planned_bits_per_weight": round(8 * total / params, 4),
         "floor_bits_per_weight": round(floor, 4),
         "float_bytes_kept": fixed,
-        "measured_with": "rtn" + (", calibration Gram" if stats else ", weight-space error"),
+        "measured_with": "rtn"
+        + (", calibration Gram" if stats else ", weight-space error")
+        + (", errors in loss units (KL of 4-bit groups)" if loss is not None else ""),
+        "loss_groups": None if loss is None else loss[1],
         "summary": summary,
         "tensors": {
             t.name: {
@@ -273,7 +303,8 @@ def plan_bit_budget(
                 "bits": t.chosen.bits,
                 "group_size": t.chosen.group,
                 "bytes": t.chosen.nbytes,
-                "rel_output_error": round(t.chosen.error, 8),
+                "error": round(t.chosen.error, 10),
+                **({"loss_factor": round(factors[t.name], 6)} if t.name in factors else {}),
             }
             for t in tensors
         },

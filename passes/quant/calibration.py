@@ -195,10 +195,18 @@ class SpilledStats(Mapping[str, ActStats]):
             x *= col[rec[idx]]
             return x
 
-        h = np.zeros((k, k))
-        for start in range(0, scaled.shape[0], self.CHUNK):
-            x = rows(slice(start, start + self.CHUNK))
-            h += (x.T @ x).astype(np.float64)
+        # The Gram matrix is the costly part (rows x K^2: 180 GFLOP for one SmolLM2 down
+        # projection on 38k rows) and a budget's planner and GPTQ both ask for it: it is
+        # built once and kept beside the rows (K^2 float64 on disk, not in memory).
+        gram = self._files[name].with_suffix(".gram.npy")
+        if gram.is_file():
+            h = np.load(gram)
+        else:
+            h = np.zeros((k, k))
+            for start in range(0, scaled.shape[0], self.CHUNK):
+                x = rows(slice(start, start + self.CHUNK))
+                h += (x.T @ x).astype(np.float64)
+            np.save(gram, h)
         take = min(self.keep_rows, scaled.shape[0])
         sample = rows(np.sort(rng.choice(scaled.shape[0], take, replace=False)))
         st = ActStats(k, h, self._lo[name].astype(np.float64), self._hi[name].astype(np.float64))
@@ -288,6 +296,21 @@ def capture(
     return stats
 
 
+def calibration_sequences(
+    manifest: Manifest, src: Path, calib_files: Sequence[str | os.PathLike[str]], max_docs: int
+) -> tuple[list[np.ndarray], Callable[[ort.InferenceSession, np.ndarray], dict[str, np.ndarray]]]:
+    """The first `max_docs` documents of `calib_files` as ids (the artifact's own tokenizer,
+    BOS, context) and the prefill feeds of the artifact's KV layout."""
+    docs = read_documents(calib_files)[:max_docs]
+    tok = src / "tokenizer.json"
+    if not tok.is_file():
+        raise QuantizationError(
+            f"{src} has no tokenizer.json; calibration needs the artifact's tokenizer"
+        )
+    seqs = tokenize(docs, tok, manifest.config.get("bos_token_id"), calibration_context(manifest))
+    return seqs, shared_prefill_feeds if manifest.kv.layout == "shared" else prefill_feeds
+
+
 def calibrate_artifact(
     model_path: Path,
     manifest: Manifest,
@@ -300,17 +323,7 @@ def calibrate_artifact(
     `calib_files`, tokenized with the artifact's own tokenizer (shared layout: run as it runs)."""
     import onnx_ir
 
-    docs = read_documents(calib_files)[:max_docs]
-    bos = manifest.config.get("bos_token_id")
-    context = calibration_context(manifest)
-    tok = src / "tokenizer.json"
-    if not tok.is_file():
-        raise QuantizationError(
-            f"{src} has no tokenizer.json; calibration needs the artifact's tokenizer"
-        )
-    seqs = tokenize(docs, tok, bos, context)
+    seqs, feeds = calibration_sequences(manifest, src, calib_files, max_docs)
     names = sorted({s.x.name for s in find_weight_matmuls(onnx_ir.load(model_path)) if s.x.name})
     cb = (lambda i, n: progress("calibrate", i, n)) if progress else None
-    if manifest.kv.layout == "shared":
-        return capture(model_path, names, seqs, progress=cb, feeds=shared_prefill_feeds)
-    return capture(model_path, names, seqs, progress=cb)
+    return capture(model_path, names, seqs, progress=cb, feeds=feeds)
