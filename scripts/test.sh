@@ -7,6 +7,6 @@ python -m pip install -q --disable-pip-version-check torch==2.13.0
 python -m pip install -q --disable-pip-version-check -e ".[dev,docs,genai,gguf,structured,ray,qnn,openvino]"
 ruff check .
 ruff format --check .
-mypy specport core artifact exporter train passes runtime custom_ops samples
+bash scripts/typecheck.sh  # mypy on the installed layout (every cross-layer call checked)
 bash scripts/lint_imports.sh  # the layer contracts in pyproject.toml ([tool.importlinter])
 python -m pytest -n 2 --dist loadfile -q "$@"

@@ -27,6 +27,7 @@ errors the pass reports are lower than the planner's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,7 +191,7 @@ def _measure_table(e: np.ndarray) -> list[Option]:
 
 def plan_bit_budget(
     model: ir.Model,
-    stats: dict[str, ActStats] | None,
+    stats: Mapping[str, ActStats] | None,
     target_bpw: float,
     params: int,
     float_bytes: int,

@@ -12,6 +12,7 @@ above `threshold` x the median are promoted to 8 bits, highest first, within a b
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 def plan_mixed_precision(
     model: ir.Model,
-    stats: dict[str, ActStats],
+    stats: Mapping[str, ActStats],
     bits: int,
     group_size: int,
     algo: str,

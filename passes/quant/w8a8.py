@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -113,7 +114,7 @@ class QuantizeW8A8Pass(Pass):
 
     def __init__(
         self,
-        stats: dict[str, ActStats],
+        stats: Mapping[str, ActStats],
         smooth: bool = True,
         lm_head_bits: int = 8,
         group_size: int = 64,

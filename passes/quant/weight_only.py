@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -81,7 +82,7 @@ class QuantizeWeightsNBitsPass(Pass):
         group_size: int = 32,
         algo: str = "rtn",
         symmetric: bool = False,
-        stats: dict[str, ActStats] | None = None,
+        stats: Mapping[str, ActStats] | None = None,
         form: str = "matmulnbits",
         accuracy_level: int | None = None,
         lm_head_bits: int = 8,
