@@ -43,7 +43,9 @@ for the models and tools that need it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -300,3 +302,20 @@ def takes_batched_steps(model_file: Path) -> bool:
     graph = onnx.load(str(model_file), load_external_data=False).graph
     attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
     return bool(attention) and all(len(n.input) > 16 and n.input[16] for n in attention)
+
+
+_BATCHED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def session_takes_batched_steps(session: Any, model_file: Path) -> bool:
+    """``takes_batched_steps`` for the graph ``session`` runs, read once per session (a
+    session's graph does not change; reading the graph's structure took milliseconds on every
+    batched speculative call)."""
+    try:
+        return _BATCHED[session]
+    except (KeyError, TypeError):
+        pass
+    fed = takes_batched_steps(model_file)
+    with contextlib.suppress(TypeError):  # not weakly referenceable: read again next time
+        _BATCHED[session] = fed
+    return fed
