@@ -157,19 +157,23 @@ class SharedKVCache:
         [S], ancestor mask [S, S]): a token tree through the graph's tree mask. Returns
         logits [1, S or 1, V]; the row advances by S."""
         bound = self._one(row)
-        bound.kv.lengths[0] = self.lengths[row]  # in place: the binding's own length array
-        self._wrote(slice(row, row + 1), self.lengths[row : row + 1] + len(ids))
+        # one row's lengths as ints, not array slices: this runs every batch-1 step, between
+        # runs, where each numpy call is slow (caches cold from the weight stream)
+        end = int(self.lengths[row]) + len(ids)
+        bound.kv.lengths[0] = end - len(ids)  # in place: the binding's own length array
+        if end > self.written[row]:
+            self.written[row] = min(end, self.max_length)
         before = bound.ort_seconds
         if len(ids) == 1 and tree is None:  # a decode step: the one-token binding
             bound.decode(ids)
             self.ort_seconds += bound.ort_seconds - before
-            self.lengths[row] += 1
+            self.lengths[row] = end
             return _decoded(bound)
         logits, greedy = bound.extend(
             np.asarray(ids, dtype=np.int64)[None, :], last_only=last_only, tree=tree
         )
         self.ort_seconds += bound.ort_seconds - before
-        self.lengths[row] += len(ids)
+        self.lengths[row] = end
         return StepOut(logits, greedy, bound.extra_outputs())
 
     def prefill_rows(self, first: int, ids: np.ndarray, lengths: np.ndarray) -> StepOut:
