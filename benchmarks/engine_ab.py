@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     load.append(os.getloadavg()[0])
     for side in sides.values():
         side.close()
-    report = []
+    report: list[dict[str, Any]] = []
     for row in rows:
         old, new = got[row]["old"], got[row]["new"]
         ref = "eagleplain" if row == "eagle" else "plain"

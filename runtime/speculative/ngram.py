@@ -88,9 +88,9 @@ class SuffixLookup:
                 last[tuple(tokens[end - n + 1 : end + 1])] = end
         indexed.extend(tokens[len(indexed) : length - 1])
         for n in range(min(top, length - 1), min_n - 1, -1):
-            end = last.get(tuple(tokens[length - n :]))
-            if end is not None:
-                return end, n
+            found = last.get(tuple(tokens[length - n :]))
+            if found is not None:
+                return found, n
         return None
 
 
