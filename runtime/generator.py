@@ -44,8 +44,14 @@ class Generator:
         self.manifest = manifest
         self.path = None  # what the driver reads of a model: no file (no drafts to batch)
         align_kv_dtype(session, manifest)  # KV buffers in the graph's type (float16 artifacts)
-        self.cache: KVCache | None = None  # the last call's KV, reused when it fits
-        self.held: list[int] | None = None  # the ids its row 0 holds after a batch-1 call
+        # The last batch-1 call's KV and the ids it holds, and the last batched call's KV,
+        # kept apart: a batched call no longer drops the batch-1 buffers (2,048 positions,
+        # ``driver.BATCH_1_POSITIONS``), which the next batch-1 call would map and fault in
+        # again (94 MB for SmolLM2-135M fp32; ``benchmarks.engine_ab``, which alternates
+        # generate and generate_batch, measured the cost).
+        self.single: KVCache | None = None
+        self.held: list[int] | None = None  # the ids ``single``'s row holds
+        self.cache: KVCache | None = None  # the last batched call's KV, reused when it fits
         outputs = {o.name for o in session.get_outputs()}
         self._greedy_output = runtime_io(manifest)["next_token_output"] in outputs
 
@@ -60,7 +66,10 @@ class Generator:
         """Decode ``prompts`` together. ``select(row, logits [1, V]) -> id`` chooses each
         row's token (None: greedy, the graph's argmax where it has one); ``on_token(row,
         token) -> True`` stops that row there (a stop string)."""
-        held, self.held = self.held, None  # valid again only once this call ends cleanly
+        one = len(prompts) == 1
+        held = self.held if one else None
+        if one:
+            self.held = None  # valid again only once this call ends cleanly
         out = generate_rows(
             self,
             prompts,
@@ -69,11 +78,14 @@ class Generator:
             0,
             eos_ids=eos_ids,
             on_token=on_token,
-            cache=self.cache,
+            cache=self.single if one else self.cache,
             held=held,
             select=select,
         )
-        self.cache, self.held = out.cache, out.held
+        if one:
+            self.single, self.held = out.cache, out.held
+        else:
+            self.cache = out.cache
         out.metrics.update(
             io_binding=self.manifest.kv.layout == "shared",
             greedy_in_graph=select is None and self._greedy_output,

@@ -69,7 +69,7 @@ from specport.runtime.engine.speculation import (
 )
 from specport.runtime.engine.step_cost import StepCost
 from specport.runtime.engine.textout import Stream, TextOut
-from specport.runtime.kv.cache import SharedKVCache, takes_batched_steps
+from specport.runtime.kv.cache import SharedKVCache, session_takes_batched_steps
 from specport.runtime.sampler import Sampler
 from specport.runtime.session import spare_core
 from specport.runtime.speculative.metrics import overhead_ms
@@ -187,7 +187,9 @@ class BatchingEngine(QueueIntake):
         )  # fmt: skip
         self.cache = PrefixCache(max_batch, enabled=prefix_cache)
         # rows holding KV prefill together only on graphs that take batched multi-token steps
-        self.batched_steps = takes_batched_steps(Path(model.path) / manifest.model_file)
+        self.batched_steps = session_takes_batched_steps(
+            model.session, Path(model.path) / manifest.model_file
+        )
         self.spec = None
         if speculative is not None:
             self.spec = EngineSpeculation(

@@ -37,7 +37,7 @@ import numpy as np
 from specport.runtime.engine import step
 from specport.runtime.engine.prefix_cache import common_prefix
 from specport.runtime.engine.step_cost import LiveVerifyCosts
-from specport.runtime.kv.cache import SharedKVCache, open_kv_cache, takes_batched_steps
+from specport.runtime.kv.cache import SharedKVCache, open_kv_cache, session_takes_batched_steps
 from specport.runtime.kv.interface import KVCache
 from specport.runtime.kv.seq_cache import context_limit
 from specport.runtime.sampler import Sampler, SamplingConfig
@@ -144,7 +144,7 @@ def generate_rows(
         n == 1
         or make_proposer is None  # no drafts: every run is one token per row
         or manifest.kv.layout == "concat"  # left padding: any rows, any width
-        or takes_batched_steps(Path(model.path) / manifest.model_file)
+        or session_takes_batched_steps(session, Path(model.path) / manifest.model_file)
     )
     proposers: list[Proposer | None] = []
     for r in range(n):

@@ -43,7 +43,9 @@ for the models and tools that need it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -155,19 +157,23 @@ class SharedKVCache:
         [S], ancestor mask [S, S]): a token tree through the graph's tree mask. Returns
         logits [1, S or 1, V]; the row advances by S."""
         bound = self._one(row)
-        bound.kv.lengths[0] = self.lengths[row]  # in place: the binding's own length array
-        self._wrote(slice(row, row + 1), self.lengths[row : row + 1] + len(ids))
+        # one row's lengths as ints, not array slices: this runs every batch-1 step, between
+        # runs, where each numpy call is slow (caches cold from the weight stream)
+        end = int(self.lengths[row]) + len(ids)
+        bound.kv.lengths[0] = end - len(ids)  # in place: the binding's own length array
+        if end > self.written[row]:
+            self.written[row] = min(end, self.max_length)
         before = bound.ort_seconds
         if len(ids) == 1 and tree is None:  # a decode step: the one-token binding
             bound.decode(ids)
             self.ort_seconds += bound.ort_seconds - before
-            self.lengths[row] += 1
+            self.lengths[row] = end
             return _decoded(bound)
         logits, greedy = bound.extend(
             np.asarray(ids, dtype=np.int64)[None, :], last_only=last_only, tree=tree
         )
         self.ort_seconds += bound.ort_seconds - before
-        self.lengths[row] += len(ids)
+        self.lengths[row] = end
         return StepOut(logits, greedy, bound.extra_outputs())
 
     def prefill_rows(self, first: int, ids: np.ndarray, lengths: np.ndarray) -> StepOut:
@@ -300,3 +306,20 @@ def takes_batched_steps(model_file: Path) -> bool:
     graph = onnx.load(str(model_file), load_external_data=False).graph
     attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
     return bool(attention) and all(len(n.input) > 16 and n.input[16] for n in attention)
+
+
+_BATCHED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def session_takes_batched_steps(session: Any, model_file: Path) -> bool:
+    """``takes_batched_steps`` for the graph ``session`` runs, read once per session (a
+    session's graph does not change; reading the graph's structure took milliseconds on every
+    batched speculative call)."""
+    try:
+        return _BATCHED[session]
+    except (KeyError, TypeError):
+        pass
+    fed = takes_batched_steps(model_file)
+    with contextlib.suppress(TypeError):  # not weakly referenceable: read again next time
+        _BATCHED[session] = fed
+    return fed

@@ -272,6 +272,8 @@ class BoundSession:
         """
         ids = np.asarray(ids, dtype=np.int64)
         batch, s = ids.shape
+        if batch == 1 and tree is None and not last_only and last is None:
+            return self._verify_one(ids, s)
         if tree is not None and (not self.has_tree or batch != 1):
             raise InputError(
                 "token-tree verification needs batch 1 and an artifact exported with "
@@ -310,6 +312,30 @@ class BoundSession:
             logits, next_token = logits[:, -1:], next_token[:, -1:]
         return logits, (next_token if self.has_next else None)
 
+    def _verify_one(self, ids: np.ndarray, s: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """``extend`` of one row's chain (a batch-1 verify step): the lengths written as
+        scalars, as ``_decode_one`` does."""
+        length = int(self.kv.lengths[0])
+        if length + s > self.kv.max_length:
+            self.kv.step_lengths(s)  # raises the context error with its message
+        self.seqlens[0] = length + s - 1
+        self.total[()] = length + s
+        wide = self._wide_buffers(1, s, s)
+        wide.ids[...] = ids
+        if s == 1 and self.has_index:  # shared with a one-token prompt chunk's buffers
+            wide.index[0, 0] = 0
+        if self.has_tree and not wide.causal:
+            wide.tree[...] = causal_tree_mask(1, s)
+            wide.causal = True
+        if self.has_positions:
+            np.add(wide.arange, length, out=wide.positions[0])
+        if self._bound_width is not wide:
+            self.extra.update(wide.extra)
+            self._bound_width = wide
+        self._run(wide.binding)
+        self.kv.lengths[0] = length + s
+        return wide.logits, (wide.next_token if self.has_next else None)
+
     def _wide_buffers(self, batch: int, s: int, kept: int) -> _Wide:
         """The bound buffers of steps of ``s`` tokens (``kept`` scored) per row, made once."""
         key = (batch, s, kept)
@@ -344,6 +370,8 @@ class BoundSession:
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """ids [B]: one new token per row (finished rows may pass anything)."""
         lengths = self.kv.lengths
+        if self.batch == 1:  # a row's own view: its inputs as scalars, no ufunc per step
+            return self._decode_one(int(ids[0]), int(lengths[0]))
         total = int(lengths.max()) + 1
         if total > self.kv.max_length:
             self.kv.step_lengths(1)  # raises the context error with its message
@@ -355,6 +383,22 @@ class BoundSession:
         out = self._run()
         self._decode_extras()
         self.kv.advance(1)
+        return out
+
+    def _decode_one(self, token: int, length: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """``decode`` at batch 1 (every batch-1 step): the same inputs written as scalars.
+        Between runs each numpy call is slow (caches cold from the weight stream), and a
+        reduction or a ``copyto`` costs more there than an item assignment."""
+        if length + 1 > self.kv.max_length:
+            self.kv.step_lengths(1)  # raises the context error with its message
+        self._leave_wide()
+        self.decode_ids[0, 0] = token
+        self.decode_pos[0, 0] = length
+        self.seqlens[0] = length  # seqlens_k = length after - 1
+        self.total[()] = length + 1
+        out = self._run()
+        self._decode_extras()
+        self.kv.lengths[0] = length + 1
         return out
 
 

@@ -41,8 +41,10 @@ class SpecDecodingStats:
         ``num_draft_tokens`` accepted."""
         if not 0 <= num_accepted_tokens <= num_draft_tokens:
             raise ValueError(f"accepted {num_accepted_tokens} not in [0, {num_draft_tokens}]")
-        self._grow(num_draft_tokens)
         self.num_steps += count
+        if not num_draft_tokens:  # most steps of a sparse drafter: nothing per position
+            return
+        self._grow(num_draft_tokens)
         self.num_draft_tokens += num_draft_tokens * count
         self.num_accepted_tokens += num_accepted_tokens * count
         for i in range(num_draft_tokens):

@@ -4,13 +4,20 @@ Free to run (no model) and strong whenever the output repeats the prompt or itse
 edits, summaries, retrieval answers, and a small model's loops. The draft is deterministic, so
 it carries no probabilities (``Drafts.probs is None``) and the verifier treats it as one-hot.
 
-Search cost per row is O(L * max_n) vectorized numpy on the L-token context: for each n the
-candidate end positions are narrowed with one comparison, longest n first.
+A proposer drafts for one growing context (the loops append each step's tokens to the same
+list), so it keeps a dict from every n-gram (n <= max_n) to where it last ended
+(``SuffixLookup``): a step indexes only the tokens added since the last one and looks up the
+context's final n-grams, a few dict operations instead of vectorised passes over the whole
+context (the proposer runs between target runs, where host work is slow: caches are cold from
+the weight stream). A context it has not seen twice (a caller building a new list per call) is
+searched with ``find_suffix_match``, O(L * max_n) vectorised numpy, which gives the same match.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,21 +46,59 @@ class NgramProposer(RowProposer):
         self.min_n = min_n
         self.max_n = max_n
         self.max_draft = max_draft
+        self.lookup = SuffixLookup(max_n)
+
+    def start(self, sampling: Any = None, stream: int | None = None) -> None:
+        self.lookup = SuffixLookup(self.max_n)
 
     def propose_one(self, tokens: list[int] | np.ndarray, num_draft: int) -> list[int]:
         """Draft for one sequence."""
-        arr = np.asarray(tokens, dtype=np.int64)
-        match = find_suffix_match(arr, self.min_n, self.max_n)
+        match = self.lookup.find(tokens, self.min_n)
         if match is None:
             return []
-        return copy_after(arr, match[0], num_draft)
+        return copy_after(tokens, match[0], num_draft)
 
 
-def copy_after(tokens: np.ndarray, end: int, num_draft: int) -> list[int]:
+class SuffixLookup:
+    """``find_suffix_match`` for a context that grows by appending: every n-gram (n <= max_n)
+    mapped to the last position it ended at, kept up to date from the tokens appended since
+    the previous call. Built on the second call with the same list (a list seen once, or any
+    other sequence, is searched by ``find_suffix_match``); a list whose indexed tokens changed
+    (a copy of them is kept and compared, one C-level list comparison) is indexed again. Either
+    way the match is ``find_suffix_match``'s."""
+
+    def __init__(self, max_n: int) -> None:
+        self.max_n = max_n
+        self.seen: Any = None  # the list indexed (or seen once)
+        self.indexed: list[int] | None = None  # the tokens whose ends are in ``last``
+        self.last: dict[tuple[int, ...], int] = {}
+
+    def find(self, tokens: Sequence[int] | np.ndarray, min_n: int) -> tuple[int, int] | None:
+        if not isinstance(tokens, list) or tokens is not self.seen:
+            if isinstance(tokens, list):
+                self.seen, self.indexed, self.last = tokens, None, {}
+            return find_suffix_match(np.asarray(tokens, dtype=np.int64), min_n, self.max_n)
+        length, top = len(tokens), self.max_n
+        indexed, last = self.indexed, self.last
+        if indexed is None or tokens[: len(indexed)] != indexed:  # new, or edited in place
+            indexed, last = [], {}
+            self.indexed, self.last = indexed, last
+        for end in range(len(indexed), length - 1):  # each new end position, every n that fits
+            for n in range(1, min(top, end + 1) + 1):
+                last[tuple(tokens[end - n + 1 : end + 1])] = end
+        indexed.extend(tokens[len(indexed) : length - 1])
+        for n in range(min(top, length - 1), min_n - 1, -1):
+            found = last.get(tuple(tokens[length - n :]))
+            if found is not None:
+                return found, n
+        return None
+
+
+def copy_after(tokens: Sequence[int] | np.ndarray, end: int, num_draft: int) -> list[int]:
     """The ``num_draft`` tokens that followed position ``end`` of ``tokens``. Token j continues
     at source position end+1+j; positions past the context map back into the draft with the
     match's period, so a loop keeps repeating."""
-    length = tokens.shape[0]
+    length = len(tokens)
     draft: list[int] = []
     for j in range(num_draft):
         src = end + 1 + j

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from specport.core.errors import InputError
 from specport.runtime.speculative.base import RowProposer
-from specport.runtime.speculative.ngram import copy_after, find_suffix_match
+from specport.runtime.speculative.ngram import SuffixLookup, copy_after
 
 logger = logging.getLogger(__name__)
 
 SEPARATOR = -1  # between sequences in the corpus: no n-gram or continuation crosses it
 _PRIME = np.int64(1_000_003)  # n-gram keys: a polynomial hash over int64 (wrapping)
 _NO_KEY = np.iinfo(np.int64).min  # an n-gram that would cross a separator
+_PRIME_INT, _WRAP = int(_PRIME), 1 << 64  # the same keys in Python ints (``longest_match``)
 
 
 class SuffixIndex:
@@ -123,14 +125,20 @@ class SuffixIndex:
         """(n, end positions, oldest first) of the longest suffix of ``context`` (n >= min_n)
         that occurs in the corpus; (0, empty) when none does."""
         self._build()
-        ctx = np.asarray(context[-self.max_n :], dtype=np.int64)
-        if ctx.size == 0 or not self._keys:
+        ctx = [int(t) for t in context[-self.max_n :]]
+        if not ctx or not self._keys:
             return 0, np.zeros(0, dtype=np.int64)
-        keys = [_suffix_key(ctx[-n:]) for n in range(1, ctx.size + 1)]  # last n tokens' keys
-        for n in range(min(self.max_n, ctx.size), min_n - 1, -1):
+        # the last n tokens' keys, n = 1.., in Python ints (``_suffix_key``'s wrapping int64
+        # arithmetic, without a numpy scalar operation per token: this runs every step)
+        keys, key, scale = [], 0, 1
+        for t in reversed(ctx):
+            key = (key + t * scale) % _WRAP
+            scale = scale * _PRIME_INT % _WRAP
+            keys.append(key - _WRAP if key >= _WRAP >> 1 else key)
+        for n in range(min(self.max_n, len(ctx)), min_n - 1, -1):
             sorted_keys = self._keys[n - 1]
-            lo = int(np.searchsorted(sorted_keys, keys[n - 1], "left"))
-            hi = int(np.searchsorted(sorted_keys, keys[n - 1], "right"))
+            lo = int(sorted_keys.searchsorted(keys[n - 1], "left"))
+            hi = int(sorted_keys.searchsorted(keys[n - 1], "right"))
             if hi > lo:
                 return n, self._order[n - 1][max(lo, hi - self.max_matches) : hi]
         return 0, np.zeros(0, dtype=np.int64)
@@ -201,6 +209,10 @@ class SuffixProposer(RowProposer):
         self.max_draft = max_draft
         self.min_share = min_share
         self.context_min_n = context_min_n
+        self.lookup = SuffixLookup(index.max_n)  # the request's own text
+
+    def start(self, sampling: Any = None, stream: int | None = None) -> None:
+        self.lookup = SuffixLookup(self.index.max_n)
 
     def finish(self, answer: Sequence[int]) -> None:
         """A served request's answer joins the corpus later requests draft from."""
@@ -216,11 +228,10 @@ class SuffixProposer(RowProposer):
         answers) or ``corpus-short``; ``none`` with no draft. Their
         drafts are accepted at different rates, which a caller that weighs drafts
         (``hybrid.HybridProposer``) calibrates apart."""
-        arr = np.asarray(tokens, dtype=np.int64)
-        own = find_suffix_match(arr, self.context_min_n, self.index.max_n)
+        own = self.lookup.find(tokens, self.context_min_n)
         n, ends = self.index.longest_match(tokens, self.min_n)
         if own is not None and own[1] >= n:
-            return copy_after(arr, own[0], num_draft), "own-long" if own[1] >= 3 else "own-short"
+            return copy_after(tokens, own[0], num_draft), "own-long" if own[1] >= 3 else "own-short"
         if ends.size == 0:
             return [], "none"
         # Shorter suffixes match more places, less specifically: ask them for a wider majority.

@@ -9,7 +9,7 @@ import pytest
 
 from specport.core.errors import InputError
 from specport.runtime.speculative.base import Drafts, Proposer
-from specport.runtime.speculative.ngram import NgramProposer, find_suffix_match
+from specport.runtime.speculative.ngram import NgramProposer, SuffixLookup, find_suffix_match
 
 
 @pytest.mark.parametrize(
@@ -67,6 +67,25 @@ def test_find_suffix_match_against_bruteforce():
                 ref = (ends[-1], n)
                 break
         assert got == ref, (toks.tolist(), got, ref)
+
+
+@pytest.mark.parametrize(("vocab", "max_n", "min_n"), [(3, 4, 1), (6, 4, 2), (2, 6, 1)])
+def test_suffix_lookup_equals_find_suffix_match_on_a_growing_context(vocab, max_n, min_n):
+    """The proposer's kept index gives ``find_suffix_match``'s match at every step of a
+    context that grows by appending (the loops' use), and after an edit in place."""
+    rng = np.random.default_rng(vocab * 10 + max_n)
+    for _ in range(20):
+        lookup = SuffixLookup(max_n)
+        context: list[int] = rng.integers(0, vocab, size=int(rng.integers(0, 6))).tolist()
+        for step in range(40):
+            want = find_suffix_match(np.asarray(context, dtype=np.int64), min_n, max_n)
+            assert lookup.find(context, min_n) == want, (context, step)
+            if step == 25 and len(context) > 3:  # an edit, not an append: indexed again
+                context[len(context) // 2] = vocab
+                del context[-2:]
+            context.extend(rng.integers(0, vocab, size=int(rng.integers(1, 5))).tolist())
+        other = list(context)  # another list: searched, same match
+        assert lookup.find(other, min_n) == find_suffix_match(np.asarray(other), min_n, max_n)
 
 
 def test_long_context_is_fast():
