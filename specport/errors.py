@@ -9,21 +9,8 @@ from __future__ import annotations
 
 import warnings
 
-from specport.core.errors import (
-    ArtifactError,
-    ContextLengthError,
-    ExportError,
-    InputError,
-    InvalidModelError,
-    ModelNotFoundError,
-    OutputError,
-    PassError,
-    ProviderError,
-    QuantizationError,
-    SpecportError,
-    UnsupportedArchitectureError,
-    UsageError,
-)
+from specport.core import errors as _errors
+from specport.core.errors import *  # noqa: F403  (the same classes, under the old path)
 
 warnings.warn(
     "specport.errors is deprecated and will be removed on 2027-03-01; import the same names "
@@ -32,18 +19,4 @@ warnings.warn(
     stacklevel=2,
 )
 
-__all__ = [
-    "ArtifactError",
-    "ContextLengthError",
-    "ExportError",
-    "InputError",
-    "InvalidModelError",
-    "ModelNotFoundError",
-    "OutputError",
-    "PassError",
-    "ProviderError",
-    "QuantizationError",
-    "SpecportError",
-    "UnsupportedArchitectureError",
-    "UsageError",
-]
+__all__ = list(_errors.__all__)
