@@ -8,7 +8,7 @@ written answer as one document) and the prose paragraphs of this repository's do
 headings, lists or code). None of it is WikiText: the peer table is scored on WikiText-2, so
 calibration and evaluation stay apart. llama.cpp's `llama-imatrix` reads the same file.
 
-    python -m benchmarks.calib_mix --shared ../shared --docs docs --out calib_mix.txt
+    python -m benchmarks.calib_mix --docs docs --out calib_mix.txt   # --shared: SPECPORT_SHARED
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import re
 from pathlib import Path
 
+from specport.core.settings import shared_dir
 from specport.runtime.eval import read_documents
 
 
@@ -57,12 +58,14 @@ def self_instruct(path: Path) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shared", default="../shared", help="the shared data folder")
+    p.add_argument("--shared", default=str(shared_dir()), help="the shared data folder")
     p.add_argument("--docs", default="docs", help="Markdown folder for the prose part")
     p.add_argument("--stories", type=int, default=200, help="TinyStories documents (the first)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     shared = Path(args.shared)
+    if not (shared / "text").is_dir():
+        raise SystemExit(f"no shared data at {shared} (set SPECPORT_SHARED or --shared)")
     kinds = [
         read_documents(shared / "text" / "tinystories_valid_dev.txt", args.stories),
         self_instruct(shared / "text" / "prompts" / "self_instruct_seed_tasks.jsonl"),

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import specport
+from specport.bench.loadtest import WORDS
 from specport.runtime.engine.base import Request
 from specport.runtime.engine.batching import BatchingEngine
 from specport.runtime.engine.kv_budget import token_bytes
@@ -47,28 +48,10 @@ def one(model: Any, small: bool, args: argparse.Namespace) -> dict[str, float]:
     assert engine.small_pages is small
     out: dict[str, float] = {}
     try:
-        words = [
-            "once",
-            "upon",
-            "a",
-            "time",
-            "there",
-            "was",
-            "a",
-            "little",
-            "cat",
-            "who",
-            "liked",
-            "to",
-            "play",
-            "in",
-            "the",
-            "sun",
-        ]
         for name in ("fresh", "used"):  # rows first committed, then rows already committed
             prompts = [
                 model.encode(
-                    f"{name} {i}: " + " ".join(words[(i + j) % len(words)] for j in range(100))
+                    f"{name} {i}: " + " ".join(WORDS[(i + j) % len(WORDS)] for j in range(100))
                 )
                 for i in range(args.rows)
             ]

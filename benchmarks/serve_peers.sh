@@ -40,8 +40,10 @@
 # llama-server (one unified f16 KV of KV_GIB GiB / 46,080 bytes positions, SLOTS slots).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benchmarks/server_proc.sh
+source benchmarks/server_proc.sh
 
-Q41=${Q41:-../shared/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}
+Q41=${Q41:-$SHARED/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}
 ART=${ART:-smollm}
 LLAMA_BIN=${LLAMA_BIN:-../peers/llama.cpp/build/bin}
 GGUF_F32=${GGUF_F32:-smollm2-135m-instruct-f32.gguf}
@@ -71,6 +73,7 @@ MODEL=model
 
 die() { echo "serve_peers: $*" >&2; exit 1; }
 [ -e "$OUT" ] && die "$OUT exists; give a new OUT="
+[ -d "$ART" ] || [ -f "$Q41" ] || die "no artifact at $ART and no GGUF at $Q41 to export it from (set ART=, Q41= or SPECPORT_SHARED=)"
 case " $SERVERS " in *" llama.cpp "*)
     [ -x "$LLAMA_BIN/llama-server" ] || die "no llama-server in $LLAMA_BIN (bash scripts/build_llama_server.sh)" ;;
 esac
@@ -103,19 +106,8 @@ python -m benchmarks.chat_workload "$ART" "$OUT/chat.jsonl" --max-tokens "$ANSWE
     echo "flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx2|avx512f|avx512_vnni|avx512_bf16|amx_tile|amx_int8|amx_bf16' | tr '\n' ' ')"
 } | tee "$OUT/meta.txt"
 
-free_port() { python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 cpu_s() { python -m benchmarks.proc_tree cpu "$PID"; }
 
-PID=""
-stop_server() {
-    [ -n "$PID" ] || return 0
-    kill -TERM -- "-$PID" 2>/dev/null || true  # the server's own process group (vLLM has workers)
-    for _ in $(seq 60); do kill -0 "$PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$PID" 2>/dev/null || true
-    wait "$PID" 2>/dev/null || true
-    PID=""
-}
-trap stop_server EXIT
 
 start_server() {  # $1 server, $2 port, $3 log
     case $1 in

@@ -19,10 +19,12 @@
 # llama-server is optional: LLAMA_SERVER=/path/to/llama-server LLAMA_GGUF=/path/to/F32.gguf.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benchmarks/server_proc.sh
+source benchmarks/server_proc.sh
 
 # The artifact both servers run: by default SmolLM2-135M's fp32 export, made here on first use from
 # the GGUF in ../shared (beside the checkout); ART= names another artifact.
-GGUF=${GGUF:-../shared/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}
+GGUF=${GGUF:-$SHARED/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}
 ART=${ART:-out/smollm}
 ROUNDS=${ROUNDS:-3}
 CONCURRENCY=${CONCURRENCY:-16,64}
@@ -78,18 +80,6 @@ HF=$(python -m benchmarks.serve_vs_vllm hf-dir "$ART" "$HF_DIR")
     echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 } | tee "$OUT/meta.txt"
 
-free_port() { python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-PID=""
-stop_server() {
-    [ -n "$PID" ] || return 0
-    kill -TERM -- "-$PID" 2>/dev/null || true  # the server's own process group (vLLM has workers)
-    for _ in $(seq 60); do kill -0 "$PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$PID" 2>/dev/null || true
-    wait "$PID" 2>/dev/null || true
-    PID=""
-}
-trap stop_server EXIT
 
 start_server() {  # $1 server, $2 port, $3 log
     case $1 in
