@@ -1,10 +1,11 @@
 """The decode step's own cost per method (not a test): wall minus onnxruntime time per step.
 
-    python -m benchmarks.step_overhead ART [--tree ART_TREE] [--mtp ART_MTP] [--rounds 3]
-        [--new-tokens 128] [--threads 1] [--prompt TEXT] [--json]
+    python -m benchmarks.step_overhead ART [--tree ART_TREE] [--mtp ART_MTP] [--eagle ART_EAGLE]
+        [--auto] [--rounds 3] [--new-tokens 128] [--threads 1] [--prompt TEXT] [--json]
 
-Per method (plain, ngram, suffix; ``tree`` on a --tree-mask artifact; ``mtp`` on an MTP
-artifact) it runs greedy generation ``--rounds`` times, methods interleaved within a round so
+Per method (plain, ngram, suffix; ``auto`` with --auto; ``tree`` on a --tree-mask artifact;
+``mtp`` on an MTP artifact; ``eagle`` and ``eagle-auto`` on an artifact with an EAGLE head,
+whose head's runs count as onnxruntime time like the target's) it runs greedy generation ``--rounds`` times, methods interleaved within a round so
 machine load hits them alike, and reports medians of decode tok/s, the speed against plain,
 accepted tokens per step, ``step_overhead_ms`` (the metrics' wall minus onnxruntime time per
 step) and ``host_cpu_ms``: the generating thread's CPU time outside onnxruntime per step
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("artifact")
     ap.add_argument("--tree", help="a --tree-mask export of the same model (tree method)")
     ap.add_argument("--mtp", help="an MTP artifact of the same model (mtp method)")
+    ap.add_argument("--eagle", help="an artifact of the same model with an EAGLE head")
+    ap.add_argument("--auto", action="store_true", help="also --speculative auto on ART")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
@@ -63,6 +66,12 @@ def main(argv: list[str] | None = None) -> None:
         ("ngram", base, {"speculative": "ngram", "num_draft": k}),
         ("suffix", base, {"speculative": "suffix", "num_draft": k}),
     ]
+    if args.auto:
+        cases.append(("auto", base, {"speculative": "auto", "num_draft": k}))
+    if args.eagle:
+        eagle = specport.load(args.eagle, threads=args.threads)
+        cases.append(("eagle", eagle, {"speculative": "eagle", "num_draft": k}))
+        cases.append(("eagle-auto", eagle, {"speculative": "auto", "num_draft": k}))
     if args.tree:
         tree = specport.load(args.tree, threads=args.threads)
         cases.append(("tree", tree, {"speculative": "ngram", "num_draft": k, "tree_width": 3}))
@@ -74,6 +83,11 @@ def main(argv: list[str] | None = None) -> None:
         count_ort_cpu(model.session, spent)
     for _, model, kw in cases:  # warm-up, untimed
         model.generate(args.prompt, max_new_tokens=8, ignore_eos=True, **kw)
+    if args.eagle:  # the head's session opens on its first request: its runs are ORT time
+        from specport.runtime.speculative import eagle as eagle_mod
+
+        for opened in list(eagle_mod._SESSIONS.values()):
+            count_ort_cpu(opened["session"], spent)
 
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in cases}
     for _ in range(args.rounds):
@@ -115,11 +129,11 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{args.rounds} rounds, {args.new_tokens} new tokens, threads {args.threads}, load {load}"
     )
-    print("method   tok/s    vs plain  acc/step  step_overhead_ms  host_cpu_ms  equal")
+    print("method      tok/s    vs plain  acc/step  step_overhead_ms  host_cpu_ms  equal")
     for r in report:
         acc = "-" if r["accepted_per_step"] is None else f"{r['accepted_per_step']:.2f}"
         print(
-            f"{r['method']:7s} {r['decode_tok_per_s']:8.1f} {r['vs_plain']:8.2f}x {acc:>8s}"
+            f"{r['method']:10s} {r['decode_tok_per_s']:8.1f} {r['vs_plain']:8.2f}x {acc:>8s}"
             f" {r['step_overhead_ms']:17.3f} {r['host_cpu_ms']:12.3f}  {r['equal_plain']}"
         )
 
