@@ -20,6 +20,10 @@ TREE_MASK = "tree_mask"
 # The target graph's output an EAGLE head reads (passes/eagle_features.py adds it; the runtime's
 # proposer and the drafter's training read it): three layers' hidden states, [B, S, 3H].
 EAGLE_FEATURES = "eagle_features"
+# The EAGLE draft graph's attention lengths, named as the shared layout's: seqlens_k [B] int32
+# (each row's KV length after the run - 1) and total_sequence_length [] int32 (the longest);
+# fed, not derived from the past's shape, so the head's KV can be one buffer written in place
+EAGLE_LENGTH_INPUTS = ("seqlens_k", "total_sequence_length")
 
 # The widest token tree a run takes (--tree-width), and so the TopK width W of the MTP heads
 # graph (exporter/mtp_heads_graph.py) that fills it: a run takes its first columns.

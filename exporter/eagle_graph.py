@@ -8,7 +8,10 @@ function as about 25 nodes: one packed QKV MatMul and onnxruntime's ``GroupQuery
 (rotary from a cos / sin table, causal mask, the KV concatenation) where the exported graph had
 76 nodes. Same inputs, outputs and KV layout (concat past in, present out, [B, Hkv, P, Dh]),
 so the proposer runs either; ``tests/exporter/test_eagle.py`` checks it against the torch
-head.
+head. It also takes the attention's lengths (``LENGTH_INPUTS``), which lets the runtime keep
+the head's KV in one buffer written in place; ``eagle_lengths.lengths_as_inputs`` gives a
+graph written before that (lengths derived from the past's shape) the same inputs when it is
+opened.
 
 GroupQueryAttention is an onnxruntime contrib operator (CPU and CUDA kernels); a provider
 without it runs the TorchScript graph (``eagle_artifact.DRAFT_FILE``), which the artifact
@@ -23,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from specport.core.contract import EAGLE_LENGTH_INPUTS
 from specport.exporter.eagle_head import INPUTS, OUTPUTS, EagleConfig, EagleHead
 
 CONTRIB = "com.microsoft"
@@ -30,6 +34,10 @@ OPSET = 18
 # positions past the target's context that a draft can reach (drafts continue after the
 # last real position); a chain or tree never drafts this deep
 DRAFT_POSITIONS = 64
+# GroupQueryAttention's lengths are fed (EAGLE_LENGTH_INPUTS), not derived from the past's
+# shape: a past [B, Hkv, T, Dh] may then be a buffer of capacity T bound as the present too
+# (``runtime.speculative.eagle_kv``); a concat caller feeds P + S - 1 and P + S
+LENGTH_INPUTS = EAGLE_LENGTH_INPUTS
 
 
 def fusable(cfg: EagleConfig) -> str | None:
@@ -90,20 +98,8 @@ def fused_draft_graph(head: EagleHead, max_positions: int) -> onnx.ModelProto:
         0,
     ).T
     qkv = node("MatMul", [x, const("qkv.weight", qkv_weight)], "qkv")
-    # GroupQueryAttention wants seqlens_k = P + S - 1 per row and the total length P + S
-    past_shape = node("Shape", ["past_key"], "past_shape")
-    ids_shape = node("Shape", ["input_ids"], "ids_shape")
-    past_len = node("Gather", [past_shape, const("two", 2, np.int64)], "past_len")
-    new_len = node("Gather", [ids_shape, const("one", 1, np.int64)], "new_len")
-    total = node("Add", [past_len, new_len], "total_len")
-    total32 = node("Cast", [total], "total_len_i32", to=TensorProto.INT32)
-    last = node("Sub", [total32, const("one_i32", 1, np.int32)], "last_pos")
-    batch = node(
-        "Slice",
-        [ids_shape, const("zero_1d", [0], np.int64), const("one_1d", [1], np.int64)],
-        "batch",
-    )
-    seqlens = node("Expand", [last, batch], "seqlens_k")
+    # GroupQueryAttention's lengths are inputs (LENGTH_INPUTS), so the runtime can bind one
+    # KV buffer as both past and present and the attention writes the new positions in place
     inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dh, 2, dtype=np.float32) / dh))
     angles = np.arange(max_positions + DRAFT_POSITIONS, dtype=np.float32)[:, None] * inv[None, :]
     nodes.append(
@@ -115,8 +111,7 @@ def fused_draft_graph(head: EagleHead, max_positions: int) -> onnx.ModelProto:
                 "",
                 "past_key",
                 "past_value",
-                seqlens,
-                total32,
+                *LENGTH_INPUTS,
                 const("cos_cache", np.cos(angles)),
                 const("sin_cache", np.sin(angles)),
             ],
@@ -150,7 +145,7 @@ def fused_draft_graph(head: EagleHead, max_positions: int) -> onnx.ModelProto:
     draft_ids = const("draft_ids", head.draft_ids.detach().numpy(), np.int64)
     node("Gather", [draft_ids, best], "draft_token")
 
-    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    f32, i64, i32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
     dims = ["batch", "sequence_length"]
     past = ["batch", kv, "past_sequence_length", dh]
     present = ["batch", kv, "total_sequence_length", dh]
@@ -165,11 +160,13 @@ def fused_draft_graph(head: EagleHead, max_positions: int) -> onnx.ModelProto:
         "hidden_out": (f32, [*dims, h]),
         "present_key": (f32, present),
         "present_value": (f32, present),
+        LENGTH_INPUTS[0]: (i32, ["batch"]),
+        LENGTH_INPUTS[1]: (i32, []),
     }
     graph = helper.make_graph(
         nodes,
         "eagle_draft",
-        [helper.make_tensor_value_info(n, *shapes[n]) for n in INPUTS],
+        [helper.make_tensor_value_info(n, *shapes[n]) for n in (*INPUTS, *LENGTH_INPUTS)],
         [helper.make_tensor_value_info(n, *shapes[n]) for n in OUTPUTS],
         inits,
     )

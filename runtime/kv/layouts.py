@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from specport.artifact.manifest import Manifest
+from specport.artifact.manifest import KVLayout, Manifest
 from specport.core.errors import ArtifactError, ContextLengthError
 from specport.runtime.kv.memory import KVBuffer
 
@@ -70,7 +70,7 @@ class SharedKV:
 
     def __init__(
         self,
-        manifest: Manifest,
+        manifest: Manifest | KVLayout,
         batch: int,
         max_length: int,
         buffers: list[np.ndarray] | None = None,
@@ -79,9 +79,13 @@ class SharedKV:
         """`buffers` wraps existing arrays (e.g. row views of a larger batch's buffers, so a
         request engine can prefill one row in place) instead of allocating new ones.
         `small_pages`: allocate on 4 KiB pages, committed as positions are written, instead of
-        2 MiB pages (`kv.memory`)."""
-        kv = manifest.kv
-        limit = kv.max_length or manifest.context_length
+        2 MiB pages (`kv.memory`). A bare `KVLayout` (a graph that is not the artifact's
+        target, e.g. the EAGLE head's one layer) is limited by its own `max_length`."""
+        if isinstance(manifest, KVLayout):
+            kv, limit = manifest, manifest.max_length or max_length
+        else:
+            kv = manifest.kv
+            limit = kv.max_length or manifest.context_length
         if max_length > limit:
             raise ContextLengthError(
                 f"a KV buffer of {max_length} positions exceeds the artifact's limit of {limit}; "

@@ -6,12 +6,18 @@ the head, with its own one-layer KV cache (``exporter.eagle_artifact``). The pro
 
 * ``past``: the head's keys and values for every position it has seen real features of;
 * ``pending``: features the loop showed it (``observe``) whose following token was not known
-  yet - it is, at the next ``propose``: feature row i belongs to context position i and pairs
+  yet, copied into one staging array (rows [0, n): what the next catch-up run reads, bound
+  in place by ``eagle_kv``) - it is, at the next ``propose``: feature row i belongs to context position i and pairs
   with context token i+1, so the proposer needs no positions from the loop.
 
 ``propose``: one head run over the pending positions (their KV becomes real), which drafts
 the first token; then one single-position run per further draft, fed the head's own hidden
-output (their KV is dropped afterwards: only verified positions get real features). Greedy
+output (their KV is dropped afterwards: only verified positions get real features). A draft
+graph that takes its attention's lengths (every fused one: ``exporter.eagle_graph``; older
+ones get them when opened) keeps that KV in one buffer written in place through IO binding
+(``eagle_kv.InPlaceHead``), as the target's shared layout does; the exported TorchScript graph
+(other providers, head sizes the fused attention refuses) is fed its past and returns the
+present (``past_key`` / ``past_value`` here). Greedy
 drafts carry no probabilities, so every verifier (greedy, rejection sampling) stays lossless.
 
 ``tree_paths``: a dynamic token tree instead of a chain (``--tree-width W`` on an artifact
@@ -32,9 +38,10 @@ from typing import Any
 import numpy as np
 
 from specport.artifact.manifest import Manifest
-from specport.core.contract import EAGLE_FEATURES
+from specport.core.contract import EAGLE_FEATURES, EAGLE_LENGTH_INPUTS
 from specport.core.errors import InputError
 from specport.runtime.speculative.base import Drafts, ProposerBase
+from specport.runtime.speculative.eagle_kv import InPlaceHead, takes_lengths
 from specport.runtime.speculative.token_tree import beam_step
 
 logger = logging.getLogger(__name__)
@@ -80,13 +87,27 @@ class EagleProposer(ProposerBase):
         self.head_ratio = float(cfg["draft_vocab"]) / max(int(cfg["vocab"]), 1)
         self._zero_feat = np.zeros((1, 1, self.feat_dim), np.float32)
         self._zero_hidden = np.zeros((1, 1, self.hidden), np.float32)
+        self._stage = np.zeros((8, self.feat_dim), np.float32)  # [rows, 3H] pending features
+        self.lengths_fed = takes_lengths(session)  # the graph takes its attention's lengths
+        self.in_place: InPlaceHead | None = None  # the head's KV written in place (chains)
+        if self.lengths_fed:
+            self.in_place = InPlaceHead(
+                session,
+                self.hidden,
+                self.feat_dim,
+                int(cfg["kv_heads"]),
+                int(cfg["head_dim"]),
+                int(cfg["draft_vocab"]),
+            )
         self.reset()
 
     def reset(self) -> None:
-        self.past_key = np.zeros(self.kv_shape, np.float32)
+        self.past_key = np.zeros(self.kv_shape, np.float32)  # the concat runs' past
         self.past_value = np.zeros(self.kv_shape, np.float32)
+        if self.in_place is not None:
+            self.in_place.reset()
         self.seen = 0  # context positions whose real features are in past (or skipped)
-        self.pending: list[np.ndarray] = []  # [n, 3H] blocks not in past yet
+        self.staged = 0  # pending rows: self._stage[:staged], not in the head's KV yet
 
     def start(self, sampling: Any = None, stream: int | None = None) -> None:
         self.reset()
@@ -99,12 +120,13 @@ class EagleProposer(ProposerBase):
         self.reset()
         feats = outputs.get(self.features_name)
         if feats is not None:
-            self.pending.append(np.array(feats[0, -1:], dtype=np.float32))
+            self._stage_rows(feats[0, -1:])
 
     def observe(self, outputs: dict[str, np.ndarray], result: Any) -> None:
         """Keep the features of the fed positions that were accepted (last token + drafts)."""
-        kept = int(np.asarray(result.accepted).reshape(-1)[0]) + 1
-        self.observe_path(outputs, list(range(kept)))
+        feats = outputs.get(self.features_name)
+        if feats is not None:  # the fed prefix: a slice, copied once into the staging rows
+            self._stage_rows(feats[0, : int(result.accepted[0]) + 1])
 
     def observe_path(self, outputs: dict[str, np.ndarray], path: list[int]) -> None:
         """Keep the features of rows ``path`` of the run (a token tree's accepted nodes from
@@ -112,8 +134,27 @@ class EagleProposer(ProposerBase):
         feats = outputs.get(self.features_name)
         if feats is None:
             return  # a loop that shows no outputs: later drafts attend to fewer positions
-        # indexing with a list copies (the run's buffers are reused)
-        self.pending.append(np.asarray(feats[0, path], dtype=np.float32))
+        self._stage_rows(feats[0], path)  # copied: the run's buffers are reused
+
+    def _stage_rows(self, rows: np.ndarray, index: list[int] | None = None) -> None:
+        """Append ``rows`` [k, 3H] (or its rows ``index``) to the pending rows, one copy; the
+        staging array doubles when full (the in-place head binds it again)."""
+        k = rows.shape[0] if index is None else len(index)
+        end = self.staged + k
+        if end > self._stage.shape[0]:
+            grown = np.zeros((max(end, 2 * self._stage.shape[0]), self.feat_dim), np.float32)
+            grown[: self.staged] = self._stage[: self.staged]
+            self._stage = grown
+        out = self._stage[self.staged : end]
+        if index is None:
+            np.copyto(out, rows, casting="unsafe")
+        else:
+            np.take(rows, index, axis=0, out=out)
+        self.staged = end
+
+    def pending_rows(self) -> np.ndarray:
+        """The pending features [n, 3H] (a view of the staging rows)."""
+        return self._stage[: self.staged]
 
     def draft_cost(self, target: Any) -> float:
         # one position of one layer plus a draft-vocabulary head, against the target's step
@@ -123,8 +164,14 @@ class EagleProposer(ProposerBase):
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         if len(context) != 1:
             raise InputError(f"the EAGLE proposer drafts one row, got {len(context)}")
-        if num_draft <= 0 or not self.pending:
+        if num_draft <= 0 or not self.staged:
             return Drafts.one([])
+        if self.in_place is not None:
+            ids, n = self._take_pending(context[0])
+            drafts = [self.in_place.catch_up(ids, self._stage, n, num_draft)[0]]
+            while len(drafts) < num_draft:
+                drafts.append(self.in_place.draft(drafts[-1], len(drafts) - 1))
+            return Drafts.one(drafts)
         token, _, hidden, key, value = self._advance(context[0])
         drafts = [int(token[0])]
         while len(drafts) < num_draft:
@@ -141,7 +188,7 @@ class EagleProposer(ProposerBase):
         (a path's prefix is always listed before it): a beam of width ``width``, one batched
         head run per depth; paths below ``min_prob`` are dropped, so the tree shrinks to
         nothing (a plain step) where the head is unsure."""
-        if depth <= 0 or not self.pending:
+        if depth <= 0 or not self.staged:
             return []
         if self.draft_ids is None:
             raise InputError("EAGLE token trees need the head's draft vocabulary (draft_ids)")
@@ -168,20 +215,32 @@ class EagleProposer(ProposerBase):
         out.sort(key=lambda sp: -sp[0])  # a prefix scores at least its extensions: first
         return [p for _, p in out]
 
+    def _take_pending(self, ctx: list[int]) -> tuple[list[int], int]:
+        """The pending real positions, taken: (the token each pairs with [n], n); their
+        features are the staging rows [0, n) until the next ``observe``."""
+        # rows for positions end-n+1 .. len(ctx)-2
+        n = min(self.staged, len(ctx) - 1)
+        if n < self.staged:  # more rows than context (a prefill shown twice): the last n
+            self._stage[:n] = self._stage[self.staged - n : self.staged].copy()
+        first = len(ctx) - 1 - n  # context position of the first pending row
+        self.staged = 0
+        self.seen = first + n
+        return ctx[first + 1 : first + 1 + n], n
+
     def _advance(self, ctx: list[int]) -> tuple[np.ndarray, ...]:
         """Run the head over the pending real positions (their KV becomes the head's past):
-        ``_run``'s outputs for the first draft, from which later drafts continue."""
-        feats = np.concatenate(self.pending, 0)  # rows for positions end-n+1 .. len(ctx)-2
-        n = min(len(feats), len(ctx) - 1)
-        feats = feats[len(feats) - n :]
-        first = len(ctx) - 1 - n  # context position of the first pending row
-        self.pending = []
-        self.seen = first + n
-        ids = np.asarray([ctx[first + 1 : first + 1 + n]], dtype=np.int64)
+        ``_run``'s outputs for the first draft, from which later drafts continue (the past
+        and present as arrays: copies of the in-place buffer's real positions there)."""
+        ids, n = self._take_pending(ctx)
+        if self.in_place is not None:
+            _, logits = self.in_place.catch_up(ids, self._stage, n, 0)
+            head = self.in_place
+            token = head.token.copy()
+            return token, logits.copy(), head.last_hidden(), head.key.copy(), head.value.copy()
         out = self._run(
-            ids,
-            feats[None],
-            np.zeros((1, n, self.hidden), np.float32),
+            np.asarray([ids], dtype=np.int64),
+            self._stage[None, :n].copy(),
+            np.zeros((1, len(ids), self.hidden), np.float32),
             self.past_key,
             self.past_value,
         )
@@ -198,16 +257,18 @@ class EagleProposer(ProposerBase):
     ) -> tuple[np.ndarray, ...]:
         """(greedy draft [n] as target ids, draft-vocabulary logits [n, Vd], the hidden output
         of the last position [n, 1, H], present key, present value)."""
-        token, logits, out_hidden, present_key, present_value = self.session.run(
-            None,
-            {
-                "input_ids": ids,
-                "features": feats,
-                "hidden_in": hidden,
-                "past_key": key,
-                "past_value": value,
-            },
-        )
+        feed = {
+            "input_ids": ids,
+            "features": feats,
+            "hidden_in": hidden,
+            "past_key": key,
+            "past_value": value,
+        }
+        if self.lengths_fed:  # concat: every row's KV ends at P + S
+            end = key.shape[2] + ids.shape[1]
+            feed[EAGLE_LENGTH_INPUTS[0]] = np.full(ids.shape[0], end - 1, np.int32)
+            feed[EAGLE_LENGTH_INPUTS[1]] = np.array(end, np.int32)
+        token, logits, out_hidden, present_key, present_value = self.session.run(None, feed)
         return token, logits, out_hidden[:, -1:], present_key, present_value
 
 
@@ -271,8 +332,30 @@ def _open_draft(model: Any, info: dict[str, Any]) -> Any:
         huge_pages=False,
         provider_options=dict(base.provider_options),
     )
-    session, _ = make_session(model.path / draft_graph(model, info), config)
+    graph = model.path / draft_graph(model, info)
+    session, _ = make_session(graph, config)
+    if not takes_lengths(session) and _fused(model, info, graph):
+        # a fused graph written before its attention took its lengths: given them here, so
+        # the head's KV stays in place (``eagle_kv``); one more parse of a small graph
+        import onnx
+
+        from specport.exporter.eagle_lengths import lengths_as_inputs
+
+        proto = onnx.load(str(graph))
+        if lengths_as_inputs(proto):
+            session, _ = make_session(proto.SerializeToString(), config)
     return session
+
+
+def _fused(model: Any, info: dict[str, Any], graph: Path) -> bool:
+    """Is ``graph`` the head on onnxruntime's fused attention (the CPU int8 graph, when the
+    manifest says it was written on it)?"""
+    int8 = info.get("int8_graph")
+    return (
+        bool(int8)
+        and graph.name == Path(str(int8)).name
+        and (info.get("int8_attention") == "GroupQueryAttention")
+    )
 
 
 def draft_graph(model: Any, info: dict[str, Any]) -> str:

@@ -111,9 +111,12 @@ def test_draft_graph_matches_the_head(tmp_path, write, batch, new, past):
         "past_key": rng.standard_normal((batch, 1, past, 16)).astype(np.float32),
         "past_value": rng.standard_normal((batch, 1, past, 16)).astype(np.float32),
     }
-    token, logits, hidden, key, value = sess.run(None, feeds)
     with torch.no_grad():
         expect = head(*(torch.from_numpy(feeds[k]) for k in feeds))
+    if "seqlens_k" in {i.name for i in sess.get_inputs()}:  # the fused graph's lengths
+        feeds["seqlens_k"] = np.full(batch, past + new - 1, np.int32)
+        feeds["total_sequence_length"] = np.array(past + new, np.int32)
+    token, logits, hidden, key, value = sess.run(None, feeds)
     np.testing.assert_array_equal(token, expect[0].numpy())
     assert set(token.tolist()) <= set(range(0, 40, 2))  # target ids of the draft vocabulary
     np.testing.assert_allclose(logits, expect[1].numpy(), atol=2e-3)  # fp16 embedding table

@@ -75,6 +75,41 @@ def test_greedy_auto_with_a_head_equals_plain_greedy(concat_eagle):
     assert _check_exact(concat_eagle, None, "auto") > 0
 
 
+def test_the_heads_kv_stays_in_place_across_buffer_growth(concat_eagle, monkeypatch):
+    """The fused draft graph takes its attention's lengths, so the head's KV is one buffer
+    written in place (``eagle_kv``): a small first buffer that doubles several times during
+    a long generation leaves greedy output plain greedy's, with the head drafting all along,
+    and the head's KV is never returned by a run."""
+    import specport
+    from specport.runtime.speculative import eagle_kv
+
+    monkeypatch.setattr(eagle_kv, "START", 4)
+    grown: list[int] = []
+    allocate = eagle_kv.InPlaceHead._allocate
+
+    def recorded(self: eagle_kv.InPlaceHead, capacity: int) -> None:
+        grown.append(capacity)
+        allocate(self, capacity)
+
+    monkeypatch.setattr(eagle_kv.InPlaceHead, "_allocate", recorded)
+    model = specport.load(concat_eagle, threads=1)
+    runs: list[Any] = []
+    for prompt in PROMPTS[:2]:
+        plain = model.generate(prompt_ids=prompt, max_new_tokens=60, greedy=True)
+        spec = model.generate(
+            prompt_ids=prompt, max_new_tokens=60, greedy=True, speculative="eagle",
+            num_draft=3, adaptive=False,
+        )  # fmt: skip
+        assert list(spec.tokens) == list(plain.tokens), prompt
+        assert int(spec.metrics["speculative"]["drafted"]) > 0
+        runs.append(spec)
+    assert grown[:1] == [4] and max(grown) >= 64  # 4 -> 8 -> ... past the 60 new tokens
+    from specport.runtime.speculative.eagle import _SESSIONS
+
+    session = next(iter(_SESSIONS.values()))["session"]
+    assert eagle_kv.takes_lengths(session)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["eagle", "auto"])
 def test_sampling_with_the_head_keeps_the_target_distribution(concat_eagle, method, monkeypatch):
@@ -269,7 +304,7 @@ def test_a_tree_is_the_heads_beam_best_first_cut_below_min_prob():
     assert session.batches == [1, 2]  # one run per depth, the beam batched
     assert head.past_key.shape[2] == 1  # only the real position stays in the head's KV
     head.observe_path(_features([1, 2, 3]), [0, 2])  # the run accepted the root and node 2
-    assert head.pending[-1][:, 0].tolist() == [1.0, 3.0]
+    assert head.pending_rows()[:, 0].tolist() == [1.0, 3.0]
     # a cut at 0.2 keeps 10, 11 and 10,10; at 0.7 nothing (a plain step)
     assert head.tree_paths([7, 8, 10, 42], 2, 2, min_prob=0.2) == [[10], [10, 10], [11]]
     head.observe_path(_features([4]), [0])
