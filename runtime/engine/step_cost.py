@@ -371,9 +371,9 @@ class LiveVerifyCosts:
         plain = self._times.get(0, ())
         if len(plain) < LIVE_MIN:
             return False
-        base = float(np.quantile(plain, 0.25))
+        base = lower_quartile(plain)
         factors = {
-            k: float(np.quantile(t, 0.25)) / base / self.table[k]
+            k: lower_quartile(t) / base / self.table[k]
             for k, t in self._times.items()
             if k > 0 and len(t) >= LIVE_MIN
         }
@@ -402,6 +402,22 @@ class LiveVerifyCosts:
                 logger.info("corrected verify costs not kept for later runs: %s", why)
             self.unkept = why
         return changed
+
+
+def lower_quartile(values: Sequence[float] | deque[float]) -> float:
+    """``np.quantile(values, 0.25)`` (its default linear interpolation, its rounding) in plain
+    Python: a correction runs between two decode steps, where numpy's quantile cost 40-110 us
+    a call and its first call in a process 7.8 ms (measured 2026-12-06, 2-core AVX2 machine
+    at load ~4), against a few microseconds to sort 64 floats."""
+    s = sorted(values)
+    pos = 0.25 * (len(s) - 1)
+    lo = int(pos)
+    t = pos - lo
+    if t == 0.0:
+        return float(s[lo])
+    a, b = float(s[lo]), float(s[lo + 1])
+    diff = b - a
+    return b - diff * (1.0 - t) if t >= 0.5 else a + diff * t
 
 
 _LIVE: weakref.WeakKeyDictionary[Any, LiveVerifyCosts] = weakref.WeakKeyDictionary()

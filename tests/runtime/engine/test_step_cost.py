@@ -112,3 +112,14 @@ def test_kept_costs_are_written_whole_or_not_at_all(tmp_path, monkeypatch, fails
     assert sorted(kept) == (["old"] if fails else ["new", "old"])
     assert [p.name for p in tmp_path.iterdir()] == ["step_costs.json"]
     assert path.stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 16, 17, 18, 19, 63, 64])
+def test_lower_quartile_is_numpys(n):
+    """The live corrections' plain-Python quartile gives np.quantile(x, 0.25) exactly."""
+    from collections import deque
+
+    from specport.runtime.engine.step_cost import lower_quartile
+
+    x = np.random.default_rng(n).exponential(0.01, n)
+    assert lower_quartile(deque(x.tolist(), maxlen=64)) == float(np.quantile(x, 0.25))
