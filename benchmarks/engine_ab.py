@@ -6,8 +6,8 @@
 Each checkout runs in a worker process of its own, started with that checkout's virtual
 environment (``CHECKOUT/.venv/bin/python -I``, so it imports that checkout's ``specport``; the
 worker reports the file it imported, and the run stops if both imported the same one). The
-rows: ``generate`` at batch 1, plain and with ``ngram``, ``suffix`` and (with ``--eagle``, an
-artifact with an EAGLE head) ``eagle`` drafts; ``generate_batch`` (plain) at each of
+rows: ``generate`` at batch 1, plain and with ``ngram``, ``suffix``, ``auto`` and (with
+``--eagle``, an artifact with an EAGLE head) ``eagle`` and ``auto`` (``eagleauto``) drafts; ``generate_batch`` (plain) at each of
 ``--batches`` requests. Every round runs every row on both checkouts, one after the other,
 the order alternating between rounds (old-new, then new-old), so a change in the machine's
 load reaches both alike; each worker warms every row up first. Greedy, ``--new-tokens`` tokens
@@ -112,8 +112,8 @@ def worker(artifact: str, eagle: str | None) -> None:
             steps = max(o.metrics["decode_steps"] for o in outs)
         else:
             model = models["eagle" if name.startswith("eagle") else "plain"]
-            method = name.split("-")[0]
-            kw = {} if method in ("plain", "eagleplain") else {"speculative": method}
+            method = {"eagleplain": "plain", "eagleauto": "auto"}.get(name, name.split("-")[0])
+            kw = {} if method == "plain" else {"speculative": method}
             out = model.generate(PROMPT, max_new_tokens=new, ignore_eos=True, **kw)
             tokens = [out.tokens]
             steps = out.metrics["decode_steps"]
@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--base is required")
     if any(b > len(BATCH_PROMPTS) for b in args.batches):
         ap.error(f"--batches: at most {len(BATCH_PROMPTS)} requests")
-    rows = ["plain", "ngram", "suffix"] + (["eagleplain", "eagle"] if args.eagle else [])
+    rows = ["plain", "ngram", "suffix", "auto"]
+    rows += ["eagleplain", "eagle", "eagleauto"] if args.eagle else []
     rows += [f"batch{b}" for b in args.batches]
     rows = [r for r in rows if not args.rows or r in args.rows]
     artifact = str(Path(args.artifact).resolve())
@@ -215,9 +216,9 @@ def main(argv: list[str] | None = None) -> None:
     report: list[dict[str, Any]] = []
     for row in rows:
         old, new = got[row]["old"], got[row]["new"]
-        ref = "eagleplain" if row == "eagle" else "plain"
+        ref = "eagleplain" if row in ("eagle", "eagleauto") else "plain"
         equal = all(r["tokens"] == old[0]["tokens"] for r in old + new)
-        if row in ("ngram", "suffix", "eagle") and ref in got:
+        if row in ("ngram", "suffix", "auto", "eagle", "eagleauto") and ref in got:
             equal = equal and new[0]["tokens"] == got[ref]["new"][0]["tokens"]
 
         def ratio(

@@ -60,17 +60,21 @@ class _Binding:
         self.features = features
         self.hidden_in = hidden_in  # [1, width, H]
         self.hidden_out = hidden_out  # [1, width, H]
-        arrays = {
+        arrays: dict[str, np.ndarray] = {
             "input_ids": self.ids,
             "features": self.features,
             "hidden_in": hidden_in,
             LENGTH_INPUTS[0]: head.seqlens,
             LENGTH_INPUTS[1]: head.total,
         }
-        outs = {"draft_token": head.token, "draft_logits": head.logits, "hidden_out": hidden_out}
+        outs: dict[str, np.ndarray] = {
+            "draft_token": head.token,
+            "draft_logits": head.logits,
+            "hidden_out": hidden_out,
+        }
         self.binding = head.session.io_binding()
         head.kv.bind(self.binding)
-        self._values = []  # the OrtValues must outlive the binding
+        self._values: list[Any] = []  # the OrtValues must outlive the binding
         for name, arr in arrays.items():
             self._values.append(ov(arr))
             self.binding.bind_ortvalue_input(name, self._values[-1])
