@@ -226,7 +226,10 @@ def eagle_record(
         "feature_layers": feature_report.get("layers"),
         "inputs": list(INPUTS),
         "outputs": list(OUTPUTS),
-        "kv": "own concat KV, one layer [B, Hkv, P, Dh]; draft positions dropped after each verify",
+        "kv": (
+            "own KV, one layer [B, Hkv, P, Dh]; draft positions dropped after each verify; the "
+            "fused graph takes seqlens_k / total_sequence_length, so the runtime keeps it in place"
+        ),
         "config": head.cfg.to_json(),
         "draft_vocab": head.cfg.draft_vocab,
         "training": training,

@@ -16,7 +16,7 @@ and doubles when a run would pass its end (the kept positions copied once, every
 again).
 
 Measured against the concat runs (past fed in, present returned: two [1, Hkv, P, Dh] arrays
-made and returned per head run) in ``docs/benchmarks/eagle-host.md``.
+made and returned per head run) in ``docs/benchmarks/2026-12-06-eagle-host.md``.
 """
 
 from __future__ import annotations
