@@ -49,12 +49,14 @@ from specport.passes.quant.graph import (
     remove_unused,
     replace_node,
 )
+from specport.passes.quant.rtn import quantize_rtn
 from specport.passes.quant.weight_quant import (
     ALGOS,
     CHUNK_ELEMENTS,
     NEEDS_CALIB,
     PARALLEL_MIN_ELEMENTS,
     WORKERS,
+    better_rows,
     concat_rows,
     error_terms,
     head_group_size,
@@ -91,6 +93,7 @@ class QuantizeWeightsNBitsPass(Pass):
         pack: bool = True,
         lm_head_group_size: int | None = None,
         group_plan: dict[str, int] | None = None,
+        float_zero_sites: set[str] | None = None,
     ) -> None:
         # float_zero: let refit/HQQ keep float zero points (MatMulNBits accepts them). Measured on
         # onnxruntime 1.31 CPU they take a slow kernel path (~10x slower decode on a 32M Llama),
@@ -112,6 +115,9 @@ class QuantizeWeightsNBitsPass(Pass):
             check_group_size(1, lm_head_group_size)
         self.lm_head_group_size = lm_head_group_size
         self.float_zero = float_zero
+        # A size budget's choice (budget.py): these 4-bit sites keep float zero points, every
+        # other site integer ones, whatever `float_zero` says.
+        self.float_zero_sites = float_zero_sites
         # site name -> (report row, weight) already quantized by this pass's own settings (the
         # LM head that `--lm-head-bits auto` measured): used instead of quantizing it again.
         self.prequantized: dict[str, tuple[dict[str, Any], BlockQuant]] = {}
@@ -196,7 +202,9 @@ class QuantizeWeightsNBitsPass(Pass):
         stats = self.stats.get(site.x.name or "")
         # HQQ's float zero points exist only for 4 bits in MatMulNBits; 8 bits uses RTN.
         algo = self.algo if bits == 4 or self.algo != "hqq" else "rtn"
-        float_zero = self.form == "matmulnbits" and self.float_zero
+        float_zero = self.form == "matmulnbits" and (
+            self.float_zero if self.float_zero_sites is None else site.name in self.float_zero_sites
+        )
         k, n = w.shape
         gptq = algo in ("gptq", "default")
         # GPTQ's linear algebra already uses every core (BLAS); the elementwise algorithms
@@ -215,6 +223,8 @@ class QuantizeWeightsNBitsPass(Pass):
             bq = quantize_weight(wc, algo, bits, group, self.symmetric, stats, float_zero, factor)
             if not float_zero and not bq.integer_zero:
                 bq = integer_zero_points(bq, wc)
+            if float_zero and bits == 4 and algo != "rtn" and not self.symmetric:
+                bq = better_rows(bq, quantize_rtn(wc, 4, group, float_zero=True), wc, h)
             return (bq, *error_terms(wc, dequantize(bq), h))
 
         starts = range(0, n, step)
