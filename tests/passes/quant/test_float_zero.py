@@ -6,14 +6,18 @@ against its own fake-quantized reference."""
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
 import pytest
 
 from specport.build import quantize
+from specport.core.weight_size import graph_weight_size
 from specport.loading import load
 from specport.passes.quant.blockquant import dequantize, pack_matmul_nbits
 from specport.passes.quant.budget import plan_bit_budget
 from specport.passes.quant.head import nbits_bytes
 from specport.passes.quant.rtn import quantize_rtn
+from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 from specport.passes.quant.weight_quant import better_rows, quantize_weight
 from tests.passes.quant.test_algorithms import _correlated_x, _run_matmul_nbits
 from tests.passes.quant.test_budget import PROMPT, _reference
@@ -75,8 +79,6 @@ def test_better_rows_keeps_the_grid_that_gptq_leaves():
 
 
 def test_budget_offers_float_zero_only_when_asked(quant_src):
-    import onnx_ir as ir
-
     from specport.artifact.manifest import read_manifest
     from specport.core.weight_size import artifact_weight_size
 
@@ -118,3 +120,51 @@ def test_float_zero_budget_decodes_like_its_fake_quantized_reference(
         ref = _reference(out, tmp_path / "ref")
         kw = {"prompt_ids": PROMPT, "max_new_tokens": 24, "greedy": True, "ignore_eos": True}
         assert load(out).generate(**kw).tokens == load(ref).generate(**kw).tokens
+
+
+def _one_matmul(k: int, n: int, rank_known: bool) -> tuple[ir.Model, np.ndarray]:
+    """x [1, S, K] @ W [K, N] as an onnx_ir model; without `rank_known` x has no shape."""
+    w = np.random.default_rng(4).standard_normal((k, n)).astype(np.float32) * 0.05
+    x = ir.Value(
+        name="x",
+        shape=ir.Shape([1, "S", k]) if rank_known else None,
+        type=ir.TensorType(ir.DataType.FLOAT),
+    )
+    wv = ir.Value(name="w", shape=ir.Shape([k, n]), type=ir.TensorType(ir.DataType.FLOAT))
+    wv.const_value = ir.tensor(w, name="w")
+    mm = ir.node("MatMul", [x, wv], name="/model/layers.0/mlp/down_proj/MatMul")
+    y = mm.outputs[0]
+    y.name, y.type = "y", ir.TensorType(ir.DataType.FLOAT)
+    graph = ir.Graph([x], [y], nodes=[mm], initializers=[wv], opset_imports={"": 21})
+    return ir.Model(graph, ir_version=10), w
+
+
+@pytest.mark.parametrize(("k", "rank_known"), [(96, True), (80, True), (96, False)])
+@pytest.mark.parametrize("level", [None, 4])
+def test_block_offsets_compute_the_float_zero_matmul(k, rank_known, level):
+    """Float zero points run as symmetric MatMulNBits codes plus block sums times offsets
+    (with K padded to whole blocks); onnxruntime's output is x @ w_hat of the min/max grid.
+    Without the input's rank, MatMulNBits takes the float zero points itself."""
+    model, w = _one_matmul(k, 40, rank_known)
+    result = QuantizeWeightsNBitsPass(
+        4, 32, "rtn", float_zero=True, accuracy_level=level, lm_head_bits=4
+    )(model)
+    assert result.modified
+    ops = [n.op_type for n in model.graph]
+    nbits = next(n for n in model.graph if n.op_type == "MatMulNBits")
+    if rank_known:
+        assert "ReduceSum" in ops and len(nbits.inputs) == 3  # no zero points: codes only
+        assert ("Pad" in ops) == (k % 32 != 0)
+    else:
+        assert "ReduceSum" not in ops and nbits.inputs[3].const_value.dtype == ir.DataType.FLOAT
+    proto = ir.serde.serialize_model(model)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(5).standard_normal((1, 7, k)).astype(np.float32)
+    (y,) = sess.run(None, {"x": x})
+    ref = x @ dequantize(quantize_rtn(w, 4, 32, float_zero=True))
+    tol = 2e-2 if level == 4 else 1e-5  # int8 activations inside the kernel
+    np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * np.abs(ref).max())
+    size = graph_weight_size(proto)
+    assert size.by_role["zero_points"] == 40 * (-(-k // 32)) * 4  # one float32 per block
