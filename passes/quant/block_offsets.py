@@ -6,11 +6,11 @@ one offset per (block, output column). So Y = MatMulNBits_sym(x) + S(x) @ O, wit
 the sums of x over each block of K (Reshape + ReduceSum) and O [n_blocks, N] the offsets.
 
 Why: onnxruntime 1.32's CPU MatMulNBits takes float zero points but runs them on a
-dequantizing fallback, 12-35x the CPU time of packed integer zero points, and ignores
-accuracy_level 4 there. Measured on SmolLM2's shapes (K=576/1536, N=576-3072, one thread,
-docs/benchmarks/2026-12-06-q4-1-offsets.md): the symmetric kernel plus the four small ops costs
-within 5% of integer zero points with float activations and 3-12 us more per weight with int8
-activations. Same numbers (an exact rewrite of (q - z) * s) and the same bytes as float zero
+dequantizing fallback that ignores accuracy_level 4: 19-21x the CPU time of packed integer
+zero points with float activations, 47-74x with int8 activations. Measured on SmolLM2's shapes
+(K=576/1536, N=576-3072, one thread, docs/benchmarks/2026-12-06-q4-1-offsets.md): the symmetric
+kernel plus the four small ops costs within 5% of integer zero points with float activations
+and 0-40% more per call with int8 activations (1.2x the decode CPU per token on the model). Same numbers (an exact rewrite of (q - z) * s) and the same bytes as float zero
 points: one float32 per block, 6.0 bits per weight at block 32.
 """
 

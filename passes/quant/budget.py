@@ -221,8 +221,8 @@ def plan_bit_budget(
     with its group's factor, else the head's error is weighted `HEAD_WEIGHT`. `float_zero`:
     4-bit options with float32 zero points compete too (6.0 bits per weight at block 32:
     llama.cpp's Q4_1 grid), except for a tied head, whose table gathers integer codes; they
-    are exact but onnxruntime 1.32's CPU MatMulNBits runs them on a dequantizing fallback
-    (12-35x the CPU time of integer zero points), hence asked for, not a default."""
+    are emitted as block offsets (block_offsets.py), which cost SmolLM2 W4A8 1.2x the decode
+    CPU of integer zero points per token, hence asked for, not a default."""
     tensors: list[Tensor] = []
     planned_elems = 0
     seen: set[str] = set()
