@@ -109,11 +109,17 @@ def better_rows(a: BlockQuant, b: BlockQuant, w: np.ndarray, h: np.ndarray | Non
     Why: min/max RTN with float zero points reproduces a weight that already lies on a Q4_1
     grid exactly (a GGUF's weights dequantized), where GPTQ's clipped, refit ranges only move
     it off the grid; on weights that lie on no grid GPTQ wins most rows. Rows are independent
-    given H, so mixing them is exact. Both must share bits, block and zero-point kind."""
+    given H, so mixing them is exact. Both must share bits, block and zero-point kind.
+
+    H is damped by 1% of its mean diagonal (as GPTQ damps it): an input channel the calibration
+    text never excites has zero rows in H, and an error there (the scale refit can blow a
+    block's scale up along such a direction: SmolLM2, 32 calibration documents) would
+    otherwise look free and win the row."""
+    damp = 0.0 if h is None else 0.01 * float(np.mean(np.diag(h)))
     errs = []
     for bq in (a, b):
         dw = (dequantize(bq) - w).astype(np.float64)
-        hd = dw if h is None else h @ dw
+        hd = dw if h is None else h @ dw + damp * dw
         errs.append(np.einsum("kn,kn->n", dw, hd))
     take = errs[1] < errs[0]  # [N]
     if not take.any():

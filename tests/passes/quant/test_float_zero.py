@@ -78,6 +78,20 @@ def test_better_rows_keeps_the_grid_that_gptq_leaves():
     np.testing.assert_allclose(dequantize(best), w, rtol=0, atol=1e-7)
 
 
+def test_better_rows_does_not_trust_a_channel_calibration_never_saw():
+    """A row that errs hugely along input channels with zero calibration activation (zero
+    rows in H) loses to a row that errs a little everywhere: H is damped."""
+    w, x = _q4_1_grid(), _correlated_x()
+    x[:, :32] = 0.0  # block 0's channels never excited
+    h = x.astype(np.float64).T @ x
+    good = quantize_rtn(w, 4, 32)  # integer zero points: a small error everywhere
+    blown = quantize_rtn(w, 4, 32, float_zero=True)
+    blown.scale[:, 0] *= 1e4  # block 0 (channels 0-31) blown up
+    blown.zero[:, 0] /= 1e4
+    best = better_rows(blown, good, w, h)
+    np.testing.assert_array_equal(best.scale, good.scale)
+
+
 def test_budget_offers_float_zero_only_when_asked(quant_src):
     from specport.artifact.manifest import read_manifest
     from specport.core.weight_size import artifact_weight_size
