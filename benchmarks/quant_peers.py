@@ -54,14 +54,22 @@ def _genai_logits(model: Any, ids: np.ndarray, head_dim: int) -> np.ndarray:
     return np.asarray(out[0])
 
 
-def chunk_tokens(ref: Path, text: str, ctx: int, chunks: int) -> list[np.ndarray]:
-    """The text's ids (reference tokenizer, no BOS) cut into `chunks` chunks of `ctx`."""
+def chunk_tokens(
+    ref: Path, text: str, ctx: int, chunks: int, bos: int | None = None
+) -> list[np.ndarray]:
+    """The text's ids (reference tokenizer, no BOS) cut into `chunks` chunks of `ctx`; with
+    `bos`, each chunk's first id replaced by it, as llama-perplexity does for a model whose
+    GGUF adds a BOS (stories260K)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(ref / "tokenizer.json"))
     ids = np.asarray(tok.encode(Path(text).read_text(), add_special_tokens=False).ids, np.int64)
     n = min(chunks, len(ids) // ctx)
-    return [ids[i * ctx : (i + 1) * ctx] for i in range(n)]
+    out = [ids[i * ctx : (i + 1) * ctx].copy() for i in range(n)]
+    if bos is not None:
+        for c in out:
+            c[0] = bos
+    return out
 
 
 def second_half_nll(logits: np.ndarray, ids: np.ndarray) -> tuple[float, int]:
@@ -160,8 +168,15 @@ def main() -> None:
         default=[],
         help="KIND=PPL: that kind's fp32 perplexity from an earlier run of the same chunks",
     )
+    p.add_argument(
+        "--bos-id",
+        type=int,
+        default=None,
+        help="replace each chunk's first id by this BOS id (llama-perplexity does so for a "
+        "GGUF with add_bos_token true: stories260K's 1; SmolLM2's GGUF adds none)",
+    )
     args = p.parse_args()
-    chunks = chunk_tokens(Path(args.ref), args.text, args.ctx, args.chunks)
+    chunks = chunk_tokens(Path(args.ref), args.text, args.ctx, args.chunks, args.bos_id)
     base = {k: float(v) for k, v in (b.split("=", 1) for b in args.base)}
     rows = []
     for spec in args.models:

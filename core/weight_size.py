@@ -22,6 +22,10 @@ from typing import Any
 
 import onnx
 
+# A 4-bit weight with float zero points is stored as symmetric MatMulNBits codes plus these
+# per-block offsets (passes/quant/weight_only.py): its zero points in another form.
+BLOCK_OFFSETS_SUFFIX = ".block_offsets"
+
 # (op type, input index) -> role of the initializer found there. Inputs absent here default to
 # "weight" for float initializers (norm scales, float MatMul weights, biases).
 ROLES: dict[tuple[str, int], str] = {
@@ -147,6 +151,8 @@ def graph_weight_size(proto: onnx.ModelProto, tied: tuple[int, int] | None = Non
             continue
         t = inits[name]
         role = ROLES.get((node.op_type, i))
+        if name.endswith(BLOCK_OFFSETS_SUFFIX):
+            role = "zero_points"
         if role is None:
             role = "weight" if t.data_type in FLOATS else "skip"
         params = _logical_params(node, t) if role in ("codes", "weight") else 0

@@ -236,6 +236,7 @@ def quantize_artifact(
                     widths=(4, 8) if scheme == "w4a8" else (4,),
                     symmetric=symmetric,
                     loss=loss,
+                    float_zero=float_zero,
                 )
                 reports.append(budget_report)
                 plan, groups = budget.bits, budget.groups
@@ -271,6 +272,7 @@ def quantize_artifact(
                     symmetric=symmetric,
                     lm_head_group_size=lm_head_group_size,
                     group_plan=groups,
+                    float_zero_sites=budget.float_zero if budget is not None else None,
                 )
                 if auto_head:
                     if progress:
@@ -405,7 +407,11 @@ def quantize_artifact(
                         for k in ("planned_bits_per_weight", "floor_bits_per_weight", "summary")
                     },
                     "tensors": {
-                        n: {"bits": t["bits"], "group_size": t["group_size"]}
+                        n: {
+                            "bits": t["bits"],
+                            "group_size": t["group_size"],
+                            **({"float_zero": True} if t.get("float_zero") else {}),
+                        }
                         for n, t in budget_report["tensors"].items()
                     },
                 }

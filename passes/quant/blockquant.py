@@ -71,9 +71,18 @@ def to_blocks(w: np.ndarray, group_size: int) -> tuple[np.ndarray, int]:
 
 
 def block_params(
-    wb: np.ndarray, bits: int, symmetric: bool, ratio: np.ndarray | float = 1.0
+    wb: np.ndarray,
+    bits: int,
+    symmetric: bool,
+    ratio: np.ndarray | float = 1.0,
+    float_zero: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Scale and integer zero for blocks wb [..., g], range shrunk by `ratio` [...] (clipping)."""
+    """Scale and zero for blocks wb [..., g], range shrunk by `ratio` [...] (clipping).
+
+    The zero is an integer code unless `float_zero` (asymmetric only): then it is -min/scale
+    unrounded, so the block's minimum and maximum are both codes exactly. That is llama.cpp's
+    Q4_1 (w = d*q + m, d and m per block of 32) written as MatMulNBits' (q - zero) * scale,
+    with zero = -m/d; an integer zero moves every level of such a grid by up to half a step."""
     qmax = 2**bits - 1
     r = np.asarray(ratio, dtype=np.float64)
     if symmetric:
@@ -85,6 +94,10 @@ def block_params(
     else:
         mn, mx = wb.min(-1) * r, wb.max(-1) * r
         scale = (mx - mn) / qmax
+        if float_zero:
+            safe = np.where(scale == 0, 1.0, scale)
+            zero = np.where(scale == 0, -mn + 2.0 ** (bits - 1), -mn / safe)
+            return np.where(scale == 0, 1.0, scale), zero
         zero = np.where(
             scale == 0, 2.0 ** (bits - 1), np.round(-mn / np.where(scale == 0, 1, scale))
         )

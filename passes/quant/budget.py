@@ -26,6 +26,7 @@ errors the pass reports are lower than the planner's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class Option:
     group: int
     nbytes: int
     error: float
+    float_zero: bool = False  # 4-bit min/max RTN with float32 zero points (Q4_1's grid)
 
 
 @dataclass
@@ -89,6 +91,7 @@ class BudgetPlan:
 
     bits: dict[str, int] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
+    float_zero: set[str] = field(default_factory=set)  # sites with float zero points
     table: tuple[int, int] | None = None
     shared: bool = False  # the table gathers from the tied head's codes
 
@@ -154,7 +157,7 @@ def _apply_loss(
     for t in tensors:
         f = factors.get(t.name)
         if f is not None:
-            t.options = [Option(o.bits, o.group, o.nbytes, o.error * f) for o in t.options]
+            t.options = [dataclasses.replace(o, error=o.error * f) for o in t.options]
     return factors
 
 
@@ -165,14 +168,23 @@ def table_bytes(v: int, d: int, bits: int, group: int) -> int:
 
 
 def _measure_matmul(
-    w: np.ndarray, st: ActStats | None, widths: tuple[int, ...], symmetric: bool
+    w: np.ndarray,
+    st: ActStats | None,
+    widths: tuple[int, ...],
+    symmetric: bool,
+    float_zero: bool = False,
 ) -> list[Option]:
+    """Every (bits, block[, float zero]) option of one weight w [K, N], RTN-measured.
+    `float_zero`: 4-bit options with float32 zero points too (asymmetric only)."""
     k, n = w.shape
-    combos = [(b, g) for b in widths for g in GROUPS]
-    hats = [dequantize(quantize_rtn(w, b, g, symmetric)) for b, g in combos]
+    combos = [(b, g, False) for b in widths for g in GROUPS]
+    if float_zero and not symmetric and 4 in widths:
+        combos += [(4, g, True) for g in GROUPS]
+    hats = [dequantize(quantize_rtn(w, b, g, symmetric, float_zero=f)) for b, g, f in combos]
     errs = _rel_errors(w, None if st is None else st.hessian, hats)
     return [
-        Option(b, g, nbits_bytes(k, n, b, g, not symmetric), e) for (b, g), e in zip(combos, errs)
+        Option(b, g, nbits_bytes(k, n, b, g, not symmetric, f), e, f)
+        for (b, g, f), e in zip(combos, errs)
     ]
 
 
@@ -199,13 +211,18 @@ def plan_bit_budget(
     symmetric: bool = False,
     table: bool = True,
     loss: tuple[dict[str, str], dict[str, dict[str, Any]]] | None = None,
+    float_zero: bool = False,
 ) -> tuple[BudgetPlan, dict[str, Any]]:
     """Plan widths for `model` (float) so that its file holds at most `target_bpw` bits per
     parameter. `params`: the model's parameter count; `float_bytes`: bytes of every float
     weight in the source graph (the part not planned stays float). `table`: the embedding
     table is quantized too (GatherBlockQuantized). `loss`: (site -> group, group -> measured
     KL) from sensitivity.measure_group_kl; each tensor's errors are then converted to loss
-    with its group's factor, else the head's error is weighted `HEAD_WEIGHT`."""
+    with its group's factor, else the head's error is weighted `HEAD_WEIGHT`. `float_zero`:
+    4-bit options with float32 zero points compete too (6.0 bits per weight at block 32:
+    llama.cpp's Q4_1 grid), except for a tied head, whose table gathers integer codes; they
+    are emitted as block offsets (block_offsets.py), which cost SmolLM2 W4A8 1.2x the decode
+    CPU of integer zero points per token, hence asked for, not a default."""
     tensors: list[Tensor] = []
     planned_elems = 0
     seen: set[str] = set()
@@ -214,10 +231,10 @@ def plan_bit_budget(
     for site in find_weight_matmuls(model):
         w = site.weight_array()
         st = (stats or {}).get(site.x.name or "")
-        opts = _measure_matmul(w, st, widths, symmetric)
+        opts = _measure_matmul(w, st, widths, symmetric, float_zero)
         kind = "head" if site.lm_head else "matmul"
         if site.lm_head and loss is None:
-            opts = [Option(o.bits, o.group, o.nbytes, o.error * HEAD_WEIGHT) for o in opts]
+            opts = [dataclasses.replace(o, error=o.error * HEAD_WEIGHT) for o in opts]
         if site.lm_head and site.transposed and site.weight.name in table_names:
             # Tied: the table gathers from the head's codes (embedding.py), so one matrix is
             # stored; its options are the blocks that divide D, its error the head's plus the
@@ -225,9 +242,9 @@ def plan_bit_budget(
             kind = "head+table"
             table_err = {(o.bits, o.group): o.error for o in _measure_table(w.T)}
             opts = [
-                Option(o.bits, o.group, o.nbytes, o.error + table_err[(o.bits, o.group)])
+                dataclasses.replace(o, error=o.error + table_err[(o.bits, o.group)])
                 for o in opts
-                if (o.bits, o.group) in table_err
+                if (o.bits, o.group) in table_err and not o.float_zero
             ]
         tensors.append(Tensor(site.name, kind, w.size, opts))
         if site.weight.name not in seen:
@@ -281,9 +298,13 @@ def plan_bit_budget(
             plan.shared = t.kind == "head+table"
         if t.kind != "table":
             plan.bits[t.name], plan.groups[t.name] = t.chosen.bits, t.chosen.group
+            if t.chosen.float_zero:
+                plan.float_zero.add(t.name)
     counts: dict[str, int] = {}
     for t in tensors:
-        key = f"{t.chosen.bits}-bit/{t.chosen.group}"
+        key = f"{t.chosen.bits}-bit/{t.chosen.group}" + (
+            " float-zero" if t.chosen.float_zero else ""
+        )
         counts[key] = counts.get(key, 0) + 1
     summary = ", ".join(f"{n} at {k}" for k, n in sorted(counts.items()))
     report = {
@@ -295,7 +316,8 @@ def plan_bit_budget(
         "float_bytes_kept": fixed,
         "measured_with": "rtn"
         + (", calibration Gram" if stats else ", weight-space error")
-        + (", errors in loss units (KL of 4-bit groups)" if loss is not None else ""),
+        + (", errors in loss units (KL of 4-bit groups)" if loss is not None else "")
+        + (", float zero points offered" if float_zero else ""),
         "loss_groups": None if loss is None else loss[1],
         "summary": summary,
         "tensors": {
@@ -304,6 +326,7 @@ def plan_bit_budget(
                 "bits": t.chosen.bits,
                 "group_size": t.chosen.group,
                 "bytes": t.chosen.nbytes,
+                **({"float_zero": True} if t.chosen.float_zero else {}),
                 "error": round(t.chosen.error, 10),
                 **({"loss_factor": round(factors[t.name], 6)} if t.name in factors else {}),
             }

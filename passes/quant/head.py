@@ -72,14 +72,19 @@ def check_head_bits(scheme: str, algo: str, lm_head_bits: int | str | None) -> N
         )
 
 
-def nbits_bytes(k: int, n: int, bits: int, group_size: int, zero_points: bool = True) -> int:
-    """Bytes of one weight [K, N] as MatMulNBits stores it (codes, fp32 scales, zero points);
-    bits 0 or 32: the float32 weight."""
+def nbits_bytes(
+    k: int, n: int, bits: int, group_size: int, zero_points: bool = True, float_zero: bool = False
+) -> int:
+    """Bytes of one weight [K, N] as MatMulNBits stores it (codes, fp32 scales, zero points:
+    packed codes, or one float32 per block with `float_zero`); bits 0 or 32: the float32
+    weight. 4 bits at block 32 with float zero points is 6.0 bits per weight."""
     if bits not in (4, 8):
         return 4 * k * n
     blocks = -(-k // group_size)
     size = n * blocks * (group_size * bits // 8) + n * blocks * 4
-    if zero_points:
+    if float_zero:
+        size += n * blocks * 4
+    elif zero_points:
         size += n * (-(-blocks // 2) if bits == 4 else blocks)
     return size
 

@@ -45,7 +45,7 @@ def plan_mixed_precision(
         st = stats.get(site.x.name or "")
 
         bq = quantize_weight(
-            w, "rtn" if algo in ("default", "gptq") else algo, bits, group_size, False, st
+            w, "rtn" if algo in ("default", "gptq") else algo, bits, group_size, False, st, False
         )
         err = output_rel_error(w, dequantize(bq), st)
         rows.append(

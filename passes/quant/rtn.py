@@ -25,11 +25,15 @@ def quantize_rtn(
     group_size: int = 32,
     symmetric: bool = False,
     clip_ratio: np.ndarray | float = 1.0,
+    float_zero: bool = False,
 ) -> BlockQuant:
-    """Round-to-nearest blockwise quantization of w [K, N]; clip_ratio [N, n_blocks] or scalar."""
+    """Round-to-nearest blockwise quantization of w [K, N]; clip_ratio [N, n_blocks] or scalar.
+
+    `float_zero` (asymmetric): min/max RTN with float zero points, llama.cpp's Q4_1 at 4 bits
+    and block 32 (`block_params`)."""
     check_group_size(w.shape[0], group_size)
     wb, _ = to_blocks(w, group_size)
-    scale, zero = block_params(wb, bits, symmetric, clip_ratio)
+    scale, zero = block_params(wb, bits, symmetric, clip_ratio, float_zero and not symmetric)
     return pack_blocks(
         block_codes(wb, scale, zero, bits), scale, zero, bits, group_size, w.shape[0], symmetric
     )

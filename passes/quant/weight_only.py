@@ -31,6 +31,11 @@ import onnx_ir as ir
 from specport.core.errors import QuantizationError
 from specport.core.progress import track
 from specport.passes.base import Pass
+from specport.passes.quant.block_offsets import (
+    activation_rank,
+    block_offsets_form,
+    with_block_offsets,
+)
 from specport.passes.quant.blockquant import (
     BlockQuant,
     check_group_size,
@@ -49,12 +54,14 @@ from specport.passes.quant.graph import (
     remove_unused,
     replace_node,
 )
+from specport.passes.quant.rtn import quantize_rtn
 from specport.passes.quant.weight_quant import (
     ALGOS,
     CHUNK_ELEMENTS,
     NEEDS_CALIB,
     PARALLEL_MIN_ELEMENTS,
     WORKERS,
+    better_rows,
     concat_rows,
     error_terms,
     head_group_size,
@@ -91,10 +98,12 @@ class QuantizeWeightsNBitsPass(Pass):
         pack: bool = True,
         lm_head_group_size: int | None = None,
         group_plan: dict[str, int] | None = None,
+        float_zero_sites: set[str] | None = None,
     ) -> None:
-        # float_zero: let refit/HQQ keep float zero points (MatMulNBits accepts them). Measured on
-        # onnxruntime 1.31 CPU they take a slow kernel path (~10x slower decode on a 32M Llama),
-        # so integer zero points are the default and float ones an opt-in for the last 0.3% ppl.
+        # float_zero: let refit/HQQ/RTN keep float zero points, emitted as symmetric codes plus
+        # block offsets (block_offsets.py: onnxruntime's own float zero points run a slow
+        # fallback); they cost 6.0 bits per weight at block 32 against 5.125, so integer zero
+        # points stay the default and a size budget weighs the two (budget.py).
         if algo not in ALGOS:
             raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
         if form not in ("matmulnbits", "qdq"):
@@ -112,6 +121,9 @@ class QuantizeWeightsNBitsPass(Pass):
             check_group_size(1, lm_head_group_size)
         self.lm_head_group_size = lm_head_group_size
         self.float_zero = float_zero
+        # A size budget's choice (budget.py): these 4-bit sites keep float zero points, every
+        # other site integer ones, whatever `float_zero` says.
+        self.float_zero_sites = float_zero_sites
         # site name -> (report row, weight) already quantized by this pass's own settings (the
         # LM head that `--lm-head-bits auto` measured): used instead of quantizing it again.
         self.prequantized: dict[str, tuple[dict[str, Any], BlockQuant]] = {}
@@ -196,7 +208,9 @@ class QuantizeWeightsNBitsPass(Pass):
         stats = self.stats.get(site.x.name or "")
         # HQQ's float zero points exist only for 4 bits in MatMulNBits; 8 bits uses RTN.
         algo = self.algo if bits == 4 or self.algo != "hqq" else "rtn"
-        float_zero = self.form == "matmulnbits" and self.float_zero
+        float_zero = self.form == "matmulnbits" and (
+            self.float_zero if self.float_zero_sites is None else site.name in self.float_zero_sites
+        )
         k, n = w.shape
         gptq = algo in ("gptq", "default")
         # GPTQ's linear algebra already uses every core (BLAS); the elementwise algorithms
@@ -215,6 +229,8 @@ class QuantizeWeightsNBitsPass(Pass):
             bq = quantize_weight(wc, algo, bits, group, self.symmetric, stats, float_zero, factor)
             if not float_zero and not bq.integer_zero:
                 bq = integer_zero_points(bq, wc)
+            if float_zero and bits == 4 and algo != "rtn" and not self.symmetric:
+                bq = better_rows(bq, quantize_rtn(wc, 4, group, float_zero=True), wc, h)
             return (bq, *error_terms(wc, dequantize(bq), h))
 
         starts = range(0, n, step)
@@ -265,18 +281,21 @@ class QuantizeWeightsNBitsPass(Pass):
         )
         first = sites[0]
         packed = dataclasses.replace(first, n=sum(s.n for s in sites))
-        node = self._nbits_node(packed, bq, graph, f"{first.name}.packed{len(sites)}")
+        base = f"{first.name}.packed{len(sites)}"
+        node = self._nbits_node(packed, bq, graph, base)
+        rank = activation_rank(first.x, first.node.outputs[0])
+        nodes, out = with_block_offsets(graph, first.x, packed.k, bq, base, node, rank)
         sizes = add_initializer(
             graph, f"{first.name}.packed_split", np.array([s.n for s in sites], dtype=np.int64)
         )
         split = ir.node(
             "Split",
-            [node.outputs[0], sizes],
+            [out, sizes],
             {"axis": -1},
             num_outputs=len(sites),
             name=f"{first.name}/PackedSplit",
         )
-        graph.insert_before(first.node, [named(node), named(split)])
+        graph.insert_before(first.node, [*(named(n) for n in nodes), named(split)])
         for site, out in zip(sites, split.outputs):
             old = site.node.outputs[0]
             out.shape, out.type, name = old.shape, old.type, old.name
@@ -285,6 +304,9 @@ class QuantizeWeightsNBitsPass(Pass):
             old.name, out.name = f"{name}_replaced", name
 
     def _nbits_node(self, site: WeightSite, bq: BlockQuant, graph: ir.Graph, base: str) -> ir.Node:
+        if block_offsets_form(bq, activation_rank(site.x, site.node.outputs[0])):
+            # codes only: the zero points become block offsets (block_offsets.py)
+            bq = dataclasses.replace(bq, zero=np.full_like(bq.zero, 8.0), symmetric=True)
         packed = pack_matmul_nbits(bq)
         b = add_initializer(graph, f"{base}.q{bq.bits}.B", packed["B"])
         s = add_initializer(graph, f"{base}.q{bq.bits}.scales", packed["scales"])
@@ -306,8 +328,11 @@ class QuantizeWeightsNBitsPass(Pass):
 
     def _emit_nbits(self, graph: ir.Graph, site: WeightSite, bq: BlockQuant) -> None:
         node = self._nbits_node(site, bq, graph, site.name)
-        replace_node(graph, site.node, [node], node.outputs[0])
-        if site.lm_head and site.transposed and site.weight.name:
+        rank = activation_rank(site.x, site.node.outputs[0])
+        nodes, out = with_block_offsets(graph, site.x, site.k, bq, site.name, node, rank)
+        replace_node(graph, site.node, nodes, out)
+        # A table gathers integer codes only: a head with block offsets is not shared.
+        if site.lm_head and site.transposed and site.weight.name and bq.integer_zero:
             self.tied_heads[site.weight.name] = (node, bq.bits, bq.group_size, site.k)
 
     def _emit_qdq(self, graph: ir.Graph, site: WeightSite, bq: BlockQuant) -> None:

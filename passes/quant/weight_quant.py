@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from specport.core.errors import QuantizationError
-from specport.passes.quant.blockquant import BlockQuant
+from specport.passes.quant.blockquant import BlockQuant, dequantize
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.gptq import GptqFactor, quantize_gptq, refit_scales
 from specport.passes.quant.hqq import quantize_hqq
@@ -85,7 +85,7 @@ def quantize_weight(
     if algo in NEEDS_CALIB and h is None:
         raise QuantizationError(f"algorithm {algo!r} needs calibration data; pass --calib FILE")
     if algo == "rtn":
-        return quantize_rtn(w, bits, group_size, symmetric)
+        return quantize_rtn(w, bits, group_size, symmetric, float_zero=float_zero and bits == 4)
     if algo == "hqq":
         return quantize_hqq(w, bits, group_size)
     if algo == "clip":
@@ -101,6 +101,35 @@ def quantize_weight(
         # Float zero points exist only for 4 bits in MatMulNBits (and not at all in QDQ).
         return bq if symmetric or bits != 4 or not float_zero else refit_scales(bq, w, h)
     raise QuantizationError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
+
+
+def better_rows(a: BlockQuant, b: BlockQuant, w: np.ndarray, h: np.ndarray | None) -> BlockQuant:
+    """Per output row, whichever of two quantizations of w [K, N] errs less (dW^T H dW).
+
+    Why: min/max RTN with float zero points reproduces a weight that already lies on a Q4_1
+    grid exactly (a GGUF's weights dequantized), where GPTQ's clipped, refit ranges only move
+    it off the grid; on weights that lie on no grid GPTQ wins most rows. Rows are independent
+    given H, so mixing them is exact. Both must share bits, block and zero-point kind.
+
+    H is damped by 1% of its mean diagonal (as GPTQ damps it): an input channel the calibration
+    text never excites has zero rows in H, and an error there (the scale refit can blow a
+    block's scale up along such a direction: SmolLM2, 32 calibration documents) would
+    otherwise look free and win the row."""
+    damp = 0.0 if h is None else 0.01 * float(np.mean(np.diag(h)))
+    errs = []
+    for bq in (a, b):
+        dw = (dequantize(bq) - w).astype(np.float64)
+        hd = dw if h is None else h @ dw + damp * dw
+        errs.append(np.einsum("kn,kn->n", dw, hd))
+    take = errs[1] < errs[0]  # [N]
+    if not take.any():
+        return a
+    return dataclasses.replace(
+        a,
+        q=np.where(take[:, None], b.q, a.q),
+        scale=np.where(take[:, None], b.scale, a.scale),
+        zero=np.where(take[:, None], b.zero, a.zero).astype(np.float32),
+    )
 
 
 def output_rel_error(w: np.ndarray, w_hat: np.ndarray, stats: ActStats | None) -> float:

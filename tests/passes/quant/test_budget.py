@@ -74,6 +74,8 @@ def _dequantized(model: ir.Model) -> ir.Model:
             zeros = (
                 np.full((n, nb), 2.0 ** (bits - 1))
                 if zp is None
+                else zp.reshape(n, nb)  # float zero points, one per block
+                if zp.dtype == np.float32
                 else _unpack(zp.reshape(n, -1), bits, nb)
             )
             w = _blocks(codes, scales.reshape(n, nb), zeros, g)[:, :k].T
