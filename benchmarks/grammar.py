@@ -1,7 +1,9 @@
 """Per-token cost of a structured-output mask: xgrammar (what specport uses) vs llguidance.
 
-    python -m benchmarks.grammar ../shared/models/smollm2-135m-instruct \
+    python -m benchmarks.grammar SHARED/models/smollm2-135m-instruct \
         --gguf SmolLM2-135M-Instruct.Q4_1.gguf
+
+(SHARED: the shared data folder, specport's setting SPECPORT_SHARED, by default beside the checkout.)
 
 Loads the tokenizer with transformers (a GGUF file's, with --gguf), compiles one JSON schema
 with each library, and times filling the next-token mask along a fixed 32-token answer with warm

