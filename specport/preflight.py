@@ -242,6 +242,11 @@ def check_quantize(
             f"{option('float_zero')} ({resolved_algo if not float_zero else 'float zero points'} "
             "fits its own zero points)."
         )
+    if float_zero and scheme not in ("w4a16", "w4a8"):
+        raise UsageError(
+            f"{option('float_zero')} keeps 4-bit zero points in float; {scheme} has no 4-bit "
+            f"weights. Pass {option('scheme', 'w4a16')} or w4a8, or drop it."
+        )
     try:
         checks.check_kv_options(
             scheme, resolved_algo, kv_cache, kv_clip, calib_files, kv_granularity, kv_float_layers

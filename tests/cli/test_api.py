@@ -68,6 +68,9 @@ def test_api_build_errors_name_keyword_arguments(tmp_path, tiny_llama_artifact):
     assert not FLAG.search(str(e.value))
     with pytest.raises(specport.UsageError, match="calib_files"):
         specport.quantize(tiny_llama_artifact, tmp_path / "q", scheme="w4a16", algo="gptq")
+    with pytest.raises(specport.UsageError, match="float_zero") as e:  # no 4-bit weights
+        specport.quantize(tiny_llama_artifact, tmp_path / "q", scheme="w8a16", float_zero=True)
+    assert not FLAG.search(str(e.value)) and not (tmp_path / "q").exists()
     user = tmp_path / "notes.txt"
     user.write_text("x")
     with pytest.raises(specport.OutputError, match="refusing"):
