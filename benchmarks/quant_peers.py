@@ -4,8 +4,9 @@ Every row is scored with llama.cpp's `llama-perplexity` protocol: the whole text
 once, cut into chunks of `--ctx` tokens (no BOS: the GGUF says add_bos_token false for
 SmolLM2), each chunk runs as one prefill with an empty cache, and the loss is the mean NLL of
 the second half of each chunk (positions ctx/2 .. ctx-1). llama.cpp rows are scored by
-`llama-perplexity` itself; specport artifacts and onnxruntime-genai graphs by the same
-protocol here, on ids from the reference artifact's tokenizer.json. The fp32 rows of the
+`llama-perplexity` itself; specport artifacts, onnxruntime-genai graphs and OpenVINO IR folders
+(nncf-compressed by optimum-intel; scored in OpenVINO GenAI's own venv) by the same protocol
+here, on ids from the reference artifact's tokenizer.json. The fp32 rows of the
 tools agreeing to four digits is the check that the ids and the protocol are the same.
 
 Each row prints its bits per weight as stored (every tensor's bytes over the float model's
@@ -16,7 +17,10 @@ llama-quantize reports it) and its perplexity change against the first row of it
     python -m benchmarks.quant_peers --text wiki.test.raw --chunks 40 --ref smollm \\
         --llama-bin llama.cpp/build/bin \\
         specport:smollm specport:Q genai:GENAI_FP32/model.onnx genai:GENAI_INT4/model.onnx \\
-        llama:F32.gguf llama:Q4_K_M.gguf
+        llama:F32.gguf llama:Q4_K_M.gguf ov:OV_INT4_DIR
+
+(`ov:` rows compare against the first `ov` row, or `--base ov=PPL`: give the fp32 export's
+figure, `--base ov=27.29948`, when no OpenVINO fp32 IR is scored.)
 """
 
 from __future__ import annotations
@@ -106,6 +110,67 @@ def score_onnx(kind: str, path: str, ref: Path, chunks: list[np.ndarray]) -> dic
     }
 
 
+# Runs in OpenVINO GenAI's own venv (peer_openvino.py): the IR's full-sequence logits per chunk.
+_OV_SCORER = """
+import json, sys
+import numpy as np, openvino as ov
+xml, ids_file, props = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+req = ov.Core().compile_model(xml, "CPU", props).create_infer_request()
+nll, count = 0.0, 0
+for ids in np.load(ids_file):
+    req.reset_state()
+    n = len(ids)
+    req.infer({"input_ids": ids[None], "attention_mask": np.ones((1, n), np.int64),
+               "position_ids": np.arange(n)[None], "beam_idx": np.zeros(1, np.int32)})
+    z = req.get_tensor("logits").data[0, n // 2 : -1].astype(np.float64)
+    z = z - z.max(-1, keepdims=True)
+    lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    nll -= float(lp[np.arange(len(lp)), ids[n // 2 + 1 :]].sum())
+    count += len(lp)
+print(json.dumps({"nll": nll, "count": count}))
+"""
+
+
+def score_openvino(
+    path: str, chunks: list[np.ndarray], threads: int, precision: str, params: int
+) -> dict[str, Any]:
+    """An OpenVINO IR folder (optimum-intel's export, nncf's weights) on the same ids, in
+    OpenVINO's venv; `precision` f32 (exact compute: the weights' loss alone) or default
+    (OpenVINO's own, bf16 on AVX512-BF16/AMX CPUs). Size: the IR's .bin over `params`."""
+    import tempfile
+
+    from specport.bench.peer_openvino import PRECISIONS, ensure_venv
+
+    python = ensure_venv(progress=True)
+    props = {"INFERENCE_NUM_THREADS": threads, **PRECISIONS[precision]}
+    t0 = time.perf_counter()
+    before = os.times()
+    with tempfile.TemporaryDirectory() as tmp:
+        ids_file = Path(tmp) / "ids.npy"
+        np.save(ids_file, np.stack(chunks))
+        xml = str(Path(path) / "openvino_model.xml")
+        cmd = [str(python), "-c", _OV_SCORER, xml, str(ids_file), json.dumps(props)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    after = os.times()
+    if out.returncode != 0:
+        raise SystemExit(f"OpenVINO scoring of {path} failed:\n{out.stderr[-2000:]}")
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    nbytes = (Path(path) / "openvino_model.bin").stat().st_size
+    return {
+        "ppl": math.exp(got["nll"] / got["count"]),
+        "tokens": got["count"],
+        "bits_per_weight": round(8 * nbytes / params, 3),
+        "weight_mb": round(nbytes / 1e6, 1),
+        "precision": precision,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "cpu_seconds": round(
+            (after.children_user + after.children_system)
+            - (before.children_user + before.children_system),
+            1,
+        ),
+    }
+
+
 def gguf_bits(path: str) -> tuple[float, int]:
     """Tensor bytes x 8 over elements (llama-quantize's BPW), and the tensor bytes."""
     import gguf
@@ -148,7 +213,12 @@ def score_llama(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("models", nargs="+", help="specport:ARTIFACT, genai:GRAPH.onnx or llama:F.gguf")
+    p.add_argument(
+        "models",
+        nargs="+",
+        help="specport:ARTIFACT, genai:GRAPH.onnx, llama:F.gguf, or ov:IR_DIR / ov-default:IR_DIR "
+        "(OpenVINO in its own venv at exact f32 / at its default precision)",
+    )
     p.add_argument("--ref", required=True, help="the float specport artifact (tokenizer)")
     p.add_argument("--text", required=True)
     p.add_argument("--ctx", type=int, default=512)
@@ -192,6 +262,10 @@ def main() -> None:
                 args.threads,
                 args.llama_arg,
             )
+        elif kind in ("ov", "ov-default"):
+            ref_size = artifact_weight_size(args.ref, read_manifest(args.ref, check_hashes=False))
+            precision = "default" if kind == "ov-default" else "f32"
+            row = score_openvino(path, chunks, args.threads, precision, ref_size.params)
         else:
             row = score_onnx(kind, path, Path(args.ref), chunks)
         base.setdefault(kind, row["ppl"])

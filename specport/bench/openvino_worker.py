@@ -10,12 +10,14 @@ Requests:
 - ``{"op": "load", "model": DIR, "properties": {...}, "mode": "plain"|"lookup"|"draft",
   "draft": DIR|null}`` -> ``{"ok": true, "versions": {...}}``
 - ``{"op": "run", "ids": [...], "new_tokens": N, "num_draft": K, "ngram": G}`` ->
-  ``{"tokens": [...], "t_start": s, "t_first": s, "t_end": s, "c_first": s, "c_end": s,
-  "writes": n}``: greedy, EOS ignored, exactly N tokens; ``t_first`` is when the first new
-  token reached the streamer (prefill done), ``c_first`` / ``c_end`` this process's CPU time
-  (all threads: OpenVINO's own) then and at the end, ``writes`` how many times the streamer
-  was called (one per decoding step: a speculative step hands over all the tokens it accepted
-  at once).
+  ``{"tokens": [...], "t_start": s, "t_first": s, "t_end": s, "c_start": s, "c_first": s,
+  "c_end": s, "writes": n}``: greedy, EOS ignored, exactly N tokens; ``t_first`` is when the
+  first new token reached the streamer (prefill done), ``c_start`` / ``c_first`` / ``c_end``
+  this process's CPU time (all threads: OpenVINO's own) at the start, then and at the end,
+  ``writes`` how many times the streamer was called (one per decoding step: a speculative step
+  hands over all the tokens it accepted at once). ``ids`` may be a list of equal-length rows
+  (a batch, plain mode): OpenVINO GenAI streams one row only, so there is no streamer,
+  ``t_first`` / ``c_first`` are the end and ``rows`` holds every row's tokens.
 - ``{"op": "quit"}``.
 Any failure answers ``{"error": "one line"}``.
 """
@@ -89,14 +91,20 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
         def end(self) -> None:
             pass
 
-    ids = ov.Tensor(np.asarray([req["ids"]], dtype=np.int64))
-    t_start = time.perf_counter()
-    out = PIPE.generate(ids, config, Stamp())
+    rows = req["ids"] if req["ids"] and isinstance(req["ids"][0], list) else [req["ids"]]
+    ids: Any = ov.Tensor(np.asarray(rows, dtype=np.int64))
+    streamer = Stamp() if len(rows) == 1 else None  # it streams one row only
+    if len(rows) > 1:  # its continuous-batching backend takes a batch with its mask only
+        ids = ov_genai.TokenizedInputs(ids, ov.Tensor(np.ones((len(rows), len(rows[0])), np.int64)))
+    t_start, c_start = time.perf_counter(), time.process_time()
+    out = PIPE.generate(ids, config, streamer)
     t_end, c_end = time.perf_counter(), time.process_time()
     tokens = [int(t) for t in out.tokens[0]]
     return {
         "tokens": tokens,
+        "rows": [[int(t) for t in row] for row in out.tokens] if len(rows) > 1 else None,
         "t_start": t_start,
+        "c_start": c_start,
         "t_first": stamps[0] if stamps else t_end,
         "t_end": t_end,
         "c_first": cpu_first[0] if cpu_first else c_end,

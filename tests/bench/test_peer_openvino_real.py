@@ -55,3 +55,31 @@ def test_openvino_fp32_greedy_tokens_equal_specport(
     runs = got["openvino-genai+draft"].rounds
     assert runs is not None and runs <= 1 + -(-(len(reference) - 1) // 5) + 1
     assert info["speculation"]["draft_is_target"]
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_openvino_worker_batch_gives_each_row_its_own_tokens(
+    shared_path: Callable[..., Path],
+) -> None:
+    """A batch of equal-length prompts (benchmarks/quant_speed_peers.py times OpenVINO at batch
+    8 this way) decodes every row as it decodes alone, and says its CPU time from the start."""
+    venv = ov.venv_dir()
+    if not (venv / ov.READY).exists():
+        pytest.skip(f"OpenVINO GenAI's venv {venv} is absent (created on first --peer use)")
+    python = ov.ensure_venv(progress=False)
+    source = shared_path("models", "stories260K")
+    entry = ov.convert(python, source, "fp32", ov.venv_versions(python), progress=False)
+    worker = ov.Worker(python)
+    rows = [[1, 403, 407, 261, 378], [1, 378, 261, 407, 403]]
+    try:
+        properties = ov.load_properties("f32", 1)
+        worker.call({"op": "load", "model": str(entry.path), "properties": properties})
+        alone = [worker.call({"op": "run", "ids": r, "new_tokens": 12})["tokens"] for r in rows]
+        batch = worker.call({"op": "run", "ids": rows, "new_tokens": 12})
+    finally:
+        worker.close()
+        entry.release()
+    assert batch["rows"] == alone
+    assert all(len(t) == 12 for t in alone)
+    assert batch["c_end"] >= batch["c_start"] and batch["t_end"] > batch["t_start"]
