@@ -340,6 +340,20 @@ def test_one_request_alone_decodes_at_batch_one(engine):
     assert stats["mean_decode_batch"] == 1.0
 
 
+def test_cpu_split_adds_up_to_the_engine_threads_time(engine, reference):
+    """`stats()` splits the engine's CPU time into onnxruntime's decode steps, its prompt runs
+    and the worker's own host work (what `/health` shows a server's operator): the parts are
+    thread CPU seconds, none negative, and they add up to the worker's time."""
+    for i in range(2):
+        engine.submit(Request(PROMPTS[i], NEW[i], ignore_eos=True)).result(timeout=60)
+    s = engine.stats()
+    assert s["decode_ort_cpu_seconds"] > 0 and s["prefill_ort_cpu_seconds"] > 0
+    assert s["engine_host_cpu_seconds"] >= 0 and s["textout_cpu_seconds"] >= 0
+    parts = s["decode_ort_cpu_seconds"] + s["prefill_ort_cpu_seconds"]
+    assert parts + s["engine_host_cpu_seconds"] == pytest.approx(s["engine_cpu_seconds"], abs=1e-5)
+    assert parts <= s["engine_cpu_seconds"] + 1e-5
+
+
 def test_close_cancels_what_is_left(shared_model):
     eng = BatchingEngine(shared_model, max_batch=1)
     handles = [eng.submit(Request(PROMPTS[1], 100, ignore_eos=True)) for _ in range(3)]
