@@ -456,10 +456,13 @@ class BatchingEngine(QueueIntake):
         round, they would find that first request decoding and be paced against its single
         stream (`prefill_pace`): runs of a few dozen tokens, each reading every weight, and
         decode steps of one or two rows. On the chat load test at 16 in flight (SmolLM2-135M
-        fp32, one thread) that was 78 prefill runs of 111 tokens on average and 295 decode
-        steps where 256 carry every answer. Joining them here prefills the burst as if it had
-        arrived at once; no stream has had a decode step yet, so none is stalled. The KV rows
-        and space bound how many join; the first pass that finds none ends the joining."""
+        fp32, one thread, seed 16) that was 71-78 prefill runs of ~115 tokens and 290-300
+        decode steps, where joining takes 31-33 runs and 239 steps (the longest answer's) and
+        3-9% less server CPU; at 64 in flight 231-232 runs and 441-450 steps became 133-135
+        and 383, 2-3% less CPU (2026-12-06, thread CPU time, load 1-2.5). Joining prefills the
+        burst as if it had arrived at once; no stream has had a decode step yet, so none is
+        stalled. The KV rows and space bound how many join; the first pass that finds none
+        ends the joining."""
         if not self._take(block=False):
             self._intake.put(_CLOSE)  # close() was called: the loop sees it next round
             return False
