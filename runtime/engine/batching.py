@@ -218,6 +218,10 @@ class BatchingEngine(QueueIntake):
         self.decode_seconds = 0.0
         self.busy_seconds = 0.0  # wall time of worker rounds that had rows to serve
         self.busy_ort_seconds = 0.0  # onnxruntime's part of it (not the start-up calibration)
+        # Where the engine's CPU goes (thread CPU time, robust to the machine's other load):
+        # its worker over busy rounds, and the onnxruntime runs inside them by kind; the rest
+        # of the worker's time is its own host work (scheduling, KV bookkeeping, sampling).
+        self.cpu = dict.fromkeys(("worker", "decode_ort", "prefill_ort"), 0.0)
         self._worker = threading.Thread(target=self._loop, name="specport-batching", daemon=True)
         self._worker.start()
 
@@ -254,11 +258,29 @@ class BatchingEngine(QueueIntake):
             "mean_decode_batch": round(c["decode_batch_rows"] / steps, 3),
             "decode_seconds": round(self.decode_seconds, 6),
             "ort_seconds": round(self.kv.ort_seconds, 6),
+            **self.cpu_split(),
             # the engine step's own cost: busy wall time outside onnxruntime per step
             "step_overhead_ms": overhead_ms(
                 self.busy_seconds, self.busy_ort_seconds, c["busy_steps"]
             ),
             **(self.spec.stats() if self.spec is not None else {}),
+        }
+
+    def cpu_split(self) -> dict[str, float]:
+        """CPU seconds by part (thread CPU time): `engine_cpu_seconds` the worker's busy
+        rounds, of which `decode_ort_cpu_seconds` / `prefill_ort_cpu_seconds` inside
+        onnxruntime's decode steps / prompt runs and `engine_host_cpu_seconds` the rest;
+        `textout_cpu_seconds` the detokenizing thread. What a server process spends beyond
+        these is its HTTP side (and start-up): a served token's cost, split."""
+        cpu = self.cpu
+        return {
+            "engine_cpu_seconds": round(cpu["worker"], 6),
+            "decode_ort_cpu_seconds": round(cpu["decode_ort"], 6),
+            "prefill_ort_cpu_seconds": round(cpu["prefill_ort"], 6),
+            "engine_host_cpu_seconds": round(
+                cpu["worker"] - cpu["decode_ort"] - cpu["prefill_ort"], 6
+            ),
+            "textout_cpu_seconds": round(self.text.cpu_seconds, 6),
         }
 
     # ---- the worker -----------------------------------------------------------------
@@ -267,7 +289,7 @@ class BatchingEngine(QueueIntake):
             busy = any(job is not None for job in self.rows)
             if not self._take(block=not busy and not self.waiting):
                 break
-            t0, ort0 = time.perf_counter(), self.kv.ort_seconds
+            t0, ort0, cpu0 = time.perf_counter(), self.kv.ort_seconds, time.thread_time()
             before = dict(self.counters) if logger.isEnabledFor(logging.DEBUG) else None
             try:
                 self._sweep()
@@ -282,6 +304,7 @@ class BatchingEngine(QueueIntake):
             if busy or any(job is not None for job in self.rows):
                 self.busy_seconds += time.perf_counter() - t0
                 self.busy_ort_seconds += self.kv.ort_seconds - ort0
+                self.cpu["worker"] += time.thread_time() - cpu0
                 self.counters["busy_steps"] += 1
             self.text.flush()  # the round's tokens to the text thread, one wake-up
             if before is not None:
@@ -388,9 +411,10 @@ class BatchingEngine(QueueIntake):
         `prefill_chunk` tokens per prompt, at most `prefill_budget` prompt tokens per round
         while rows decode (fewer where `self.pace` measures them too costly; oldest requests
         first), every prompt whole while none does (groups of at most `GROUP_TOKENS` padded
-        tokens)."""
+        tokens), with the requests that arrive meanwhile (`_join_arrivals`)."""
         decoding = any(job is not None and job.decoding for job in self.rows)
         paced = self.pace.budget(self.prefill_budget) if decoding else None
+        joining = not decoding
         while True:
             budget = paced
             chosen: list[tuple[BatchJob, int]] = []  # (request, prompt tokens it runs now)
@@ -420,6 +444,31 @@ class BatchingEngine(QueueIntake):
                 self.text.flush()  # this group's first tokens now, not at the round's end
             if decoding:
                 return
+            if joining:
+                joining = self._join_arrivals()
+
+    def _join_arrivals(self) -> bool:
+        """Admit the requests that arrived while prompts prefilled with no row decoding yet;
+        True when one got a row (the caller then looks again after its next pass).
+
+        A burst of requests reaches the engine over the time the first prompt takes to
+        prefill (an HTTP server submits each as its handler gets to it). Left to the next
+        round, they would find that first request decoding and be paced against its single
+        stream (`prefill_pace`): runs of a few dozen tokens, each reading every weight, and
+        decode steps of one or two rows. On the chat load test at 16 in flight (SmolLM2-135M
+        fp32, one thread, seed 16) that was 71-78 prefill runs of ~115 tokens and 290-300
+        decode steps, where joining takes 31-33 runs and 239 steps (the longest answer's) and
+        3-9% less server CPU; at 64 in flight 231-232 runs and 441-450 steps became 133-135
+        and 383, 2-3% less CPU (2026-12-06, thread CPU time, load 1-2.5). Joining prefills the
+        burst as if it had arrived at once; no stream has had a decode step yet, so none is
+        stalled. The KV rows and space bound how many join; the first pass that finds none
+        ends the joining."""
+        if not self._take(block=False):
+            self._intake.put(_CLOSE)  # close() was called: the loop sees it next round
+            return False
+        busy = sum(job is not None for job in self.rows)
+        self._admit()
+        return sum(job is not None for job in self.rows) > busy
 
     def _order_new_rows(self, chosen: list[tuple[BatchJob, int]]) -> None:
         """Sort the chosen prompts that no prefill run has touched yet over the rows they
@@ -452,7 +501,7 @@ class BatchingEngine(QueueIntake):
         for i, (job, c) in enumerate(zip(jobs, group)):
             ids[i, : c.n] = job.prompt[job.done : job.done + c.n]
         lengths = np.array([c.n for c in group], dtype=np.int64)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), self.kv.ort_cpu_seconds
         try:
             out = self.kv.prefill_rows(group[0].row, ids, lengths)
         except Exception as exc:
@@ -460,6 +509,8 @@ class BatchingEngine(QueueIntake):
             for job in jobs:
                 self._end(job, "error", f"prefill failed: {type(exc).__name__}: {exc}")
             return
+        finally:
+            self.cpu["prefill_ort"] += self.kv.ort_cpu_seconds - cpu0
         self.pace.observe_prefill(ids.size, time.perf_counter() - t0)
         self.counters["prefill_runs"] += 1
         self.counters["prefill_padded_tokens"] += ids.size
@@ -564,7 +615,7 @@ class BatchingEngine(QueueIntake):
         """Run the step over `rows`, emit what each verified, count it."""
         batch = 1 if alone else rows[-1].row + 1
         start = self.kv.lengths.copy()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), self.kv.ort_cpu_seconds
         try:
             verdicts = step.run(self.kv, rows, width, alone)
         except Exception as exc:
@@ -573,6 +624,8 @@ class BatchingEngine(QueueIntake):
             for job in jobs:
                 self._end(job, "error", f"decode failed: {type(exc).__name__}: {exc}")
             return
+        finally:
+            self.cpu["decode_ort"] += self.kv.ort_cpu_seconds - cpu0
         elapsed = time.perf_counter() - t0
         self.decode_seconds += elapsed
         spec = self.spec

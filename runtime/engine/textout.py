@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Any
 
 from specport.runtime.engine.base import Event, RequestHandle, TokenLogprobs
@@ -74,6 +75,7 @@ class TextOut:
         self._queue: queue.Queue[list[_Item] | None] = queue.Queue()
         self._pending: list[_Item] = []  # this round's items (the engine thread's only)
         self._thread: threading.Thread | None = None
+        self.cpu_seconds = 0.0  # the thread's CPU time delivering (inline: counted by the caller)
         if threaded:
             self._thread = threading.Thread(target=self._work, name=name, daemon=True)
             self._thread.start()
@@ -123,7 +125,9 @@ class TextOut:
                 except queue.Empty:
                     break
             closing = parts[-1] is None
+            t0 = time.thread_time()
             self._deliver([item for part in parts if part is not None for item in part])
+            self.cpu_seconds += time.thread_time() - t0
             if closing:
                 return
 

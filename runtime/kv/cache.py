@@ -86,6 +86,9 @@ class SharedKVCache:
         self._batch: dict[int, BoundSession] = {}  # rows [0, b) bound at batch b
         self._row: dict[int, BoundSession] = {}  # row r's own view bound at batch 1
         self.ort_seconds = 0.0
+        # this thread's CPU time inside onnxruntime (the run's own work with one intra-op
+        # thread; with more, only the calling thread's share): what a served token costs
+        self.ort_cpu_seconds = 0.0
         self.has_tree = TREE_MASK in {i.name for i in session.get_inputs()}  # --tree-mask
 
     @property
@@ -96,7 +99,7 @@ class SharedKVCache:
     def reset(self) -> None:
         """Every row empty (buffers kept: stale positions are overwritten)."""
         self.lengths[:] = 0
-        self.ort_seconds = 0.0
+        self.ort_seconds = self.ort_cpu_seconds = 0.0
 
     # ---- bindings -------------------------------------------------------------------
     def _view(self, start: int, stop: int) -> BoundSession:
@@ -115,6 +118,11 @@ class SharedKVCache:
         return self._row[row]
 
     # ---- runs -----------------------------------------------------------------------
+    def _spent(self, bound: BoundSession, before: tuple[float, float]) -> None:
+        """Add a binding's onnxruntime time since `before` (`_clocks`) to the cache's."""
+        self.ort_seconds += bound.ort_seconds - before[0]
+        self.ort_cpu_seconds += bound.ort_cpu_seconds - before[1]
+
     def step(self, ids: np.ndarray, live: np.ndarray) -> StepOut:
         """ids [b, S] after the valid positions of rows [0, b), one run; live [b] bool rows
         advance by S. At S > 1 with b > 1 the graph must take batched multi-token steps
@@ -125,9 +133,9 @@ class SharedKVCache:
         bound = self._rows(batch)
         bound.kv.lengths[:] = self.lengths[:batch]
         self._wrote(slice(0, batch), self.lengths[:batch] + s)  # every row, live or not
-        before = bound.ort_seconds
+        before = _clocks(bound)
         logits, greedy = bound.extend(np.asarray(ids, dtype=np.int64))
-        self.ort_seconds += bound.ort_seconds - before
+        self._spent(bound, before)
         self.lengths[:batch] += np.where(live, s, 0)
         return StepOut(logits, greedy, bound.extra_outputs())
 
@@ -142,9 +150,9 @@ class SharedKVCache:
         bound = self._rows(batch)
         bound.kv.lengths[:] = lengths
         self._wrote(slice(0, batch), lengths + 1)  # a free row's harmless token is written too
-        before = bound.ort_seconds
+        before = _clocks(bound)
         bound.decode(np.where(live, ids, 0))
-        self.ort_seconds += bound.ort_seconds - before
+        self._spent(bound, before)
         lengths += live
         return _decoded(bound)
 
@@ -163,16 +171,16 @@ class SharedKVCache:
         bound.kv.lengths[0] = end - len(ids)  # in place: the binding's own length array
         if end > self.written[row]:
             self.written[row] = min(end, self.max_length)
-        before = bound.ort_seconds
+        before = _clocks(bound)
         if len(ids) == 1 and tree is None:  # a decode step: the one-token binding
             bound.decode(ids)
-            self.ort_seconds += bound.ort_seconds - before
+            self._spent(bound, before)
             self.lengths[row] = end
             return _decoded(bound)
         logits, greedy = bound.extend(
             np.asarray(ids, dtype=np.int64)[None, :], last_only=last_only, tree=tree
         )
-        self.ort_seconds += bound.ort_seconds - before
+        self._spent(bound, before)
         self.lengths[row] = end
         return StepOut(logits, greedy, bound.extra_outputs())
 
@@ -197,7 +205,7 @@ class SharedKVCache:
             bound = self._rows(batch)
         else:
             bound = self._view(first, first + batch)
-        before = bound.ort_seconds
+        before = _clocks(bound)
         if not held.any():
             bound.kv.lengths = np.zeros(batch, dtype=np.int64)
             logits, greedy = bound.prefill(np.asarray(ids, dtype=np.int64), lengths)
@@ -208,7 +216,7 @@ class SharedKVCache:
             bound.kv.lengths = held.copy()
             logits, greedy = bound.extend(np.asarray(ids, dtype=np.int64), last=lengths - 1)
             out = StepOut(logits, greedy, bound.extra_outputs())
-        self.ort_seconds += bound.ort_seconds - before
+        self._spent(bound, before)
         self.lengths[first : first + batch] += lengths
         return out
 
@@ -279,6 +287,11 @@ class SharedKVCache:
             buf.release(row, keep)
         self.lengths[row] = min(int(self.lengths[row]), keep)
         self.written[row] = min(int(self.written[row]), keep)
+
+
+def _clocks(bound: BoundSession) -> tuple[float, float]:
+    """A binding's onnxruntime (wall, CPU) seconds so far."""
+    return bound.ort_seconds, bound.ort_cpu_seconds
 
 
 def _decoded(bound: BoundSession) -> StepOut:

@@ -63,6 +63,7 @@ class BoundSession:
         self.kv = kv if kv is not None else SharedKV(manifest, batch, max_length)
         self.batch = batch
         self.ort_seconds = 0.0  # time inside onnxruntime since the last reset
+        self.ort_cpu_seconds = 0.0  # the calling thread's CPU time inside it (intra-op threads: 1)
         self.input_names = {i.name for i in session.get_inputs()}
         self.output_names = [o.name for o in session.get_outputs()]
         for needed in (self.io["seqlens_input"], self.io["total_length_input"]):
@@ -151,11 +152,13 @@ class BoundSession:
         """Empty the cache for a new generation (buffers are kept; stale slots get overwritten)."""
         self.kv.lengths[:] = 0
         self.ort_seconds = 0.0
+        self.ort_cpu_seconds = 0.0
 
     def _run(self, binding: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         self.session.run_with_iobinding(self.binding if binding is None else binding)
         self.ort_seconds += time.perf_counter() - t0
+        self.ort_cpu_seconds += time.thread_time() - c0
         return self.logits[:, 0, :], (self.next_token[:, 0] if self.has_next else None)
 
     def prefill(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

@@ -222,6 +222,16 @@ class _EngineCollector:
                 "Prompt tokens whose KV came from the prefix cache.",
                 s.get("prefix_cache_saved_tokens", 0),
             )
+        if "engine_cpu_seconds" in s:  # the batching engine's CPU time, by part
+            cpu = CounterMetricFamily(
+                "specport:engine_cpu_seconds",
+                "Thread CPU seconds of the engine: onnxruntime's decode steps and prompt runs, "
+                "the worker's host work, the detokenizing thread (the process's rest: HTTP).",
+                labels=["model_name", "part"],
+            )
+            for part in ("decode_ort", "prefill_ort", "engine_host", "textout"):
+                cpu.add_metric([self.model, part], s.get(f"{part}_cpu_seconds", 0.0))
+            yield cpu
         if "spec_draft_tokens" in s:
             yield counter(
                 "vllm:spec_decode_num_drafts", "Speculative verify steps.", s.get("spec_steps", 0)

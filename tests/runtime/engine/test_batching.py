@@ -114,6 +114,47 @@ def _arrive_together(eng, requests):
     return handles
 
 
+class _SlowFirstPrefill(BatchingEngine):
+    """A batching engine whose first prefill run waits until `gate` is set: what is submitted
+    meanwhile arrives while the first prompt prefills, as a burst reaches a server."""
+
+    def __init__(self, *args, **kwargs):
+        self.prefilling, self.gate = threading.Event(), threading.Event()
+        super().__init__(*args, **kwargs)
+
+    def _prefill_group(self, jobs, group):
+        if not self.prefilling.is_set():
+            self.prefilling.set()
+            assert self.gate.wait(60)
+        super()._prefill_group(jobs, group)
+
+    def close(self):
+        self.gate.set()
+        super().close()
+
+
+def test_a_burst_arriving_while_the_first_prompt_prefills_decodes_together(shared_model, reference):
+    """Requests that arrive while the first one's prompt prefills (nothing decoding yet) are
+    prefilled before the first decode step, not paced against that one stream: every answer is
+    generate's, and the decode steps are those of the longest answer alone (each request's
+    first token comes from its prompt's run), all requests sharing them."""
+    eng = _SlowFirstPrefill(shared_model, max_batch=8)
+    try:
+        first = eng.submit(Request(PROMPTS[0], NEW[0], ignore_eos=True))
+        assert eng.prefilling.wait(60)
+        order = [1, 2, 3, 4, 5]
+        rest = [eng.submit(Request(PROMPTS[i], NEW[i], ignore_eos=True)) for i in order]
+        eng.gate.set()
+        assert first.result(timeout=60).token_ids == reference[0]
+        for i, handle in zip(order, rest):
+            assert handle.result(timeout=60).token_ids == reference[i], i
+        stats = eng.stats()
+        assert stats["decode_steps"] == max(NEW) - 1
+        assert stats["decode_rows"] == sum(NEW) - len(NEW)
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("speculative", [None, "ngram"])
 def test_fresh_prompts_of_several_lengths_prefill_in_one_run(shared_model, reference, speculative):
     eng = _Gated(shared_model, max_batch=8, speculative=speculative)
@@ -338,6 +379,20 @@ def test_one_request_alone_decodes_at_batch_one(engine):
     engine.submit(Request(PROMPTS[0], 8, ignore_eos=True)).result(timeout=60)
     stats = engine.stats()
     assert stats["mean_decode_batch"] == 1.0
+
+
+def test_cpu_split_adds_up_to_the_engine_threads_time(engine, reference):
+    """`stats()` splits the engine's CPU time into onnxruntime's decode steps, its prompt runs
+    and the worker's own host work (what `/health` shows a server's operator): the parts are
+    thread CPU seconds, none negative, and they add up to the worker's time."""
+    for i in range(2):
+        engine.submit(Request(PROMPTS[i], NEW[i], ignore_eos=True)).result(timeout=60)
+    s = engine.stats()
+    assert s["decode_ort_cpu_seconds"] > 0 and s["prefill_ort_cpu_seconds"] > 0
+    assert s["engine_host_cpu_seconds"] >= 0 and s["textout_cpu_seconds"] >= 0
+    parts = s["decode_ort_cpu_seconds"] + s["prefill_ort_cpu_seconds"]
+    assert parts + s["engine_host_cpu_seconds"] == pytest.approx(s["engine_cpu_seconds"], abs=1e-5)
+    assert parts <= s["engine_cpu_seconds"] + 1e-5
 
 
 def test_close_cancels_what_is_left(shared_model):

@@ -679,3 +679,33 @@ def test_speculative_batching_serving_feeds_spec_metrics(batching):
     finally:
         server.stop()
         engine.close()
+
+
+def test_batching_server_metrics_split_its_cpu_time(batching):
+    """/metrics on the batching engine says where the server's CPU went: onnxruntime's decode
+    steps and prompt runs, the engine's host work and the detokenizing thread, as counters
+    (thread CPU seconds) that agree with the engine's own `stats()`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specport.runtime.engine import make_engine
+
+    model, _ = batching
+    engine = make_engine(model)
+    server = serve(model, engine)
+    try:
+        body = {"prompt": [1, 7, 8, 9], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        assert call(server, "POST", "/v1/completions", body)[0] == 200
+        parts = {
+            s.labels["part"]: s.value
+            for fam in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+            for s in fam.samples
+            if s.name == "specport:engine_cpu_seconds_total"
+        }
+        assert set(parts) == {"decode_ort", "prefill_ort", "engine_host", "textout"}
+        assert parts["decode_ort"] > 0 and parts["prefill_ort"] > 0
+        assert min(parts.values()) >= 0
+        stats = engine.stats()
+        assert parts["decode_ort"] + parts["prefill_ort"] <= stats["engine_cpu_seconds"] + 1e-5
+    finally:
+        server.stop()
+        engine.close()
