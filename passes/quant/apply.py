@@ -53,6 +53,7 @@ from specport.passes.quant import calibration as C
 from specport.passes.quant.budget import BudgetPlan, plan_bit_budget
 from specport.passes.quant.checks import (
     check_budget_options,
+    check_frequent_head_rows,
     check_kv_layout,
     check_kv_options,
     check_weight_options,
@@ -69,6 +70,7 @@ from specport.passes.quant.ort_baseline import run_ort_baseline
 from specport.passes.quant.ort_check import integer_kernel_summary
 from specport.passes.quant.row_invariance import token_exact_report
 from specport.passes.quant.sensitivity import measure_group_kl
+from specport.passes.quant.vocab_split import check_split, split_report, split_tied_head
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 
@@ -122,6 +124,7 @@ def quantize_artifact(
     bits_per_weight: float | None = None,
     mixture: str | None = None,
     exact_speculation: bool = False,
+    frequent_head_rows: int = 0,
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
@@ -139,11 +142,15 @@ def quantize_artifact(
     `exact_speculation` (w4a8, w8a8): pad every attention run to two query rows, so greedy
     speculation gives plain greedy's tokens; it costs plain decoding a dummy attention row per
     step (SmolLM2 W8A8: 1.15-1.18x CPU per token, see pad_attention_rows.py), so it is asked for.
+    `frequent_head_rows` (w4a8 with a budget): the tied LM head and table are split by
+    vocabulary rows and the first ids (BPE's most frequent tokens) kept at 8 bits
+    (passes/quant/vocab_split.py).
     """
     src_p, out_p = Path(src), Path(out)
     target_bpw = check_budget_options(
         scheme, algo, form, mixed_precision, lm_head_bits, embedding_bits, bits_per_weight, mixture
     )
+    check_frequent_head_rows(frequent_head_rows, scheme, target_bpw)
     if group_size is None:
         group_size = default_group_size(scheme)
     if target_bpw is not None:
@@ -183,6 +190,8 @@ def quantize_artifact(
     source_size = artifact_weight_size(src_p, manifest)
     source_params = source_size.params
     prior_quant, kv_report = manifest.quant, {}  # scheme none keeps the source's weight recipe
+    if frequent_head_rows:
+        check_split(ir.load(model_path), frequent_head_rows)  # before calibration
     stats = None
     if calib_files and not algo.startswith("ort-") and scheme != "none" and form != "npu":
         stats = C.calibrate_artifact(model_path, manifest, src_p, calib_files, calib_docs, progress)
@@ -205,6 +214,11 @@ def quantize_artifact(
         else:
             model = ir.load(model_path)
             passes: list[Any] = []
+            pinned: dict[str, int] = {}
+            if frequent_head_rows:
+                split = split_tied_head(model, frequent_head_rows)
+                pinned[split.frequent] = 8
+                reports.append(split_report(split))
             plan: dict[str, int] | None = None
             groups: dict[str, int] | None = None
             if mixed_precision == "auto" and scheme != "w8a8":
@@ -237,6 +251,7 @@ def quantize_artifact(
                     symmetric=symmetric,
                     loss=loss,
                     float_zero=float_zero,
+                    pinned_bits=pinned,
                 )
                 reports.append(budget_report)
                 plan, groups = budget.bits, budget.groups

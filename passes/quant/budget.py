@@ -212,6 +212,7 @@ def plan_bit_budget(
     table: bool = True,
     loss: tuple[dict[str, str], dict[str, dict[str, Any]]] | None = None,
     float_zero: bool = False,
+    pinned_bits: Mapping[str, int] | None = None,
 ) -> tuple[BudgetPlan, dict[str, Any]]:
     """Plan widths for `model` (float) so that its file holds at most `target_bpw` bits per
     parameter. `params`: the model's parameter count; `float_bytes`: bytes of every float
@@ -222,7 +223,9 @@ def plan_bit_budget(
     4-bit options with float32 zero points compete too (6.0 bits per weight at block 32:
     llama.cpp's Q4_1 grid), except for a tied head, whose table gathers integer codes; they
     are emitted as block offsets (block_offsets.py), which cost SmolLM2 W4A8 1.2x the decode
-    CPU of integer zero points per token, hence asked for, not a default."""
+    CPU of integer zero points per token, hence asked for, not a default.
+    `pinned_bits`: weight name -> the only width its options may take (the frequent rows of a
+    head split by vocabulary, vocab_split.py); charged before the rest is planned."""
     tensors: list[Tensor] = []
     planned_elems = 0
     seen: set[str] = set()
@@ -246,6 +249,9 @@ def plan_bit_budget(
                 for o in opts
                 if (o.bits, o.group) in table_err and not o.float_zero
             ]
+        pin = (pinned_bits or {}).get(site.weight.name or "")
+        if pin is not None:
+            opts = [o for o in opts if o.bits == pin] or opts
         tensors.append(Tensor(site.name, kind, w.size, opts))
         if site.weight.name not in seen:
             planned_elems += w.size

@@ -226,3 +226,19 @@ def check_budget_options(
             f"drop {option('lm_head_bits')} and {option('embedding_bits')}"
         )
     return target
+
+
+def check_frequent_head_rows(rows: int, scheme: str, target_bpw: float | None) -> None:
+    """`--frequent-head-rows` keeps the tied head's frequent rows at 8 bits inside a budget:
+    8-bit MatMulNBits is fast only with int8 activations (w4a8), and outside a budget nothing
+    would plan the rest."""
+    if not rows:
+        return
+    if rows < 0:
+        raise QuantizationError(f"{option('frequent_head_rows')} must be positive, got {rows}")
+    if target_bpw is None or scheme != "w4a8":
+        raise QuantizationError(
+            f"{option('frequent_head_rows')} keeps the LM head's frequent rows at 8 bits within "
+            f"a size budget: use it with {option('scheme')} w4a8 and "
+            f"{option('bits_per_weight')} (or {option('mixture')})"
+        )

@@ -43,15 +43,29 @@ def _const(value: ir.Value | None) -> bool:
     return value is not None and value.const_value is not None and value.is_initializer()
 
 
+PASS_THROUGH = ("Reshape", "Cast", "Identity", "Add", "Concat")
+
+
+def _joins_matmuls(concat: ir.Node) -> bool:
+    """A Concat of MatMul outputs only: the head split by vocabulary rows."""
+    return all(
+        v is not None and (p := v.producer()) is not None and p.op_type in ("MatMul", "MatMulNBits")
+        for v in concat.inputs
+    )
+
+
 def _feeds_logits(node: ir.Node, graph: ir.Graph) -> bool:
-    """True when `node` reaches a graph output through at most 4 single-user shape/cast ops."""
+    """True when `node` reaches a graph output through at most 4 single-user shape/cast ops
+    (or the Concat that joins a head split by vocabulary rows, vocab_split.py)."""
     cur = node
     for _ in range(5):
         if any(o.is_graph_output() for o in cur.outputs):
             return True
         users = [u for o in cur.outputs for u, _ in o.uses()]
-        if len(users) != 1 or users[0].op_type not in ("Reshape", "Cast", "Identity", "Add"):
+        if len(users) != 1 or users[0].op_type not in PASS_THROUGH:
             return False
+        if users[0].op_type == "Concat" and not _joins_matmuls(users[0]):
+            return False  # e.g. a new key joining the past: only a split head's parts pass
         cur = users[0]
     return False
 

@@ -90,6 +90,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "block 32, stored as block offsets; with --bits-per-weight, offered per weight)",
     )
     p.add_argument(
+        "--frequent-head-rows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --scheme w4a8 and --bits-per-weight: split the tied LM head and embedding "
+        "table by vocabulary and keep the first N ids (byte-level BPE's most frequent tokens) at "
+        "8 bits, the rest planned by the budget (SmolLM2-135M: 16384 of 49152)",
+    )
+    p.add_argument(
         "--exact-speculation",
         action="store_true",
         help="w4a8/w8a8: make greedy speculation give plain greedy's tokens exactly (every "
@@ -174,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         float_zero=args.float_zero,
         symmetric=args.symmetric,
         exact_speculation=args.exact_speculation,
+        frequent_head_rows=args.frequent_head_rows,
         embedding_bits=args.embedding_bits,
         form=args.form,
         kv_cache=args.kv_cache,

@@ -192,3 +192,80 @@ def test_tied_table_gathers_from_the_head_codes(shared_path, tmp_path, symmetric
     ref = _reference(out, tmp_path / "ref")
     kw = {"prompt_ids": [1, 403, 407, 261, 378], "max_new_tokens": 32, "greedy": True}
     assert load(out).generate(**kw).tokens == load(ref).generate(**kw).tokens
+
+
+@pytest.fixture(scope="module")
+def tied_src(tiny_zoo, tmp_path_factory) -> Path:
+    """A tiny SmolLM3 (tied embedding, vocab 256) with a tokenizer."""
+    from tests.passes.quant._tiny import with_tokenizer
+
+    return with_tokenizer(tiny_zoo.artifact("smollm3"), tmp_path_factory.mktemp("tied") / "src")
+
+
+def test_split_head_keeps_the_float_model(tied_src, tmp_path):
+    """Splitting the tied head and table by vocabulary rows (vocab_split.py) is exact on the
+    float graph: ids on both sides of the split embed and score as before."""
+    from specport.passes.quant.vocab_split import split_tied_head
+
+    m = read_manifest(tied_src)
+    model = ir.load(tied_src / m.model_file)
+    split = split_tied_head(model, 100)
+    assert (split.rows, split.vocab) == (100, 256)
+    out = tmp_path / "split"
+    shutil.copytree(tied_src, out)
+    (out / m.model_file).unlink()
+    (out / DATA_NAME).unlink(missing_ok=True)
+    ir.save(model, out / m.model_file, external_data=DATA_NAME)
+    write_artifact_manifest(out, m)
+    kw = {"prompt_ids": [1, 40, 99, 100, 200, 255], "max_new_tokens": 24, "greedy": True}
+    kw["ignore_eos"] = True
+    assert load(out).generate(**kw).tokens == load(tied_src).generate(**kw).tokens
+
+
+def test_frequent_head_rows_stay_8_bit_within_the_budget(tied_src, calib_text, tmp_path):
+    """`frequent_head_rows`: the first ids of the tied head (and the table that gathers from
+    its codes) are 8-bit, the rest planned; the file stays within the budget and decodes like
+    its own dequantized reference (int8 activations round where the float reference does not,
+    so greedy paths may part after a while: the first 12 tokens are compared)."""
+    out = tmp_path / "q"
+    m = quantize(
+        tied_src,
+        out,
+        scheme="w4a8",
+        calib_files=[calib_text],
+        bits_per_weight=6.5,
+        frequent_head_rows=64,
+    )
+    assert m.quant["size"]["bits_per_weight"] <= 6.5
+    plan = next(p for p in m.passes if p.get("name") == "plan_bit_budget")
+    tensors = plan["tensors"]
+    heads = {name: t for name, t in tensors.items() if t["kind"] == "head+table"}
+    assert len(heads) == 2
+    frequent = next(t for name, t in heads.items() if "frequent" in name)
+    assert frequent["bits"] == 8
+    split = next(p for p in m.passes if p.get("name") == "split_tied_head")
+    assert split["frequent_rows"] == 64
+    table = next(p for p in m.passes if p.get("name") == "quantize_embedding")
+    assert all(row["shared_with"].endswith("MatMulNBits") for row in table["layers"].values())
+    ref = _reference(out, tmp_path / "ref")
+    kw = {"prompt_ids": [1, 40, 63, 64, 200, 255], "max_new_tokens": 12, "greedy": True}
+    kw["ignore_eos"] = True
+    assert load(out).generate(**kw).tokens == load(ref).generate(**kw).tokens
+
+
+def test_frequent_head_rows_refused_before_work(quant_src, tied_src, tmp_path):
+    with pytest.raises(QuantizationError, match="frequent_head_rows"):
+        quantize(tied_src, tmp_path / "a", scheme="w4a8", frequent_head_rows=64)
+    with pytest.raises(QuantizationError, match="frequent_head_rows"):
+        quantize(
+            tied_src, tmp_path / "b", scheme="w4a16", bits_per_weight=6.0, frequent_head_rows=8
+        )
+    with pytest.raises(QuantizationError, match="tied LM head"):
+        quantize(
+            quant_src, tmp_path / "c", scheme="w4a8", bits_per_weight=6.0, frequent_head_rows=8
+        )
+    with pytest.raises(QuantizationError, match="vocabulary size"):
+        quantize(
+            tied_src, tmp_path / "d", scheme="w4a8", bits_per_weight=6.0, frequent_head_rows=256
+        )
+    assert not any((tmp_path / n).exists() for n in "abcd")
