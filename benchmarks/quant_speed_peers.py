@@ -74,6 +74,8 @@ from typing import Any
 
 import numpy as np
 
+from specport.bench.peers import greedy_generator
+
 PARAMS_FALLBACK = 134_515_008  # SmolLM2-135M, the tied embedding once (the 2026-12-05 page)
 GGUF_NAME = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8")
@@ -179,15 +181,8 @@ class GenaiEngine:
     def run(self, prompts: list[list[int]], new_tokens: int) -> Decode:
         og = self.og
         ids = np.asarray(prompts, dtype=np.int32)
-        batch, plen = ids.shape
-        params = og.GeneratorParams(self.model)
-        params.set_search_options(
-            max_length=plen + new_tokens,
-            min_length=plen + new_tokens,
-            do_sample=False,
-            batch_size=batch,
-        )
-        gen = og.Generator(self.model, params)
+        batch, _ = ids.shape
+        gen = greedy_generator(og, self.model, ids, new_tokens)
         gen.append_tokens(ids)  # prefill
         gen.generate_next_token()  # the first token, from the prefill's logits
         t1, c1 = time.perf_counter(), _cpu()

@@ -82,6 +82,21 @@ def _threads(config: Any) -> int:
     return int(config.threads or (os.cpu_count() or 1))
 
 
+def greedy_generator(og: Any, model: Any, ids: np.ndarray, new_tokens: int) -> Any:
+    """An onnxruntime-genai Generator that decodes exactly `new_tokens` greedy tokens after
+    the prompts `ids` [B, T] (min_length = max_length: EOS does not end a row early, so every
+    engine decodes the same count)."""
+    batch, plen = ids.shape
+    params = og.GeneratorParams(model)
+    params.set_search_options(
+        max_length=plen + new_tokens,
+        min_length=plen + new_tokens,
+        do_sample=False,
+        batch_size=batch,
+    )
+    return og.Generator(model, params)
+
+
 class GenaiPeer:
     """onnxruntime-genai cpu model built by its own builder from the same checkpoint, at the
     artifact's weight bit width (fp32, int8 or int4)."""
@@ -131,14 +146,7 @@ class GenaiPeer:
         og = self.og
         ids = np.asarray(prompts, dtype=np.int32)
         batch, plen = ids.shape
-        params = og.GeneratorParams(self.model)
-        params.set_search_options(
-            max_length=plen + new_tokens,
-            min_length=plen + new_tokens,
-            do_sample=False,
-            batch_size=batch,
-        )
-        gen = og.Generator(self.model, params)
+        gen = greedy_generator(og, self.model, ids, new_tokens)
         t0 = time.perf_counter()
         gen.append_tokens(ids)  # prefill: runs the model, leaves the logits for the first token
         if not gen.is_done():
