@@ -22,5 +22,5 @@ fi
 cd "$DEST"
 cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
-nice -n 10 cmake --build build -j"$JOBS" --target llama-server llama-bench llama-quantize llama-perplexity
+nice -n 10 cmake --build build -j"$JOBS" --target llama-server llama-bench llama-batched-bench llama-quantize llama-perplexity llama-imatrix
 ls -l build/bin/llama-server build/bin/llama-quantize
