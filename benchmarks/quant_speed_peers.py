@@ -74,7 +74,9 @@ from typing import Any
 
 import numpy as np
 
+from specport.artifact.manifest import MANIFEST_NAME
 from specport.bench.peers import greedy_generator
+from specport.core.settings import shared_dir
 
 PARAMS_FALLBACK = 134_515_008  # SmolLM2-135M, the tied embedding once (the 2026-12-05 page)
 GGUF_NAME = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -533,6 +535,13 @@ def prepare(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     src, hf = root / "smollm", root / "smollm-hf"
     gguf = Path(args.gguf or Path(args.shared) / GGUF_NAME)
+    if not gguf.is_file():
+        raise SystemExit(
+            f"no source GGUF at {gguf}: pass --gguf, or --shared / SPECPORT_SHARED for the "
+            "shared data folder"
+        )
+    if not (src / MANIFEST_NAME).is_file():
+        raise SystemExit(f"no artifact at {src}: specport export {gguf} --out {src}")
     py = sys.executable
     if not hf.exists():
         _step("HF folder", hf, [py, "-m", "benchmarks.serve_vs_vllm", "hf-dir", str(src), str(hf)])
@@ -602,7 +611,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="extra llama-batched-bench argument, e.g. --llama-arg=--no-repack")  # fmt: skip
     r.add_argument("--json-out", help="also write the report here")
     p = sub.add_parser("prepare", parents=[common], help="build the missing files")
-    p.add_argument("--shared", default="../shared")
+    p.add_argument(
+        "--shared", default=str(shared_dir()), help="the shared data folder (SPECPORT_SHARED)"
+    )
     p.add_argument("--gguf", help="the source GGUF (default: the shared SmolLM2 Q4_1)")
     args = ap.parse_args(argv)
     return run(args) if args.cmd == "run" else prepare(args)
