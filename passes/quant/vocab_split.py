@@ -68,10 +68,10 @@ def _tied_head(model: ir.Model) -> tuple[ir.Node, ir.Node, ir.Node, ir.Value]:
     )
 
 
-def check_split(model: ir.Model, rows: int) -> int:
-    """The vocabulary size, once `model` is known to have a tied head that `rows` can split
-    (called before calibration, so a bad request fails before the long work)."""
-    *_, table = _tied_head(model)
+def _split_site(model: ir.Model, rows: int) -> tuple[ir.Node, ir.Node, ir.Node, ir.Value, int]:
+    """The tied head's nodes and table (`_tied_head`) and its vocabulary size, once `rows`
+    is known to split it."""
+    head, transpose, gather, table = _tied_head(model)
     assert table.const_value is not None
     vocab = int(table.const_value.shape.numpy()[0])
     if not 0 < rows < vocab:
@@ -79,16 +79,20 @@ def check_split(model: ir.Model, rows: int) -> int:
             f"{option('frequent_head_rows')} must be between 1 and the vocabulary size - 1 "
             f"({vocab - 1}), got {rows}"
         )
-    return vocab
+    return head, transpose, gather, table, vocab
+
+
+def check_split(model: ir.Model, rows: int) -> None:
+    """Refuse a model without a tied head, or `rows` outside its vocabulary (called before
+    calibration, so a bad request fails before the long work)."""
+    _split_site(model, rows)
 
 
 def split_tied_head(model: ir.Model, rows: int) -> VocabSplit:
     """Rewrite the tied head and table of `model` (float) into a frequent part (ids < rows)
     and a rare part; returns the names of the two new tables."""
-    check_split(model, rows)
-    head, transpose, gather, table = _tied_head(model)
+    head, transpose, gather, table, vocab = _split_site(model, rows)
     assert table.const_value is not None
-    vocab = int(table.const_value.shape.numpy()[0])
     graph = model.graph
     e = np.asarray(table.const_value.numpy(), dtype=np.float32)
     name = table.name or "lm_head.weight"
