@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from specport.artifact.eval_record import EVAL_KEY, SOURCE_EVAL_KEY, source_eval_for_quantized
@@ -70,7 +71,12 @@ from specport.passes.quant.ort_baseline import run_ort_baseline
 from specport.passes.quant.ort_check import integer_kernel_summary
 from specport.passes.quant.row_invariance import token_exact_report
 from specport.passes.quant.sensitivity import measure_group_kl
-from specport.passes.quant.vocab_split import check_split, split_report, split_tied_head
+from specport.passes.quant.vocab_split import (
+    can_split,
+    check_split,
+    split_report,
+    split_tied_head,
+)
 from specport.passes.quant.w8a8 import QuantizeW8A8Pass
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 
@@ -124,7 +130,7 @@ def quantize_artifact(
     bits_per_weight: float | None = None,
     mixture: str | None = None,
     exact_speculation: bool = False,
-    frequent_head_rows: int = 0,
+    frequent_head_rows: int | None = None,
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
@@ -144,7 +150,8 @@ def quantize_artifact(
     step (SmolLM2 W8A8: 1.15-1.18x CPU per token, see pad_attention_rows.py), so it is asked for.
     `frequent_head_rows` (w4a8 with a budget): the tied LM head and table are split by
     vocabulary rows and the first ids (BPE's most frequent tokens) kept at 8 bits
-    (passes/quant/vocab_split.py).
+    (passes/quant/vocab_split.py). None: the budget planner chooses how many, 0 for a whole
+    head, by token-frequency-weighted error (passes/quant/head_rows.py); 0: never split.
     """
     src_p, out_p = Path(src), Path(out)
     target_bpw = check_budget_options(
@@ -192,6 +199,12 @@ def quantize_artifact(
     prior_quant, kv_report = manifest.quant, {}  # scheme none keeps the source's weight recipe
     if frequent_head_rows:
         check_split(ir.load(model_path), frequent_head_rows)  # before calibration
+    split_head = (
+        frequent_head_rows is None
+        and target_bpw is not None
+        and scheme == "w4a8"
+        and can_split(ir.load(model_path))
+    )
     stats = None
     if calib_files and not algo.startswith("ort-") and scheme != "none" and form != "npu":
         stats = C.calibrate_artifact(model_path, manifest, src_p, calib_files, calib_docs, progress)
@@ -229,8 +242,10 @@ def quantize_artifact(
                 if progress:
                     progress("measuring every tensor's widths", 0, 1)
                 loss = None
+                token_ids = None
                 if calib_files:  # every tensor's error in one unit: the loss (sensitivity.py)
                     seqs, feeds = C.calibration_sequences(manifest, src_p, calib_files, calib_docs)
+                    token_ids = np.concatenate(seqs) if seqs else None
                     loss = measure_group_kl(
                         model_path,
                         find_weight_matmuls(model),
@@ -252,6 +267,8 @@ def quantize_artifact(
                     loss=loss,
                     float_zero=float_zero,
                     pinned_bits=pinned,
+                    split_head=split_head,
+                    token_ids=token_ids,
                 )
                 reports.append(budget_report)
                 plan, groups = budget.bits, budget.groups
@@ -259,6 +276,20 @@ def quantize_artifact(
                     n for n, t in budget_report["tensors"].items() if t["kind"].startswith("head")
                 ]
                 lm_head_bits = plan[head[0]] if head else 0
+                if budget.frequent_rows:  # the planner split the tied head
+                    split = split_tied_head(model, budget.frequent_rows)
+                    budget.assign_split(model, split.frequent, split.rare)
+                    reports.append(split_report(split))
+                if frequent_head_rows or budget.frequent_rows:
+                    rows = frequent_head_rows or budget.frequent_rows
+                    how = "given" if frequent_head_rows else "planned"
+                    manifest_head = {
+                        "choice": how,
+                        "bits": lm_head_bits,
+                        "frequent_rows": rows,
+                        "frequent_bits": 8,
+                        "reason": f"its first {rows} rows (the most frequent ids) at 8 bits",
+                    }
                 embedding_bits, embedding_group = budget.table or (0, group_size)
             if scheme == "none":
                 pass

@@ -42,6 +42,7 @@ from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.embedding import gather_tables
 from specport.passes.quant.graph import find_weight_matmuls
 from specport.passes.quant.head import nbits_bytes
+from specport.passes.quant.head_rows import measure_head_rows, split_points, token_frequencies
 from specport.passes.quant.rtn import quantize_rtn
 from specport.passes.quant.sensitivity import MEASURE_BITS, MEASURE_GROUP, loss_factors
 
@@ -70,6 +71,8 @@ class Option:
     nbytes: int
     error: float
     float_zero: bool = False  # 4-bit min/max RTN with float32 zero points (Q4_1's grid)
+    frequent_rows: int = 0  # a tied head split by vocabulary: its first rows ...
+    frequent_group: int = 0  # ... at 8 bits in blocks of this size (head_rows.py)
 
 
 @dataclass
@@ -94,6 +97,21 @@ class BudgetPlan:
     float_zero: set[str] = field(default_factory=set)  # sites with float zero points
     table: tuple[int, int] | None = None
     shared: bool = False  # the table gathers from the tied head's codes
+    # The tied head's site and its first rows kept 8-bit (0: whole); `assign_split` moves its
+    # widths onto the two heads once the graph is split (vocab_split.py).
+    head_site: str = ""
+    frequent_rows: int = 0
+    frequent_group: int = 0
+
+    def assign_split(self, model: ir.Model, frequent: str, rare: str) -> None:
+        """After the split: the frequent head's weight `frequent` at 8 bits, the rare one's
+        `rare` at the head's planned width, in place of the whole head's site."""
+        bits, group = self.bits.pop(self.head_site), self.groups.pop(self.head_site)
+        for site in find_weight_matmuls(model):
+            if site.weight.name == frequent:
+                self.bits[site.name], self.groups[site.name] = 8, self.frequent_group
+            elif site.weight.name == rare:
+                self.bits[site.name], self.groups[site.name] = bits, group
 
 
 def resolve_budget(bits_per_weight: float | None, mixture: str | None) -> float | None:
@@ -151,7 +169,7 @@ def _apply_loss(
         t.name: o.error
         for t in tensors
         for o in t.options
-        if (o.bits, o.group) == (MEASURE_BITS, MEASURE_GROUP)
+        if (o.bits, o.group, o.frequent_rows) == (MEASURE_BITS, MEASURE_GROUP, 0)
     }
     factors = loss_factors(keys, group_kl, at_measured)
     for t in tensors:
@@ -188,6 +206,44 @@ def _measure_matmul(
     ]
 
 
+def _split_head_options(
+    w: np.ndarray,
+    st: ActStats | None,
+    widths: tuple[int, ...],
+    symmetric: bool,
+    token_ids: np.ndarray | None,
+    head_weight: float,
+) -> list[Option]:
+    """A tied head w [K, V] whole at each (bits, block), and split after each candidate row
+    count with the first rows 8-bit: errors weighted by token frequency (head_rows.py),
+    bytes of both heads (the table gathers from their codes)."""
+    k, v = w.shape
+    combos = [(b, g) for b in widths for g in GROUPS if k % g == 0]
+    freq = token_frequencies(v, token_ids)
+    rows = measure_head_rows(w, None if st is None else st.hessian, freq, combos, symmetric)
+    zp = not symmetric
+    opts = [
+        Option(b, g, nbits_bytes(k, v, b, g, zp), rows.error(0, (b, g), (b, g), head_weight))
+        for b, g in combos
+    ]
+    if 8 not in widths:
+        return opts
+    for n in split_points(v):
+        for wide in (c for c in combos if c[0] == 8):
+            for narrow in (c for c in combos if c[0] < 8):
+                opts.append(
+                    Option(
+                        narrow[0],
+                        narrow[1],
+                        nbits_bytes(k, n, 8, wide[1], zp) + nbits_bytes(k, v - n, *narrow, zp),
+                        rows.error(n, wide, narrow, head_weight),
+                        frequent_rows=n,
+                        frequent_group=wide[1],
+                    )
+                )
+    return opts
+
+
 def _measure_table(e: np.ndarray) -> list[Option]:
     v, d = e.shape
     out = []
@@ -213,6 +269,8 @@ def plan_bit_budget(
     loss: tuple[dict[str, str], dict[str, dict[str, Any]]] | None = None,
     float_zero: bool = False,
     pinned_bits: Mapping[str, int] | None = None,
+    split_head: bool = False,
+    token_ids: np.ndarray | None = None,
 ) -> tuple[BudgetPlan, dict[str, Any]]:
     """Plan widths for `model` (float) so that its file holds at most `target_bpw` bits per
     parameter. `params`: the model's parameter count; `float_bytes`: bytes of every float
@@ -225,7 +283,10 @@ def plan_bit_budget(
     are emitted as block offsets (block_offsets.py), which cost SmolLM2 W4A8 1.2x the decode
     CPU of integer zero points per token, hence asked for, not a default.
     `pinned_bits`: weight name -> the only width its options may take (the frequent rows of a
-    head split by vocabulary, vocab_split.py); charged before the rest is planned."""
+    head split by vocabulary, vocab_split.py); charged before the rest is planned.
+    `split_head`: a tied head may also be split after its first rows, those at 8 bits, its
+    errors weighted by token frequency (head_rows.py; `token_ids`: the calibration tokens);
+    the plan's `frequent_rows` says where, 0 for whole."""
     tensors: list[Tensor] = []
     planned_elems = 0
     seen: set[str] = set()
@@ -238,7 +299,12 @@ def plan_bit_budget(
         kind = "head" if site.lm_head else "matmul"
         if site.lm_head and loss is None:
             opts = [dataclasses.replace(o, error=o.error * HEAD_WEIGHT) for o in opts]
-        if site.lm_head and site.transposed and site.weight.name in table_names:
+        tied = site.lm_head and site.transposed and site.weight.name in table_names
+        if tied and split_head:
+            kind = "head+table"
+            weight = HEAD_WEIGHT if loss is None else 1.0
+            opts = _split_head_options(w, st, widths, symmetric, token_ids, weight)
+        elif tied:
             # Tied: the table gathers from the head's codes (embedding.py), so one matrix is
             # stored; its options are the blocks that divide D, its error the head's plus the
             # table's own.
@@ -302,6 +368,12 @@ def plan_bit_budget(
         if t.kind in ("table", "head+table"):
             plan.table = (t.chosen.bits, t.chosen.group)
             plan.shared = t.kind == "head+table"
+        if t.chosen.frequent_rows:
+            plan.head_site = t.name
+            plan.frequent_rows, plan.frequent_group = (
+                t.chosen.frequent_rows,
+                t.chosen.frequent_group,
+            )
         if t.kind != "table":
             plan.bits[t.name], plan.groups[t.name] = t.chosen.bits, t.chosen.group
             if t.chosen.float_zero:
@@ -311,6 +383,8 @@ def plan_bit_budget(
         key = f"{t.chosen.bits}-bit/{t.chosen.group}" + (
             " float-zero" if t.chosen.float_zero else ""
         )
+        if t.chosen.frequent_rows:
+            key += f" with its first {t.chosen.frequent_rows} rows 8-bit/{t.chosen.frequent_group}"
         counts[key] = counts.get(key, 0) + 1
     summary = ", ".join(f"{n} at {k}" for k, n in sorted(counts.items()))
     report = {
@@ -333,6 +407,15 @@ def plan_bit_budget(
                 "group_size": t.chosen.group,
                 "bytes": t.chosen.nbytes,
                 **({"float_zero": True} if t.chosen.float_zero else {}),
+                **(
+                    {
+                        "frequent_rows": t.chosen.frequent_rows,
+                        "frequent_bits": 8,
+                        "frequent_group_size": t.chosen.frequent_group,
+                    }
+                    if t.chosen.frequent_rows
+                    else {}
+                ),
                 "error": round(t.chosen.error, 10),
                 **({"loss_factor": round(factors[t.name], 6)} if t.name in factors else {}),
             }

@@ -228,10 +228,10 @@ def check_budget_options(
     return target
 
 
-def check_frequent_head_rows(rows: int, scheme: str, target_bpw: float | None) -> None:
+def check_frequent_head_rows(rows: int | None, scheme: str, target_bpw: float | None) -> None:
     """`--frequent-head-rows` keeps the tied head's frequent rows at 8 bits inside a budget:
     8-bit MatMulNBits is fast only with int8 activations (w4a8), and outside a budget nothing
-    would plan the rest."""
+    would plan the rest. None: the planner's choice, where there is a budget."""
     if not rows:
         return
     if rows < 0:

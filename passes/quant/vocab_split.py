@@ -82,6 +82,16 @@ def _split_site(model: ir.Model, rows: int) -> tuple[ir.Node, ir.Node, ir.Node, 
     return head, transpose, gather, table, vocab
 
 
+def can_split(model: ir.Model) -> bool:
+    """Whether `model` has a tied head this pass can split (the planner's choice is offered
+    only then)."""
+    try:
+        _tied_head(model)
+    except QuantizationError:
+        return False
+    return True
+
+
 def check_split(model: ir.Model, rows: int) -> None:
     """Refuse a model without a tied head, or `rows` outside its vocabulary (called before
     calibration, so a bad request fails before the long work)."""

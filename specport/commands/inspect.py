@@ -105,8 +105,9 @@ def lm_head_line(quant: dict[str, Any] | None) -> str | None:
         return None
     bits = quant["lm_head_bits"]
     text = f"{bits} bits" if bits else "float"
-    reason = (quant.get("lm_head") or {}).get("reason")
-    return f"{text} (auto: {reason})" if reason else text
+    head = quant.get("lm_head") or {}
+    reason = head.get("reason")
+    return f"{text} ({head.get('choice', 'auto')}: {reason})" if reason else text
 
 
 def size_line(size: dict[str, Any]) -> str:

@@ -14,6 +14,15 @@ def _head_bits(value: str) -> int | str:
     return value if value == "auto" else int(value)
 
 
+def _frequent_rows(value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a row count or auto, got {value!r}") from None
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "quantize", help="quantize an artifact (W8A8, W8A16, W4A16, W4A8; int8 KV cache)"
@@ -91,12 +100,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--frequent-head-rows",
-        type=int,
-        default=0,
-        metavar="N",
+        type=_frequent_rows,
+        default=None,
+        metavar="N|auto",
         help="with --scheme w4a8 and --bits-per-weight: split the tied LM head and embedding "
         "table by vocabulary and keep the first N ids (byte-level BPE's most frequent tokens) at "
-        "8 bits, the rest planned by the budget (SmolLM2-135M: 16384 of 49152)",
+        "8 bits, the rest planned by the budget; auto (default): the budget chooses N by "
+        "token-frequency-weighted error (0: keep the head whole)",
     )
     p.add_argument(
         "--exact-speculation",

@@ -181,6 +181,7 @@ def test_tied_table_gathers_from_the_head_codes(shared_path, tmp_path, symmetric
         calib_files=[text],
         calib_docs=64,
         bits_per_weight=6.0,
+        frequent_head_rows=0,
     )
     assert m.quant["size"]["bits_per_weight"] <= 6.0
     table = next(p for p in m.passes if p.get("name") == "quantize_embedding")
@@ -222,11 +223,14 @@ def test_split_head_keeps_the_float_model(tied_src, tmp_path):
     assert load(out).generate(**kw).tokens == load(tied_src).generate(**kw).tokens
 
 
-def test_frequent_head_rows_stay_8_bit_within_the_budget(tied_src, calib_text, tmp_path):
+@pytest.mark.parametrize("rows", [64, None], ids=["given", "planned"])
+def test_frequent_head_rows_stay_8_bit_within_the_budget(tied_src, calib_text, tmp_path, rows):
     """`frequent_head_rows`: the first ids of the tied head (and the table that gathers from
-    its codes) are 8-bit, the rest planned; the file stays within the budget and decodes like
-    its own dequantized reference (int8 activations round where the float reference does not,
-    so greedy paths may part after a while: the first 12 tokens are compared)."""
+    its codes) are 8-bit, the rest planned; given, or chosen by the planner (the default under
+    a budget; the calibration text uses the tiny vocabulary's first ids, so splitting pays).
+    The file stays within the budget and decodes like its own dequantized reference (int8
+    activations round where the float reference does not, so greedy paths may part after a
+    while: the first 12 tokens are compared)."""
     out = tmp_path / "q"
     m = quantize(
         tied_src,
@@ -234,17 +238,22 @@ def test_frequent_head_rows_stay_8_bit_within_the_budget(tied_src, calib_text, t
         scheme="w4a8",
         calib_files=[calib_text],
         bits_per_weight=6.5,
-        frequent_head_rows=64,
+        frequent_head_rows=rows,
     )
     assert m.quant["size"]["bits_per_weight"] <= 6.5
     plan = next(p for p in m.passes if p.get("name") == "plan_bit_budget")
-    tensors = plan["tensors"]
-    heads = {name: t for name, t in tensors.items() if t["kind"] == "head+table"}
-    assert len(heads) == 2
-    frequent = next(t for name, t in heads.items() if "frequent" in name)
-    assert frequent["bits"] == 8
+    heads = {name: t for name, t in plan["tensors"].items() if t["kind"] == "head+table"}
     split = next(p for p in m.passes if p.get("name") == "split_tied_head")
-    assert split["frequent_rows"] == 64
+    if rows:
+        assert len(heads) == 2
+        assert next(t for name, t in heads.items() if "frequent" in name)["bits"] == 8
+        assert split["frequent_rows"] == rows
+    else:
+        ((_, head),) = heads.items()
+        assert 0 < head["frequent_rows"] == split["frequent_rows"] < 256
+        assert (head["frequent_bits"], head["bits"]) == (8, 4)
+        wide = [n for n in ir.load(out / m.model_file).graph if n.op_type == "MatMulNBits"]
+        assert {n.attributes.get_int("bits") for n in wide if "frequent" in n.name} == {8}
     table = next(p for p in m.passes if p.get("name") == "quantize_embedding")
     assert all(row["shared_with"].endswith("MatMulNBits") for row in table["layers"].values())
     ref = _reference(out, tmp_path / "ref")
