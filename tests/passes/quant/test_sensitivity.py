@@ -53,3 +53,41 @@ def test_spilled_gram_is_built_once_and_read_back(tmp_path: Path) -> None:
     assert list(tmp_path.glob("*.gram.npy"))
     stats._cached = None  # a second pass asks again: read back, not rebuilt
     np.testing.assert_array_equal(stats["x"].h, first)
+
+
+def test_tied_head_kl_is_the_saved_quantized_models(tiny_zoo, tmp_path: Path, calib_text: Path):
+    """A tied head's group quantizes the table everywhere it is read: the KL measured with the
+    override equals the KL of a copy saved with the fake-quantized table (head and gather)."""
+    import onnxruntime as ort
+
+    from specport.passes.quant.sensitivity import _fake_quantized, _log_probs
+    from tests.passes.quant._tiny import with_tokenizer
+
+    src = with_tokenizer(tiny_zoo.artifact("smollm3"), tmp_path / "src")
+    m = read_manifest(src)
+    model_path = src / m.model_file
+    model = ir.load(model_path)
+    (head,) = [s for s in find_weight_matmuls(model) if s.lm_head]
+    assert head.transposed and any(u.op_type == "Gather" for u, _ in head.weight.uses())
+    seqs, feeds = C.calibration_sequences(m, src, [calib_text], 4)
+    _, groups = measure_group_kl(model_path, [head], seqs, feeds, max_rows=64)
+
+    head.weight.const_value = ir.tensor(_fake_quantized(head, symmetric=False))
+    saved = tmp_path / "quantized.onnx"
+    ir.save(model, saved, external_data="quantized.onnx.data")
+    rows = 0
+    kl, n = 0.0, 0
+    float_session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    quant_session = ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"])
+    for ids in seqs:
+        if rows >= 64:
+            break
+        ids = ids[: 64 - rows]
+        rows += len(ids)
+        lp, lq = (
+            _log_probs(s.run(["logits"], feeds(s, ids))[0][0])
+            for s in (float_session, quant_session)
+        )
+        kl += float((np.exp(lp) * (lp - lq)).sum(dtype=np.float64))
+        n += lp.shape[0]
+    assert groups[HEAD]["kl"] == pytest.approx(kl / n, rel=1e-3)
