@@ -169,7 +169,9 @@ def _apply_loss(
         t.name: o.error
         for t in tensors
         for o in t.options
-        if (o.bits, o.group, o.frequent_rows) == (MEASURE_BITS, MEASURE_GROUP, 0)
+        # the option the group's KL was measured at: integer zero points, the tensor whole
+        if (o.bits, o.group, o.float_zero, o.frequent_rows)
+        == (MEASURE_BITS, MEASURE_GROUP, False, 0)
     }
     factors = loss_factors(keys, group_kl, at_measured)
     for t in tensors:

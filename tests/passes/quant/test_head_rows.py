@@ -59,3 +59,23 @@ def test_token_frequencies_follow_the_calibration_tokens():
 def test_split_points_are_inside_the_vocabulary():
     assert split_points(49152)[:3] == [1024, 1536, 2048] and split_points(49152)[-1] == 24576
     assert all(0 < n < 256 for n in split_points(256))
+
+
+def test_loss_factor_comes_from_the_option_the_kl_was_measured_at():
+    """A group's KL was measured at 4-bit/32 with integer zero points on the whole tensor; the
+    float-zero and split options of the same width and block must not stand in for it (a
+    float-zero option nearly exact on a Q4_1 grid made SmolLM2's body factors 1e10)."""
+    from specport.passes.quant.budget import Option, Tensor, _apply_loss
+
+    t = Tensor(
+        "w",
+        "head+table",
+        100,
+        [
+            Option(4, 32, 10, 0.02),
+            Option(4, 32, 12, 1e-9, float_zero=True),
+            Option(4, 32, 14, 0.005, frequent_rows=8, frequent_group=32),
+        ],
+    )
+    factors = _apply_loss([t], ({"w": "head"}, {"head": {"kl": 0.1, "weights": 1}}))
+    assert factors["w"] == pytest.approx(0.1 / 0.02)
