@@ -137,9 +137,7 @@ def _sampling(i: int) -> SamplingConfig:
 @pytest.fixture(scope="module")
 def mix_reference(shared_model):
     return [
-        shared_model.generate(
-            prompt_ids=p, max_new_tokens=n, ignore_eos=True, **_sampled(i)
-        ).tokens
+        shared_model.generate(prompt_ids=p, max_new_tokens=n, ignore_eos=True, **_sampled(i)).tokens
         for i, (p, n) in enumerate(zip(MIX, MIX_NEW))
     ]
 
@@ -170,9 +168,7 @@ def _run_mix(model, **options):
     ("preemption", "speculative"),
     [("none", None), ("recompute", None), ("recompute", "ngram")],
 )
-def test_preempted_requests_keep_their_tokens(
-    shared_model, mix_reference, preemption, speculative
-):
+def test_preempted_requests_keep_their_tokens(shared_model, mix_reference, preemption, speculative):
     """A KV space of 5 rows' first pages: by default (`none`) each request reserves its prompt
     plus max tokens (most: two pages), so 2-3 run at a time, never preempted; with `recompute`
     each reserves what it holds, more start, and as rows grow into their second page the
