@@ -131,6 +131,10 @@ def _created(job: BatchJob) -> float:
     return job.handle.created
 
 
+def _admitted(job: BatchJob) -> int:
+    return job.admitted
+
+
 def _handle(item: RequestHandle | BatchJob) -> RequestHandle:
     return item.handle if isinstance(item, BatchJob) else item
 
@@ -463,31 +467,41 @@ class BatchingEngine(QueueIntake):
 
     def _reserve_steps(self) -> int:
         """With preemption: each decoding row's reservation covers its next step (`Admission.
-        grow`); while the reservations overrun the KV space, the most recently admitted
-        request is preempted, never the only running one. Returns the preemptions."""
+        grow`); where the reservations would overrun the KV space, the most recently admitted
+        requests are preempted first, never the only running one (the reservations are never
+        seen over the space: `stats` reads them from another thread). Returns the
+        preemptions."""
         if not self.admission.preempts:
             return 0
-        grew = False
+        budget = self.budget
+        grown: dict[int, int] = {}  # row -> the positions it reserves now
         for job in self.rows:
             if job is None or not job.decoding:
                 continue
-            reserved = self.budget.reserved[job.row]
+            reserved = budget.reserved[job.row]
             held = int(self.kv.lengths[job.row])
             tokens = self.admission.grow(held, reserved, len(job.prompt) + job.budget)
             if tokens != reserved:
-                self.budget.reserve(job.row, tokens)
-                grew = True
-        if not grew:
+                grown[job.row] = tokens
+        if not grown:
             return 0
-        preempted = 0
-        while self.budget.reserved_bytes > self.budget.space:
-            running = [job for job in self.rows if job is not None]
-            if len(running) < 2:
-                break
-            self._preempt(max(running, key=lambda job: job.admitted))
-            preempted += 1
+        over = budget.reserved_bytes - budget.space
+        over += sum(
+            budget.bytes_for(t) - budget.bytes_for(budget.reserved[r]) for r, t in grown.items()
+        )
+        running = sorted((job for job in self.rows if job is not None), key=_admitted)
+        victims = []
+        while over > 0 and len(running) > 1:
+            job = running.pop()
+            victims.append(job)
+            over -= budget.bytes_for(grown.get(job.row, budget.reserved[job.row]))
+        for job in victims:
+            self._preempt(job)
+        for row, tokens in grown.items():
+            if self.rows[row] is not None:
+                budget.reserve(row, tokens)
         self._fit_memory()
-        return preempted
+        return len(victims)
 
     def _preempt(self, job: BatchJob) -> None:
         """Take `job` out of its row to the front of the waiting queue. Readmitted, it prefills

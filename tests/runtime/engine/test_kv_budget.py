@@ -144,8 +144,8 @@ def mix_reference(shared_model):
 
 def _run_mix(model, **options):
     """Every MIX request submitted at once: (each one's events, the last stats, the KV pages
-    held as polled while they ran)."""
-    engine = make_engine(model, kind="batching", spec_max_rows=64, **options)
+    held as polled while they ran). Speculating rows verify one by one unless told."""
+    engine = make_engine(model, kind="batching", **{"spec_max_rows": 64, **options})
     space = engine.budget.space
     try:
         handles = [
@@ -165,30 +165,42 @@ def _run_mix(model, **options):
 
 
 @pytest.mark.parametrize(
-    ("preemption", "speculative"),
-    [("none", None), ("recompute", None), ("recompute", "ngram")],
+    ("preemption", "speculative", "spec_max_rows"),
+    [
+        ("none", None, None),
+        ("recompute", None, None),
+        ("recompute", "ngram", 64),  # rows verify one by one
+        ("recompute", "ngram", 1),  # rows verify together, at a width the step cost picks
+    ],
 )
-def test_preempted_requests_keep_their_tokens(shared_model, mix_reference, preemption, speculative):
+def test_preempted_requests_keep_their_tokens(
+    shared_model, mix_reference, preemption, speculative, spec_max_rows
+):
     """A KV space of 5 rows' first pages: by default (`none`) each request reserves its prompt
     plus max tokens (most: two pages), so 2-3 run at a time, never preempted; with `recompute`
     each reserves what it holds, more start, and as rows grow into their second page the
-    newest is preempted (6-7 times here) and later resumes. Either way every request gets the tokens it gets alone
-    (greedy, and seeded sampling: with speculation, the seeded tokens of the same engine
-    unpressed), once each, with its finish reason and usage."""
+    newest is preempted (6-7 times here) and later resumes. Either way every request gets the
+    tokens it gets alone (greedy, and seeded sampling: with speculation, the seeded tokens of
+    the same engine unpressed), once each, with its finish reason and usage."""
     probe = make_engine(shared_model, kind="batching", kv_space=1)
     page = int(probe.kv.commit_bytes(1))  # a row's first page per head, every layer
     assert probe.small_pages
     max_batch = probe.max_batch
     probe.close()
-    reference = list(mix_reference)
-    if speculative:  # sampling through rejection sampling: its own reproducible stream
-        alone, _, _ = _run_mix(shared_model, speculative=speculative)
+    reference: list[list[int] | None] = list(mix_reference)
+    spec = {"speculative": speculative, "spec_max_rows": spec_max_rows or 64}
+    if spec_max_rows == 1:  # the width follows the clock: only greedy tokens are reproducible
+        for i in SEEDED:
+            reference[i] = None
+    elif speculative:  # sampling through rejection sampling: its own reproducible stream
+        alone, _, _ = _run_mix(shared_model, **spec)
         for i in SEEDED:
             reference[i] = [t for ev in alone[i] for t in ev.token_ids]
-    options = {"preemption": preemption, "speculative": speculative}
-    events, stats, held = _run_mix(shared_model, kv_space=5 * page, **options)
+    events, stats, held = _run_mix(shared_model, kv_space=5 * page, preemption=preemption, **spec)
     for i, evs in enumerate(events):
-        assert [t for ev in evs for t in ev.token_ids] == reference[i], i
+        assert sum(len(ev.token_ids) for ev in evs) == MIX_NEW[i], i
+        if reference[i] is not None:
+            assert [t for ev in evs for t in ev.token_ids] == reference[i], i
         assert [ev.finish_reason for ev in evs] == [None] * (len(evs) - 1) + ["length"], i
     assert stats["finished"] == len(MIX) and stats["errors"] == 0
     assert stats["generated_tokens"] == sum(MIX_NEW)  # none drawn twice
@@ -203,6 +215,8 @@ def test_preempted_requests_keep_their_tokens(shared_model, mix_reference, preem
         assert stats["preemptions"] > 0 and stats["recomputed_tokens"] > 0
     if speculative:
         assert stats["spec_steps"] > 0
+    if spec_max_rows == 1:
+        assert stats["spec_batched_steps"] > 0
 
 
 def test_recompute_runs_more_requests_at_once(shared_model):
