@@ -1,9 +1,12 @@
 """Continuous batching for shared-KV artifacts: requests join and leave the batch between steps.
 
 One worker thread owns the model. Each round it (1) takes new requests, drops cancelled and
-stopped ones, (2) admits waiting requests into free KV rows, the row whose cached ids share the
-longest prefix with the prompt first (`PrefixCache`), (3) prefills admitted prompts in groups,
-and (4) runs one decode step over rows [0, highest busy row]. Tokens go to the `TextOut`
+stopped ones, (2) admits waiting requests into free KV rows while the KV space takes what they
+reserve (`admission`; with `preemption="recompute"` the running requests' reservations grow
+first, and the newest is preempted to the front of the queue when they would overrun the
+space), the row whose cached ids share the longest prefix with the prompt first
+(`PrefixCache`), (3) prefills admitted prompts in groups (a resumed request: its prompt and
+tokens so far), and (4) runs one decode step over rows [0, highest busy row]. Tokens go to the `TextOut`
 thread, which pushes the events. Per request: its own sampler (seeded), EOS, max_new_tokens,
 stop strings and the KV budget ("context"), as `Model.generate`.
 

@@ -158,7 +158,8 @@ class KVBudget:
         request's KV kept for the prefix cache) to release whole. `held` [rows]: the bytes
         each row's pages hold now (`SharedKVCache.held_bytes`). Running rows count what they
         may come to hold, so once this is applied the pages committed stay within the space
-        until the next admission (with a request alone past it as the exception)."""
+        until the next admission or, with preemption, reservation growth (with a request
+        alone past it as the exception)."""
         trims = {r: t for r, t in self.reserved.items() if int(held[r]) > self.bytes_for(t)}
         over = self.reserved_bytes + sum(int(held[r]) for r in idle) - self.space
         drop: list[int] = []
