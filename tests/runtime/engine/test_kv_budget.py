@@ -7,6 +7,8 @@ for space still gets exactly the tokens it would get alone.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -230,3 +232,26 @@ def test_recompute_runs_more_requests_at_once(shared_model):
         for mode in ("none", "recompute")
     }
     assert rows["recompute"] > 1.2 * rows["none"], rows
+
+
+def test_cancelling_preempted_requests_loses_none(shared_model):
+    """Requests cancelled once preemption started (some running, some back in the queue with
+    their state) each end once, "cancelled" or finished, and their KV space is handed back."""
+    probe = make_engine(shared_model, kind="batching", kv_space=1)
+    page = int(probe.kv.commit_bytes(1))
+    probe.close()
+    engine = make_engine(shared_model, kind="batching", kv_space=3 * page, preemption="recompute")
+    try:
+        handles = [engine.submit(Request(p, n, ignore_eos=True)) for p, n in zip(MIX, MIX_NEW)]
+        while engine.stats()["preemptions"] == 0 and not all(h.done for h in handles):
+            time.sleep(0.001)
+        for handle in handles:
+            handle.cancel()
+        ends = [[ev.finish_reason for ev in h.events(timeout=60)] for h in handles]
+        stats = engine.stats()
+    finally:
+        engine.close()
+    for end in ends:
+        assert end[:-1] == [None] * (len(end) - 1) and end[-1] in ("cancelled", "length")
+    assert stats["cancelled"] + stats["finished"] == len(MIX) and stats["errors"] == 0
+    assert stats["kv_reserved_tokens"] == 0 and stats["waiting"] == 0 and stats["running"] == 0
