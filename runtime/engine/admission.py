@@ -14,10 +14,12 @@ writes ``lookahead`` positions a row: 1, or 1 + drafts when the engine speculate
 positions). When the reservations would overrun the space, the most recently admitted
 request is preempted (vLLM's LIFO: the oldest keep going, so every request finishes), never
 the only running one: it goes back to the front of the waiting queue and, readmitted,
-prefills its prompt and the tokens it has so far (the prefix cache often still holds them:
-its row's KV stays there until the space needs it) and goes on where it stopped. Its stream,
-sampler and drafting state stay with it, so its client sees no token twice and greedy or
-seeded output is the one it gets without preemption.
+prefills its prompt and the tokens it has so far but the last (its row's KV stays there for
+the prefix cache until the space needs it, which under the pressure that preempted it is
+usually at once) and goes on with the step it would have run. Its stream, sampler and
+drafting state stay with it, so its client sees no token twice and greedy or seeded output
+is the one it gets without preemption. In a round that preempts no request is admitted
+(vLLM's rule), and the preempted one, first in the queue, waits until its reservation fits.
 """
 
 from __future__ import annotations
