@@ -187,6 +187,7 @@ def serve_with_ray(args: Any, settings: ServeSettings, emit_json: Callable[[Any]
         "spec_max_rows": getattr(args, "spec_max_rows", None),
         "spec_max_tokens": getattr(args, "spec_max_tokens", None),
         "prefill_stall": getattr(args, "prefill_stall", PREFILL_STALL) or None,
+        "preemption": getattr(args, "preemption_mode", "none"),
     }
     threads = args.threads or 1
     record = getattr(args, "suffix_record", None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from specport.core.errors import ArtifactError, InputError
+from specport.runtime.engine.admission import PREEMPTION_MODES
 from specport.runtime.engine.base import Engine
 from specport.runtime.engine.prefill_pace import STALL as PREFILL_STALL
 
@@ -31,6 +32,7 @@ def make_engine(
     spec_max_tokens: int | None = None,
     kv_space: int | None = None,
     prefill_stall: float | None = PREFILL_STALL,
+    preemption: str = "none",
 ) -> Engine:
     """The engine for `model`: "batching" (shared KV layout), "serial" (any), or "auto".
 
@@ -45,7 +47,14 @@ def make_engine(
     requests within `kv_space` bytes of KV (`kv_budget`); the serial engine runs one at a time.
     `prefill_stall`: the batching engine's bound on how much a round's prefill may delay the
     decoding rows, in decode steps (`prefill_pace`; None: a fixed token budget).
+    `preemption`: the batching engine's admission, "none" (each request reserves its prompt +
+    max tokens) or "recompute" (what it holds now; the newest request is preempted when the
+    KV space runs out, `admission`).
     """
+    if preemption not in PREEMPTION_MODES:
+        raise InputError(
+            f"unknown preemption mode {preemption!r}; use one of {', '.join(PREEMPTION_MODES)}."
+        )
     if kind not in ENGINE_KINDS:
         raise InputError(f"unknown engine kind {kind!r}; use one of {', '.join(ENGINE_KINDS)}.")
     shared = model.manifest.kv.layout == "shared"
@@ -78,6 +87,7 @@ def make_engine(
             spec_max_tokens=SPEC_MAX_TOKENS if spec_max_tokens is None else spec_max_tokens,
             kv_space=kv_space,
             prefill_stall=prefill_stall,
+            preemption=preemption,
         )
     from specport.runtime.engine.serial import SerialEngine
 

@@ -1,9 +1,12 @@
 """Continuous batching for shared-KV artifacts: requests join and leave the batch between steps.
 
 One worker thread owns the model. Each round it (1) takes new requests, drops cancelled and
-stopped ones, (2) admits waiting requests into free KV rows, the row whose cached ids share the
-longest prefix with the prompt first (`PrefixCache`), (3) prefills admitted prompts in groups,
-and (4) runs one decode step over rows [0, highest busy row]. Tokens go to the `TextOut`
+stopped ones, (2) admits waiting requests into free KV rows while the KV space takes what they
+reserve (`admission`; with `preemption="recompute"` the running requests' reservations grow
+first, and the newest is preempted to the front of the queue when they would overrun the
+space), the row whose cached ids share the longest prefix with the prompt first
+(`PrefixCache`), (3) prefills admitted prompts in groups (a resumed request: its prompt and
+tokens so far), and (4) runs one decode step over rows [0, highest busy row]. Tokens go to the `TextOut`
 thread, which pushes the events. Per request: its own sampler (seeded), EOS, max_new_tokens,
 stop strings and the KV budget ("context"), as `Model.generate`.
 
@@ -50,6 +53,7 @@ import numpy as np
 
 from specport.core.errors import ArtifactError, InputError, SpecportError
 from specport.runtime.engine import prefill_plan, step
+from specport.runtime.engine.admission import PREEMPTION_MODES, Admission
 from specport.runtime.engine.base import (
     QueueIntake,
     Request,
@@ -90,7 +94,8 @@ PREFILL_BUDGET = 512
 
 @dataclass
 class BatchJob:
-    """A request admitted to row `row`: its prompt is prefilled up to `done` tokens."""
+    """A request admitted to row `row` (-1 while it waits): `fill` is prefilled up to `done`
+    tokens."""
 
     handle: RequestHandle
     stream: Stream
@@ -99,18 +104,46 @@ class BatchJob:
     budget: int  # new tokens allowed: min(max_new_tokens, max_length - P)
     sampler: Sampler | None  # None: greedy, the graph's argmax
     eos: frozenset[int]
-    done: int = 0  # prompt tokens with KV in the row
+    done: int = 0  # `fill` tokens with KV in the row
     started: bool = False  # a prefill run wrote its row (its row is then fixed until it decodes)
     tokens: list[int] = field(default_factory=list)  # generated, in order (last not fed yet)
     spec: RowSpec | None = None  # its speculation state (an engine with `speculative=`)
+    # the ids to prefill: the prompt; after a preemption, the prompt and the tokens it had
+    # generated but the last, which its next step feeds as if it had never stopped
+    fill: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    preempted: int = 0  # times it was preempted
+    admitted: int = 0  # admission order (the most recent is preempted first)
+
+    def __post_init__(self) -> None:
+        if not len(self.fill):
+            self.fill = self.prompt
 
     @property
     def decoding(self) -> bool:
-        return self.done == len(self.prompt)
+        return self.done == len(self.fill)
+
+    def held_ids(self) -> np.ndarray:
+        """The ids whose KV its row holds (the last generated token's once it is fed)."""
+        if not self.decoding:
+            return self.fill[: self.done]
+        rest = self.tokens[len(self.fill) - len(self.prompt) :]
+        return np.concatenate([self.fill, np.asarray(rest, dtype=np.int64)])
 
 
 def _created(job: BatchJob) -> float:
     return job.handle.created
+
+
+def _admitted(job: BatchJob) -> int:
+    return job.admitted
+
+
+def _handle(item: RequestHandle | BatchJob) -> RequestHandle:
+    return item.handle if isinstance(item, BatchJob) else item
+
+
+def _stopped(item: RequestHandle | BatchJob) -> bool:
+    return isinstance(item, BatchJob) and item.stream.stopped
 
 
 class BatchingEngine(QueueIntake):
@@ -132,6 +165,7 @@ class BatchingEngine(QueueIntake):
         spec_max_tokens: int = SPEC_MAX_TOKENS,
         kv_space: int | None = None,
         prefill_stall: float | None = STALL,
+        preemption: str = "none",
     ) -> None:
         """`max_batch`: KV rows (None: as many as `kv_budget.plan_rows` reserves; requests are
         then admitted by `kv_space` bytes of KV, default `kv_budget.default_kv_space`).
@@ -140,7 +174,10 @@ class BatchingEngine(QueueIntake):
         `speculative`, `num_draft`, `draft` (a Model or path), `spec_max_rows`: see
         `EngineSpeculation`. `prefill_stall`: while rows decode, a round prefills the prompt
         tokens whose measured cost delays their next token by at most this many decode steps
-        in all (`prefill_pace`; None: `prefill_budget` tokens a round, whatever they cost)."""
+        in all (`prefill_pace`; None: `prefill_budget` tokens a round, whatever they cost).
+        `preemption`: "none" (a request reserves its prompt + token budget when admitted) or
+        "recompute" (what it holds now; the newest request is preempted when the space runs
+        out, see `admission`)."""
         manifest = model.manifest
         if manifest.kv.layout != "shared":
             raise ArtifactError(
@@ -157,6 +194,10 @@ class BatchingEngine(QueueIntake):
             raise InputError(f"prefill_stall must be above 1, got {prefill_stall}.")
         if kv_space is not None and kv_space < 1:
             raise InputError("kv_space must be a positive number of bytes.")
+        if preemption not in PREEMPTION_MODES:
+            raise InputError(
+                f"unknown preemption mode {preemption!r}; use one of {', '.join(PREEMPTION_MODES)}."
+            )
         limit = min(manifest.context_length, manifest.kv.max_length or manifest.context_length)
         self.max_length = min(max_length or limit, limit)
         max_batch = plan_rows(manifest, self.max_length, max_batch)
@@ -198,8 +239,13 @@ class BatchingEngine(QueueIntake):
             self.spec.batched = self.batched_steps
             if self.spec.batched and max_batch >= 2 and not self.spec.needs_outputs:
                 self.spec.cost = StepCost.calibrate(self.kv, max_batch)
+        # a step writes 1 + drafts positions per row: the reservations' lookahead
+        lookahead = 1 + (self.spec.num_draft if self.spec is not None else 0)
+        self.admission = Admission(preemption, self.max_length, lookahead)
+        self._admissions = 0
         self.rows: list[BatchJob | None] = [None] * max_batch
-        self.waiting: deque[RequestHandle] = deque()
+        # new requests, and preempted ones (at the front) with their state
+        self.waiting: deque[RequestHandle | BatchJob] = deque()
         if text_thread is None:
             text_thread = spare_core(model.session)
         self.text = TextOut(model.tokenizer, threaded=text_thread)
@@ -211,7 +257,8 @@ class BatchingEngine(QueueIntake):
                 "requests", "finished", "errors", "cancelled", "prompt_tokens",
                 "prefill_tokens", "generated_tokens", "decode_steps", "decode_rows",
                 "decode_batch_rows", "compactions", "busy_steps", "prefill_runs",
-                "prefill_padded_tokens", "kv_rows_released",
+                "prefill_padded_tokens", "kv_rows_released", "preemptions",
+                "recomputed_tokens",
             ),
             0,
         )  # fmt: skip
@@ -251,6 +298,7 @@ class BatchingEngine(QueueIntake):
             "waiting": self.queued(),
             "max_batch": self.max_batch,
             "max_length": self.max_length,
+            "preemption_mode": self.admission.preemption,
             "kv_bytes": self.kv_bytes,
             "kv_held_bytes": int(self.kv.held_bytes().sum()),
             **self.budget.stats(),
@@ -293,7 +341,8 @@ class BatchingEngine(QueueIntake):
             before = dict(self.counters) if logger.isEnabledFor(logging.DEBUG) else None
             try:
                 self._sweep()
-                self._admit()
+                if not self._reserve_steps():  # as vLLM: no admission in a round that preempted
+                    self._admit()
                 self._prefill()
                 self._decode()
             except Exception as exc:  # never let one bad step kill the engine
@@ -309,8 +358,11 @@ class BatchingEngine(QueueIntake):
             self.text.flush()  # the round's tokens to the text thread, one wake-up
             if before is not None:
                 self._log_round(before, time.perf_counter() - t0)
-        for handle in self.waiting:
-            self._reject(handle, "cancelled")
+        for item in self.waiting:
+            if isinstance(item, BatchJob):
+                self._end(item, "cancelled")
+            else:
+                self._reject(item, "cancelled")
         for job in self.rows:
             if job is not None:
                 self._end(job, "cancelled")
@@ -345,9 +397,15 @@ class BatchingEngine(QueueIntake):
 
     def _sweep(self) -> None:
         """Drop cancelled requests and rows a stop string ended."""
-        for handle in [h for h in self.waiting if h.cancelled]:
-            self.waiting.remove(handle)
-            self._reject(handle, "cancelled")
+        for item in [w for w in self.waiting if _handle(w).cancelled or _stopped(w)]:
+            self.waiting.remove(item)
+            if not isinstance(item, BatchJob):
+                self._reject(item, "cancelled")
+            elif item.stream.stopped:  # preempted after its last token matched a stop string
+                self.counters["finished"] += 1
+                self._release(item)
+            else:
+                self._end(item, "cancelled")
         for job in self.rows:
             if job is None:
                 continue
@@ -358,49 +416,115 @@ class BatchingEngine(QueueIntake):
                 self._end(job, "cancelled")
 
     def _admit(self) -> None:
+        """Give waiting requests free rows, in order, while the KV space takes what each
+        reserves (`admission`): a preempted request comes first, with its state."""
         while self.waiting:
             free = [r for r, job in enumerate(self.rows) if job is None]
             if not free:
                 return
-            handle = self.waiting.popleft()
-            try:
-                prompt, budget, sampler = check_request(handle.request, self.vocab, self.max_length)
-            except SpecportError as exc:
-                self._reject(handle, "error", str(exc))
+            item = self.waiting.popleft()
+            job = item if isinstance(item, BatchJob) else self._job(item)
+            if job is None:  # refused
                 continue
-            except Exception as exc:  # e.g. prompt ids that are not integers
-                self._reject(handle, "error", f"invalid request: {type(exc).__name__}: {exc}")
-                continue
-            need = len(prompt) + budget  # the most positions its row can come to hold
+            need = self.admission.start(len(job.fill), len(job.prompt) + job.budget)
             if not self.budget.admits(need):  # waits until running requests free KV space
-                self.waiting.appendleft(handle)
+                self.waiting.appendleft(job)
                 return
-            plan = self.cache.plan(prompt, free, self.kv.lengths, self._live())
-            row, hit = plan.row, plan.reuse
-            if plan.save_to is not None:  # keep the row's cached KV in a free row
-                self.kv.copy_prefix(row, plan.save_to, int(self.kv.lengths[row]))
-            if plan.source != row:
-                self.kv.copy_prefix(plan.source, row, hit)
-            self.kv.lengths[row] = hit
-            self.budget.reserve(row, need)
-            stream = self.text.open(handle)
-            job = BatchJob(handle, stream, prompt, row, budget, sampler, self._eos(handle.request))
-            job.done = hit
-            if self.spec is not None:
-                job.spec = self.spec.attach(handle.request.sampling, sampler)
-            self.rows[row] = job
-            self.counters["prompt_tokens"] += len(prompt)
-            self._fit_memory()
+            self._place(job, free, need)
+
+    def _job(self, handle: RequestHandle) -> BatchJob | None:
+        """A new request's state (None: refused, its error sent)."""
+        try:
+            prompt, budget, sampler = check_request(handle.request, self.vocab, self.max_length)
+        except SpecportError as exc:
+            self._reject(handle, "error", str(exc))
+            return None
+        except Exception as exc:  # e.g. prompt ids that are not integers
+            self._reject(handle, "error", f"invalid request: {type(exc).__name__}: {exc}")
+            return None
+        stream = self.text.open(handle)
+        job = BatchJob(handle, stream, prompt, -1, budget, sampler, self._eos(handle.request))
+        if self.spec is not None:
+            job.spec = self.spec.attach(handle.request.sampling, sampler)
+        self.counters["prompt_tokens"] += len(prompt)
+        return job
+
+    def _place(self, job: BatchJob, free: list[int], need: int) -> None:
+        """Run `job` in a free row reserving `need` positions, its `fill`'s longest prefix
+        cached in a row copied in first (`PrefixCache`)."""
+        plan = self.cache.plan(job.fill, free, self.kv.lengths, self._live())
+        row, hit = plan.row, plan.reuse
+        if plan.save_to is not None:  # keep the row's cached KV in a free row
+            self.kv.copy_prefix(row, plan.save_to, int(self.kv.lengths[row]))
+        if plan.source != row:
+            self.kv.copy_prefix(plan.source, row, hit)
+        self.kv.lengths[row] = hit
+        self.budget.reserve(row, need)
+        job.row, job.done, job.started = row, hit, False
+        if job.preempted:
+            self.counters["recomputed_tokens"] += len(job.fill) - hit
+        self._admissions += 1
+        job.admitted = self._admissions
+        self.rows[row] = job
+        self._fit_memory()
+
+    def _reserve_steps(self) -> int:
+        """With preemption: each decoding row's reservation covers its next step (`Admission.
+        grow`); where the reservations would overrun the KV space, the most recently admitted
+        requests are preempted first, never the only running one (the reservations are never
+        seen over the space: `stats` reads them from another thread). Returns the
+        preemptions."""
+        if not self.admission.preempts:
+            return 0
+        budget = self.budget
+        grown: dict[int, int] = {}  # row -> the positions it reserves now
+        for job in self.rows:
+            if job is None or not job.decoding:
+                continue
+            reserved = budget.reserved[job.row]
+            held = int(self.kv.lengths[job.row])
+            tokens = self.admission.grow(held, reserved, len(job.prompt) + job.budget)
+            if tokens != reserved:
+                grown[job.row] = tokens
+        if not grown:
+            return 0
+        over = budget.reserved_bytes - budget.space
+        over += sum(
+            budget.bytes_for(t) - budget.bytes_for(budget.reserved[r]) for r, t in grown.items()
+        )
+        running = sorted((job for job in self.rows if job is not None), key=_admitted)
+        victims = []
+        while over > 0 and len(running) > 1:
+            job = running.pop()
+            victims.append(job)
+            over -= budget.bytes_for(grown.get(job.row, budget.reserved[job.row]))
+        for job in victims:
+            self._preempt(job)
+        for row, tokens in grown.items():
+            if self.rows[row] is not None:
+                budget.reserve(row, tokens)
+        self._fit_memory()
+        return len(victims)
+
+    def _preempt(self, job: BatchJob) -> None:
+        """Take `job` out of its row to the front of the waiting queue. Readmitted, it prefills
+        its prompt and the tokens it has but the last (its row's KV stays for the prefix cache
+        until the space needs it), and its next step feeds that last token: the step it would
+        have run, so its stream, sampler and proposer (kept with it) go on as if it had never
+        stopped: no token is drawn twice, greedy or seeded."""
+        logger.debug("preempting request %s", job.handle.request.request_id)
+        self.counters["preemptions"] += 1
+        self._vacate(job)
+        job.fill = np.concatenate([job.prompt, np.asarray(job.tokens[:-1], dtype=np.int64)])
+        job.row, job.done, job.started = -1, 0, False
+        job.preempted += 1
+        self.waiting.appendleft(job)
 
     def _live(self) -> dict[int, np.ndarray] | None:
         """Busy rows -> the ids whose KV they hold (copy sources for the prefix cache)."""
         if not self.cache.enabled:
             return None
-        return {
-            job.row: np.concatenate([job.prompt[: job.done], np.asarray(job.tokens, np.int64)])
-            for job in self.rows
-            if job is not None and job.done > 0
-        }
+        return {job.row: job.held_ids() for job in self.rows if job is not None and job.done > 0}
 
     def _eos(self, request: Request) -> frozenset[int]:
         return frozenset() if request.ignore_eos else self.eos
@@ -423,7 +547,7 @@ class BatchingEngine(QueueIntake):
                     continue
                 if budget is not None and budget <= 0:
                     break
-                n = min(len(job.prompt) - job.done, self.prefill_chunk)
+                n = min(len(job.fill) - job.done, self.prefill_chunk)
                 if budget is not None:
                     n = min(n, budget)
                     budget -= n
@@ -499,7 +623,7 @@ class BatchingEngine(QueueIntake):
         token from it."""
         ids = np.zeros((len(group), max(c.n for c in group)), dtype=np.int64)
         for i, (job, c) in enumerate(zip(jobs, group)):
-            ids[i, : c.n] = job.prompt[job.done : job.done + c.n]
+            ids[i, : c.n] = job.fill[job.done : job.done + c.n]
         lengths = np.array([c.n for c in group], dtype=np.int64)
         t0, cpu0 = time.perf_counter(), self.kv.ort_cpu_seconds
         try:
@@ -518,7 +642,7 @@ class BatchingEngine(QueueIntake):
             job.done += c.n
             job.started = True
             self.counters["prefill_tokens"] += c.n
-            if job.decoding:
+            if job.decoding and not job.tokens:  # a resumed request's next step feeds its last
                 greedy = None if out.greedy is None else int(out.greedy[i, -1])
                 self._next(job, out.logits[i, -1:], greedy)  # [1, V] a view: used right away
 
@@ -700,13 +824,16 @@ class BatchingEngine(QueueIntake):
         self.text.finish(self.text.open(handle), reason, error)
 
     def _release(self, job: BatchJob) -> None:
-        """Free the row; its KV (prompt + fed tokens) stays there for the prefix cache."""
-        if self.rows[job.row] is job:
-            self.rows[job.row] = None
-            self.budget.release(job.row)
+        """The request ended: free its row (or it waited, preempted) and its proposer."""
+        if job.row < 0 or self.rows[job.row] is job:
+            self._vacate(job)
             if job.spec is not None and self.spec is not None:
                 self.spec.detach(job.spec, job.tokens)
-            self.cache.set(
-                job.row,
-                np.concatenate([job.prompt[: job.done], np.asarray(job.tokens, dtype=np.int64)]),
-            )
+
+    def _vacate(self, job: BatchJob) -> None:
+        """Free `job`'s row; its KV (prompt + fed tokens) stays there for the prefix cache."""
+        if job.row < 0:
+            return
+        self.rows[job.row] = None
+        self.budget.release(job.row)
+        self.cache.set(job.row, job.held_ids())

@@ -8,8 +8,10 @@ of the machine's memory) and admits a waiting request only while what the runnin
 rows may come to commit — each one's prompt plus its token budget, the most its row can grow
 to, in whole pages — fits in the KV space (``KVBudget``; ``serve --kv-cache-space``, default
 ``default_kv_space``). This is vLLM's rule (its scheduler admits by free KV blocks, sized by
-``VLLM_CPU_KVCACHE_SPACE`` on CPU) without paging: a request reserves its worst case at
-admission, so no running request is ever preempted.
+``VLLM_CPU_KVCACHE_SPACE`` on CPU) without paging. By default a request reserves its worst
+case at admission, so no running request is ever preempted; with ``--preemption-mode
+recompute`` it reserves what it holds now plus a few steps, and the engine preempts the newest
+request when the reservations would overrun the space (``admission``).
 
 Pages stay committed after a request ends (its KV stays for the prefix cache), and on 2 MiB
 pages a row's first position commits the whole row (189 MB for SmolLM2-135M at 4,096
@@ -113,6 +115,9 @@ class KVBudget:
     # bytes a row's pages hold for n written positions (`SharedKVCache.commit_bytes`:
     # whole pages); None: n x per_token
     commit: Callable[[int], int] | None = None
+    # bytes_for by token count: the sum is taken at every admission and, with preemption,
+    # at every step where a row's reservation grows (a page count is a numpy call)
+    _bytes: dict[int, int] = field(default_factory=dict, repr=False)
 
     @property
     def capacity(self) -> int:
@@ -129,7 +134,12 @@ class KVBudget:
 
     def bytes_for(self, tokens: int) -> int:
         """What a row that may hold `tokens` positions commits at most."""
-        return int(self.commit(tokens)) if self.commit else tokens * self.per_token
+        if not self.commit:
+            return tokens * self.per_token
+        known = self._bytes.get(tokens)
+        if known is None:
+            known = self._bytes[tokens] = int(self.commit(tokens))
+        return known
 
     @property
     def reserved_bytes(self) -> int:
@@ -148,7 +158,8 @@ class KVBudget:
         request's KV kept for the prefix cache) to release whole. `held` [rows]: the bytes
         each row's pages hold now (`SharedKVCache.held_bytes`). Running rows count what they
         may come to hold, so once this is applied the pages committed stay within the space
-        until the next admission (with a request alone past it as the exception)."""
+        until the next admission or, with preemption, reservation growth (with a request
+        alone past it as the exception)."""
         trims = {r: t for r, t in self.reserved.items() if int(held[r]) > self.bytes_for(t)}
         over = self.reserved_bytes + sum(int(held[r]) for r in idle) - self.space
         drop: list[int] = []

@@ -211,6 +211,12 @@ class _EngineCollector:
         else:
             usage, doc = running / max_batch, "Fraction of KV rows in use (1 = full)."
         yield gauge("vllm:kv_cache_usage_perc", doc, usage)
+        if "preemptions" in s:  # the batching engine (--preemption-mode recompute preempts)
+            yield counter(
+                "vllm:num_preemptions",
+                "Requests preempted to free KV space (resumed later by recompute).",
+                s["preemptions"],
+            )
         if "prefix_cache_lookups" in s:
             yield counter(
                 "vllm:prefix_cache_queries",

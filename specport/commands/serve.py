@@ -49,8 +49,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="GIB",
         help="KV memory the running requests may fill, in GiB (batching engine; default: 4, or "
-        "a quarter of the available memory if less); a request waits until its prompt plus "
-        "max_tokens fits",
+        "a quarter of the available memory if less); a request waits until what it reserves "
+        "fits (--preemption-mode)",
+    )
+    p.add_argument(
+        "--preemption-mode",
+        choices=["none", "recompute"],
+        default="none",
+        help="batching engine: none (default) = a request reserves its prompt plus max_tokens "
+        "of --kv-cache-space when it starts, so none is ever preempted; recompute = as vLLM, a "
+        "request starts while what the running ones hold now fits, and when their KV outgrows "
+        "the space the newest is preempted and later re-prefills its prompt and tokens so far "
+        "(same tokens; more requests run at once when answers stop before max_tokens)",
     )
     p.add_argument(
         "--max-model-len",
@@ -281,6 +291,7 @@ def _serve_local(args: argparse.Namespace, settings: Any) -> int:
         spec_max_tokens=args.spec_max_tokens,
         kv_space=kv_space_bytes(args),
         prefill_stall=args.prefill_stall or None,
+        preemption=args.preemption_mode,
     )
     recorder = start_recording(model, args, record_largest)
     try:

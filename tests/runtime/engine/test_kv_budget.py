@@ -7,10 +7,13 @@ for space still gets exactly the tokens it would get alone.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from specport.runtime.engine import make_engine
+from specport.runtime.engine.admission import PREEMPTION_MODES
 from specport.runtime.engine.base import Request
 from specport.runtime.engine.kv_budget import (
     MAX_ROWS,
@@ -19,6 +22,7 @@ from specport.runtime.engine.kv_budget import (
     token_bytes,
     total_memory,
 )
+from specport.runtime.sampler import SamplingConfig
 
 PROMPTS = [[1, 74, 75, 76, 90], [1, 100], [1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 3, 4] * 5]
 NEW = 10
@@ -79,7 +83,8 @@ def test_requests_beyond_the_space_wait_and_keep_their_tokens(shared_model, spac
         assert stats["kv_space_tokens"] == space_tokens
 
 
-def test_committed_kv_stays_within_the_space(shared_model):
+@pytest.mark.parametrize("preemption", PREEMPTION_MODES)
+def test_committed_kv_stays_within_the_space(shared_model, preemption):
     """When rows filled to the end would not fit the space, the rows' pages (running requests'
     and finished ones' kept for the prefix cache) stay within it: rows past what their request
     may write are trimmed and idle rows released, least recently used first, and every
@@ -95,7 +100,9 @@ def test_committed_kv_stays_within_the_space(shared_model):
     per_row = int(engine.kv.commit_bytes(len(prompts[0]) + NEW))
     engine.close()
     space = 3 * per_row  # three requests' rows at a time
-    engine = make_engine(shared_model, kind="batching", max_length=128, kv_space=space)
+    engine = make_engine(
+        shared_model, kind="batching", max_length=128, kv_space=space, preemption=preemption
+    )
     # a row admitted copies its prefix before the others are released; a free row inside a
     # decode batch is written one position
     slack = per_row + engine.max_batch * int(engine.kv.commit_bytes(1))
@@ -111,3 +118,140 @@ def test_committed_kv_stays_within_the_space(shared_model):
     assert got == reference
     assert max([*held, stats["kv_held_bytes"]]) <= space + slack
     assert stats["kv_rows_released"] > 0 and stats["prefix_cache_hits"] > 0
+
+
+# prompts of 7-31 tokens and answers of 40-66: rows start in their first 4 KiB page per head
+# (64 positions at head_dim 16) and most grow into a second one while they decode
+MIX = [[1, *((7 * i + 13 * j) % 250 + 3 for j in range(6 + (5 * i) % 26))] for i in range(16)]
+MIX_NEW = [40 + (9 * i) % 27 for i in range(16)]
+SEEDED = {3: 7, 6: 11}  # request -> seed: sampled (temperature 1.5, top-k 50), not greedy
+
+
+def _sampled(i: int) -> dict:
+    """Request `i`'s sampling settings (empty: greedy)."""
+    return {"temperature": 1.5, "top_k": 50, "seed": SEEDED[i]} if i in SEEDED else {}
+
+
+def _sampling(i: int) -> SamplingConfig:
+    return SamplingConfig(greedy=False, **_sampled(i)) if i in SEEDED else SamplingConfig()
+
+
+@pytest.fixture(scope="module")
+def mix_reference(shared_model):
+    return [
+        shared_model.generate(prompt_ids=p, max_new_tokens=n, ignore_eos=True, **_sampled(i)).tokens
+        for i, (p, n) in enumerate(zip(MIX, MIX_NEW))
+    ]
+
+
+def _run_mix(model, **options):
+    """Every MIX request submitted at once: (each one's events, the last stats, the KV pages
+    held as polled while they ran). Speculating rows verify one by one unless told."""
+    engine = make_engine(model, kind="batching", **{"spec_max_rows": 64, **options})
+    space = engine.budget.space
+    try:
+        handles = [
+            engine.submit(Request(p, n, sampling=_sampling(i), ignore_eos=True))
+            for i, (p, n) in enumerate(zip(MIX, MIX_NEW))
+        ]
+        held = []
+        while not all(h.done for h in handles):
+            stats = engine.stats()
+            held.append(stats["kv_held_bytes"])
+            assert stats["kv_reserved_bytes"] <= space or stats["running"] == 1
+        events = [list(h.events(timeout=120)) for h in handles]
+        stats = engine.stats()
+    finally:
+        engine.close()
+    return events, stats, [*held, stats["kv_held_bytes"]]
+
+
+@pytest.mark.parametrize(
+    ("preemption", "speculative", "spec_max_rows"),
+    [
+        ("none", None, None),
+        ("recompute", None, None),
+        ("recompute", "ngram", 64),  # rows verify one by one
+        ("recompute", "ngram", 1),  # rows verify together, at a width the step cost picks
+    ],
+)
+def test_preempted_requests_keep_their_tokens(
+    shared_model, mix_reference, preemption, speculative, spec_max_rows
+):
+    """A KV space of 5 rows' first pages: by default (`none`) each request reserves its prompt
+    plus max tokens (most: two pages), so 2-3 run at a time, never preempted; with `recompute`
+    each reserves what it holds, more start, and as rows grow into their second page the
+    newest is preempted (6-7 times here) and later resumes. Either way every request gets the
+    tokens it gets alone (greedy, and seeded sampling: with speculation, the seeded tokens of
+    the same engine unpressed), once each, with its finish reason and usage."""
+    probe = make_engine(shared_model, kind="batching", kv_space=1)
+    page = int(probe.kv.commit_bytes(1))  # a row's first page per head, every layer
+    assert probe.small_pages
+    max_batch = probe.max_batch
+    probe.close()
+    reference: list[list[int] | None] = list(mix_reference)
+    spec = {"speculative": speculative, "spec_max_rows": spec_max_rows or 64}
+    if spec_max_rows == 1:  # the width follows the clock: only greedy tokens are reproducible
+        for i in SEEDED:
+            reference[i] = None
+    elif speculative:  # sampling through rejection sampling: its own reproducible stream
+        alone, _, _ = _run_mix(shared_model, **spec)
+        for i in SEEDED:
+            reference[i] = [t for ev in alone[i] for t in ev.token_ids]
+    events, stats, held = _run_mix(shared_model, kv_space=5 * page, preemption=preemption, **spec)
+    for i, evs in enumerate(events):
+        assert sum(len(ev.token_ids) for ev in evs) == MIX_NEW[i], i
+        if reference[i] is not None:
+            assert [t for ev in evs for t in ev.token_ids] == reference[i], i
+        assert [ev.finish_reason for ev in evs] == [None] * (len(evs) - 1) + ["length"], i
+    assert stats["finished"] == len(MIX) and stats["errors"] == 0
+    assert stats["generated_tokens"] == sum(MIX_NEW)  # none drawn twice
+    assert stats["prompt_tokens"] == sum(len(p) for p in MIX)  # once each, resumed or not
+    assert stats["kv_reserved_tokens"] == 0 and stats["waiting"] == 0
+    # the pages committed stay within the space (plus a page per head of free rows that a
+    # decode batch writes one position into)
+    assert max(held) <= 5 * page + max_batch * page
+    if preemption == "none":
+        assert stats["preemptions"] == 0 and stats["recomputed_tokens"] == 0
+    else:
+        assert stats["preemptions"] > 0 and stats["recomputed_tokens"] > 0
+    if speculative:
+        assert stats["spec_steps"] > 0
+    if spec_max_rows == 1:
+        assert stats["spec_batched_steps"] > 0
+
+
+def test_recompute_runs_more_requests_at_once(shared_model):
+    """The point of `recompute`: at the same KV space more requests decode together (counted
+    per decode step, not timed), because none holds space for tokens it has not written."""
+    probe = make_engine(shared_model, kind="batching", kv_space=1)
+    page = int(probe.kv.commit_bytes(1))
+    probe.close()
+    rows = {
+        mode: _run_mix(shared_model, kv_space=5 * page, preemption=mode)[1]["mean_decode_rows"]
+        for mode in ("none", "recompute")
+    }
+    assert rows["recompute"] > 1.2 * rows["none"], rows
+
+
+def test_cancelling_preempted_requests_loses_none(shared_model):
+    """Requests cancelled once preemption started (some running, some back in the queue with
+    their state) each end once, "cancelled" or finished, and their KV space is handed back."""
+    probe = make_engine(shared_model, kind="batching", kv_space=1)
+    page = int(probe.kv.commit_bytes(1))
+    probe.close()
+    engine = make_engine(shared_model, kind="batching", kv_space=3 * page, preemption="recompute")
+    try:
+        handles = [engine.submit(Request(p, n, ignore_eos=True)) for p, n in zip(MIX, MIX_NEW)]
+        while engine.stats()["preemptions"] == 0 and not all(h.done for h in handles):
+            time.sleep(0.001)
+        for handle in handles:
+            handle.cancel()
+        ends = [[ev.finish_reason for ev in h.events(timeout=60)] for h in handles]
+        stats = engine.stats()
+    finally:
+        engine.close()
+    for end in ends:
+        assert end[:-1] == [None] * (len(end) - 1) and end[-1] in ("cancelled", "length")
+    assert stats["cancelled"] + stats["finished"] == len(MIX) and stats["errors"] == 0
+    assert stats["kv_reserved_tokens"] == 0 and stats["waiting"] == 0 and stats["running"] == 0

@@ -709,3 +709,40 @@ def test_batching_server_metrics_split_its_cpu_time(batching):
     finally:
         server.stop()
         engine.close()
+
+
+def test_preempting_server_answers_each_token_once(batching):
+    """`--preemption-mode recompute` on a KV space of two rows' first pages: requests are
+    preempted and resumed, yet every client (streamed or not) gets its greedy tokens once
+    each, and /metrics (vLLM's `num_preemptions`) and /health count the preemptions."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specport.runtime.engine import make_engine
+
+    model, _ = batching
+    engine = make_engine(model, kind="batching", kv_space=1)
+    page = int(engine.kv.commit_bytes(1))
+    span = next(n for n in range(1, engine.max_length) if engine.kv.commit_bytes(n) > page)
+    engine.close()
+    max_tokens = min(span + 8, engine.max_length - 12)  # past a row's first page
+    prompts = [[1, *range(10 + i, 13 + 2 * i)] for i in range(6)]
+    want = [
+        model.generate(prompt_ids=p, max_new_tokens=max_tokens, ignore_eos=True).tokens
+        for p in prompts
+    ]
+    engine = make_engine(model, kind="batching", kv_space=2 * page, preemption="recompute")
+    server = serve(model, engine)
+    try:
+        assert concurrent_completions(server, prompts, max_tokens) == want
+        samples = {
+            s.name: s.value
+            for fam in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+            for s in fam.samples
+        }
+        health = httpx.get(server.url + "/health").json()["engine"]
+        assert samples["vllm:num_preemptions_total"] == health["preemptions"] > 0
+        assert health["preemption_mode"] == "recompute"
+        assert samples["vllm:generation_tokens_total"] == len(prompts) * max_tokens
+    finally:
+        server.stop()
+        engine.close()
