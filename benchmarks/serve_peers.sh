@@ -7,6 +7,7 @@
 #   bash benchmarks/serve_peers.sh                      # ROUNDS=1, concurrency 1,4,16, no rate sweep
 #   RATES=0.25,0.5,1 ROUNDS=2 bash benchmarks/serve_peers.sh
 #   REQUESTS=16 ANSWER=64 STALL_ROUNDS=1 bash benchmarks/serve_peers.sh   # the 2026-12-05 page's run
+#   SERVERS="specport specport:recompute vllm" ...   # specport:MODE: serve --preemption-mode MODE
 #   SERVERS="specport vllm llama.cpp" THREADS=1 \
 #     WORKLOADS="chat/100:1000/128:512/1,4,16,64/2,4,16,64 long/2000:3000/128/1,4,16/2,4,16" \
 #     RATES=0.1,0.2,0.4 RATE_REQUESTS=12 STALL_ROUNDS=1 bash benchmarks/serve_peers.sh
@@ -111,10 +112,13 @@ cpu_s() { python -m benchmarks.proc_tree cpu "$PID"; }
 
 start_server() {  # $1 server, $2 port, $3 log
     case $1 in
-    specport)
+    specport | specport:*)  # specport:MODE serves with --preemption-mode MODE
+        local extra=""
+        [ "$1" = specport ] || extra="--preemption-mode ${1#specport:}"
         # shellcheck disable=SC2086
         setsid specport serve "$ART" --host 127.0.0.1 --port "$2" --threads "$THREADS" \
-            --model-name "$MODEL" --kv-cache-space "$KV_GIB" --no-access-log -q $SPECPORT_ARGS >"$3" 2>&1 &
+            --model-name "$MODEL" --kv-cache-space "$KV_GIB" --no-access-log -q $SPECPORT_ARGS $extra \
+            >"$3" 2>&1 &
         ;;
     llama.cpp)
         setsid "$LLAMA_BIN/llama-server" -m "$GGUF_F32" --host 127.0.0.1 --port "$2" -t "$THREADS" \
