@@ -6,8 +6,8 @@ runnable work at the moment the session is opened, never this process's own.
 
 Why not the 1-minute load average (what the policy used before, and still does off Linux): it
 counts this process's own recent work. A `specport bench` or `quantize` that just exported,
-quantized or ran peers in the same process pushed it past cores - 1 by itself, and the next
-session did not spin on an otherwise idle 2-core machine (decode 26-35% slower at batch 1). It
+quantized or ran peers in the same process can push it past cores - 1 by itself, and the next
+session then did not spin on an otherwise idle 2-core machine (decode 26-35% slower at batch 1). It
 cannot be corrected for our share: the kernel keeps only this process's cumulative CPU time,
 not its last minute, and a lifetime average misjudges a process that idled and then worked (a
 notebook). It also lags a minute both ways: it still counts a job that ended and has not yet
@@ -19,10 +19,10 @@ What is used (Linux): the number of runnable threads on the machine (the 4th fie
 median taken. A CPU-bound competitor is runnable in every sample whether or not it holds a core
 (measured: a child with 2 spinning threads read 2 in 16 of 16 samples; 2 spinning threads of our
 own read 0). The median, not the mean: with one steady competitor thread on 2 cores (exactly at
-the threshold) 2-3 of 16 samples caught a daemon's wake-up or one of our threads changing state
-between the two reads, and the mean flipped the answer; a competitor runnable in over half the
-samples still counts. One that sleeps through most of them is missed, and the session spins
-beside it. Reading the samples takes ~35 ms at session creation (~1.5 ms of it CPU). Where /proc
+the threshold) 2 of 16 samples caught some other thread's brief wake-up, and the mean (1.12)
+flipped the answer; a competitor runnable in over half the samples still counts. One that sleeps through most of them is missed, and the session spins
+beside it. Reading the samples takes ~35 ms at session creation, ~1.5 ms of it CPU (~16 ms in a
+process with 60 threads: each sample lists them, unless nothing but the reader runs). Where /proc
 cannot be read the load-average rule is kept.
 """
 
@@ -86,7 +86,8 @@ def sample_runnable(samples: int = SAMPLES, gap_s: float = GAP_S) -> list[Sample
         for i in range(samples):
             with open(LOADAVG) as f:
                 total = machine_runnable(f.read())
-            out.append((total, own_runnable()))
+            # only the reader runnable: nothing of anyone else's (and no threads to list)
+            out.append((total, total if total <= 1 else own_runnable()))
             if i + 1 < samples:
                 time.sleep(gap_s)
     except (OSError, ValueError, IndexError):
