@@ -5,7 +5,10 @@ Choices and why (measured on the 2-core benchmark machine, see `specport bench`)
 - allow_spinning: onnxruntime's pool threads busy-wait between ops by default. On a dedicated
   machine that saves a wake-up per op; on an oversubscribed one (more runnable work than cores)
   the spinning thread burns the time slice the other thread needs, and decode was ~2x slower.
-  `None` (auto) spins only when the 1-minute load average leaves a core free.
+  `None` (auto) spins only when other processes' runnable threads, sampled over ~35 ms at
+  session creation, leave a core free (runtime/idle_core.py; this process's own recent work,
+  e.g. an export or quantization just before, does not count: the 1-minute load average that
+  decided before counted it, and such sessions did not spin on an idle machine).
 - prepacking: MatMul weights repacked once at load for the GEMM kernel (onnxruntime frees the
   original after packing). On the 32M benchmark model RSS was 183 MB with it and 178 MB without,
   decode speed equal within noise: kept on (it is what prefill wants).
@@ -32,6 +35,7 @@ from specport.artifact.manifest import Manifest
 from specport.core.errors import ArtifactError
 from specport.runtime import providers as prov
 from specport.runtime.hugepages import HugePages
+from specport.runtime.idle_core import machine_has_idle_core
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +46,8 @@ class SessionConfig:
 
     intra_op_threads: 0 = one per core.
     graph_optimization: "all" | "extended" | "basic" | "disable".
-    allow_spinning: True / False, or None = auto (spin only if the machine has an idle core).
+    allow_spinning: True / False, or None = auto (spin only if the machine has an idle core,
+    decided once per config at its first session, so `describe()` reports what was applied).
     """
 
     provider: str = "auto"
@@ -59,11 +64,16 @@ class SessionConfig:
     config_entries: dict[str, str] = field(default_factory=dict)
     # Options of a plugin provider (qnn: backend_type, soc_model; see runtime/providers.py).
     provider_options: dict[str, str] = field(default_factory=dict)
+    _auto_spin: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     def resolved_spinning(self) -> bool:
+        """The explicit choice, or the auto one, made once: sampling again could answer
+        otherwise than what the session was given (and costs ~35 ms)."""
         if self.allow_spinning is not None:
             return self.allow_spinning
-        return machine_has_idle_core()
+        if self._auto_spin is None:
+            self._auto_spin = machine_has_idle_core()
+        return self._auto_spin
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -82,15 +92,6 @@ _LEVELS = {
     "extended": "ORT_ENABLE_EXTENDED",
     "all": "ORT_ENABLE_ALL",
 }
-
-
-def machine_has_idle_core() -> bool:
-    """True when the 1-minute load average leaves at least one core free (spinning then pays)."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return True
-    return load + 1.0 <= (os.cpu_count() or 1)
 
 
 def spare_core(session: Any) -> bool:
