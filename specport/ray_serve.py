@@ -29,6 +29,7 @@ from typing import Any
 from specport.core.errors import InputError
 from specport.loading import load
 from specport.runtime.engine import make_engine
+from specport.runtime.engine.admission import DEFAULT_PREEMPTION
 from specport.runtime.engine.prefill_pace import STALL as PREFILL_STALL
 from specport.runtime.serve.app import make_app
 from specport.runtime.serve.state import ServeSettings
@@ -187,7 +188,7 @@ def serve_with_ray(args: Any, settings: ServeSettings, emit_json: Callable[[Any]
         "spec_max_rows": getattr(args, "spec_max_rows", None),
         "spec_max_tokens": getattr(args, "spec_max_tokens", None),
         "prefill_stall": getattr(args, "prefill_stall", PREFILL_STALL) or None,
-        "preemption": getattr(args, "preemption_mode", "none"),
+        "preemption": getattr(args, "preemption_mode", DEFAULT_PREEMPTION),
     }
     threads = args.threads or 1
     record = getattr(args, "suffix_record", None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from specport.core.errors import ArtifactError, InputError
-from specport.runtime.engine.admission import PREEMPTION_MODES
+from specport.runtime.engine.admission import DEFAULT_PREEMPTION, PREEMPTION_MODES
 from specport.runtime.engine.base import Engine
 from specport.runtime.engine.prefill_pace import STALL as PREFILL_STALL
 
@@ -32,7 +32,7 @@ def make_engine(
     spec_max_tokens: int | None = None,
     kv_space: int | None = None,
     prefill_stall: float | None = PREFILL_STALL,
-    preemption: str = "none",
+    preemption: str = DEFAULT_PREEMPTION,
 ) -> Engine:
     """The engine for `model`: "batching" (shared KV layout), "serial" (any), or "auto".
 

@@ -27,6 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREEMPTION_MODES = ("none", "recompute")
+# The default, as vLLM's: on SmolLM2-135M fp32, 2 threads, 2 GiB of KV, chat requests (prompts
+# 100-1,000 tokens, answers 128-512), one run beside vLLM 0.32: at 64 in flight 238 output
+# tok/s and TTFT p99 24.7 s against 223 and 64.4 s with "none" (vLLM 230 and 24.8 s); at 16,
+# 196 against 184 (docs/benchmarks/2026-12-06-preemption.md).
+DEFAULT_PREEMPTION = "recompute"
 BLOCK = 16  # positions a running request's reservation grows by (vLLM's default block size)
 HEADROOM_STEPS = 4  # decode steps a request has room for when it is admitted or grows
 

@@ -53,7 +53,7 @@ import numpy as np
 
 from specport.core.errors import ArtifactError, InputError, SpecportError
 from specport.runtime.engine import prefill_plan, step
-from specport.runtime.engine.admission import PREEMPTION_MODES, Admission
+from specport.runtime.engine.admission import DEFAULT_PREEMPTION, PREEMPTION_MODES, Admission
 from specport.runtime.engine.base import (
     QueueIntake,
     Request,
@@ -165,7 +165,7 @@ class BatchingEngine(QueueIntake):
         spec_max_tokens: int = SPEC_MAX_TOKENS,
         kv_space: int | None = None,
         prefill_stall: float | None = STALL,
-        preemption: str = "none",
+        preemption: str = DEFAULT_PREEMPTION,
     ) -> None:
         """`max_batch`: KV rows (None: as many as `kv_budget.plan_rows` reserves; requests are
         then admitted by `kv_space` bytes of KV, default `kv_budget.default_kv_space`).

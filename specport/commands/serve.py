@@ -55,12 +55,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preemption-mode",
         choices=["none", "recompute"],
-        default="none",
-        help="batching engine: none (default) = a request reserves its prompt plus max_tokens "
-        "of --kv-cache-space when it starts, so none is ever preempted; recompute = as vLLM, a "
-        "request starts while what the running ones hold now fits, and when their KV outgrows "
-        "the space the newest is preempted and later re-prefills its prompt and tokens so far "
-        "(same tokens; more requests run at once when answers stop before max_tokens)",
+        default="recompute",
+        help="batching engine: recompute (default, as vLLM) = a request starts while what the "
+        "running ones hold now fits, and when their KV outgrows the space the newest is "
+        "preempted and later re-prefills its prompt and tokens so far (same tokens; more "
+        "requests run at once when answers stop before max_tokens); none = a request reserves "
+        "its prompt plus max_tokens of --kv-cache-space when it starts, so none is ever "
+        "preempted",
     )
     p.add_argument(
         "--max-model-len",
