@@ -42,7 +42,12 @@ from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.embedding import gather_tables
 from specport.passes.quant.graph import find_weight_matmuls
 from specport.passes.quant.head import nbits_bytes
-from specport.passes.quant.head_rows import measure_head_rows, split_points, token_frequencies
+from specport.passes.quant.head_rows import (
+    measure_head_rows,
+    row_errors,
+    split_points,
+    token_frequencies,
+)
 from specport.passes.quant.rtn import quantize_rtn
 from specport.passes.quant.sensitivity import MEASURE_BITS, MEASURE_GROUP, loss_factors
 
@@ -61,7 +66,6 @@ GROUPS = (32, 64, 128)
 # (+4.64% at 6.0), and at 5.0 bits all keep it at 4 (+7.99%). On SmolLM2-135M an unweighted
 # plan at 6.17 bits kept the head at 4 bits and lost 22% on unseen prose.
 HEAD_WEIGHT = 20.0
-COLUMNS = 8192  # error measured over this many output columns at a time (bounded memory)
 
 
 @dataclass
@@ -136,18 +140,9 @@ def resolve_budget(bits_per_weight: float | None, mixture: str | None) -> float 
 
 def _rel_errors(w: np.ndarray, h: np.ndarray | None, hats: list[np.ndarray]) -> list[float]:
     """trace(dW^T H dW) / trace(W^T H W) for each w_hat (weight-space without H); w [K, N]."""
-    num = np.zeros(len(hats))
-    den = 0.0
-    h32 = None if h is None else h.astype(np.float32)
-    for a in range(0, w.shape[1], COLUMNS):
-        wc = w[:, a : a + COLUMNS]
-        hw = wc if h32 is None else h32 @ wc
-        den += float(np.einsum("kn,kn->", wc, hw, dtype=np.float64))
-        for i, wh in enumerate(hats):
-            dw = wh[:, a : a + COLUMNS] - wc
-            hd = dw if h32 is None else h32 @ dw
-            num[i] += float(np.einsum("kn,kn->", dw, hd, dtype=np.float64))
-    return [float(x / max(den, 1e-30)) for x in num]
+    nums, den = row_errors(w, h, hats)
+    total = max(float(den.sum()), 1e-30)
+    return [float(num.sum() / total) for num in nums]
 
 
 def _pareto(options: list[Option]) -> list[Option]:

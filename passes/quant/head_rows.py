@@ -30,7 +30,7 @@ from specport.passes.quant.rtn import quantize_rtn
 ZIPF_OFFSET = 16
 # Candidate split points, as shares of the vocabulary (SmolLM2's 49,152: 1,024 ... 24,576).
 SPLIT_SHARES = (1 / 48, 1 / 32, 1 / 24, 1 / 16, 1 / 12, 1 / 8, 1 / 6, 1 / 4, 1 / 3, 1 / 2)
-COLUMNS = 8192  # rows measured at a time (bounded memory)
+COLUMNS = 8192  # output columns (head rows) measured at a time (bounded memory)
 
 
 def token_frequencies(vocab: int, ids: np.ndarray | None = None) -> np.ndarray:
@@ -55,21 +55,24 @@ def split_points(vocab: int) -> list[int]:
     return sorted(points)
 
 
-def _row_errors(
-    w: np.ndarray, h: np.ndarray | None, hat: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per column of w [K, V]: (dW^T H dW, W^T H W), weight-space without H."""
+def row_errors(
+    w: np.ndarray, h: np.ndarray | None, hats: list[np.ndarray]
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per column of w [K, N]: dW^T H dW for each w_hat of `hats`, and W^T H W (weight space
+    without H); the planner's relative error of a whole weight is their sums' ratio."""
     h32 = None if h is None else h.astype(np.float32)
-    num = np.empty(w.shape[1])
+    nums = [np.empty(w.shape[1]) for _ in hats]
     den = np.empty(w.shape[1])
     for a in range(0, w.shape[1], COLUMNS):
         wc = w[:, a : a + COLUMNS]
-        dw = hat[:, a : a + COLUMNS] - wc
+        cols = slice(a, a + wc.shape[1])
         hw = wc if h32 is None else h32 @ wc
-        hd = dw if h32 is None else h32 @ dw
-        den[a : a + wc.shape[1]] = np.einsum("kn,kn->n", wc, hw, dtype=np.float64)
-        num[a : a + wc.shape[1]] = np.einsum("kn,kn->n", dw, hd, dtype=np.float64)
-    return num, den
+        den[cols] = np.einsum("kn,kn->n", wc, hw, dtype=np.float64)
+        for num, hat in zip(nums, hats):
+            dw = hat[:, cols] - wc
+            hd = dw if h32 is None else h32 @ dw
+            num[cols] = np.einsum("kn,kn->n", dw, hd, dtype=np.float64)
+    return nums, den
 
 
 @dataclass
@@ -108,12 +111,12 @@ def measure_head_rows(
     head_den = table_den = 0.0
     for bits, group in combos:
         hat = dequantize(quantize_rtn(w, bits, group, symmetric))
-        num, den = _row_errors(w, h, hat)
+        (num,), den = row_errors(w, h, [hat])
         head[(bits, group)] = np.cumsum(freq * num)
         head_den = float(freq @ den)
         if symmetric:
             hat = dequantize(quantize_rtn(w, bits, group, symmetric=False))
-        num, den = _row_errors(w, None, hat)
+        (num,), den = row_errors(w, None, [hat])
         table[(bits, group)] = np.cumsum(freq * num)
         table_den = float(freq @ den)
         del hat
