@@ -199,11 +199,13 @@ def quantize_artifact(
     prior_quant, kv_report = manifest.quant, {}  # scheme none keeps the source's weight recipe
     if frequent_head_rows:
         check_split(ir.load(model_path), frequent_head_rows)  # before calibration
+    # A tied head split by vocabulary rows: where the planner chooses (None), where the user
+    # said (N), or kept whole (0); the split itself happens after planning.
     split_head = (
-        frequent_head_rows is None
+        frequent_head_rows != 0
         and target_bpw is not None
         and scheme == "w4a8"
-        and can_split(ir.load(model_path))
+        and (bool(frequent_head_rows) or can_split(ir.load(model_path)))
     )
     stats = None
     if calib_files and not algo.startswith("ort-") and scheme != "none" and form != "npu":
@@ -227,11 +229,6 @@ def quantize_artifact(
         else:
             model = ir.load(model_path)
             passes: list[Any] = []
-            pinned: dict[str, int] = {}
-            if frequent_head_rows:
-                split = split_tied_head(model, frequent_head_rows)
-                pinned[split.frequent] = 8
-                reports.append(split_report(split))
             plan: dict[str, int] | None = None
             groups: dict[str, int] | None = None
             if mixed_precision == "auto" and scheme != "w8a8":
@@ -266,8 +263,8 @@ def quantize_artifact(
                     symmetric=symmetric,
                     loss=loss,
                     float_zero=float_zero,
-                    pinned_bits=pinned,
                     split_head=split_head,
+                    split_rows=frequent_head_rows or None,
                     token_ids=token_ids,
                 )
                 reports.append(budget_report)
@@ -280,11 +277,9 @@ def quantize_artifact(
                     split = split_tied_head(model, budget.frequent_rows)
                     budget.assign_split(model, split.frequent, split.rare)
                     reports.append(split_report(split))
-                if frequent_head_rows or budget.frequent_rows:
-                    rows = frequent_head_rows or budget.frequent_rows
-                    how = "given" if frequent_head_rows else "planned"
+                    rows = budget.frequent_rows
                     manifest_head = {
-                        "choice": how,
+                        "choice": "given" if frequent_head_rows else "planned",
                         "bits": lm_head_bits,
                         "frequent_rows": rows,
                         "frequent_bits": 8,

@@ -210,10 +210,12 @@ def _split_head_options(
     symmetric: bool,
     token_ids: np.ndarray | None,
     head_weight: float,
+    split_rows: int | None = None,
 ) -> list[Option]:
     """A tied head w [K, V] whole at each (bits, block), and split after each candidate row
     count with the first rows 8-bit: errors weighted by token frequency (head_rows.py),
-    bytes of both heads (the table gathers from their codes)."""
+    bytes of both heads (the table gathers from their codes). `split_rows`: the user's row
+    count, the only split offered, and the head is not kept whole."""
     k, v = w.shape
     combos = [(b, g) for b in widths for g in GROUPS if k % g == 0]
     freq = token_frequencies(v, token_ids)
@@ -222,10 +224,11 @@ def _split_head_options(
     opts = [
         Option(b, g, nbits_bytes(k, v, b, g, zp), rows.error(0, (b, g), (b, g), head_weight))
         for b, g in combos
+        if split_rows is None
     ]
     if 8 not in widths:
         return opts
-    for n in split_points(v):
+    for n in split_points(v) if split_rows is None else [split_rows]:
         for wide in (c for c in combos if c[0] == 8):
             for narrow in (c for c in combos if c[0] < 8):
                 opts.append(
@@ -265,8 +268,8 @@ def plan_bit_budget(
     table: bool = True,
     loss: tuple[dict[str, str], dict[str, dict[str, Any]]] | None = None,
     float_zero: bool = False,
-    pinned_bits: Mapping[str, int] | None = None,
     split_head: bool = False,
+    split_rows: int | None = None,
     token_ids: np.ndarray | None = None,
 ) -> tuple[BudgetPlan, dict[str, Any]]:
     """Plan widths for `model` (float) so that its file holds at most `target_bpw` bits per
@@ -279,11 +282,10 @@ def plan_bit_budget(
     llama.cpp's Q4_1 grid), except for a tied head, whose table gathers integer codes; they
     are emitted as block offsets (block_offsets.py), which cost SmolLM2 W4A8 1.2x the decode
     CPU of integer zero points per token, hence asked for, not a default.
-    `pinned_bits`: weight name -> the only width its options may take (the frequent rows of a
-    head split by vocabulary, vocab_split.py); charged before the rest is planned.
     `split_head`: a tied head may also be split after its first rows, those at 8 bits, its
     errors weighted by token frequency (head_rows.py; `token_ids`: the calibration tokens);
-    the plan's `frequent_rows` says where, 0 for whole."""
+    the plan's `frequent_rows` says where, 0 for whole. `split_rows`: split after exactly this
+    many rows (`--frequent-head-rows N`); the rest of the plan is chosen as usual."""
     tensors: list[Tensor] = []
     planned_elems = 0
     seen: set[str] = set()
@@ -300,7 +302,7 @@ def plan_bit_budget(
         if tied and split_head:
             kind = "head+table"
             weight = HEAD_WEIGHT if loss is None else 1.0
-            opts = _split_head_options(w, st, widths, symmetric, token_ids, weight)
+            opts = _split_head_options(w, st, widths, symmetric, token_ids, weight, split_rows)
         elif tied:
             # Tied: the table gathers from the head's codes (embedding.py), so one matrix is
             # stored; its options are the blocks that divide D, its error the head's plus the
@@ -312,9 +314,6 @@ def plan_bit_budget(
                 for o in opts
                 if (o.bits, o.group) in table_err and not o.float_zero
             ]
-        pin = (pinned_bits or {}).get(site.weight.name or "")
-        if pin is not None:
-            opts = [o for o in opts if o.bits == pin] or opts
         tensors.append(Tensor(site.name, kind, w.size, opts))
         if site.weight.name not in seen:
             planned_elems += w.size

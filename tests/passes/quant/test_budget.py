@@ -244,16 +244,13 @@ def test_frequent_head_rows_stay_8_bit_within_the_budget(tied_src, calib_text, t
     plan = next(p for p in m.passes if p.get("name") == "plan_bit_budget")
     heads = {name: t for name, t in plan["tensors"].items() if t["kind"] == "head+table"}
     split = next(p for p in m.passes if p.get("name") == "split_tied_head")
-    if rows:
-        assert len(heads) == 2
-        assert next(t for name, t in heads.items() if "frequent" in name)["bits"] == 8
-        assert split["frequent_rows"] == rows
-    else:
-        ((_, head),) = heads.items()
-        assert 0 < head["frequent_rows"] == split["frequent_rows"] < 256
-        assert (head["frequent_bits"], head["bits"]) == (8, 4)
-        wide = [n for n in ir.load(out / m.model_file).graph if n.op_type == "MatMulNBits"]
-        assert {n.attributes.get_int("bits") for n in wide if "frequent" in n.name} == {8}
+    ((_, head),) = heads.items()  # one planner path: a given N is its only split offered
+    assert 0 < head["frequent_rows"] == split["frequent_rows"] < 256
+    assert head["frequent_rows"] == (rows or head["frequent_rows"])
+    assert (head["frequent_bits"], head["bits"]) == (8, 4)
+    assert m.quant["lm_head"]["choice"] == ("given" if rows else "planned")
+    wide = [n for n in ir.load(out / m.model_file).graph if n.op_type == "MatMulNBits"]
+    assert {n.attributes.get_int("bits") for n in wide if "frequent" in n.name} == {8}
     table = next(p for p in m.passes if p.get("name") == "quantize_embedding")
     assert all(row["shared_with"].endswith("MatMulNBits") for row in table["layers"].values())
     ref = _reference(out, tmp_path / "ref")
