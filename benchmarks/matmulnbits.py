@@ -55,6 +55,28 @@ def stack_session(
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
+def float_stack_session(threads: int) -> ort.InferenceSession:
+    """The same stack as fp32 MatMul (random K x N weights): what an fp32 artifact runs."""
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    for i in range(LAYERS):
+        weight = rng.standard_normal((K, N), dtype=np.float32)
+        inits.append(numpy_helper.from_array(weight, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]))
+    nodes.append(helper.make_node("Sum", [f"y{i}" for i in range(LAYERS)], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "matmul_stack",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", N])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
 def time_rows(
     sessions: dict[Hashable, ort.InferenceSession], rows: Sequence[int], rounds: int
 ) -> dict[tuple[Hashable, int], float]:
