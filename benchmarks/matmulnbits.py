@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -39,20 +40,7 @@ def stack_session(
                 K=K, N=N, bits=bits, block_size=block, accuracy_level=level,
             )
         )  # fmt: skip
-    nodes.append(helper.make_node("Sum", [f"y{i}" for i in range(LAYERS)], ["y"]))
-    graph = helper.make_graph(
-        nodes,
-        "matmulnbits_stack",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", K])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", N])],
-        inits,
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    )
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return _summed_session(nodes, inits, threads)
 
 
 def float_stack_session(threads: int) -> ort.InferenceSession:
@@ -63,6 +51,11 @@ def float_stack_session(threads: int) -> ort.InferenceSession:
         weight = rng.standard_normal((K, N), dtype=np.float32)
         inits.append(numpy_helper.from_array(weight, f"w{i}"))
         nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]))
+    return _summed_session(nodes, inits, threads)
+
+
+def _summed_session(nodes: list[Any], inits: list[Any], threads: int) -> ort.InferenceSession:
+    """A session over the ``LAYERS`` products ``y0..``, summed into y [M, N]."""
     nodes.append(helper.make_node("Sum", [f"y{i}" for i in range(LAYERS)], ["y"]))
     graph = helper.make_graph(
         nodes,
@@ -71,7 +64,9 @@ def float_stack_session(threads: int) -> ort.InferenceSession:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", N])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
