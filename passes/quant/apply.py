@@ -277,13 +277,12 @@ def quantize_artifact(
                     split = split_tied_head(model, budget.frequent_rows)
                     budget.assign_split(model, split.frequent, split.rare)
                     reports.append(split_report(split))
-                    rows = budget.frequent_rows
                     manifest_head = {
                         "choice": "given" if frequent_head_rows else "planned",
                         "bits": lm_head_bits,
-                        "frequent_rows": rows,
+                        "frequent_rows": split.rows,
                         "frequent_bits": 8,
-                        "reason": f"its first {rows} rows (the most frequent ids) at 8 bits",
+                        "reason": f"its first {split.rows} rows (the most frequent ids) at 8 bits",
                     }
                 embedding_bits, embedding_group = budget.table or (0, group_size)
             if scheme == "none":

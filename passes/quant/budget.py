@@ -340,7 +340,9 @@ def plan_bit_budget(
         raise QuantizationError(
             f"{target_bpw} bits per weight is below the smallest file these kernels can store "
             f"for this model ({floor:.2f} bits per weight: float32 block scales, and a tied "
-            f"embedding stored as both table and head); ask for at least {floor:.2f}"
+            f"embedding stored as both table and head"
+            + (f", its first {split_rows} rows 8-bit as asked" if split_rows else "")
+            + f"); ask for at least {floor:.2f}"
         )
     while True:
         best: tuple[float, Tensor, int] | None = None

@@ -246,7 +246,8 @@ def test_frequent_head_rows_stay_8_bit_within_the_budget(tied_src, calib_text, t
     split = next(p for p in m.passes if p.get("name") == "split_tied_head")
     ((_, head),) = heads.items()  # one planner path: a given N is its only split offered
     assert 0 < head["frequent_rows"] == split["frequent_rows"] < 256
-    assert head["frequent_rows"] == (rows or head["frequent_rows"])
+    if rows:
+        assert head["frequent_rows"] == rows
     assert (head["frequent_bits"], head["bits"]) == (8, 4)
     assert m.quant["lm_head"]["choice"] == ("given" if rows else "planned")
     wide = [n for n in ir.load(out / m.model_file).graph if n.op_type == "MatMulNBits"]
@@ -274,4 +275,8 @@ def test_frequent_head_rows_refused_before_work(quant_src, tied_src, tmp_path):
         quantize(
             tied_src, tmp_path / "d", scheme="w4a8", bits_per_weight=6.0, frequent_head_rows=256
         )
-    assert not any((tmp_path / n).exists() for n in "abcd")
+    with pytest.raises(QuantizationError, match="first 200 rows 8-bit as asked"):
+        quantize(
+            tied_src, tmp_path / "e", scheme="w4a8", bits_per_weight=4.0, frequent_head_rows=200
+        )
+    assert not any((tmp_path / n).exists() for n in "abcde")
