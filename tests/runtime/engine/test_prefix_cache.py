@@ -57,3 +57,26 @@ def test_plan_does_not_save_a_cache_another_row_already_holds():
     cache.set(1, ids(1, 2, 3, 4, 5))
     plan = cache.plan(ids(1, 9), free=[0, 1, 2], lengths=np.array([4, 5, 0]))
     assert (plan.row, plan.reuse, plan.save_to) == (0, 1, None)
+
+
+def test_a_cache_too_long_to_copy_while_rows_decode_is_dropped():
+    """While rows decode the engine bounds the copy that keeps a cached prefix (`max_save`):
+    past it the prompt takes the lowest row as always and that row's cache is dropped, unless
+    a free row's committed pages take the copy."""
+    cache = PrefixCache(4)
+    cache.set(0, ids(1, 2, 3, 4, 5, 6))
+    lengths = np.array([6, 0, 0, 0])
+    plan = cache.plan(ids(9, 9), free=[0, 1, 2], lengths=lengths, max_save=4)
+    assert (plan.row, plan.reuse, plan.save_to) == (0, 0, None)
+    assert cache.plan(ids(9, 9), free=[0, 1, 2], lengths=lengths, max_save=6).save_to == 1
+    # a free row whose pages are committed takes the copy at no fault cost: the cache is kept
+    cache = PrefixCache(4)
+    cache.set(0, ids(1, 2, 3, 4, 5, 6))
+    committed = np.array([6, 0, 8, 0])
+    plan = cache.plan(ids(9, 9), [0, 1, 2], lengths, max_save=4, committed=committed)
+    assert (plan.row, plan.save_to) == (0, 2)
+    # a prefix the prompt reuses is copied whatever its length: it saves the prefill
+    cache.set(2, ids(1, 2, 3, 4, 5, 6))
+    lengths = np.array([0, 0, 6, 0])
+    plan = cache.plan(ids(1, 2, 3, 4, 5, 6, 7), free=[0, 1, 2, 3], lengths=lengths, max_save=4)
+    assert (plan.row, plan.source, plan.reuse) == (0, 2, 6)
