@@ -132,9 +132,9 @@ class PrefillPace:
         if self.misses:  # the predictions' measured shortfall (or surplus), within bounds
             allowed /= min(MISS_MAX, max(MISS_MIN, _median(self.misses)))
         base, per_token = self._fit()
-        tokens = (allowed - base) / per_token
-        tokens = min(tokens, 2 * max(n for n, _ in self.prefill))
-        return max(self.floor, min(limit, int(tokens)))
+        fitted = (allowed - base) / per_token
+        fitted = min(fitted, 2.0 * max(n for n, _ in self.prefill))
+        return max(self.floor, min(limit, int(fitted)))
 
 
 def _median(values: deque[float]) -> float:
