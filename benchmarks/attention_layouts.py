@@ -30,6 +30,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from benchmarks.decode_step_ops import parse_shapes
+
 LENGTH = 4096  # positions per row in the bound cache buffer
 
 
@@ -167,7 +169,10 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--shapes", default="1x128,1x512,1x2048,8x200,64x700", help="ROWSxCONTEXT,..."
+        "--shapes",
+        type=parse_shapes,
+        default="1x128,1x512,1x2048,8x200,64x700",
+        help="ROWSxCONTEXT,...",
     )
     parser.add_argument("--heads", type=int, default=9, help="query heads (SmolLM2-135M: 9)")
     parser.add_argument("--kv-heads", type=int, default=3)
@@ -175,8 +180,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=50)
     args = parser.parse_args()
-    if args.heads % args.kv_heads:
-        raise SystemExit("--heads must be a multiple of --kv-heads")
+    if min(args.heads, args.kv_heads, args.head_size) < 1 or args.heads % args.kv_heads:
+        parser.error("--heads must be a positive multiple of --kv-heads, --head-size positive")
     print(
         f"{args.heads} query heads, {args.kv_heads} KV heads of {args.head_size}, "
         f"{args.threads} threads; ms per layer (median of {args.runs})"
@@ -185,8 +190,7 @@ def main() -> None:
         "| rows x context | exported | padded to 2 rows | grouped | grouped vs padded | max diff |"
     )
     print("|---|---:|---:|---:|---:|---:|")
-    for shape in args.shapes.split(","):
-        rows, context = (int(x) for x in shape.split("x"))
+    for rows, context in args.shapes:
         r = measure(
             rows, context, args.heads, args.kv_heads, args.head_size, args.threads, args.runs
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
@@ -95,16 +95,27 @@ def _bind(session: ort.InferenceSession, rows: int, context: int, length: int) -
     return binding, kept
 
 
-def _kv_bytes_read(model_path: Path, rows: int, context: int) -> int:
+def kv_bytes_read(session: ort.InferenceSession, rows: int, context: int) -> int:
     """Bytes of cached keys and values one step's attention reads (each position once)."""
-    model = onnx.load(str(model_path), load_external_data=False)
     total = 0
-    for v in model.graph.input:
-        if v.name.startswith("past_key_values"):
-            dims = v.type.tensor_type.shape.dim
-            itemsize = 1 if v.type.tensor_type.elem_type == TensorProto.INT8 else 4
-            total += rows * dims[1].dim_value * (context + 1) * dims[3].dim_value * itemsize
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values"):
+            itemsize = 1 if "int8" in i.type else 4
+            total += rows * i.shape[1] * (context + 1) * i.shape[3] * itemsize
     return total
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """`ROWSxCONTEXT,...` as (rows, context) pairs (an argparse type: a clear usage error)."""
+    try:
+        shapes = [(int(r), int(c)) for r, c in (s.split("x") for s in text.split(","))]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: want ROWSxCONTEXT,... e.g. 1x512,64x700"
+        ) from None
+    if any(r < 1 or c < 1 for r, c in shapes):
+        raise argparse.ArgumentTypeError(f"{text!r}: rows and context are at least 1")
+    return shapes
 
 
 def measure(
@@ -124,6 +135,7 @@ def measure(
     for _ in range(steps):
         session.run_with_iobinding(binding)
     step = (time.perf_counter() - start) / steps
+    kv_bytes = kv_bytes_read(session, rows, context)
     del session, binding, _kept
     session = ort.InferenceSession(
         model, _options(threads, f"{tmp}/{rows}x{context}"), providers=["CPUExecutionProvider"]
@@ -142,25 +154,28 @@ def measure(
         "context": context,
         "step_ms": step * 1e3,
         "ops_ms": {op: us / runs / 1e3 for op, us in per_op.most_common()},
-        "kv_bytes": _kv_bytes_read(artifact / "model.onnx", rows, context),
+        "kv_bytes": kv_bytes,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact", type=Path)
-    parser.add_argument("--shapes", default="1x512,8x200,64x700", help="ROWSxCONTEXT,...")
+    parser.add_argument(
+        "--shapes", type=parse_shapes, default="1x512,8x200,64x700", help="ROWSxCONTEXT,..."
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=4, help="op types shown per shape")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     read_manifest(args.artifact, check_hashes=False)  # a clear error for a non-artifact
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    print("measuring the streaming read bandwidth", file=sys.stderr)
     bandwidth = read_bandwidth(args.threads)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for rows, context in shapes:
+        for rows, context in args.shapes:
+            print(f"measuring {rows} rows x {context} positions", file=sys.stderr)
             results.append(measure(args.artifact, rows, context, args.threads, args.steps, tmp))
     if args.json:
         print(json.dumps({"read_bandwidth": bandwidth, "results": results}))

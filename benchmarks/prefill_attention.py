@@ -28,11 +28,16 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from specport.artifact.manifest import read_manifest
+from specport.core.settings import shared_dir
 
-TEXT = Path(__file__).resolve().parents[1] / ".." / "shared" / "text" / "tinystories_valid_dev.txt"
+TEXT = shared_dir() / "text" / "tinystories_valid_dev.txt"
 
 
 def _prompt(artifact: Path, tokens: int, text_file: Path) -> np.ndarray:
+    if not text_file.is_file():
+        raise SystemExit(
+            f"no text at {text_file}: pass --text FILE, or set SPECPORT_SHARED to the shared folder"
+        )
     tok = Tokenizer.from_file(str(artifact / "tokenizer.json"))
     ids = tok.encode(text_file.read_text()[: tokens * 20]).ids[:tokens]
     if len(ids) < tokens:
