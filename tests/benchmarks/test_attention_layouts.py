@@ -38,3 +38,35 @@ def test_a_malformed_shape_is_a_usage_error(bad):
     with pytest.raises(argparse.ArgumentTypeError):
         parse_shapes(bad)
     assert parse_shapes("1x512,64x700") == [(1, 512), (64, 700)]
+
+
+def test_a_grouped_copy_decodes_the_exported_tokens_and_verifies_them_the_same(tiny_zoo, tmp_path):
+    """The whole-graph grouped layout (benchmarks/grouped_rows_graph.py) must compute the
+    exported attention for its step timings to mean anything: greedy tokens equal the
+    exported graph's, and a speculative run over it gives its own plain greedy tokens."""
+    import shutil
+
+    import onnx_ir as ir
+
+    import specport
+    from benchmarks.grouped_rows_graph import GroupQueryRowsPass
+    from specport.artifact.manifest import read_manifest, write_manifest
+    from specport.runtime.sampler import SamplingConfig
+    from specport.runtime.speculative.loop import generate_speculative
+
+    source = tiny_zoo.shared("llama")
+    out = tmp_path / "grouped"
+    shutil.copytree(source, out)
+    model = ir.load(out / "model.onnx")
+    result = GroupQueryRowsPass(max_tokens=8)(model)
+    assert result.modified and result.report["layers"] >= 1
+    ir.save(model, out / "model.onnx", external_data="model.onnx.data")
+    write_manifest(out, read_manifest(source))
+    exported, grouped = specport.load(source, threads=1), specport.load(out, threads=1)
+    for ids in ([5, 6, 7, 5, 6, 7, 5], [9, 30, 31, 9, 30], list(range(40, 60))):
+        plain = exported.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True).tokens
+        assert grouped.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True).tokens == plain
+        toks, _, _ = generate_speculative(
+            grouped, ids, 20, "ngram", 4, None, SamplingConfig(), (), None, False
+        )
+        assert toks == plain, ids

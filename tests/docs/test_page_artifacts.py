@@ -4,7 +4,7 @@ from a fresh clone (with ../shared beside it where the page says so).
 A reader who opens one page copies its blocks in order: `specport generate smollm` works only
 if a command above it wrote `smollm`. Made means a command's `--out DIR` (or a folder under it,
 `demo/fp32` after `specport demo --out demo`), or a folder the benchmark scripts write
-(`python -m benchmarks.model DIR`); read means an artifact argument (`generate`, `chat`,
+(`python -m benchmarks.model DIR`, `python -m benchmarks.X ... --out DIR`); read means an artifact argument (`generate`, `chat`,
 `serve`, `bench`, `quantize`, `eval`, `inspect`, `train-*`, `upgrade`, `optimize`), a draft
 (`--draft`), a peer artifact (`--peer specport:DIR`), or `loadtest --artifact`. The models and
 texts of `../shared` are inputs, not artifacts. Nothing is run.
@@ -84,6 +84,8 @@ def reads_and_makes(cmd: Command) -> tuple[list[str], list[str]]:
         return [], [cmd.argv[0]]
     if cmd.program.endswith("scripts/random_checkpoint.py") and len(cmd.argv) > 1:
         return [], [cmd.argv[1]]
+    if cmd.program.startswith("-m benchmarks."):  # a benchmark that writes a copy: --out DIR
+        return [], _values(cmd.argv, "--out")
     if cmd.program != "specport" or not cmd.argv:
         return [], []
     args = cmd.argv
