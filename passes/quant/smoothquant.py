@@ -93,12 +93,18 @@ def search_smoothquant(
     act_absmax: np.ndarray,
     alphas: tuple[float, ...] = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
     error: Callable[[np.ndarray, np.ndarray, np.ndarray | None], float] = w8a8_error,
+    tie: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[float | None, np.ndarray | None, float]:
     """Choose alpha for one activation shared by `weights` (e.g. q/k/v) on sample rows x [R, K].
 
+    `tie` maps a per-channel vector [K] to one equal within each group of channels that must
+    share a scale (the query heads of one KV head, when s is folded into the values): the
+    maxima of activations and weights are tied before s is computed.
     Returns (alpha, s, error); alpha None means smoothing does not help and s is None.
     """
     w_absmax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
+    if tie is not None:
+        act_absmax, w_absmax = tie(act_absmax), tie(w_absmax)
     best: tuple[float | None, np.ndarray | None, float] = (
         None,
         None,

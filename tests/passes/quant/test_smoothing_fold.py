@@ -1,0 +1,89 @@
+"""SmoothQuant's x / s folded into the weight that makes x costs nothing at run time and must
+change nothing in real arithmetic: the down projection's into the up projection's columns
+(SwiGLU), the output projection's into the value columns of the attention's packed QKV (tied
+over the query heads of each KV head). Checked on a float shared-layout export: fold a random
+s, multiply x back by s in the graph, and the logits must be the export's."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+
+from specport.passes.quant.graph import find_weight_matmuls
+from specport.passes.quant.smoothquant import search_smoothquant
+from specport.passes.quant.w8a8 import _fold_into_columns, _linear_producer
+
+
+def _logits(model: ir.Model, path, feeds: dict) -> np.ndarray:
+    ir.save(model, path, external_data=f"{path.name}.data")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(["logits"], feeds)[0]
+
+
+def _feeds(model_path) -> dict:
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    steps = 6
+    feeds = {
+        "input_ids": np.arange(3, 3 + steps, dtype=np.int64)[None],
+        "seqlens_k": np.array([steps - 1], np.int32),
+        "total_sequence_length": np.array(steps, np.int32),
+    }
+    for i in session.get_inputs():
+        if i.name.startswith("past"):
+            shape = [1 if not isinstance(d, int) else d for d in i.shape]
+            shape[2] = 16
+            feeds[i.name] = np.zeros(shape, np.float32)
+        elif i.name == "logits_index":
+            feeds[i.name] = np.arange(steps, dtype=np.int64)[None]
+    return feeds
+
+
+def test_folded_smoothing_is_exact_in_real_arithmetic(tiny_zoo, tmp_path):
+    artifact = tiny_zoo.shared("llama")
+    feeds = _feeds(artifact / "model.onnx")
+    reference = _logits(ir.load(artifact / "model.onnx"), tmp_path / "ref.onnx", feeds)
+    model = ir.load(artifact / "model.onnx")
+    groups: dict[str, list] = {}
+    for site in find_weight_matmuls(model):
+        if not site.lm_head:
+            groups.setdefault(site.x.name, []).append(site)
+    rng = np.random.default_rng(0)
+    kinds: Counter[str] = Counter()
+    for sites in groups.values():
+        producer = _linear_producer(sites[0].x, sites)
+        if producer is None:
+            continue
+        kinds[sites[0].x.producer().op_type] += 1
+        s = rng.uniform(0.25, 4.0, sites[0].k).astype(np.float32)
+        if producer.tie is not None:
+            s = producer.tie(s)
+        _fold_into_columns(producer, s)
+        x = sites[0].x
+        undo = ir.node("Mul", [x, ir.Value(name=f"{x.name}.s", const_value=ir.tensor(s))])
+        model.graph.initializers.add(undo.inputs[1])
+        for site in sites:
+            site.node.replace_input_with(0, undo.outputs[0])
+        model.graph.insert_before(sites[0].node, undo)
+    layers = json.loads((artifact / "config.json").read_text())["num_hidden_layers"]
+    assert kinds == {"Mul": layers, "GroupQueryAttention": layers}, kinds
+    folded = _logits(model, tmp_path / "folded.onnx", feeds)
+    np.testing.assert_allclose(folded, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_tied_smoothing_is_equal_within_each_tie():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    weights = [rng.standard_normal((8, 5)).astype(np.float32)]
+
+    def tie(v: np.ndarray) -> np.ndarray:  # channels 0-3 share a scale, 4-7 another
+        return np.repeat(v.reshape(2, 4).max(axis=1), 4)
+
+    alpha, s, _ = search_smoothquant(
+        x * [1, 1, 9, 1, 1, 1, 1, 1], weights, np.abs(x).max(0) * 9, tie=tie
+    )
+    assert alpha is not None and s is not None
+    assert np.all(s[:4] == s[0]) and np.all(s[4:] == s[4])
