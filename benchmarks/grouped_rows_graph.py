@@ -32,6 +32,7 @@ cache-resident data was the cache), and the If with its rotary and reshapes cost
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import shutil
 from pathlib import Path
@@ -146,11 +147,18 @@ class GroupQueryRowsPass(Pass):
         }
 
 
+@dataclasses.dataclass
 class _Run:
     """The values every grouped layer of one run shares (computed once, before the first)."""
 
-    def __init__(self, **values: ir.Value) -> None:
-        self.__dict__.update(values)
+    steps: ir.Value  # [1] int64: S, the run's tokens
+    rows: ir.Value  # [1] int64: S * G, the grouped rows
+    positions: ir.Value  # [B, S] int64: each token's rotary position
+    qlens: ir.Value  # [B] int32: valid grouped rows
+    seqlens: ir.Value  # [B] int32: seqlens_k counted in grouped rows
+    total: ir.Value  # int32: total_sequence_length counted in grouped rows
+    hidden: ir.Value  # [B, 1, S * G, T] bool: what each grouped row may not see
+    use: ir.Value  # bool: group this run (short, and every buffer has room)
 
     @staticmethod
     def build(tape: ir.tape.Tape, node: ir.Node, group: int, max_tokens: int) -> _Run:
