@@ -234,31 +234,57 @@ def _weight_columns(
     return (weight, bias, start) if start + width <= shape[1] else None
 
 
-def _fold_into_columns(producer: _Producer, s: np.ndarray) -> None:
-    """W[:, c] <- W[:, c] / s_j for each channel j and its column c (tied channels share c
-    and s), and the bias likewise."""
+def _fold_into_columns(producer: _Producer, weight: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The producer's weight [K, N] with w[:, c] / s_j for each channel j of x and its column c
+    (tied channels share c and s), a copy (the array read may be the initializer's own); the
+    bias is divided in place."""
     columns, first = np.unique(producer.columns, return_index=True)
     scale = s[first]
-    for value in (producer.weight, producer.bias):
-        if value is None:
-            continue
-        assert value.const_value is not None
-        array = value.const_value.numpy().astype(np.float32).copy()
-        array[..., columns] /= scale
-        value.const_value = ir.tensor(array, name=value.name)
+    folded = weight.copy()
+    folded[:, columns] /= scale
+    bias = producer.bias
+    if bias is not None:
+        assert bias.const_value is not None
+        array = bias.const_value.numpy().astype(np.float32).copy()
+        array[columns] /= scale
+        bias.const_value = ir.tensor(array, name=bias.name)
+    return folded
 
 
 @dataclasses.dataclass
 class _GroupPlan:
-    """One activation's smoothing, chosen and folded before any weight is quantized."""
+    """One activation's smoothing and its weights [K, N] (read once, held until quantized)."""
 
     xname: str
     sites: list[WeightSite]
     x: ir.Value
-    alpha: float | None
-    s: np.ndarray | None
-    err: float | None
-    how: str
+    weights: list[np.ndarray]
+    alpha: float | None = None
+    s: np.ndarray | None = None
+    err: float | None = None
+    how: str = "none"
+
+
+def _fold_targets(
+    order: list[tuple[str, list[WeightSite]]],
+) -> list[tuple[tuple[ir.Node, int] | None, _Producer | None, tuple[int, int] | None]]:
+    """Per group, from the graph alone (no weights read): the norm that can absorb x / s,
+    else the producer whose columns can, and that producer's weight as (earlier group, site
+    index) when it is one of the weights being quantized (else the fold is not taken)."""
+    owners = {
+        id(site.weight): (g, k)
+        for g, (_, sites) in enumerate(order)
+        for k, site in enumerate(sites)
+    }
+    found: list[tuple[tuple[ir.Node, int] | None, _Producer | None, tuple[int, int] | None]] = []
+    for i, (_, sites) in enumerate(order):
+        norm = _norm_scale(sites[0].x, sites)
+        producer = None if norm is not None else _linear_producer(sites[0].x, sites)
+        target = owners.get(id(producer.weight)) if producer is not None else None
+        if target is not None and target[0] >= i:  # not made before x: cannot happen in a DAG
+            target = None
+        found.append((norm, producer if target is not None else None, target))
+    return found
 
 
 class QuantizeW8A8Pass(Pass):
@@ -299,72 +325,48 @@ class QuantizeW8A8Pass(Pass):
             else:
                 groups.setdefault(site.x.name or "", []).append(site)
         layers: dict[str, Any] = {}
-        folded = into_producer = explicit = packed_groups = 0
-        plans: list[_GroupPlan] = []
-        for xname, sites in track(list(groups.items()), "choosing smoothing scales (w8a8)"):
-            st = self.stats[xname]
-            norm = _norm_scale(sites[0].x, sites)
-            producer = None if norm is not None else _linear_producer(sites[0].x, sites)
-            alpha, s, err = None, None, None
+        counts = {"folded into norm": 0, "folded into producer": 0, "explicit Mul": 0}
+        packed_groups = 0
+        order = list(groups.items())
+        folds = _fold_targets(order)
+        # A group's weights wait (read once, in memory) until every later group that folds
+        # its smoothing into their columns has chosen it: at most a layer's projections
+        # (QKV until the output projection, gate/up until the down projection).
+        last_fold = list(range(len(order)))
+        for i, (_, _, target) in enumerate(folds):
+            if target is not None:
+                last_fold[target[0]] = max(last_fold[target[0]], i)
+        pending: dict[int, _GroupPlan] = {}
+        for i, (xname, sites) in enumerate(track(order, "quantizing weights (w8a8)")):
+            norm, producer, target = folds[i]
+            plan = _GroupPlan(xname, sites, sites[0].x, [site.weight_array() for site in sites])
             if self.smooth:
-                weights = [site.weight_array() for site in sites]
-                alpha, s, err = SQ.search_smoothquant(
-                    st.rows_sample(),
-                    weights,
-                    st.absmax,
+                plan.alpha, plan.s, plan.err = SQ.search_smoothquant(
+                    self.stats[xname].rows_sample(),
+                    plan.weights,
+                    self.stats[xname].absmax,
                     self.alphas,
                     tie=producer.tie if producer is not None else None,
                 )
-            plans.append(_GroupPlan(xname, sites, sites[0].x, alpha, s, err, "none"))
-            if s is None:
-                continue
-            # x / s goes where it costs nothing at run time: into the norm that makes x, or
-            # into the columns of the weight that makes x's linear factor; else a Mul
-            if norm is not None:
-                _fold_into_norm(graph, norm[0], norm[1], s)
-                folded += 1
-                plans[-1].how = "folded into norm"
-            elif producer is not None:
-                _fold_into_columns(producer, s)
-                into_producer += 1
-                plans[-1].how = "folded into producer"
-            else:
-                inv = add_initializer(graph, f"{xname}.smooth_inv", (1.0 / s).astype(np.float32))
-                mul = ir.node("Mul", [sites[0].x, inv], name=f"{sites[0].name}/SmoothQuantMul")
-                graph.insert_before(sites[0].node, named(mul))
-                plans[-1].x = mul.outputs[0]
-                plans[-1].x.name = f"{xname}.smoothed"
-                explicit += 1
-                plans[-1].how = "explicit Mul"
-        # weights are read after every fold: a producer's columns were scaled above
-        for plan in track(plans, "quantizing weights (w8a8)"):
-            st, s, sites, x = self.stats[plan.xname], plan.s, plan.sites, plan.x
-            if s is not None:
-                lo, hi = float(np.min(st.lo / s)), float(np.max(st.hi / s))
-            else:
-                lo, hi = float(st.lo.min()), float(st.hi.max())
-            xq = self._quantize_input(graph, x, plan.xname, sites[0], lo, hi)
-            packed: list[tuple[WeightSite, BlockQuant]] = []
-            for site in sites:
-                w = site.weight_array()
-                ws = w if s is None else w * s[:, None]
-                if self.form == "matmulnbits":  # siblings packed into one MatMulNBits
-                    bq = quantize_rtn(ws, 8, self.group_size, symmetric=False)
-                    packed.append((dataclasses.replace(site, x=x), bq))
+            if plan.s is not None:
+                # x / s goes where it costs nothing at run time: into the norm that makes
+                # x, or into the columns of the weight that makes x's linear factor
+                if norm is not None:
+                    _fold_into_norm(graph, norm[0], norm[1], plan.s)
+                    plan.how = "folded into norm"
+                elif producer is not None and target is not None:
+                    owner = pending[target[0]]
+                    owner.weights[target[1]] = _fold_into_columns(
+                        producer, owner.weights[target[1]], plan.s
+                    )
+                    plan.how = "folded into producer"
                 else:
-                    self._emit(graph, dataclasses.replace(site, x=x), xq, ws)
-                layers[site.name] = {
-                    "bits": 8,
-                    "activation_bits": 8,
-                    "form": self.form,
-                    "smooth_alpha": plan.alpha,
-                    "smoothing": plan.how,
-                    "act_range": [round(lo, 6), round(hi, 6)],
-                    "sample_rel_error": None
-                    if plan.err is None
-                    else round(plan.err / len(sites), 8),
-                }
-            packed_groups += self._nbits.emit_nbits_groups(graph, packed)
+                    plan.x = self._divide(graph, xname, sites[0], plan.s)
+                    plan.how = "explicit Mul"
+                counts[plan.how] += 1
+            pending[i] = plan
+            for j in [j for j in pending if last_fold[j] <= i]:
+                packed_groups += self._quantize_group(graph, pending.pop(j), layers)
         head_report: dict[str, Any] = {}
         if heads and self.lm_head_bits and self.form == "ascend":
             if self.lm_head_bits != 8:
@@ -400,12 +402,49 @@ class QuantizeW8A8Pass(Pass):
             model.opset_imports["com.microsoft"] = 1
         return bool(layers), {
             "form": self.form,
-            "smoothing_folded": folded,
-            "smoothing_into_producer": into_producer,
-            "smoothing_explicit": explicit,
+            "smoothing_folded": counts["folded into norm"],
+            "smoothing_into_producer": counts["folded into producer"],
+            "smoothing_explicit": counts["explicit Mul"],
             "packed_groups": packed_groups,
             "layers": layers,
         }
+
+    def _divide(self, graph: ir.Graph, xname: str, first: WeightSite, s: np.ndarray) -> ir.Value:
+        """x -> Mul(x, 1/s) before the group's first MatMul: the smoothing no weight absorbs."""
+        inv = add_initializer(graph, f"{xname}.smooth_inv", (1.0 / s).astype(np.float32))
+        mul = ir.node("Mul", [first.x, inv], name=f"{first.name}/SmoothQuantMul")
+        graph.insert_before(first.node, named(mul))
+        mul.outputs[0].name = f"{xname}.smoothed"
+        return mul.outputs[0]
+
+    def _quantize_group(self, graph: ir.Graph, plan: _GroupPlan, layers: dict[str, Any]) -> int:
+        """Quantize one activation's weights (their folded columns already scaled) and
+        replace its MatMuls; returns the packed groups emitted."""
+        st, s, sites, x = self.stats[plan.xname], plan.s, plan.sites, plan.x
+        if s is not None:
+            lo, hi = float(np.min(st.lo / s)), float(np.max(st.hi / s))
+        else:
+            lo, hi = float(st.lo.min()), float(st.hi.max())
+        xq = self._quantize_input(graph, x, plan.xname, sites[0], lo, hi)
+        packed: list[tuple[WeightSite, BlockQuant]] = []
+        for site, w in zip(sites, plan.weights):
+            ws = w if s is None else w * s[:, None]
+            if self.form == "matmulnbits":  # siblings packed into one MatMulNBits
+                bq = quantize_rtn(ws, 8, self.group_size, symmetric=False)
+                packed.append((dataclasses.replace(site, x=x), bq))
+            else:
+                self._emit(graph, dataclasses.replace(site, x=x), xq, ws)
+            layers[site.name] = {
+                "bits": 8,
+                "activation_bits": 8,
+                "form": self.form,
+                "smooth_alpha": plan.alpha,
+                "smoothing": plan.how,
+                "act_range": [round(lo, 6), round(hi, 6)],
+                "sample_rel_error": None if plan.err is None else round(plan.err / len(sites), 8),
+            }
+        plan.weights = []  # released as soon as they are quantized
+        return self._nbits.emit_nbits_groups(graph, packed)
 
     def _quantize_input(
         self, graph: ir.Graph, x: ir.Value, xname: str, first: WeightSite, lo: float, hi: float
