@@ -42,7 +42,9 @@ import numpy as np
 import onnx_ir as ir
 
 from specport.artifact.manifest import read_manifest, write_manifest
+from specport.core.errors import SpecportError
 from specport.passes.base import Pass
+from specport.passes.pad_attention_rows import _gqa_nodes, _input
 from specport.passes.shared_kv import SEQLENS
 
 logger = logging.getLogger(__name__)
@@ -60,16 +62,6 @@ _KNOWN_ATTRIBUTES = {
     "softcap",
     "local_window_size",
 }
-
-
-def _gqa_nodes(model: ir.Model) -> list[ir.Node]:
-    return [
-        n for n in model.graph if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"
-    ]
-
-
-def _input(node: ir.Node, i: int) -> ir.Value | None:
-    return node.inputs[i] if len(node.inputs) > i else None
 
 
 def _attr(node: ir.Node, name: str, default: Any) -> Any:
@@ -398,7 +390,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.out.exists():
         parser.error(f"{args.out} exists; name a new folder")
-    manifest = read_manifest(args.artifact)
+    try:
+        manifest = read_manifest(args.artifact)
+    except SpecportError as e:
+        parser.error(str(e))
     model = ir.load(args.artifact / "model.onnx")
     result = GroupQueryRowsPass(args.max_tokens)(model)
     if not result.modified:
