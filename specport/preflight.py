@@ -225,6 +225,7 @@ def check_quantize(
     kv_float_layers: Sequence[int] | str = (),
     bits_per_weight: float | None = None,
     mixture: str | None = None,
+    exact_speculation: bool = False,
     **_: Any,
 ) -> None:
     """The quantizer's own option checks, plus inputs and output, before calibration starts."""
@@ -232,7 +233,11 @@ def check_quantize(
     at_least("calib_docs", calib_docs, 1)
     if embedding_bits not in (None, 0, 4, 8):
         raise UsageError(f"{option('embedding_bits')} must be 0, 4 or 8, got {embedding_bits!r}.")
-    resolved_group = group_size if group_size is not None else checks.default_group_size(scheme)
+    resolved_group = (
+        group_size
+        if group_size is not None
+        else checks.default_group_size(scheme, exact_speculation)
+    )
     resolved_algo = algo
     if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
         resolved_algo = "hqq"

@@ -69,7 +69,7 @@ from specport.passes.quant.mixed import plan_mixed_precision
 from specport.passes.quant.npu import npu_qdq_pass
 from specport.passes.quant.ort_baseline import run_ort_baseline
 from specport.passes.quant.ort_check import integer_kernel_summary
-from specport.passes.quant.row_invariance import token_exact_report
+from specport.passes.quant.row_invariance import portable, token_exact_report
 from specport.passes.quant.sensitivity import measure_group_kl
 from specport.passes.quant.vocab_split import (
     can_split,
@@ -159,7 +159,7 @@ def quantize_artifact(
     )
     check_frequent_head_rows(frequent_head_rows, scheme, target_bpw)
     if group_size is None:
-        group_size = default_group_size(scheme)
+        group_size = default_group_size(scheme, exact_speculation)
     if target_bpw is not None:
         lm_head_bits, embedding_bits = 0, 0  # placeholders: the budget plans both
     if lm_head_bits is None and scheme == "w4a8" and not algo.startswith("ort-"):
@@ -356,6 +356,14 @@ def quantize_artifact(
                 if exact_speculation:  # verify runs and one-token steps round alike
                     reports.append(PadAttentionRowsPass()(model).report)
                 exact = token_exact_report(model)
+                if exact["exact"] and not portable(exact["kernels"]):
+                    logger.warning(
+                        "greedy speculation on this file gives plain greedy's tokens on this "
+                        "CPU, not on every CPU: its int8 kernels %s are row-invariant here but "
+                        "not on every CPU measured (4-bit blocks of 32 differ on AVX2); "
+                        "--group-size 16 makes a file exact on all of them",
+                        exact["kernels"],
+                    )
             if progress:
                 progress("writing the quantized graph", 0, 1)
             ir.save(model, tmp / manifest.model_file, external_data=DATA_NAME)

@@ -17,16 +17,21 @@ from specport.core.history import entries
 from specport.core.options import option
 from specport.passes.quant.kv_cache import default_kv_granularity
 from specport.passes.quant.kv_calibration import KV_CLIPS, KV_GRANULARITIES
+from specport.passes.quant.row_invariance import PORTABLE_ROW_INVARIANT_BLOCK
 from specport.passes.quant.w8a8 import FORMS as W8A8_FORMS
 from specport.passes.quant.weight_quant import NEEDS_CALIB
 
 SCHEMES = ("w8a8", "w8a16", "w4a16", "w4a8")
 
 
-def default_group_size(scheme: str) -> int:
+def default_group_size(scheme: str, exact_speculation: bool = False) -> int:
     """32 for the 4-bit and weight-only schemes; 64 for w8a8: 8-bit blocks of 64 are the
     largest whose int8 kernel computes a token the same in a one-token step and a verify run
-    (row_invariance.py), and decode as fast as 128 (0.98x CPU per token on SmolLM2)."""
+    (row_invariance.py), and decode as fast as 128 (0.98x CPU per token on SmolLM2).
+    w4a8 with `exact_speculation`: 16, the largest 4-bit block whose int8 kernel is
+    row-invariant on every CPU measured (32 is on AVX-512 VNNI, not on AVX2)."""
+    if scheme == "w4a8" and exact_speculation:
+        return PORTABLE_ROW_INVARIANT_BLOCK[4]
     return 64 if scheme == "w8a8" else 32
 
 

@@ -7,12 +7,18 @@ activations this is not a nicety: a last-bit difference upstream of an activatio
 moves a value across a rounding step, and over 30 layers that moves logits by up to ~1 on
 SmolLM2-135M (benchmarks/row_invariance.py diffs every intermediate and names the ops).
 
-Measured on onnxruntime 1.32's CPU kernels (AVX-512 VNNI, AMX; benchmarks/row_invariance.py):
+Measured on onnxruntime 1.32's CPU kernels (benchmarks/row_invariance.py):
 
 - MatMulNBits with accuracy_level 4 (int8 activations quantized per row and block inside the
-  kernel, integer dot products): a row's result does not depend on the run's row count for
-  4-bit blocks up to 32 and 8-bit blocks up to 64 (`ROW_INVARIANT_BLOCK`); larger blocks take
-  another path for one row than for several. Float activations (levels 0-1) and float MatMul
+  kernel, integer dot products): whether a row's result depends on the run's row count depends
+  on the block size *and on the CPU*. On an AVX-512 VNNI / AMX Xeon, 4-bit blocks up to 32 and
+  8-bit blocks up to 64 are invariant; on an AVX2 EPYC (no AVX-512), 4-bit blocks of 32 are
+  not (every run of 2-17 rows rounds each row differently from a run of one, at 1, 2 or 4
+  threads), 4-bit blocks of 16 and 8-bit blocks up to 64 are. So the verdict is measured on the
+  machine that asks (`kernel_row_invariant`: a one-node session, once per process and kind),
+  the verdict records the kernels it relied on, and the runtime measures them again where the
+  artifact runs (runtime/speculative/exactness.py). `PORTABLE_ROW_INVARIANT_BLOCK` holds the
+  blocks invariant on every CPU measured. Float activations (levels 0-1) and float MatMul
   (MLAS SGEMM) round one row differently from several at every size.
 - GroupQueryAttention: one query row takes GEMM's single-row path, two or more the general
   one; runs of two or more rows agree bit for bit. `PadAttentionRowsPass` gives every run a
@@ -28,26 +34,91 @@ runtime warns when speculation on an int8-activation artifact cannot promise exa
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from specport.passes.pad_attention_rows import PADDED
 
 # Largest MatMulNBits block (per weight bit width) whose int8-activation kernel gives a row
-# the same result in a run of one row as in a run of several (onnxruntime 1.32 CPU).
-ROW_INVARIANT_BLOCK = {4: 32, 8: 64}
+# the same result in a run of one row as in a run of several on every CPU measured (onnxruntime
+# 1.32: AVX-512 VNNI/AMX allows 4-bit blocks of 32, AVX2 only 16; both allow 8-bit blocks of 64).
+PORTABLE_ROW_INVARIANT_BLOCK = {4: 16, 8: 64}
 PER_TENSOR_DYNAMIC = ("DynamicQuantizeMatMul", "DynamicQuantizeLinear")
+_PROBE_K = 512  # divisible by every block MatMulNBits takes (16-256)
+_PROBE_N = 64
+_PROBE_ROWS = (2, 3, 5, 9, 17)  # a verify run holds 1 + K rows, K up to 16
+
+
+@functools.cache
+def kernel_row_invariant(bits: int, block: int) -> bool:
+    """Whether this machine's int8-activation MatMulNBits (accuracy_level 4) computes every row
+    of a run of several rows bit for bit as it computes that row alone, measured once per
+    process: a one-node session at K=512, with and without zero points, on random codes and
+    an outlier row (which widens its own activation scale)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    if _PROBE_K % block or bits not in (4, 8):
+        return False
+    rng = np.random.default_rng(0)
+    blocks = _PROBE_K // block
+    codes = rng.integers(0, 255, size=(_PROBE_N, blocks, block * bits // 8), dtype=np.uint8)
+    scales = rng.random(_PROBE_N * blocks, dtype=np.float32) * 0.01 + 0.001
+    zeros = rng.integers(0, 255, size=_PROBE_N * ((blocks * bits + 7) // 8), dtype=np.uint8)
+    rows = max(_PROBE_ROWS)
+    x = rng.standard_normal((1, rows, _PROBE_K)).astype(np.float32) * 3
+    x[0, 4] *= 40
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    opts.log_severity_level = 3
+    for with_zeros in (True, False):
+        inputs = ["x", "w", "s"] + (["z"] if with_zeros else [])
+        arrays = [(codes, "w"), (scales, "s")] + ([(zeros, "z")] if with_zeros else [])
+        node = helper.make_node(
+            "MatMulNBits", inputs, ["y"], domain="com.microsoft",
+            K=_PROBE_K, N=_PROBE_N, bits=bits, block_size=block, accuracy_level=4,
+        )  # fmt: skip
+        graph = helper.make_graph(
+            [node],
+            "row_invariance_probe",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", _PROBE_K])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "M", _PROBE_N])],
+            [numpy_helper.from_array(a, name) for a, name in arrays],
+        )
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+        )
+        sess = ort.InferenceSession(
+            model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+        )
+        alone = np.concatenate(
+            [sess.run(None, {"x": x[:, i : i + 1]})[0] for i in range(rows)], axis=1
+        )
+        for m in _PROBE_ROWS:
+            if not np.array_equal(sess.run(None, {"x": x[:, :m]})[0], alone[:, :m]):
+                return False
+    return True
 
 
 def row_invariant_block(bits: int, block: int) -> bool:
-    """Whether a `bits`-bit MatMulNBits with int8 activations and this block is row-invariant."""
-    return block <= ROW_INVARIANT_BLOCK.get(bits, 0)
+    """Whether a block is safe to *choose* for a `bits`-bit MatMulNBits with int8 activations:
+    row-invariant on this machine (`kernel_row_invariant`) and on every CPU measured
+    (`PORTABLE_ROW_INVARIANT_BLOCK`), so that a file made here stays exact where it runs."""
+    return block <= PORTABLE_ROW_INVARIANT_BLOCK.get(bits, 0) and kernel_row_invariant(bits, block)
 
 
 def token_exact_report(model: ir.Model) -> dict[str, Any]:
-    """{"exact": bool, "reasons": [why not, one line per kind of op]} for the main graph."""
+    """{"exact": bool, "reasons": [why not, one line per kind of op], "kernels": [[bits, block],
+    ...]} for the main graph, on this machine's kernels. `kernels` lists the int8-activation
+    MatMulNBits kinds the verdict relied on, so that the machine that runs the artifact can
+    measure them again (`kernels_row_invariant`)."""
     reasons: dict[str, list[str]] = {}
+    kernels: set[tuple[int, int]] = set()
 
     def why(kind: str, node: ir.Node) -> None:
         reasons.setdefault(kind, []).append(node.name or node.op_type)
@@ -60,12 +131,14 @@ def token_exact_report(model: ir.Model) -> dict[str, Any]:
             block = node.attributes.get_int("block_size", 0)
             if level != 4:
                 why("MatMulNBits with float activations (one row rounds differently)", node)
-            elif not row_invariant_block(bits, block):
-                limit = ROW_INVARIANT_BLOCK.get(bits, 0)
+            elif not kernel_row_invariant(bits, block):
                 why(
-                    f"{bits}-bit MatMulNBits blocks above {limit} (int8 kernel's one-row path)",
+                    f"{bits}-bit MatMulNBits blocks of {block} (this CPU's int8 kernel computes "
+                    "one row differently from several)",
                     node,
                 )
+            else:
+                kernels.add((bits, block))
         elif op in PER_TENSOR_DYNAMIC:
             why(f"{op}: one activation scale per run (a row's codes depend on the others)", node)
         elif op in ("MatMul", "Gemm") and node.domain in ("", "ai.onnx"):
@@ -75,4 +148,21 @@ def token_exact_report(model: ir.Model) -> dict[str, Any]:
         elif op == "GroupQueryAttention" and PADDED not in node.metadata_props:
             why("GroupQueryAttention without a padded second row (one-row GEMM path)", node)
     lines = [f"{kind}: {len(names)} node(s), e.g. {names[0]}" for kind, names in reasons.items()]
-    return {"exact": not lines, "reasons": lines}
+    return {"exact": not lines, "reasons": lines, "kernels": [list(k) for k in sorted(kernels)]}
+
+
+def kernels_row_invariant(kernels: Sequence[Sequence[int]]) -> list[str]:
+    """The recorded int8 MatMulNBits kinds ([bits, block]) that this machine's kernel does
+    *not* compute row-invariantly, as "4-bit blocks of 32" lines (empty: all are)."""
+    return [
+        f"{int(bits)}-bit blocks of {int(block)}"
+        for bits, block in kernels
+        if not kernel_row_invariant(int(bits), int(block))
+    ]
+
+
+def portable(kernels: Sequence[Sequence[int]]) -> bool:
+    """Whether every recorded kind is row-invariant on every CPU measured."""
+    return all(
+        int(block) <= PORTABLE_ROW_INVARIANT_BLOCK.get(int(bits), 0) for bits, block in kernels
+    )

@@ -14,6 +14,11 @@ computes a token bit for bit the same in a run of one row and of several: pad_at
 passes/quant/row_invariance.py); every int8 artifact records the verdict in
 `quant.token_exact_speculation`. Artifacts without a positive verdict get the warning, with
 its reasons.
+
+The int8 MatMulNBits kernel's row invariance depends on the CPU as well as the block size (4-bit
+blocks of 32 are invariant on AVX-512 VNNI, not on AVX2), so a positive verdict lists the kernel
+kinds it relied on and this machine measures them again before believing it
+(`kernels_row_invariant`: a one-node session per kind, once per process).
 """
 
 from __future__ import annotations
@@ -34,29 +39,57 @@ def int8_activations(manifest: Any) -> bool:
     )
 
 
-def token_exact(manifest: Any) -> bool:
-    """Whether greedy speculation on this artifact gives plain greedy's tokens by construction
-    (float activations, or an int8-activation graph checked row-invariant when quantized)."""
+def not_exact_here(manifest: Any) -> list[str]:
+    """Why greedy speculation on this artifact may leave plain greedy's tokens on this machine
+    (empty: it gives them by construction: float activations, or an int8-activation graph
+    checked row-invariant when quantized whose kernels are row-invariant here too)."""
     if not int8_activations(manifest):
-        return True
+        return []
     verdict = manifest.quant.get("token_exact_speculation") or {}
-    return bool(verdict.get("exact"))
+    if not verdict.get("exact"):
+        return list(verdict.get("reasons") or []) or [
+            "it was quantized before specport made int8 graphs row-invariant"
+        ]
+    from specport.passes.quant.row_invariance import kernels_row_invariant
+
+    differ = kernels_row_invariant(_kernels(manifest.quant, verdict))
+    if not differ:
+        return []
+    return [
+        f"this CPU's int8 MatMulNBits kernel computes one row differently from several for "
+        f"{', '.join(differ)} (row-invariant on the CPU that quantized it; quantize again here, "
+        "with --exact-speculation and 4-bit blocks of 16, for a file exact on every CPU measured)"
+    ]
+
+
+def _kernels(quant: dict[str, Any], verdict: dict[str, Any]) -> list[list[int]]:
+    """The int8 MatMulNBits kinds a verdict relied on; verdicts written before they were
+    recorded get the body's (scheme bits, group size) and the head's (8, its block)."""
+    if "kernels" in verdict:
+        return [list(k) for k in verdict["kernels"]]
+    kinds = []
+    if quant.get("group_size"):
+        kinds.append([4 if quant.get("scheme") == "w4a8" else 8, int(quant["group_size"])])
+    if quant.get("lm_head_group_size"):
+        kinds.append([8, int(quant["lm_head_group_size"])])
+    return kinds
+
+
+def token_exact(manifest: Any) -> bool:
+    """Whether greedy speculation on this artifact gives plain greedy's tokens on this machine."""
+    return not not_exact_here(manifest)
 
 
 def warn_if_not_token_exact(manifest: Any) -> None:
     """Log once per scheme and process that greedy speculation may differ from plain greedy."""
-    if token_exact(manifest):
+    reasons = not_exact_here(manifest)
+    if not reasons:
         return
     scheme = str(manifest.quant.get("scheme"))
-    reasons = (manifest.quant.get("token_exact_speculation") or {}).get("reasons")
     if scheme in _warned:
         return
     _warned.add(scheme)
-    why = (
-        "; ".join(reasons)
-        if reasons
-        else "it was quantized before specport made int8 graphs row-invariant"
-    )
+    why = "; ".join(reasons)
     logger.warning(
         "this artifact quantizes activations to int8 (%s) and a multi-token verify run does not "
         "compute exactly as one-token steps (%s): speculative greedy output equals plain greedy "

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import specport
-from specport.passes.quant.row_invariance import ROW_INVARIANT_BLOCK
+from specport.passes.quant.row_invariance import PORTABLE_ROW_INVARIANT_BLOCK, kernel_row_invariant
 
 
 def _matmul_nbits(bits: int, k: int, n: int, block: int) -> ort.InferenceSession:
@@ -40,17 +40,34 @@ def _matmul_nbits(bits: int, k: int, n: int, block: int) -> ort.InferenceSession
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("k", [64, 576])
-@pytest.mark.parametrize("bits", sorted(ROW_INVARIANT_BLOCK))
-def test_int8_matmulnbits_rows_do_not_depend_on_the_run(bits, k):
-    """At the documented largest block, any run of M rows gives each row the bits a one-row
-    run gives it (outliers included, which widen a row's own quantization scale)."""
-    sess = _matmul_nbits(bits, k, 96, ROW_INVARIANT_BLOCK[bits])
+def _rows_alone_equal(sess: ort.InferenceSession, k: int) -> bool:
     x = np.random.default_rng(1).standard_normal((1, 12, k)).astype(np.float32) * 3
     x[0, 4] *= 40
     alone = np.concatenate([sess.run(None, {"x": x[:, i : i + 1]})[0] for i in range(12)], axis=1)
-    for m in (2, 3, 5, 9, 12):
-        assert np.array_equal(sess.run(None, {"x": x[:, :m]})[0], alone[:, :m]), m
+    return all(
+        np.array_equal(sess.run(None, {"x": x[:, :m]})[0], alone[:, :m]) for m in (2, 3, 5, 9, 12)
+    )
+
+
+@pytest.mark.parametrize("k", [64, 576])
+@pytest.mark.parametrize("bits", sorted(PORTABLE_ROW_INVARIANT_BLOCK))
+def test_int8_matmulnbits_rows_do_not_depend_on_the_run(bits, k):
+    """At the largest block invariant on every CPU measured, any run of M rows gives each row
+    the bits a one-row run gives it (outliers included, which widen a row's own quantization
+    scale): what `--exact-speculation`'s default blocks rely on wherever the file runs."""
+    block = PORTABLE_ROW_INVARIANT_BLOCK[bits]
+    assert _rows_alone_equal(_matmul_nbits(bits, k, 96, block), k)
+    assert kernel_row_invariant(bits, block)
+
+
+@pytest.mark.parametrize("block", [16, 32, 64])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_probe_measures_this_cpus_kernel(bits, block):
+    """`kernel_row_invariant` (one probe shape) says what the kernel does at SmolLM2's K and
+    another N: the verdict quantize records, and the runtime's re-check, are this CPU's."""
+    assert kernel_row_invariant(bits, block) == _rows_alone_equal(
+        _matmul_nbits(bits, 576, 96, block), 576
+    )
 
 
 @pytest.mark.slow
@@ -66,4 +83,8 @@ def test_quantize_records_the_verdict(quant_src, calib_text, tmp_path):
     wide = specport.quantize(quant_src, tmp_path / "wide", scheme="w4a8", group_size=64, algo="rtn")
     verdict = wide.quant["token_exact_speculation"]
     assert not verdict["exact"]
-    assert any("4-bit MatMulNBits blocks above 32" in r for r in verdict["reasons"])
+    assert any("4-bit MatMulNBits blocks of 64" in r for r in verdict["reasons"])
+    exact = specport.quantize(
+        quant_src, tmp_path / "exact", scheme="w4a8", algo="rtn", exact_speculation=True
+    )
+    assert exact.quant["group_size"] == PORTABLE_ROW_INVARIANT_BLOCK[4]  # exact on every CPU

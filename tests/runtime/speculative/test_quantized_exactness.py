@@ -68,11 +68,14 @@ def arts(tmp_path_factory) -> dict[str, Any]:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_verify_run_computes_as_one_token_steps(arts, layout, scheme):
     from specport.artifact.manifest import read_manifest
+    from specport.passes.quant.row_invariance import portable
 
     path = arts[(layout, scheme)]
-    assert read_manifest(path).quant["token_exact_speculation"] == {"exact": True, "reasons": []}
+    verdict = read_manifest(path).quant["token_exact_speculation"]
+    assert verdict["exact"] and verdict["reasons"] == [] and portable(verdict["kernels"]), verdict
     fast = arts[(layout, "fast")]
-    assert not fast["exact"] and "GroupQueryAttention without a padded" in fast["reasons"][0]
+    assert not fast["exact"]
+    assert any("GroupQueryAttention without a padded" in r for r in fast["reasons"]), fast
     for prompt in ([1, 5, 6, 7, 8, 9, 10, 11], [1, 200, 3]):
         report = compare(path, prompt, tokens=5, threads=1)
         assert report["origins"] == [] and report["differs"] == {}, report["origins"][:3]
