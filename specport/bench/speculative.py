@@ -162,7 +162,11 @@ def _run(
 ) -> dict[str, Any]:
 
     prompts, rendered = _prompts(model, plain_model, config, records)
-    draft = specport.load(config.draft, threads=config.threads) if config.draft else None
+    draft = (
+        specport.load(config.draft, threads=config.threads, allow_spinning=config.allow_spinning)
+        if config.draft
+        else None
+    )
     variants = _adaptive_variants(config.adaptive)
     engines: list[tuple[str, str | None, bool | None, int]] = [("plain", None, None, 0)]
     engines += [
@@ -193,7 +197,7 @@ def _run(
             max_new_tokens=new_tokens,
             speculative=method,
             num_draft=config.auto_num_draft if method == "auto" else config.num_draft,
-            draft=draft if method == "draft" else None,
+            draft=draft if method in ("draft", "auto") else None,  # auto: its model drafter
             adaptive=adaptive,
         )
 

@@ -101,7 +101,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="draft tokens per step (default: all MTP heads when mtp is benchmarked, else 4; "
         "auto: its own default, 16 for a prompt that copies well and 8 otherwise, as generate runs it)",
     )
-    spec.add_argument("--draft", help="draft artifact for --speculative draft")
+    spec.add_argument(
+        "--draft",
+        help="draft artifact for --speculative draft, and auto's model drafter (e.g. the "
+        "artifact quantized: `specport quantize A --scheme w4a8`)",
+    )
     add_suffix_corpus_option(spec)
     spec.add_argument(
         "--adaptive",

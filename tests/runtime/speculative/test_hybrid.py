@@ -348,3 +348,48 @@ def test_steps_are_timed_in_cpu_time_where_the_graph_runs_on_this_process(provid
 @pytest.mark.parametrize(("load", "kept"), [(1.9, True), (2.0, True), (2.1, False), (24.6, False)])
 def test_timings_are_kept_only_at_a_load_up_to_the_core_count(load, kept):
     assert (step_cost.busy(load, 2) is None) == kept
+
+
+def _manifest(layers: int, bits: float | None = None, gguf: str = "g1") -> SimpleNamespace:
+    quant = {"scheme": "w4a8", "size": {"bits_per_weight": bits}} if bits else None
+    source = {"config_sha256": "c1", "gguf": {"sha256": gguf}}
+    return SimpleNamespace(
+        config={"num_layers": layers}, quant=quant, source=source, dtype="float32"
+    )
+
+
+def test_a_draft_models_prior_cost_is_its_share_of_the_weight_bytes():
+    """One draft-model run reads the draft's weights once: layers times bits per weight against
+    the target's. A 4-bit copy of the target itself costs about a quarter of a float step, not
+    a whole one (which priced it out of `auto` before it ever ran)."""
+    from specport.runtime.speculative.draft import DraftModelProposer
+
+    draft = object.__new__(DraftModelProposer)
+    draft.manifest = _manifest(30, bits=8.5)
+    assert DraftModelProposer.draft_cost(draft, _manifest(30)) == pytest.approx(8.5 / 32)
+    draft.manifest = _manifest(6)  # a float self-draft of the first 6 layers
+    assert DraftModelProposer.draft_cost(draft, _manifest(30)) == pytest.approx(0.2)
+
+
+def test_the_targets_own_quantization_starts_from_a_higher_acceptance():
+    from specport.runtime.speculative.hybrid import quantized_self
+
+    target = _manifest(30)
+    assert quantized_self(target, _manifest(30, bits=5.0))
+    assert not quantized_self(target, _manifest(30))  # not quantized: another float model
+    assert not quantized_self(target, _manifest(6, bits=5.0))  # fewer layers
+    assert not quantized_self(target, _manifest(30, bits=5.0, gguf="other"))  # other weights
+
+
+def test_a_draft_models_prompt_reading_is_not_timed_as_drafts():
+    """A draft model reads the prompt (or the text it skipped while others drafted) in its
+    first run: a prefill. Timed as one draft it would price the model out for good."""
+    model = FakeDrafter([7, 8])
+    hybrid = _hybrid(model, model=0.9)
+    hybrid.timed = True
+    model.caught_up = 40  # the whole prompt
+    hybrid.propose([[1, 2, 3]], 2)
+    assert model.runs == 1 and hybrid.state.model_s is None
+    model.caught_up = 2  # the bonus token and the last draft: a draft's own run
+    hybrid.propose([[1, 2, 3, 7, 8]], 2)
+    assert model.runs == 2 and hybrid.state.model_s is not None
