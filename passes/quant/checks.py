@@ -17,7 +17,7 @@ from specport.core.history import entries
 from specport.core.options import option
 from specport.passes.quant.kv_cache import default_kv_granularity
 from specport.passes.quant.kv_calibration import KV_CLIPS, KV_GRANULARITIES
-from specport.passes.quant.row_invariance import PORTABLE_ROW_INVARIANT_BLOCK
+from specport.passes.quant.row_invariance import PORTABLE_ROW_INVARIANT_BLOCK, kernel_row_invariant
 from specport.passes.quant.w8a8 import FORMS as W8A8_FORMS
 from specport.passes.quant.weight_quant import NEEDS_CALIB
 
@@ -28,10 +28,12 @@ def default_group_size(scheme: str, exact_speculation: bool = False) -> int:
     """32 for the 4-bit and weight-only schemes; 64 for w8a8: 8-bit blocks of 64 are the
     largest whose int8 kernel computes a token the same in a one-token step and a verify run
     (row_invariance.py), and decode as fast as 128 (0.98x CPU per token on SmolLM2).
-    w4a8 with `exact_speculation`: 16, the largest 4-bit block whose int8 kernel is
-    row-invariant on every CPU measured (32 is on AVX-512 VNNI, not on AVX2)."""
+    w4a8 with `exact_speculation`: the largest 4-bit block up to 32 whose int8 kernel is
+    row-invariant on this CPU: 32 on AVX-512 VNNI, 16 on AVX2, where 32 is not (blocks of 16
+    decode SmolLM2 1.48x slower there, so they are not forced where 32 is exact; quantize warns
+    that such a file is exact only on CPUs like this one)."""
     if scheme == "w4a8" and exact_speculation:
-        return PORTABLE_ROW_INVARIANT_BLOCK[4]
+        return 32 if kernel_row_invariant(4, 32) else PORTABLE_ROW_INVARIANT_BLOCK[4]
     return 64 if scheme == "w8a8" else 32
 
 

@@ -113,8 +113,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="w4a8/w8a8: make greedy speculation give plain greedy's tokens exactly (every "
         "attention run gets a second query row; plain decoding pays it: SmolLM2 W8A8 about 1.15x "
-        "CPU per token); w4a8 then takes 4-bit blocks of 16 unless --group-size is given, the "
-        "largest whose int8 kernel is row-invariant on every CPU measured (32 is not on AVX2)",
+        "CPU per token); w4a8 then takes the largest 4-bit block up to 32 whose int8 kernel is "
+        "row-invariant on this CPU unless --group-size is given (32 on AVX-512 VNNI, 16 on "
+        "AVX2; --group-size 16 makes a file exact on both)",
     )
     p.add_argument(
         "--symmetric",
