@@ -53,56 +53,69 @@ _PROBE_N = 64
 _PROBE_ROWS = (2, 3, 5, 9, 17)  # a verify run holds 1 + K rows, K up to 16
 
 
+def matmul_nbits_session(bits: int, k: int, n: int, block: int, zero_points: bool = True) -> Any:
+    """A one-node onnxruntime session: x [1, M, k] -> MatMulNBits(bits, block, accuracy_level
+    4) on random codes and scales, 2 threads (what `kernel_row_invariant` measures)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    blocks = -(-k // block)
+    arrays = [
+        (rng.integers(0, 255, size=(n, blocks, block * bits // 8), dtype=np.uint8), "w"),
+        (rng.random(n * blocks, dtype=np.float32) * 0.01 + 0.001, "s"),
+    ]
+    if zero_points:
+        arrays.append(
+            (rng.integers(0, 255, size=n * ((blocks * bits + 7) // 8), dtype=np.uint8), "z")
+        )
+    node = helper.make_node(
+        "MatMulNBits", ["x", *(name for _, name in arrays)], ["y"], domain="com.microsoft",
+        K=k, N=n, bits=bits, block_size=block, accuracy_level=4,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "row_invariance_probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "M", n])],
+        [numpy_helper.from_array(a, name) for a, name in arrays],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def rows_computed_alone(sess: Any, x: np.ndarray, runs: Sequence[int]) -> bool:
+    """Whether every run of the first m rows of x [1, R, K] (m in `runs`) gives each row the
+    bits that row gets in a run of its own."""
+    alone = np.concatenate(
+        [sess.run(None, {"x": x[:, i : i + 1]})[0] for i in range(max(runs))], axis=1
+    )
+    return all(np.array_equal(sess.run(None, {"x": x[:, :m]})[0], alone[:, :m]) for m in runs)
+
+
 @functools.cache
 def kernel_row_invariant(bits: int, block: int) -> bool:
     """Whether this machine's int8-activation MatMulNBits (accuracy_level 4) computes every row
     of a run of several rows bit for bit as it computes that row alone, measured once per
     process: a one-node session at K=512, with and without zero points, on random codes and
     an outlier row (which widens its own activation scale)."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
     if _PROBE_K % block or bits not in (4, 8):
         return False
-    rng = np.random.default_rng(0)
-    blocks = _PROBE_K // block
-    codes = rng.integers(0, 255, size=(_PROBE_N, blocks, block * bits // 8), dtype=np.uint8)
-    scales = rng.random(_PROBE_N * blocks, dtype=np.float32) * 0.01 + 0.001
-    zeros = rng.integers(0, 255, size=_PROBE_N * ((blocks * bits + 7) // 8), dtype=np.uint8)
-    rows = max(_PROBE_ROWS)
-    x = rng.standard_normal((1, rows, _PROBE_K)).astype(np.float32) * 3
+    x = np.random.default_rng(1).standard_normal((1, max(_PROBE_ROWS), _PROBE_K)) * 3
     x[0, 4] *= 40
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    opts.log_severity_level = 3
-    for with_zeros in (True, False):
-        inputs = ["x", "w", "s"] + (["z"] if with_zeros else [])
-        arrays = [(codes, "w"), (scales, "s")] + ([(zeros, "z")] if with_zeros else [])
-        node = helper.make_node(
-            "MatMulNBits", inputs, ["y"], domain="com.microsoft",
-            K=_PROBE_K, N=_PROBE_N, bits=bits, block_size=block, accuracy_level=4,
-        )  # fmt: skip
-        graph = helper.make_graph(
-            [node],
-            "row_invariance_probe",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", _PROBE_K])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "M", _PROBE_N])],
-            [numpy_helper.from_array(a, name) for a, name in arrays],
+    return all(
+        rows_computed_alone(
+            matmul_nbits_session(bits, _PROBE_K, _PROBE_N, block, zeros),
+            x.astype(np.float32),
+            _PROBE_ROWS,
         )
-        model = helper.make_model(
-            graph,
-            opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
-        )
-        sess = ort.InferenceSession(
-            model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
-        )
-        alone = np.concatenate(
-            [sess.run(None, {"x": x[:, i : i + 1]})[0] for i in range(rows)], axis=1
-        )
-        for m in _PROBE_ROWS:
-            if not np.array_equal(sess.run(None, {"x": x[:, :m]})[0], alone[:, :m]):
-                return False
-    return True
+        for zeros in (True, False)
+    )
 
 
 def row_invariant_block(bits: int, block: int) -> bool:

@@ -4,49 +4,21 @@ verdict `quantize` records for int8-activation artifacts."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import specport
-from specport.passes.quant.row_invariance import PORTABLE_ROW_INVARIANT_BLOCK, kernel_row_invariant
+from specport.passes.quant.row_invariance import (
+    PORTABLE_ROW_INVARIANT_BLOCK,
+    kernel_row_invariant,
+    matmul_nbits_session,
+    rows_computed_alone,
+)
 
 
-def _matmul_nbits(bits: int, k: int, n: int, block: int) -> ort.InferenceSession:
-    rng = np.random.default_rng(0)
-    blocks = -(-k // block)
-    weight = rng.integers(0, 255, size=(n, blocks, block * bits // 8), dtype=np.uint8)
-    scales = rng.random(n * blocks, dtype=np.float32) * 0.01 + 0.001
-    zeros = rng.integers(0, 255, size=n * ((blocks * bits + 7) // 8), dtype=np.uint8)
-    node = helper.make_node(
-        "MatMulNBits", ["x", "w", "s", "z"], ["y"], domain="com.microsoft",
-        K=k, N=n, bits=bits, block_size=block, accuracy_level=4,
-    )  # fmt: skip
-    graph = helper.make_graph(
-        [node],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "M", n])],
-        [
-            numpy_helper.from_array(a, name)
-            for a, name in ((weight, "w"), (scales, "s"), (zeros, "z"))
-        ],
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-    )
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
-def _rows_alone_equal(sess: ort.InferenceSession, k: int) -> bool:
+def _rows_alone_equal(bits: int, k: int, block: int) -> bool:
     x = np.random.default_rng(1).standard_normal((1, 12, k)).astype(np.float32) * 3
     x[0, 4] *= 40
-    alone = np.concatenate([sess.run(None, {"x": x[:, i : i + 1]})[0] for i in range(12)], axis=1)
-    return all(
-        np.array_equal(sess.run(None, {"x": x[:, :m]})[0], alone[:, :m]) for m in (2, 3, 5, 9, 12)
-    )
+    return rows_computed_alone(matmul_nbits_session(bits, k, 96, block), x, (2, 3, 5, 9, 12))
 
 
 @pytest.mark.parametrize("k", [64, 576])
@@ -56,7 +28,7 @@ def test_int8_matmulnbits_rows_do_not_depend_on_the_run(bits, k):
     the bits a one-row run gives it (outliers included, which widen a row's own quantization
     scale): what `--exact-speculation`'s default blocks rely on wherever the file runs."""
     block = PORTABLE_ROW_INVARIANT_BLOCK[bits]
-    assert _rows_alone_equal(_matmul_nbits(bits, k, 96, block), k)
+    assert _rows_alone_equal(bits, k, block)
     assert kernel_row_invariant(bits, block)
 
 
@@ -65,9 +37,7 @@ def test_int8_matmulnbits_rows_do_not_depend_on_the_run(bits, k):
 def test_the_probe_measures_this_cpus_kernel(bits, block):
     """`kernel_row_invariant` (one probe shape) says what the kernel does at SmolLM2's K and
     another N: the verdict quantize records, and the runtime's re-check, are this CPU's."""
-    assert kernel_row_invariant(bits, block) == _rows_alone_equal(
-        _matmul_nbits(bits, 576, 96, block), 576
-    )
+    assert kernel_row_invariant(bits, block) == _rows_alone_equal(bits, 576, block)
 
 
 @pytest.mark.slow
