@@ -412,13 +412,15 @@ def _drafter(model: Any, draft_model: Any | None) -> tuple[Proposer | None, Any,
 
 
 def quantized_self(target: Any, draft: Any) -> bool:
-    """Whether `draft` is the target's own model quantized: the same source (its config's
-    hash, and the GGUF's when there is one) and as many layers, with a `quant` record."""
+    """Whether `draft` is the target's own model quantized: the same source (the path it was
+    exported from, its config's hash, the GGUF's hash when there is one; quantize keeps the
+    source record) and as many layers, with a `quant` record."""
 
     def ident(m: Any) -> tuple[Any, ...]:
         src = getattr(m, "source", None) or {}
         return (
             src.get("config_sha256"),
+            src.get("path"),
             (src.get("gguf") or {}).get("sha256"),
             (getattr(m, "config", None) or {}).get("num_layers"),
         )

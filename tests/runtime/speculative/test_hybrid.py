@@ -352,7 +352,7 @@ def test_timings_are_kept_only_at_a_load_up_to_the_core_count(load, kept):
 
 def _manifest(layers: int, bits: float | None = None, gguf: str = "g1") -> SimpleNamespace:
     quant = {"scheme": "w4a8", "size": {"bits_per_weight": bits}} if bits else None
-    source = {"config_sha256": "c1", "gguf": {"sha256": gguf}}
+    source = {"config_sha256": "c1", "path": "model.gguf", "gguf": {"sha256": gguf}}
     return SimpleNamespace(
         config={"num_layers": layers}, quant=quant, source=source, dtype="float32"
     )
