@@ -241,9 +241,9 @@ def check_quantize(
     resolved_algo = algo
     if algo == "default" and not calib_files and scheme != "w8a8" and mixed_precision == "off":
         resolved_algo = "hqq"
-    if symmetric and (resolved_algo in ("hqq", "ort-default", "ort-hqq") or float_zero):
+    if symmetric and (resolved_algo in ("ort-default", "ort-hqq") or float_zero):
         raise UsageError(
-            f"{option('symmetric')} needs --algo rtn, clip, gptq or default and no "
+            f"{option('symmetric')} needs --algo rtn, hqq, clip, gptq or default and no "
             f"{option('float_zero')} ({resolved_algo if not float_zero else 'float zero points'} "
             "fits its own zero points)."
         )

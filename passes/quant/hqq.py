@@ -1,7 +1,9 @@
 """Half-quadratic quantization (HQQ): calibration-free, with continuous zero points.
 
 Its own module because it is the one algorithm that leaves float zero points (MatMulNBits
-takes them as float32 `zero_points`) and the one iterative calibration-free search.
+takes them as float32 `zero_points`) and the one iterative calibration-free search. Symmetric
+weights have no zero point to fit; for them the calibration-free search is over each block's
+scale instead (`quantize_symmetric_search`).
 """
 
 from __future__ import annotations
@@ -87,3 +89,55 @@ def quantize_hqq(
     scale64, zero64 = best_scale[..., 0].astype(np.float64), best_zero[..., 0].astype(np.float64)
     q = block_codes(wb.astype(np.float64), scale64, zero64, bits)
     return pack_blocks(q, scale64, zero64, bits, group_size, w.shape[0], False)
+
+
+def quantize_symmetric_search(
+    w: np.ndarray,
+    bits: int = 4,
+    group_size: int = 32,
+    steps: tuple[int, int] = (-4, 4),
+    refine: int = 1,
+) -> BlockQuant:
+    """Symmetric blocks (codes -2^(b-1)..2^(b-1)-1, no zero point) with a searched scale.
+
+    Why: symmetric weights are what onnxruntime's int8-activation MatMulNBits runs fastest (no
+    zero points to apply), and round-to-nearest, which maps each block's signed extreme to -8,
+    costs stories260K 18% more KL than asymmetric HQQ. Trying scales extreme/-(8 + 0.1 i) for
+    i in `steps` (the idea of llama.cpp's make_qx_quants), taking each candidate's codes at
+    their least-squares scale and keeping the smallest block error, then re-rounding `refine`
+    times, measured (KL against fp32): stories260K 0.096 (RTN 0.112, asymmetric HQQ 0.095),
+    SmolLM2-135M 0.342 (RTN 0.342, HQQ 0.344). A wider search (i in -9..24, as llama.cpp)
+    errs less on the weights but more on SmolLM2's outputs (0.359): clipping a block's
+    extreme costs more than the squared error says.
+    """
+    check_group_size(w.shape[0], group_size)
+    wb = to_blocks(w, group_size)[0].astype(np.float32)
+    half = 2 ** (bits - 1)
+    mx, mn = wb.max(-1), wb.min(-1)
+    extreme = np.where(np.abs(mx) > np.abs(mn), mx, mn)
+    extreme = np.where(extreme == 0, np.float32(1.0), extreme).astype(np.float32)
+    best_gain = np.full(extreme.shape, -np.inf, np.float32)
+    best_scale = (extreme / -half).astype(np.float32)
+
+    def consider(scale: np.ndarray) -> None:
+        """Codes at `scale`, their least-squares scale, kept where the block error drops.
+
+        The error of codes L at scale s* = <w, L>/<L, L> is |w|^2 - <w, L>^2/<L, L>, so the
+        best candidate is the one with the largest <w, L>^2/<L, L>."""
+        codes = np.clip(np.round(wb / scale[..., None]), -half, half - 1)
+        ll = np.einsum("...g,...g->...", codes, codes)
+        lw = np.einsum("...g,...g->...", codes, wb)
+        safe = np.where(ll > 0, ll, np.float32(1.0))
+        gain = np.where(ll > 0, lw * lw / safe, 0)
+        better = gain > best_gain
+        best_gain[better] = gain[better]
+        best_scale[better] = (lw / safe)[better]
+
+    for i in range(steps[0], steps[1] + 1):
+        consider((extreme / -(half + np.float32(0.1) * i)).astype(np.float32))
+    for _ in range(refine):
+        consider(best_scale.copy())
+    scale = np.where(best_scale == 0, np.float32(1.0), best_scale).astype(np.float64)
+    codes = np.clip(np.round(wb / scale[..., None]), -half, half - 1) + half
+    zero = np.full(scale.shape, float(half))
+    return pack_blocks(codes, scale, zero, bits, group_size, w.shape[0], True)

@@ -16,7 +16,7 @@ from specport.core.errors import QuantizationError
 from specport.passes.quant.blockquant import BlockQuant, dequantize
 from specport.passes.quant.calibration import ActStats
 from specport.passes.quant.gptq import GptqFactor, quantize_gptq, refit_scales
-from specport.passes.quant.hqq import quantize_hqq
+from specport.passes.quant.hqq import quantize_hqq, quantize_symmetric_search
 from specport.passes.quant.row_invariance import row_invariant_block
 from specport.passes.quant.rtn import quantize_clip, quantize_rtn
 
@@ -87,6 +87,8 @@ def quantize_weight(
     if algo == "rtn":
         return quantize_rtn(w, bits, group_size, symmetric, float_zero=float_zero and bits == 4)
     if algo == "hqq":
+        if symmetric:
+            return quantize_symmetric_search(w, bits, group_size)
         return quantize_hqq(w, bits, group_size)
     if algo == "clip":
         return quantize_clip(w, h, bits, group_size, symmetric)

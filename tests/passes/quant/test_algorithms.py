@@ -11,7 +11,7 @@ from specport.core.errors import QuantizationError
 from specport.passes.quant import smoothquant as SQ
 from specport.passes.quant.blockquant import check_group_size, dequantize, pack_matmul_nbits
 from specport.passes.quant.gptq import quantize_gptq, refit_scales
-from specport.passes.quant.hqq import quantize_hqq
+from specport.passes.quant.hqq import quantize_hqq, quantize_symmetric_search
 from specport.passes.quant.rtn import quantize_clip, quantize_rtn
 
 
@@ -68,6 +68,19 @@ def test_hqq_beats_rtn_weight_error():
     e_rtn = np.abs(dequantize(quantize_rtn(w, 4, 64)) - w).mean()
     e_hqq = np.abs(dequantize(quantize_hqq(w, 4, 64)) - w).mean()
     assert e_hqq < e_rtn
+
+
+@pytest.mark.parametrize("g", [32, 64])
+def test_symmetric_search_beats_symmetric_rtn_and_runs_without_zero_points(g):
+    """The searched scale errs less than symmetric RTN on heavy-tailed weights and keeps the
+    implicit zero of 8 (no zero_points input; the kernel check is below)."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_t(3, (256, 64)) * 0.02).astype(np.float32)
+    searched = quantize_symmetric_search(w, 4, g)
+    rtn = quantize_rtn(w, 4, g, symmetric=True)
+    assert ((dequantize(searched) - w) ** 2).sum() < 0.95 * ((dequantize(rtn) - w) ** 2).sum()
+    assert searched.symmetric and np.all(searched.zero == 8)
+    assert "zero_points" not in pack_matmul_nbits(searched)
 
 
 def _out_err(x, w, bq):
@@ -133,6 +146,7 @@ def _run_matmul_nbits(x, packed, k, n, bits, g):
         ("rtn", 128, 64, True),
         ("rtn", 172, 32, False),
         ("hqq", 128, 128, False),
+        ("hqq", 172, 32, True),
         ("gptq", 96, 32, False),
         ("rtn8", 128, 32, False),
     ],
@@ -142,7 +156,7 @@ def test_matmul_nbits_matches_numpy_dequant(algo, k, g, sym):
     x = np.random.default_rng(5).standard_normal((7, k)).astype(np.float32)
     bits = 8 if algo == "rtn8" else 4
     if algo == "hqq":
-        bq = quantize_hqq(w, 4, g)
+        bq = quantize_symmetric_search(w, 4, g) if sym else quantize_hqq(w, 4, g)
     elif algo == "gptq":
         xc = _correlated_x(k)
         bq = quantize_gptq(w, xc.T.astype(np.float64) @ xc, 4, g)

@@ -140,8 +140,9 @@ def test_form_checked_per_scheme(quant_src, tmp_path):
 
 def test_symmetric_weights_have_no_zero_points(quant_src, eval_text, tmp_path, capsys):
     """`--symmetric`: MatMulNBits without zero points (onnxruntime's faster int8-activation
-    path), recorded in the recipe; perplexity stays near the float model's. hqq, which fits
-    its own zero points, is refused with a usage error before any work."""
+    path), recorded in the recipe; perplexity stays near the float model's. Without --algo
+    (no calibration text) the calibration-free scale search runs; onnxruntime's own HQQ, which
+    fits zero points, is refused with a usage error before any work."""
     import onnx
 
     out = tmp_path / "sym"
@@ -155,7 +156,12 @@ def test_symmetric_weights_have_no_zero_points(quant_src, eval_text, tmp_path, c
     assert nbits and all(len(n.input) == 3 for n in nbits)
     ppl, base = perplexity(out, eval_text)["ppl"], perplexity(quant_src, eval_text)["ppl"]
     assert abs(ppl / base - 1) < 0.25
+    searched = tmp_path / "searched"
+    rc = main(["quantize", str(quant_src), "--out", str(searched), "--scheme", "w4a8",
+               "--symmetric", "-q"])  # fmt: skip
+    assert rc == 0 and read_manifest(searched).quant["symmetric"] is True
+    assert abs(perplexity(searched, eval_text)["ppl"] / base - 1) < 0.25
     rc = main(["quantize", str(quant_src), "--out", str(tmp_path / "h"), "--scheme", "w4a8",
-              "--algo", "hqq", "--symmetric"])  # fmt: skip
+              "--algo", "ort-hqq", "--symmetric"])  # fmt: skip
     assert rc == 2 and "--symmetric needs" in capsys.readouterr().err
     assert not (tmp_path / "h").exists()
