@@ -29,10 +29,20 @@ class Model(LoadedArtifact):
     # ---- what speculation needs resolved before it starts --------------------------------
     def draft_model(self, draft: Model | str | os.PathLike[str] | None) -> Model | None:
         """The draft model for speculative="draft": a path is loaded once, on this model's
-        provider. The runtime's engines call this rather than load an artifact themselves."""
+        provider, threads and spinning: opened with defaults it took a pool of one thread per
+        core beside the target's, so a target given 4 of 8 cores drafted on 8. The runtime's
+        engines call this rather than load an artifact themselves."""
         if not isinstance(draft, (str, os.PathLike)):
             return draft
-        return Model.open(draft, provider=self.provider)
+        config = self.session_config
+        if config is None:
+            return Model.open(draft, provider=self.provider)
+        return Model.open(
+            draft,
+            provider=self.provider,
+            threads=config.intra_op_threads,
+            allow_spinning=config.resolved_spinning(),
+        )
 
     def num_draft_for(self, speculative: str | None, num_draft: int | None) -> int:
         """The draft length for `speculative`: as given (checked), else what fits the method

@@ -95,10 +95,12 @@ def plain_reference(model: Any, threads: int = 0) -> Iterator[tuple[Any, str]]:
         )
         return
 
+    config = model.session_config
     base = load(
         model.path,
         provider=model.provider,
         threads=threads,
+        allow_spinning=config.resolved_spinning() if config is not None else None,
         check_hashes=False,
         mtp_branch=False,
     )
@@ -132,6 +134,7 @@ def run_speculative_bench(artifact: str, config: SpecBenchConfig) -> dict[str, A
     model = specport.load(
         artifact,
         threads=config.threads,
+        allow_spinning=config.allow_spinning,
         mtp_branch="mtp" in config.methods,
         suffix_corpus=config.suffix_corpus,
     )
@@ -162,11 +165,7 @@ def _run(
 ) -> dict[str, Any]:
 
     prompts, rendered = _prompts(model, plain_model, config, records)
-    draft = (
-        specport.load(config.draft, threads=config.threads, allow_spinning=config.allow_spinning)
-        if config.draft
-        else None
-    )
+    draft = model.draft_model(config.draft) if config.draft else None
     variants = _adaptive_variants(config.adaptive)
     engines: list[tuple[str, str | None, bool | None, int]] = [("plain", None, None, 0)]
     engines += [
