@@ -95,3 +95,16 @@ def test_draft_model_sampling_keeps_the_plain_distribution(arts):
     finally:
         plain.close()
         spec.close()
+
+
+def test_a_draft_path_opens_with_the_targets_threads_and_spinning(arts):
+    """A draft given as a path runs on the target's threads and spinning choice: with
+    onnxruntime's defaults it took a pool of one thread per core beside the target's."""
+    import specport
+
+    target = specport.load(arts["target"].path, threads=1, allow_spinning=False)
+    draft = target.draft_model(arts["draft"].path)
+    assert draft is not None and draft.session_config is not None
+    assert draft.session_config.intra_op_threads == 1
+    assert draft.session_config.resolved_spinning() is False
+    assert draft.session.get_session_options().intra_op_num_threads == 1
