@@ -13,6 +13,7 @@ import numpy as np
 from specport.passes.quant.blockquant import (
     BlockQuant,
     block_codes,
+    block_params,
     check_group_size,
     pack_blocks,
     to_blocks,
@@ -113,31 +114,34 @@ def quantize_symmetric_search(
     check_group_size(w.shape[0], group_size)
     wb = to_blocks(w, group_size)[0].astype(np.float32)
     half = 2 ** (bits - 1)
-    mx, mn = wb.max(-1), wb.min(-1)
-    extreme = np.where(np.abs(mx) > np.abs(mn), mx, mn)
-    extreme = np.where(extreme == 0, np.float32(1.0), extreme).astype(np.float32)
-    best_gain = np.full(extreme.shape, -np.inf, np.float32)
-    best_scale = (extreme / -half).astype(np.float32)
+    zero = np.full(wb.shape[:-1], float(half))
+    best_gain = np.full(wb.shape[:-1], -np.inf, np.float32)
+    best_scale = np.ones(wb.shape[:-1], np.float32)
 
     def consider(scale: np.ndarray) -> None:
         """Codes at `scale`, their least-squares scale, kept where the block error drops.
 
         The error of codes L at scale s* = <w, L>/<L, L> is |w|^2 - <w, L>^2/<L, L>, so the
         best candidate is the one with the largest <w, L>^2/<L, L>."""
-        codes = np.clip(np.round(wb / scale[..., None]), -half, half - 1)
+        codes = (block_codes(wb, scale, zero, bits) - half).astype(np.float32)
         ll = np.einsum("...g,...g->...", codes, codes)
         lw = np.einsum("...g,...g->...", codes, wb)
         safe = np.where(ll > 0, ll, np.float32(1.0))
-        gain = np.where(ll > 0, lw * lw / safe, 0)
+        gain = np.where(ll > 0, lw * lw / safe, np.float32(0.0))
         better = gain > best_gain
         best_gain[better] = gain[better]
-        best_scale[better] = (lw / safe)[better]
+        best_scale[better] = np.where(lw * ll != 0, lw / safe, scale)[better]  # never 0
 
-    for i in range(steps[0], steps[1] + 1):
-        consider((extreme / -(half + np.float32(0.1) * i)).astype(np.float32))
+    for i in range(steps[0], steps[1] + 1):  # block_params maps the extreme to -half * ratio
+        consider(block_params(wb, bits, True, half / (half + 0.1 * i))[0].astype(np.float32))
     for _ in range(refine):
         consider(best_scale.copy())
-    scale = np.where(best_scale == 0, np.float32(1.0), best_scale).astype(np.float64)
-    codes = np.clip(np.round(wb / scale[..., None]), -half, half - 1) + half
-    zero = np.full(scale.shape, float(half))
-    return pack_blocks(codes, scale, zero, bits, group_size, w.shape[0], True)
+    return pack_blocks(
+        block_codes(wb, best_scale, zero, bits),
+        best_scale,
+        zero,
+        bits,
+        group_size,
+        w.shape[0],
+        True,
+    )
