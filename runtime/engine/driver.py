@@ -353,7 +353,7 @@ def _groups(
 
 def _controller(proposer: Proposer, num_draft: int, manifest: Any) -> AdaptiveDraftLength:
     """The adaptive-K controller with a static prior on what a draft costs."""
-    ctl = AdaptiveDraftLength(num_draft)
+    ctl = AdaptiveDraftLength(num_draft, extend=True)
     cost = proposer.draft_cost(manifest)  # e.g. one draft-model run per draft
     if cost > 0:
         ctl.cost_per_draft += cost

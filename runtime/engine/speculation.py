@@ -118,7 +118,7 @@ class EngineSpeculation:
             else make_proposer(self.method, self.model, self.num_draft, self.draft)
         )
         proposer.start(sampling)
-        controller = AdaptiveDraftLength(self.num_draft) if self.adaptive else None
+        controller = AdaptiveDraftLength(self.num_draft, extend=True) if self.adaptive else None
         if controller is not None and sampling.greedy and self.verify_costs is not None:
             # the verify costs measured on this machine, not the linear prior (where one
             # more token costs a lot, e.g. int8 activations, drafting pays less); under
