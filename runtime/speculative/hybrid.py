@@ -89,8 +89,14 @@ class HybridState:
             )
         if model_prior is not None:
             rates = list(model_prior) or [MODEL_PRIOR]
+            # one prior for every position (a draft model) says nothing of the later ones:
+            # they follow the deepest measured one; a head's held-out rates per position stay
             ctl = AdaptiveDraftLength(
-                max_draft, decay=DECAY, prior=float(rates[0]), drift=MODEL_DRIFT
+                max_draft,
+                decay=DECAY,
+                prior=float(rates[0]),
+                drift=MODEL_DRIFT,
+                extend=len(rates) == 1,
             )
             ctl.rate = [float(rates[min(i, len(rates) - 1)]) for i in range(max_draft)]
             self.sources["model"] = ctl
