@@ -287,7 +287,8 @@ class HybridProposer(ProposerBase):
             return self._chose("plain", [])
         self._tests.append((mctl, mdraft, len(ctx), 0))
         expected = mctl.expected_tokens(len(mdraft))
-        reach = float(np.prod(mctl.rate[: len(mdraft)]))  # all of the model's drafts accepted
+        # all of the model's drafts accepted
+        reach = float(np.prod(mctl.estimates()[: len(mdraft)]))
         room = cap - len(mdraft)
         if room > 0 and reach > 0.05:
             ext, kind = self.suffix.match(ctx + mdraft, room)

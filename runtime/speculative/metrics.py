@@ -117,6 +117,11 @@ class AdaptiveDraftLength:
     ``cost_per_draft`` starts as the verify cost of one more fed token; ``observe_cost`` adds
     what proposing costs, measured (a draft model runs once per draft, MTP drafts are free).
 
+    ``set_verify_costs`` replaces the linear verify prior by the measured cost of verifying k
+    drafts (``engine.step_cost.verify_costs``: on a CPU one more token costs little until the
+    run turns compute-bound, and the first extra token costs most); ``best`` then ranks any
+    expected-tokens curve, which is how the hybrid proposer compares its sources.
+
     ``extend``: a position never yet put to the test is estimated at the rate of the deepest
     one that was (the prior only while none was). With a fixed prior a controller that found
     one draft worth it never learned that the second was too: SmolLM2's own 4-bit file,
@@ -124,10 +129,6 @@ class AdaptiveDraftLength:
     stayed at the 0.6 prior, so every step drafted one token (1.97 per step, 1.09x plain,
     where a fixed K of 4 made 4.67 per step and 1.23x). A too hopeful estimate is tested the
     next step and corrected; a too timid one was never tested.
-    ``set_verify_costs`` replaces the linear verify prior by the measured cost of verifying k
-    drafts (``engine.step_cost.verify_costs``: on a CPU one more token costs little until the
-    run turns compute-bound, and the first extra token costs most); ``best`` then ranks any
-    expected-tokens curve, which is how the hybrid proposer compares its sources.
     """
 
     def __init__(
