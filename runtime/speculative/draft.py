@@ -26,6 +26,10 @@ from specport.runtime.speculative.base import Drafts, ProposerBase
 
 logger = logging.getLogger(__name__)
 
+# tokens a draft model reads between steps that draft with it (the bonus + 1): a propose that
+# read more first ran a prefill (a prompt, or text it skipped), which is no draft's price
+CATCH_UP = 2
+
 
 class DraftModelProposer(ProposerBase):
     """Proposes with a draft artifact's session; batch 1 (one context row)."""

@@ -51,6 +51,7 @@ import numpy as np
 
 from specport.runtime.engine.step_cost import LiveVerifyCosts, live_verify_costs
 from specport.runtime.speculative.base import Drafts, Proposer, ProposerBase
+from specport.runtime.speculative.draft import CATCH_UP
 from specport.runtime.speculative.metrics import AdaptiveDraftLength
 from specport.runtime.speculative.prompt_profile import OPEN_DRAFT, PromptProfile, profile_prompt
 from specport.runtime.speculative.suffix import SuffixProposer
@@ -65,7 +66,6 @@ MODEL_PRIOR = 0.4  # a drafter without a measured acceptance
 # drafted by its own 4-bit file accepted 0.75-0.8 per position (HQQ, integer zero points) and
 # 0.93-0.97 (float zero points on the source's Q4_1 grid) on chat prompts
 QUANTIZED_SELF_PRIOR = 0.75
-CATCH_UP = 2  # tokens a draft model reads between steps that draft with it (the bonus + 1)
 DECAY = 0.9  # the estimates' memory: about ten tests
 MODEL_DRIFT = 0.03  # untested model positions drift back to the prior (a probe now and then)
 SUFFIX_DRIFT = 0.01  # suffix estimates are tested whenever a match exists: they barely drift
