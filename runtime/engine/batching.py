@@ -455,7 +455,7 @@ class BatchingEngine(QueueIntake):
         stream = self.text.open(handle)
         job = BatchJob(handle, stream, prompt, -1, budget, sampler, self._eos(handle.request))
         if self.spec is not None:
-            job.spec = self.spec.attach(handle.request.sampling, sampler)
+            job.spec = self.spec.attach(handle.request.sampling, sampler, budget)
         self.counters["prompt_tokens"] += len(prompt)
         return job
 

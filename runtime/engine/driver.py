@@ -151,7 +151,7 @@ def generate_rows(
     for r in range(n):
         proposer = make_proposer() if make_proposer is not None else None
         if proposer is not None:
-            proposer.start(sampling, stream=r)  # rows draw from independent (seeded) streams
+            proposer.start(sampling, stream=r, budget=budgets[r])  # independent (seeded) rows
         proposers.append(proposer)
     first = proposers[0]
     graph = None  # an MTP branch's own verdict (a tree-mask graph's branch is not used)

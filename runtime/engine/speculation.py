@@ -102,9 +102,12 @@ class EngineSpeculation:
         self.totals = SpecDecodingStats()
 
     # ---- per request -----------------------------------------------------------------
-    def attach(self, sampling: SamplingConfig, sampler: Sampler | None = None) -> RowSpec | None:
+    def attach(
+        self, sampling: SamplingConfig, sampler: Sampler | None = None, budget: int | None = None
+    ) -> RowSpec | None:
         """The state of a new request, or None when its sampling cannot be verified losslessly
-        here (presence / frequency penalties, logit bias, a grammar: it decodes plainly)."""
+        here (presence / frequency penalties, logit bias, a grammar: it decodes plainly);
+        ``budget``: the most new tokens it may make."""
         if (
             sampling.presence_penalty
             or sampling.frequency_penalty
@@ -117,7 +120,7 @@ class EngineSpeculation:
             if self._pool
             else make_proposer(self.method, self.model, self.num_draft, self.draft)
         )
-        proposer.start(sampling)
+        proposer.start(sampling, budget=budget)
         controller = AdaptiveDraftLength(self.num_draft, extend=True) if self.adaptive else None
         if controller is not None and sampling.greedy and self.verify_costs is not None:
             # the verify costs measured on this machine, not the linear prior (where one

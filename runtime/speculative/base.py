@@ -121,9 +121,12 @@ class Proposer(Protocol):
     needs_outputs: bool
     graph_verifies: bool
 
-    def start(self, sampling: SamplingConfig | None, stream: int | None = None) -> None:
+    def start(
+        self, sampling: SamplingConfig | None, stream: int | None = None, budget: int | None = None
+    ) -> None:
         """A new request begins: forget the last one, draft for these settings (``stream``
-        separates the random streams of a batch's rows)."""
+        separates the random streams of a batch's rows; ``budget``: the most new tokens it may
+        make, None when unknown, for drafters whose setup is worth it only on a long answer)."""
         ...
 
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
@@ -152,7 +155,9 @@ class ProposerBase:
     needs_outputs = False
     graph_verifies = False
 
-    def start(self, sampling: SamplingConfig | None, stream: int | None = None) -> None:
+    def start(
+        self, sampling: SamplingConfig | None, stream: int | None = None, budget: int | None = None
+    ) -> None:
         return None
 
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
@@ -200,7 +205,9 @@ class _Adopted(ProposerBase):
     def __getattr__(self, attr: str) -> Any:  # e.g. tests reading the caller's own fields
         return getattr(self.inner, attr)
 
-    def start(self, sampling: SamplingConfig | None, stream: int | None = None) -> None:
+    def start(
+        self, sampling: SamplingConfig | None, stream: int | None = None, budget: int | None = None
+    ) -> None:
         configure = getattr(self.inner, "configure", None)
         if configure is not None:
             configure(sampling)

@@ -62,7 +62,9 @@ class DraftModelProposer(ProposerBase):
             seed = None if sampling.seed is None else sampling.seed + 7919
             self.rng = np.random.default_rng(seed)
 
-    def start(self, sampling: SamplingConfig | None, stream: int | None = None) -> None:
+    def start(
+        self, sampling: SamplingConfig | None, stream: int | None = None, budget: int | None = None
+    ) -> None:
         """A new request: sampled drafts for a sampling config (rows of a batch, ``stream``,
         draw from independent, still seeded, streams), and an empty draft cache."""
         self.configure(sampling)
@@ -92,6 +94,16 @@ class DraftModelProposer(ProposerBase):
         self._bound = self.cache.bound
         self.tokens: list[int] = []  # the tokens whose keys/values ``cache`` holds
         self.caught_up = 0  # tokens of context the last propose fed before drafting
+
+    def behind(self, row: list[int]) -> int:
+        """Tokens of ``row`` the draft would read before its first draft: all it has not read
+        yet, a prompt included (a prefill that a short answer may not repay)."""
+        n = min(len(self.tokens), len(row))
+        if self.tokens[:n] == row[:n]:  # the usual case: one list comparison
+            common = n
+        else:
+            common = next(i for i, (a, b) in enumerate(zip(self.tokens, row)) if a != b)
+        return len(row) - min(common, len(row) - 1)
 
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         if len(context) != 1:

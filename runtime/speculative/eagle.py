@@ -109,7 +109,9 @@ class EagleProposer(ProposerBase):
         self.seen = 0  # context positions whose real features are in past (or skipped)
         self.staged = 0  # pending rows: self._stage[:staged], not in the head's KV yet
 
-    def start(self, sampling: Any = None, stream: int | None = None) -> None:
+    def start(
+        self, sampling: Any = None, stream: int | None = None, budget: int | None = None
+    ) -> None:
         self.reset()
 
     def observe_prefill(self, outputs: dict[str, np.ndarray]) -> None:

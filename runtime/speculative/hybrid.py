@@ -28,6 +28,14 @@ replayed over the prompt's latest tokens adds what this request's text measures 
 own-text estimates, and only a request whose prompt copies well (a passage, or own-text
 matches that came true) may draft past ``OPEN_DRAFT`` tokens per step.
 
+A draft model must read the text before it drafts: the whole prompt at a request's first
+model draft, and whatever it missed while other sources drafted. That reading is a prefill on
+the draft (a 4-bit SmolLM2 reads a 769-token article in 2.6 s on 2 AVX2 cores, slower than its
+fp32 target), paid once and repaid only by the steps that follow, so the model drafts only
+where what it is expected to save over the answer's remaining tokens (at most the request's
+budget, ``ANSWER_PRIOR`` when unknown, ``ANSWER_CAP`` at most) exceeds the reading's cost
+(timed per token read, under greedy decoding; ``READ_PRIOR`` of a draft run per token before).
+
 The candidates are plain decoding (value 1), the suffix draft at its best length, and the
 model's draft at its best length (run only when it wins: an EAGLE head that would not pay is
 not run); a model draft is extended by a suffix match of the text it would make when that
@@ -67,6 +75,11 @@ MODEL_PRIOR = 0.4  # a drafter without a measured acceptance
 # 0.93-0.97 (float zero points on the source's Q4_1 grid) on chat prompts
 QUANTIZED_SELF_PRIOR = 0.75
 DECAY = 0.9  # the estimates' memory: about ten tests
+# a draft model's reading (a prefill) per token, as a share of one draft run: 4-bit SmolLM2
+# reads 769 tokens at 3.4 ms each and drafts in 10-11 ms (2 AVX2 cores)
+READ_PRIOR = 0.35
+ANSWER_PRIOR = 128  # a request's new tokens when its budget is unknown (`generate`'s default)
+ANSWER_CAP = 512  # a budget past this (a server's context-long default) says little of the answer
 MODEL_DRIFT = 0.03  # untested model positions drift back to the prior (a probe now and then)
 SUFFIX_DRIFT = 0.01  # suffix estimates are tested whenever a match exists: they barely drift
 
@@ -105,6 +118,7 @@ class HybridState:
         self.model_cost = float(model_cost)  # per draft, relative to a plain step
         self.plain_s: float | None = None  # a plain step's seconds (timed, greedy only)
         self.model_s: float | None = None  # the drafter's seconds per draft (timed)
+        self.read_s: float | None = None  # a draft model's seconds per token it reads (timed)
         self.costs = list(verify_costs)  # verifying k = 0..max_draft drafts, a plain step = 1
         self.live: LiveVerifyCosts | None = None  # corrects ``costs`` from timed steps
         self.last: int | None = None  # id() of the proposer that proposed last
@@ -120,6 +134,13 @@ class HybridState:
             self.costs = self.live.costs[: len(self.costs)]
             for ctl in self.sources.values():
                 ctl.set_verify_costs(self.costs)
+
+    def read_cost(self) -> float:
+        """A draft model's reading of one token, relative to a plain step: timed, else
+        ``READ_PRIOR`` of a draft run."""
+        if self.read_s is not None and self.plain_s:
+            return self.read_s / self.plain_s
+        return READ_PRIOR * self.model_cost
 
     def model_ctl(self) -> AdaptiveDraftLength:
         ctl = self.sources["model"]
@@ -163,6 +184,8 @@ class HybridProposer(ProposerBase):
         self._end: float | None = None  # when the last propose returned
         self.profile: PromptProfile | None = None  # this request's prompt (its first propose)
         self.cap = self.max_draft  # this request's most drafts per step (from its profile)
+        self.budget = ANSWER_PRIOR  # this request's new tokens, as far as they say anything
+        self.prompt_len = 0
 
     def _fresh(self) -> HybridState:
         return HybridState(self.max_draft, self._costs, self._prior, self._model_cost)
@@ -175,16 +198,20 @@ class HybridProposer(ProposerBase):
             self._shared.model_cost = self._model_cost
 
     # ---- protocol -------------------------------------------------------------------
-    def start(self, sampling: Any = None, stream: int | None = None) -> None:
+    def start(
+        self, sampling: Any = None, stream: int | None = None, budget: int | None = None
+    ) -> None:
         greedy = sampling is None or bool(getattr(sampling, "greedy", True))
         self.timed = greedy
         self.state = self._shared if greedy and self._shared is not None else self._fresh()
         self._tests, self._tested, self._fed, self._end = [], set(), 0, None
         self.choices = {}
         self.profile, self.cap = None, self.max_draft
+        self.budget = min(ANSWER_PRIOR if budget is None else int(budget), ANSWER_CAP)
+        self.prompt_len = 0
         self.suffix.start(sampling, stream)
         if self.model is not None:
-            self.model.start(sampling, stream)
+            self.model.start(sampling, stream, budget)
 
     def draft_cost(self, target: Any) -> float:
         return 0.0  # priced per step by the hybrid itself
@@ -210,6 +237,7 @@ class HybridProposer(ProposerBase):
         """The request's prompt, before its first step: the own-text replay joins the
         own-text estimates, and the draft cap follows from whether it copies well."""
         profile = self.profile = profile_prompt(prompt)
+        self.prompt_len = len(prompt)
         for kind in ("own-long", "own-short"):
             ctl = self.state.sources[kind]
             ctl.rate = profile.rates(kind, ctl.rate)
@@ -267,7 +295,7 @@ class HybridProposer(ProposerBase):
         if self.model is not None:
             mctl = state.model_ctl()
             m_k, value = mctl.best(mctl.expected_tokens(min(cap, self.model_max)))
-            if m_k and value > best_value:
+            if m_k and value > best_value and self._reading_pays(ctx, value):
                 return self._model(ctx, cap, m_k, mctl)
         if best == "suffix":
             return self._chose("suffix", sdraft[:s_k])
@@ -275,14 +303,26 @@ class HybridProposer(ProposerBase):
             return self._chose("probe", sdraft[:1])  # times a one-draft verify (LiveVerifyCosts)
         return self._chose("plain", [])
 
+    def _reading_pays(self, ctx: list[int], value: float) -> bool:
+        """Whether the text a draft model must read before drafting (module docstring) costs
+        less than its drafts are expected to save on the rest of the answer: each token then
+        costs ``1 / value`` plain steps instead of one."""
+        behind = getattr(self.model, "behind", None)
+        unread = behind(ctx) if behind is not None else 0
+        if unread <= CATCH_UP:
+            return True
+        left = max(self.budget - (len(ctx) - self.prompt_len), 1)
+        return left * (1.0 - 1.0 / value) > unread * self.state.read_cost()
+
     def _model(self, ctx: list[int], cap: int, k: int, mctl: AdaptiveDraftLength) -> list[int]:
         """Run the drafter for ``k`` drafts; extend them by a suffix match when that pays."""
         t0 = self.state.clock()
         mdraft = self.model.propose([ctx], k).row(0)[:k]  # type: ignore[union-attr]
-        if getattr(self.model, "caught_up", 0) <= CATCH_UP:
-            # a draft model that first read a prompt (or text it skipped) ran a prefill: its
-            # time is no draft's price (it would price a quantized self-draft out for good)
+        read = getattr(self.model, "caught_up", 0)
+        if read <= CATCH_UP:
             self._time_model(self.state.clock() - t0, len(mdraft))
+        else:  # a draft model read a prompt (or text it skipped) first: a prefill, timed apart
+            self._time_read(self.state.clock() - t0, read, len(mdraft))
         if not mdraft:
             return self._chose("plain", [])
         self._tests.append((mctl, mdraft, len(ctx), 0))
@@ -342,6 +382,15 @@ class HybridProposer(ProposerBase):
         state = self.state
         state.model_s = per if state.model_s is None else DECAY * state.model_s + (1 - DECAY) * per
         self._update_model_cost()
+
+    def _time_read(self, seconds: float, tokens: int, drafts: int) -> None:
+        """A propose that read ``tokens`` and then made ``drafts``: the reading's share (the
+        drafts at their timed price) per token read."""
+        state = self.state
+        if not self.timed or state.model_s is None:
+            return
+        per = max(seconds - drafts * state.model_s, 0.0) / tokens
+        state.read_s = per if state.read_s is None else DECAY * state.read_s + (1 - DECAY) * per
 
     def _update_model_cost(self) -> None:
         state = self.state

@@ -56,7 +56,9 @@ class MTPProposer(ProposerBase):
         self.pending: list[int] = []
         self.mismatches = 0
 
-    def start(self, sampling: Any = None, stream: int | None = None) -> None:
+    def start(
+        self, sampling: Any = None, stream: int | None = None, budget: int | None = None
+    ) -> None:
         self.reset()
 
     def reset(self) -> None:

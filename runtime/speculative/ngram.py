@@ -48,7 +48,9 @@ class NgramProposer(RowProposer):
         self.max_draft = max_draft
         self.lookup = SuffixLookup(max_n)
 
-    def start(self, sampling: Any = None, stream: int | None = None) -> None:
+    def start(
+        self, sampling: Any = None, stream: int | None = None, budget: int | None = None
+    ) -> None:
         self.lookup = SuffixLookup(self.max_n)
 
     def propose_one(self, tokens: list[int] | np.ndarray, num_draft: int) -> list[int]:

@@ -211,7 +211,9 @@ class SuffixProposer(RowProposer):
         self.context_min_n = context_min_n
         self.lookup = SuffixLookup(index.max_n)  # the request's own text
 
-    def start(self, sampling: Any = None, stream: int | None = None) -> None:
+    def start(
+        self, sampling: Any = None, stream: int | None = None, budget: int | None = None
+    ) -> None:
         self.lookup = SuffixLookup(self.index.max_n)
 
     def finish(self, answer: Sequence[int]) -> None:
