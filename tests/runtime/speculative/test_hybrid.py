@@ -462,7 +462,7 @@ def test_a_draft_model_that_has_read_the_prompt_keeps_drafting_to_the_end():
     hybrid.prompt_len = len(ctx)
     hybrid.propose([ctx], 4)
     hybrid.budget = 8  # near its end, the answer has few tokens left ...
-    hybrid.propose([ctx + [7, 8, 9, 10, 3]], 4)  # ... and the draft missed one step's tokens
+    hybrid.propose([[*ctx, 7, 8, 9, 10, 3]], 4)  # ... and the draft missed one step's tokens
     assert model.runs == 2
 
 
