@@ -190,9 +190,10 @@ def generate_rows(
     runs = 0
     propose_s = 0.0
     nodes = 0
-    # (cap, start, propose seconds, drafts verified) of the last step, timed by the tracker's
-    # clock (process CPU time on the CPU provider: waits for a core are not a step's cost)
-    last_step: tuple[int, float, float, int, int] | None = None
+    # (cap, start, propose seconds, drafts verified, tokens the proposer caught up on, context)
+    # of the last step, timed by the tracker's clock (process CPU time on the CPU provider:
+    # waits for a core are not a step's cost)
+    last_step: tuple[int, float, float, int, int, int] | None = None
     clock = live_costs.clock if live_costs is not None else time.perf_counter
 
     def emit(row: step.StepRow, tokens: list[int]) -> None:
@@ -239,11 +240,11 @@ def generate_rows(
                         row.cap = 1  # a one-draft verify timed for the costs (greedy: same tokens)
             t0, c0 = time.perf_counter(), clock()
             if timed and last_step is not None:  # the previous step's share of proposing
-                cap, t_prev, propose_prev, fed, caught_up = last_step
+                cap, t_prev, propose_prev, fed, caught_up, context = last_step
                 rest = c0 - t_prev - propose_prev
                 if caught_up <= CATCH_UP:  # a draft model's prefill priced it out for good
                     controllers[0].observe_cost(cap, propose_prev, rest, per_draft)  # type: ignore[union-attr]
-                if live_costs is not None and live_costs.observe(fed, rest):
+                if live_costs is not None and live_costs.observe(fed, rest, context):
                     controllers[0].set_verify_costs(live_costs.costs[: num_draft + 1])  # type: ignore[union-attr]
             widest = step.propose(live)
             t1 = time.perf_counter()
@@ -251,7 +252,8 @@ def generate_rows(
             if timed:
                 caught_up = int(getattr(live[0].proposer, "caught_up", 0))
                 fed_now = int(live[0].drafts.lengths[0])
-                last_step = (live[0].cap, c0, clock() - c0, fed_now, caught_up)
+                at = len(contexts[live[0].row])
+                last_step = (live[0].cap, c0, clock() - c0, fed_now, caught_up, at)
             groups = _groups(list(live), widest, batched, cache)
         for group, width, alone in groups:
             verdicts = step.run(cache, group, width, alone)

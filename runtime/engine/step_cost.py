@@ -35,6 +35,7 @@ to disk: it serves the run that measured it, and the reason is logged.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
@@ -302,6 +303,7 @@ LIVE_WINDOW = 64  # the latest timed steps kept per draft count
 LIVE_MIN = 16  # timed steps of a draft count, and of plain steps, before they correct its cost
 LIVE_EVERY = 32  # timed steps between corrections
 LIVE_KEEP = 0.10  # a draft count's cost this far off the kept table replaces it on disk
+LIVE_NEAR = 8  # plain steps nearest a verify step's context that give its plain step's time
 PROBE_EVERY = 16  # timed steps between probes while one-draft verifies are too few to judge
 
 
@@ -311,9 +313,15 @@ class LiveVerifyCosts:
     ``verify_costs`` keeps a table timed once in ~40 runs: measured while other work held the
     cores, it is off for good (a tiny model's 2-token verify read 1.3 plain steps under load
     and 1.0 idle). Decoding times hundreds of steps of each kind: per draft count k, the lower
-    quartile of its latest steps (verify run and host work; stalls only add time) over the
-    plain steps' is what verifying k drafts costs now. Each count measured corrects its own
-    cost, counts never drafted take the factor of the nearest measured one, and costs stay
+    quartile of its latest steps' times (verify run and host work; stalls only add time), each
+    over a plain step's at the same context, is what verifying k drafts costs now. A step's
+    cost grows with the context it attends over, and drafts come where text repeats, in long
+    prompts more than short ones: on Spec-Bench (SmolLM2, 14 requests) `auto`'s plain steps
+    averaged 256 tokens of context and its 3-draft steps 800, and against all plain steps
+    3 drafts cost 1.71 plain steps, against those nearest in context 1.47 (the graph runs
+    alone, 1.17-1.28). So a verify step's plain time is the lower quartile of the
+    ``LIVE_NEAR`` plain steps nearest its context (ties included: callers that give no context
+    compare with every plain step). Each count measured corrects its own cost, counts never drafted take the factor of the nearest measured one, and costs stay
     non-decreasing. When a measured count is off the kept table by more than ``LIVE_KEEP``,
     ``keep`` stores the corrected table (``keep_verify_costs``), so the next run starts right,
     unless ``load()`` says the machine is oversubscribed (``busy``): then the correction
@@ -342,7 +350,7 @@ class LiveVerifyCosts:
         self.clock = clock  # what the steps fed to ``observe`` are timed with
         self._load = load  # (1-minute load average, cores) when a correction would be kept
         self.unkept: str | None = None  # why the last correction off the disk was not kept
-        self._times: dict[int, deque[float]] = {}
+        self._times: dict[int, deque[tuple[float, int]]] = {}  # (seconds, context) per count
         self._since = 0
         self.steps = 0  # timed steps seen
         self._probed = 0  # ``steps`` at the last probe
@@ -354,12 +362,13 @@ class LiveVerifyCosts:
         self._probed = self.steps
         return True
 
-    def observe(self, drafts: int, seconds: float) -> bool:
-        """One timed step that verified ``drafts`` drafts (0: a plain step); True when the
-        costs changed."""
+    def observe(self, drafts: int, seconds: float, context: int = 0) -> bool:
+        """One timed step that verified ``drafts`` drafts (0: a plain step) over ``context``
+        tokens before it; True when the costs changed."""
         if seconds <= 0.0 or drafts >= len(self.table):
             return False
-        self._times.setdefault(int(drafts), deque(maxlen=LIVE_WINDOW)).append(float(seconds))
+        times = self._times.setdefault(int(drafts), deque(maxlen=LIVE_WINDOW))
+        times.append((float(seconds), int(context)))
         self.steps += 1
         self._since += 1
         if self._since < LIVE_EVERY:
@@ -371,9 +380,9 @@ class LiveVerifyCosts:
         plain = self._times.get(0, ())
         if len(plain) < LIVE_MIN:
             return False
-        base = lower_quartile(plain)
+        base = _PlainAt(plain)
         factors = {
-            k: lower_quartile(t) / base / self.table[k]
+            k: lower_quartile([s / base(c) for s, c in t]) / self.table[k]
             for k, t in self._times.items()
             if k > 0 and len(t) >= LIVE_MIN
         }
@@ -402,6 +411,34 @@ class LiveVerifyCosts:
                 logger.info("corrected verify costs not kept for later runs: %s", why)
             self.unkept = why
         return changed
+
+
+class _PlainAt:
+    """A plain step's seconds at a context: the lower quartile of the ``LIVE_NEAR`` timed plain
+    steps nearest it in context, ties included (``LiveVerifyCosts``)."""
+
+    def __init__(self, plain: Sequence[tuple[float, int]] | deque[tuple[float, int]]) -> None:
+        steps = sorted(plain, key=lambda sc: sc[1])
+        self._seconds = [s for s, _ in steps]
+        self._contexts = [c for _, c in steps]
+        self._memo: dict[int, float] = {}
+
+    def __call__(self, context: int) -> float:
+        if context not in self._memo:
+            ctx, n = self._contexts, len(self._contexts)
+            lo = hi = bisect.bisect_left(ctx, context)  # the window is ctx[lo:hi]
+            while hi - lo < min(LIVE_NEAR, n):  # widen toward the nearer side
+                if hi < n and (lo == 0 or ctx[hi] - context <= context - ctx[lo - 1]):
+                    hi += 1
+                else:
+                    lo -= 1
+            far = max(context - ctx[lo], ctx[hi - 1] - context)
+            while lo > 0 and context - ctx[lo - 1] <= far:
+                lo -= 1
+            while hi < n and ctx[hi] - context <= far:
+                hi += 1
+            self._memo[context] = lower_quartile(self._seconds[lo:hi])
+        return self._memo[context]
 
 
 def lower_quartile(values: Sequence[float] | deque[float]) -> float:
@@ -494,8 +531,9 @@ def _key(model: Any) -> str | None:
         # 2: tables kept before may hold verify steps timed while a draft model's thread pool
         # spun beside them (before sessions stopped spinning between runs): SmolLM2's kept
         # table priced one draft at 1.84 plain steps, measured 1.03-1.10, and draft decoding
-        # never drafted to correct it
-        "timing": 2,
+        # never drafted to correct it; 3: corrections priced verify steps against plain steps
+        # of any context (Spec-Bench: 3 drafts at 1.71 plain steps, 1.47 at their context)
+        "timing": 3,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 

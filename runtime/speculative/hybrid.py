@@ -128,9 +128,10 @@ class HybridState:
         CPU provider: ``engine.step_cost.step_clock``); wall time without a tracker."""
         return self.live.clock() if self.live is not None else time.perf_counter()
 
-    def time_step(self, drafts: int, seconds: float) -> None:
-        """A timed step's verify run and host work: corrects the verify costs (if tracked)."""
-        if self.live is not None and self.live.observe(drafts, seconds):
+    def time_step(self, drafts: int, seconds: float, context: int = 0) -> None:
+        """A timed step's verify run and host work over ``context`` tokens: corrects the verify
+        costs (if tracked)."""
+        if self.live is not None and self.live.observe(drafts, seconds, context):
             self.costs = self.live.costs[: len(self.costs)]
             for ctl in self.sources.values():
                 ctl.set_verify_costs(self.costs)
@@ -180,7 +181,8 @@ class HybridProposer(ProposerBase):
         # leading tokens that must come true before the rest is scored: an extension's)
         self._tests: list[tuple[AdaptiveDraftLength, list[int], int, int]] = []
         self._tested: set[int] = set()  # estimates scored since the last step
-        self._fed = 0
+        self._fed = 0  # drafts the last propose made
+        self._at = 0  # the context they followed
         self._end: float | None = None  # when the last propose returned
         self.profile: PromptProfile | None = None  # this request's prompt (its first propose)
         self.cap = self.max_draft  # this request's most drafts per step (from its profile)
@@ -229,7 +231,7 @@ class HybridProposer(ProposerBase):
             self._profile(context[0])
         self._score(context[0])
         drafts = self._choose(context[0], min(int(num_draft), self.cap))
-        self._fed = len(drafts)
+        self._fed, self._at = len(drafts), len(context[0])
         self._end = self.state.clock()
         return Drafts.one(drafts)
 
@@ -365,7 +367,7 @@ class HybridProposer(ProposerBase):
         if not self.timed or self._end is None or not alone:
             return
         rest = now - self._end
-        state.time_step(self._fed, rest)
+        state.time_step(self._fed, rest, self._at)
         if state.sources.get("model") is None:
             return
         plain = rest / state.costs[min(self._fed, len(state.costs) - 1)]

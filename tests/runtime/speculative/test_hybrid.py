@@ -209,6 +209,24 @@ def test_timed_steps_correct_verify_costs_measured_under_load():
     assert kept == [live.costs]  # off by more than LIVE_KEEP: the next run starts from it
 
 
+def test_verify_steps_are_priced_against_plain_steps_at_their_own_context():
+    """Drafts come where text repeats, in long prompts more than short ones, and a step over
+    800 tokens of context costs more than one over 100 whatever it verifies. Against every
+    plain step, the 2-draft steps of long requests (here all of them) would read 1.6 plain
+    steps; against the plain steps nearest in context they cost what they cost: 1.2."""
+    live = step_cost.LiveVerifyCosts([1.0, 1.1, 1.2, 1.3], load=lambda: IDLE)
+
+    def plain_s(context: int) -> float:
+        return 0.010 + 0.010 * context / 800  # 10 ms + attention over the context
+
+    for i in range(4 * step_cost.LIVE_MIN):
+        short, long = 40 + i, 800 + i  # a short request's plain steps, a long one's
+        live.observe(0, plain_s(short), short)
+        live.observe(0, plain_s(long), long)
+        live.observe(2, 1.2 * plain_s(long), long)
+    assert live.costs[2] == pytest.approx(1.2, rel=0.02)
+
+
 def test_a_table_that_holds_is_kept_and_probes_stop_once_one_draft_is_timed():
     kept: list[list[float]] = []
     live = step_cost.LiveVerifyCosts([1.0, 1.05, 1.1], kept.append, load=lambda: IDLE)
