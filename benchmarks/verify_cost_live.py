@@ -7,7 +7,9 @@ times them in process CPU time; this decodes a prompt file's first turns with au
 feeds a second tracker the wall time of the very same steps, then prints both corrected
 tables (verifying k drafts, in plain steps) and the load average. On an idle machine the two
 agree; on an oversubscribed one the wall-time table prices drafts higher, by the waits for a
-core. Usage:
+core. A third tracker gets the CPU times without their contexts, so it prices every verify
+step against all plain steps (the rule before steps were compared at their own context), and
+the mean context of each draft count's steps is printed beside it. Usage:
 
     python benchmarks/verify_cost_live.py ARTIFACT --prompts FILE [--category NAME ...]
         [--limit 2] [--threads 2] [--new-tokens 128]
@@ -45,6 +47,8 @@ def main() -> None:
     ]
     live = live_verify_costs(model)  # what auto reads and corrects (its clock: CPU time)
     wall = LiveVerifyCosts(live.table, None, time.perf_counter)  # the same steps, wall time
+    anywhere = LiveVerifyCosts(live.table, None, live.clock)  # the same, contexts left out
+    contexts: dict[int, list[int]] = {}
     stamps: list[float] = []
     cpu_clock = live.clock
 
@@ -54,9 +58,11 @@ def main() -> None:
 
     observe = live.observe
 
-    def both(drafts: int, seconds: float) -> bool:  # called between a step's two stamps
-        wall.observe(drafts, stamps[-1] - stamps[-2])
-        return observe(drafts, seconds)
+    def both(drafts: int, seconds: float, context: int = 0) -> bool:  # between two stamps
+        wall.observe(drafts, stamps[-1] - stamps[-2], context)
+        anywhere.observe(drafts, seconds)
+        contexts.setdefault(drafts, []).append(context)
+        return observe(drafts, seconds, context)
 
     live.clock, live.observe = clock, both  # type: ignore[method-assign]
     load0 = os.getloadavg()
@@ -70,10 +76,20 @@ def main() -> None:
         f"load average (1, 5, 15 min) {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f} -> "
         f"{load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f} on {os.cpu_count()} cores"
     )
-    for name, tracker in (("measured at start", None), ("cpu time", live), ("wall time", wall)):
+    trackers = (
+        ("measured at start", None),
+        ("cpu time", live),
+        ("any context", anywhere),
+        ("wall time", wall),
+    )
+    for name, tracker in trackers:
         costs = live.table if tracker is None else tracker.costs
         cells = ", ".join(f"{k}: {costs[k]:.2f}" for k in SHOWN if k < len(costs))
         print(f"{name:>17}: {cells}")
+    steps = ", ".join(
+        f"{k}: {len(c)} at {sum(c) / len(c):.0f}" for k, c in sorted(contexts.items())
+    )
+    print(f"steps per draft count at their mean context: {steps}")
 
 
 if __name__ == "__main__":
