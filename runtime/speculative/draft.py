@@ -98,12 +98,17 @@ class DraftModelProposer(ProposerBase):
     def behind(self, row: list[int]) -> int:
         """Tokens of ``row`` the draft would read before its first draft: all it has not read
         yet, a prompt included (a prefill that a short answer may not repay)."""
+        return len(row) - self._kept(row)
+
+    def _kept(self, row: list[int]) -> int:
+        """Positions of its cache that still hold ``row``'s tokens: their common prefix, less
+        the last token, which must be fed again to get logits."""
         n = min(len(self.tokens), len(row))
         if self.tokens[:n] == row[:n]:  # the usual case: one list comparison
             common = n
         else:
             common = next(i for i, (a, b) in enumerate(zip(self.tokens, row)) if a != b)
-        return len(row) - min(common, len(row) - 1)
+        return min(common, len(row) - 1)
 
     def propose(self, context: list[list[int]], num_draft: int) -> Drafts:
         if len(context) != 1:
@@ -116,12 +121,7 @@ class DraftModelProposer(ProposerBase):
         k = min(int(num_draft), room)
         if k <= 0 or not row:
             return Drafts.empty(1)
-        common = 0
-        for a, b in zip(self.tokens, row):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(row) - 1)  # at least one token must be fed to get logits
+        common = self._kept(row)
         self.cache.keep(common)
         self.tokens = self.tokens[:common]
         feed = row[common:]
