@@ -74,6 +74,7 @@ from specport.passes.quant.sensitivity import measure_group_kl
 from specport.passes.quant.vocab_split import (
     can_split,
     check_split,
+    split_plan,
     split_report,
     split_tied_head,
 )
@@ -148,16 +149,17 @@ def quantize_artifact(
     `exact_speculation` (w4a8, w8a8): pad every attention run to two query rows, so greedy
     speculation gives plain greedy's tokens; it costs plain decoding a dummy attention row per
     step (SmolLM2 W8A8: 1.15-1.18x CPU per token, see pad_attention_rows.py), so it is asked for.
-    `frequent_head_rows` (w4a8 with a budget): the tied LM head and table are split by
-    vocabulary rows and the first ids (BPE's most frequent tokens) kept at 8 bits
-    (passes/quant/vocab_split.py). None: the budget planner chooses how many, 0 for a whole
-    head, by token-frequency-weighted error (passes/quant/head_rows.py); 0: never split.
+    `frequent_head_rows` (w4a8): the tied LM head and table are split by vocabulary rows and
+    the first ids (BPE's most frequent tokens) kept at 8 bits (passes/quant/vocab_split.py);
+    the rest is planned by a budget, or 4-bit without one. None: a budget's planner chooses
+    how many, 0 for a whole head, by token-frequency-weighted error (passes/quant/head_rows.py),
+    and without a budget the head stays whole; 0: never split.
     """
     src_p, out_p = Path(src), Path(out)
     target_bpw = check_budget_options(
         scheme, algo, form, mixed_precision, lm_head_bits, embedding_bits, bits_per_weight, mixture
     )
-    check_frequent_head_rows(frequent_head_rows, scheme, target_bpw)
+    check_frequent_head_rows(frequent_head_rows, scheme, target_bpw, lm_head_bits)
     if group_size is None:
         group_size = default_group_size(scheme, exact_speculation)
     if target_bpw is not None:
@@ -285,6 +287,18 @@ def quantize_artifact(
                         "reason": f"its first {split.rows} rows (the most frequent ids) at 8 bits",
                     }
                 embedding_bits, embedding_group = budget.table or (0, group_size)
+            if frequent_head_rows and target_bpw is None:  # outside a budget: 8 and 4 bits
+                split = split_tied_head(model, frequent_head_rows)
+                plan = {**(plan or {}), **split_plan(model, split)}
+                lm_head_bits = 4
+                reports.append(split_report(split))
+                manifest_head = {
+                    "choice": "given",
+                    "bits": 4,
+                    "frequent_rows": split.rows,
+                    "frequent_bits": 8,
+                    "reason": f"its first {split.rows} rows (the most frequent ids) at 8 bits",
+                }
             if scheme == "none":
                 pass
             elif form == "npu":  # QDQ, uint16 activations (passes/quant/npu.py)

@@ -235,17 +235,25 @@ def check_budget_options(
     return target
 
 
-def check_frequent_head_rows(rows: int | None, scheme: str, target_bpw: float | None) -> None:
-    """`--frequent-head-rows` keeps the tied head's frequent rows at 8 bits inside a budget:
-    8-bit MatMulNBits is fast only with int8 activations (w4a8), and outside a budget nothing
-    would plan the rest. None: the planner's choice, where there is a budget."""
+def check_frequent_head_rows(
+    rows: int | None, scheme: str, target_bpw: float | None, lm_head_bits: int | str | None = None
+) -> None:
+    """`--frequent-head-rows` keeps the tied head's frequent rows at 8 bits: 8-bit MatMulNBits
+    is fast only with int8 activations (w4a8). Inside a budget the planner widens the rest;
+    outside one the rare rows are 4-bit, so `--lm-head-bits` is 4 or left out. None: the
+    planner's choice, where there is a budget."""
     if not rows:
         return
     if rows < 0:
         raise QuantizationError(f"{option('frequent_head_rows')} must be positive, got {rows}")
-    if target_bpw is None or scheme != "w4a8":
+    if scheme != "w4a8":
         raise QuantizationError(
-            f"{option('frequent_head_rows')} keeps the LM head's frequent rows at 8 bits within "
-            f"a size budget: use it with {option('scheme')} w4a8 and "
-            f"{option('bits_per_weight')} (or {option('mixture')})"
+            f"{option('frequent_head_rows')} keeps the LM head's frequent rows at 8 bits, which "
+            f"runs fast only with int8 activations: use it with {option('scheme')} w4a8"
+        )
+    if target_bpw is None and lm_head_bits not in (None, 4):
+        raise QuantizationError(
+            f"{option('frequent_head_rows')} puts the head's other rows at 4 bits; drop "
+            f"{option('lm_head_bits')} {lm_head_bits} (or keep the head whole without "
+            f"{option('frequent_head_rows')})"
         )

@@ -147,6 +147,17 @@ def split_tied_head(model: ir.Model, rows: int) -> VocabSplit:
     return VocabSplit(hi.name or "", lo.name or "", int(rows), int(vocab))
 
 
+def split_plan(model: ir.Model, split: VocabSplit, rare_bits: int = 4) -> dict[str, int]:
+    """Widths for the split head's two MatMuls (site name -> bits): the frequent rows at 8
+    bits, the rare rows at `rare_bits`, as the weight pass's `plan` takes them."""
+    widths = {split.frequent: 8, split.rare: rare_bits}
+    return {
+        site.name: widths[site.weight.name]
+        for site in find_weight_matmuls(model)
+        if site.weight.name in widths
+    }
+
+
 def split_report(split: VocabSplit) -> dict[str, Any]:
     return {
         "name": "split_tied_head",

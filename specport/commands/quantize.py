@@ -103,10 +103,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_frequent_rows,
         default=None,
         metavar="N|auto",
-        help="with --scheme w4a8 and --bits-per-weight: split the tied LM head and embedding "
-        "table by vocabulary and keep the first N ids (byte-level BPE's most frequent tokens) at "
-        "8 bits, the rest planned by the budget; auto (default): the budget chooses N by "
-        "token-frequency-weighted error (0: keep the head whole)",
+        help="with --scheme w4a8: split the tied LM head and embedding table by vocabulary "
+        "and keep the first N ids (byte-level BPE's most frequent tokens) at 8 bits; with "
+        "--bits-per-weight the rest is planned by the budget, without one it is 4-bit (a "
+        "faster head than the default's 8-bit one); auto (default): the budget chooses N by "
+        "token-frequency-weighted error, no split without a budget (0: keep the head whole)",
     )
     p.add_argument(
         "--exact-speculation",

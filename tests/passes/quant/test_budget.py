@@ -260,9 +260,35 @@ def test_frequent_head_rows_stay_8_bit_within_the_budget(tied_src, calib_text, t
     assert load(out).generate(**kw).tokens == load(ref).generate(**kw).tokens
 
 
+def test_frequent_head_rows_without_a_budget(tied_src, tmp_path):
+    """Outside a budget (no calibration: hqq), the split head's first ids are 8-bit and the
+    rest 4-bit, recorded in the manifest; the file decodes like its own dequantized
+    reference."""
+    out = tmp_path / "q"
+    m = quantize(tied_src, out, scheme="w4a8", frequent_head_rows=64)
+    assert m.quant["lm_head"] == {
+        "choice": "given",
+        "bits": 4,
+        "frequent_rows": 64,
+        "frequent_bits": 8,
+        "reason": "its first 64 rows (the most frequent ids) at 8 bits",
+    }
+    heads = {
+        n.name: n.attributes.get_int("bits")
+        for n in ir.load(out / m.model_file).graph
+        if n.op_type == "MatMulNBits" and ("frequent" in n.name or "rare" in n.name)
+    }
+    assert sorted(heads.values()) == [4, 8]
+    assert all(b == (8 if "frequent" in name else 4) for name, b in heads.items())
+    ref = _reference(out, tmp_path / "ref")
+    kw = {"prompt_ids": [1, 40, 63, 64, 200, 255], "max_new_tokens": 12, "greedy": True}
+    kw["ignore_eos"] = True
+    assert load(out).generate(**kw).tokens == load(ref).generate(**kw).tokens
+
+
 def test_frequent_head_rows_refused_before_work(quant_src, tied_src, tmp_path):
     with pytest.raises(QuantizationError, match="frequent_head_rows"):
-        quantize(tied_src, tmp_path / "a", scheme="w4a8", frequent_head_rows=64)
+        quantize(tied_src, tmp_path / "a", scheme="w4a8", frequent_head_rows=64, lm_head_bits=8)
     with pytest.raises(QuantizationError, match="frequent_head_rows"):
         quantize(
             tied_src, tmp_path / "b", scheme="w4a16", bits_per_weight=6.0, frequent_head_rows=8
