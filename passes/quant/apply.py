@@ -74,6 +74,7 @@ from specport.passes.quant.sensitivity import measure_group_kl
 from specport.passes.quant.vocab_split import (
     can_split,
     check_split,
+    split_head_record,
     split_plan,
     split_report,
     split_tied_head,
@@ -279,26 +280,15 @@ def quantize_artifact(
                     split = split_tied_head(model, budget.frequent_rows)
                     budget.assign_split(model, split.frequent, split.rare)
                     reports.append(split_report(split))
-                    manifest_head = {
-                        "choice": "given" if frequent_head_rows else "planned",
-                        "bits": lm_head_bits,
-                        "frequent_rows": split.rows,
-                        "frequent_bits": 8,
-                        "reason": f"its first {split.rows} rows (the most frequent ids) at 8 bits",
-                    }
+                    choice = "given" if frequent_head_rows else "planned"
+                    manifest_head = split_head_record(split, choice, int(lm_head_bits))
                 embedding_bits, embedding_group = budget.table or (0, group_size)
             if frequent_head_rows and target_bpw is None:  # outside a budget: 8 and 4 bits
                 split = split_tied_head(model, frequent_head_rows)
                 plan = {**(plan or {}), **split_plan(model, split)}
                 lm_head_bits = 4
                 reports.append(split_report(split))
-                manifest_head = {
-                    "choice": "given",
-                    "bits": 4,
-                    "frequent_rows": split.rows,
-                    "frequent_bits": 8,
-                    "reason": f"its first {split.rows} rows (the most frequent ids) at 8 bits",
-                }
+                manifest_head = split_head_record(split, "given", 4)
             if scheme == "none":
                 pass
             elif form == "npu":  # QDQ, uint16 activations (passes/quant/npu.py)

@@ -158,6 +158,18 @@ def split_plan(model: ir.Model, split: VocabSplit, rare_bits: int = 4) -> dict[s
     }
 
 
+def split_head_record(split: VocabSplit, choice: str, bits: int) -> dict[str, Any]:
+    """The manifest's `quant.lm_head` for a split head: the rare rows' `bits`, the first
+    `split.rows` at 8, and whether the rows were `given` or `planned`."""
+    return {
+        "choice": choice,
+        "bits": bits,
+        "frequent_rows": split.rows,
+        "frequent_bits": 8,
+        "reason": f"its first {split.rows} rows (the most frequent ids) at 8 bits",
+    }
+
+
 def split_report(split: VocabSplit) -> dict[str, Any]:
     return {
         "name": "split_tied_head",

@@ -322,10 +322,11 @@ class LiveVerifyCosts:
     alone, 1.17-1.28). So a verify step's plain time is the lower quartile of the
     ``LIVE_NEAR`` plain steps nearest its context (ties included: callers that give no context
     compare with every plain step). Each count measured corrects its own cost, counts never
-    drafted take the factor of the nearest measured one, and costs stay non-decreasing. When a measured count is off the kept table by more than ``LIVE_KEEP``,
-    ``keep`` stores the corrected table (``keep_verify_costs``), so the next run starts right,
-    unless ``load()`` says the machine is oversubscribed (``busy``): then the correction
-    serves this process only and the reason is logged.
+    drafted take the factor of the nearest measured one, and costs stay non-decreasing. When
+    a measured count is off the kept table by more than ``LIVE_KEEP``, ``keep`` stores the
+    corrected table (``keep_verify_costs``), so the next run starts right, unless ``load()``
+    says the machine is oversubscribed (``busy``): then the correction serves this process
+    only and the reason is logged.
 
     Callers time their steps with ``clock`` (``step_clock``: process CPU time on the CPU
     provider), never with a clock of their own: every ratio here is between steps timed alike.
