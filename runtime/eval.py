@@ -48,6 +48,7 @@ class _Model:
 def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
     """An artifact directory (manifest + tokenizer) or a bare .onnx next to a tokenizer.json."""
     p = Path(path)
+    onnx_path, tok = _model_files(p)
     bos: int | None = None
     context: int | None = None
     entries: dict[str, str] = {}
@@ -55,24 +56,14 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
     if p.is_dir():
         m = read_manifest(p, check_hashes=False)
         shared = m if m.kv.layout == "shared" else None
-        onnx_path, tok_dir = p / m.model_file, p
-
         graph, extra = artifact_graph(p, m, mtp_branch=False)  # scoring needs no MTP heads
         bos = m.config.get("bos_token_id")
         context = m.config.get("context_length")
         if shared is not None and m.kv.max_length:  # a document fits the KV buffer
             context = min(context or m.kv.max_length, m.kv.max_length)
         entries = {**artifact_session_entries(m), **extra}
-    elif p.suffix == ".onnx" and p.is_file():
-        onnx_path, tok_dir = p, p.parent
-        graph = str(onnx_path)
     else:
-        raise InputError(f"{p} is neither an artifact directory nor an .onnx file")
-    tok = tok_dir / "tokenizer.json"
-    if not tok.is_file():
-        raise InputError(
-            f"no tokenizer.json beside {onnx_path}; evaluation needs the artifact's tokenizer"
-        )
+        graph = str(onnx_path)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     # Idle ORT threads spin by default and starve the numpy work done between runs.
@@ -81,6 +72,22 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
         so.add_session_config_entry(key, value)
     sess = ort.InferenceSession(graph, so, providers=providers or ["CPUExecutionProvider"])
     return _Model(sess, tok, bos, context, shared)
+
+
+def _model_files(p: Path) -> tuple[Path, Path]:
+    """(the graph, the tokenizer) of an artifact directory or of a bare .onnx file."""
+    if p.is_dir():
+        onnx_path, tok_dir = p / read_manifest(p, check_hashes=False).model_file, p
+    elif p.suffix == ".onnx" and p.is_file():
+        onnx_path, tok_dir = p, p.parent
+    else:
+        raise InputError(f"{p} is neither an artifact directory nor an .onnx file")
+    tok = tok_dir / "tokenizer.json"
+    if not tok.is_file():
+        raise InputError(
+            f"no tokenizer.json beside {onnx_path}; evaluation needs the artifact's tokenizer"
+        )
+    return onnx_path, tok
 
 
 def read_documents(
@@ -200,28 +207,93 @@ def compare(
     top1_agreement: fraction of positions where both argmaxes agree; kl: mean KL(a || b) in
     nats per position; also both perplexities.
     """
+    return compare_many(a, [b], text_file, max_docs, context, last, chunk)[0]
+
+
+def compare_many(
+    a: PathLike,
+    others: list[PathLike],
+    text_file: PathLike,
+    max_docs: int | None = None,
+    context: int | None = None,
+    last: bool = False,
+    chunk: int | None = None,
+    memory: int | None = None,
+) -> list[dict[str, Any]]:
+    """``compare(a, b)`` for every b of ``others``, in order, scoring the reference `a` once
+    per document for as many of them as fit in memory together.
+
+    The reference's distribution at every position is what a comparison reads most, and it
+    is too large to keep (positions x vocabulary): so each group of others is scored beside
+    one pass of the reference. A group holds the others whose files fit in half of the
+    memory available now (``memory``: that budget in bytes), at least one; comparing a
+    float export with six of its quantizations is then one pass, not six."""
     _check_chunk(chunk)
-    ma, mb = _open(a), _open(b)
+    for path in others:  # a mistyped name fails now, not after the first group's scoring
+        _model_files(Path(path))
+    ma = _open(a)
     seqs = _encode(ma, read_documents(text_file, max_docs, last), context)
-    agree = kl = nll_a = nll_b = 0.0
-    n = 0
-    for ids in track(seqs, "comparing documents"):
-        la, lb = _log_softmax(_logits(ma, ids, chunk)), _log_softmax(_logits(mb, ids, chunk))
-        agree += float((la.argmax(-1) == lb.argmax(-1)).sum())
-        kl += float((np.exp(la) * (la - lb)).sum())
-        idx = np.arange(len(ids) - 1)
-        nll_a -= float(la[idx, ids[1:]].sum())
-        nll_b -= float(lb[idx, ids[1:]].sum())
-        n += len(ids)
-    if n == 0:
+    if not seqs:
         raise InputError(f"{text_file} gave no tokens to compare")
-    m = n - len(seqs)
-    return {
-        **({"chunk": chunk} if chunk else {}),
-        "top1_agreement": agree / n,
-        "kl": kl / n,
-        "ppl_a": math.exp(nll_a / m),
-        "ppl_b": math.exp(nll_b / m),
-        "positions": n,
-        "docs": len(seqs),
-    }
+    results: dict[int, dict[str, Any]] = {}
+    for group in _groups(others, memory):
+        models = [_open(others[i]) for i in group]
+        sums = np.zeros((len(group), 3))  # agreement, KL, NLL of each
+        nll_a = 0.0
+        n = 0
+        for ids in track(seqs, "comparing documents"):
+            la = _log_softmax(_logits(ma, ids, chunk))
+            pa, top_a, idx = np.exp(la), la.argmax(-1), np.arange(len(ids) - 1)
+            nll_a -= float(la[idx, ids[1:]].sum())
+            n += len(ids)
+            for j, mb in enumerate(models):
+                lb = _log_softmax(_logits(mb, ids, chunk))
+                sums[j] += (
+                    float((top_a == lb.argmax(-1)).sum()),
+                    float((pa * (la - lb)).sum()),
+                    -float(lb[idx, ids[1:]].sum()),
+                )
+        del models
+        m = n - len(seqs)
+        for j, i in enumerate(group):
+            results[i] = {
+                **({"chunk": chunk} if chunk else {}),
+                "top1_agreement": sums[j, 0] / n,
+                "kl": sums[j, 1] / n,
+                "ppl_a": math.exp(nll_a / m),
+                "ppl_b": math.exp(sums[j, 2] / m),
+                "positions": n,
+                "docs": len(seqs),
+            }
+    return [results[i] for i in range(len(others))]
+
+
+def _groups(others: list[PathLike], memory: int | None) -> list[list[int]]:
+    """Indices of ``others`` in groups whose files' sizes fit ``memory`` bytes together (half
+    of what is available now when None; everything in one group when that is unknown)."""
+    if memory is None:
+        from specport.runtime.engine.kv_budget import available_memory
+
+        free = available_memory()
+        memory = free // 2 if free else None
+    groups: list[list[int]] = []
+    used = 0
+    for i, path in enumerate(others):
+        size = _files_size(Path(path))
+        if not groups or (memory is not None and used + size > memory):
+            groups.append([])
+            used = 0
+        groups[-1].append(i)
+        used += size
+    return groups
+
+
+def _files_size(path: Path) -> int:
+    """Bytes of an artifact's files (an .onnx file's, with its external data beside it)."""
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    if path.is_file():
+        return path.stat().st_size + sum(
+            f.stat().st_size for f in path.parent.glob(path.name + "*") if f != path
+        )
+    return 0

@@ -72,6 +72,11 @@ def _meminfo(key: str) -> int | None:
     return None
 
 
+def available_memory() -> int | None:
+    """The memory the kernel can give without swapping, in bytes (None off Linux)."""
+    return _meminfo("MemAvailable")
+
+
 def total_memory() -> int | None:
     """The machine's memory in bytes (None when it cannot be read)."""
     total = _meminfo("MemTotal")

@@ -72,7 +72,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specport.core.progress import stage_callback
-    from specport.runtime.eval import compare, perplexity
+    from specport.runtime.eval import compare_many, perplexity
 
     report = stage_callback()
 
@@ -123,16 +123,16 @@ def run(args: argparse.Namespace) -> int:
         plot = check_plot_path(args.plot)
     others = list(dict.fromkeys(args.other))
     results = []
-    for other in others:
-        r = compare(
-            args.artifact,
-            other,
-            args.text,
-            args.max_docs,
-            args.context,
-            last=args.last,
-            chunk=args.chunk,
-        )
+    scored = compare_many(
+        args.artifact,
+        others,
+        args.text,
+        args.max_docs,
+        args.context,
+        last=args.last,
+        chunk=args.chunk,
+    )
+    for other, r in zip(others, scored):
         r["artifact"], r["other"] = args.artifact, other
         if args.record:
             ref = {
@@ -140,8 +140,8 @@ def run(args: argparse.Namespace) -> int:
                 "label": artifact_label(args.artifact),
                 "via": "eval compare",
             }
-            scored = {"ppl": r["ppl_b"], "tokens": r["positions"] - r["docs"], "docs": r["docs"]}
-            r["recorded"] = record_eval(other, scored, args.text, options, reference=ref)
+            own = {"ppl": r["ppl_b"], "tokens": r["positions"] - r["docs"], "docs": r["docs"]}
+            r["recorded"] = record_eval(other, own, args.text, options, reference=ref)
         results.append(r)
         if not args.json:
             print(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specport.core.errors import InputError
-from specport.runtime.eval import compare, perplexity, read_documents
+from specport.runtime.eval import compare, compare_many, perplexity, read_documents
 from tests.passes.quant._tiny import char_tokenizer, with_tokenizer, write_corpus
 
 
@@ -50,6 +50,27 @@ def test_compare_self_and_max_docs(eval_art, tmp_path):
     assert c["ppl_a"] == pytest.approx(c["ppl_b"])
     last = perplexity(eval_art, text, max_docs=2, last=True)
     assert last["docs"] == 2
+
+
+@pytest.mark.parametrize("memory", [None, 1], ids=["one-pass", "a-pass-each"])
+def test_compare_many_equals_each_compare(eval_art, tmp_path, memory):
+    """Several artifacts against one reference, scored in one pass over the reference (or a
+    pass each when memory allows only one at a time): the numbers of a compare() of each."""
+    from specport.passes.quant.apply import quantize_artifact
+
+    text = write_corpus(tmp_path / "t.txt", docs=4)
+    w4 = tmp_path / "w4"
+    quantize_artifact(eval_art, w4, scheme="w4a16", algo="rtn", group_size=16)
+    many = compare_many(eval_art, [w4, eval_art], text, memory=memory)
+    for other, got in zip([w4, eval_art], many):
+        assert got == pytest.approx(compare(eval_art, other, text), rel=1e-12)
+    assert many[1]["top1_agreement"] == 1.0 and many[0]["kl"] > 1e-6
+
+
+def test_compare_many_checks_every_path_first(eval_art, tmp_path):
+    text = write_corpus(tmp_path / "t.txt", docs=2)
+    with pytest.raises(InputError, match="missing"):
+        compare_many(eval_art, [eval_art, tmp_path / "missing"], text, memory=1)
 
 
 def test_bad_inputs(eval_art, tmp_path):
