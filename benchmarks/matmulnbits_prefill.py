@@ -28,6 +28,8 @@ CONFIGS: dict[str, tuple[int, int, int, bool] | None] = {
     "4-bit/64, int8": (4, 64, 4, False),
     "8-bit/64, int8": (8, 64, 4, False),
     "4-bit/32, zero points, fp32 (level 1)": (4, 32, 1, True),
+    "4-bit/32, fp32 (level 1)": (4, 32, 1, False),
+    "8-bit/64, fp32 (level 1)": (8, 64, 1, False),
 }
 
 
@@ -35,7 +37,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--rows", type=int, nargs="+", default=list(ROWS), help="the M values (prompt rows)"
+    )
     args = parser.parse_args()
+    rows = tuple(args.rows)
     sessions = {
         label: float_stack_session(args.threads)
         if cfg is None
@@ -43,12 +49,12 @@ def main() -> None:
         for label, cfg in CONFIGS.items()
     }
     print("load average", Path("/proc/loadavg").read_text().split()[:3])
-    times = time_rows(sessions, ROWS, args.rounds)
-    print("| weights | " + " | ".join(f"M = {m}" for m in ROWS) + " |")
-    print("|---|" + "---:|" * len(ROWS))
+    times = time_rows(sessions, rows, args.rounds)
+    print("| weights | " + " | ".join(f"M = {m}" for m in rows) + " |")
+    print("|---|" + "---:|" * len(rows))
     for label in CONFIGS:
         cells = []
-        for m in ROWS:
+        for m in rows:
             t = times[(label, m)]
             cells.append(f"{t * 1e3:.2f} ms ({2 * m * K * N * LAYERS / t / 1e9:.0f})")
         print(f"| {label} | " + " | ".join(cells) + " |")
