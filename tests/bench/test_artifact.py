@@ -70,6 +70,17 @@ def test_bench_json_end_to_end(tiny_fused, capsys):
     }
 
 
+def test_every_measured_run_reads_its_whole_prompt(tiny_fused):
+    """The generator keeps the KV of the prompt it last read, and a bench repeats one prompt:
+    each run must still read all of it (its TTFT and prefill tok/s stand beside peers that
+    do), not just the last token behind a cache hit."""
+    from specport.bench.artifact import specport_loader
+    from specport.bench.results import BenchConfig
+
+    once, _ = specport_loader(tiny_fused, [[5, 6, 7, 8, 9, 10]], BenchConfig(new_tokens=3))()
+    assert [once()["cached_prompt_tokens"] for _ in range(3)] == [0, 0, 0]
+
+
 def test_bench_several_batches_and_prompt_ids(tiny_fused, capsys):
     report = _bench_json(
         capsys,
