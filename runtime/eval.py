@@ -28,6 +28,7 @@ from specport.core.contract import prefill_feeds, with_causal_tree_mask
 from specport.core.documents import read_text_documents
 from specport.core.errors import InputError
 from specport.core.progress import track
+from specport.core.weight_size import model_weight_size
 from specport.runtime.kv.seq_cache import open_cache
 from specport.runtime.session import artifact_graph, artifact_session_entries
 
@@ -48,13 +49,12 @@ class _Model:
 def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
     """An artifact directory (manifest + tokenizer) or a bare .onnx next to a tokenizer.json."""
     p = Path(path)
-    onnx_path, tok = _model_files(p)
+    onnx_path, tok, m = _model_files(p)
     bos: int | None = None
     context: int | None = None
     entries: dict[str, str] = {}
     shared: Any = None
-    if p.is_dir():
-        m = read_manifest(p, check_hashes=False)
+    if m is not None:
         shared = m if m.kv.layout == "shared" else None
         graph, extra = artifact_graph(p, m, mtp_branch=False)  # scoring needs no MTP heads
         bos = m.config.get("bos_token_id")
@@ -74,10 +74,13 @@ def _open(path: PathLike, providers: list[str] | None = None) -> _Model:
     return _Model(sess, tok, bos, context, shared)
 
 
-def _model_files(p: Path) -> tuple[Path, Path]:
-    """(the graph, the tokenizer) of an artifact directory or of a bare .onnx file."""
+def _model_files(p: Path) -> tuple[Path, Path, Any]:
+    """(the graph, the tokenizer, the manifest or None) of an artifact directory or of a bare
+    .onnx file."""
+    m = None
     if p.is_dir():
-        onnx_path, tok_dir = p / read_manifest(p, check_hashes=False).model_file, p
+        m = read_manifest(p, check_hashes=False)
+        onnx_path, tok_dir = p / m.model_file, p
     elif p.suffix == ".onnx" and p.is_file():
         onnx_path, tok_dir = p, p.parent
     else:
@@ -87,7 +90,7 @@ def _model_files(p: Path) -> tuple[Path, Path]:
         raise InputError(
             f"no tokenizer.json beside {onnx_path}; evaluation needs the artifact's tokenizer"
         )
-    return onnx_path, tok
+    return onnx_path, tok, m
 
 
 def read_documents(
@@ -279,21 +282,10 @@ def _groups(others: list[PathLike], memory: int | None) -> list[list[int]]:
     groups: list[list[int]] = []
     used = 0
     for i, path in enumerate(others):
-        size = _files_size(Path(path))
+        size = model_weight_size(_model_files(Path(path))[0]).file_bytes  # graph + its data
         if not groups or (memory is not None and used + size > memory):
             groups.append([])
             used = 0
         groups[-1].append(i)
         used += size
     return groups
-
-
-def _files_size(path: Path) -> int:
-    """Bytes of an artifact's files (an .onnx file's, with its external data beside it)."""
-    if path.is_dir():
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    if path.is_file():
-        return path.stat().st_size + sum(
-            f.stat().st_size for f in path.parent.glob(path.name + "*") if f != path
-        )
-    return 0

@@ -64,6 +64,8 @@ def test_compare_many_equals_each_compare(eval_art, tmp_path, memory):
     many = compare_many(eval_art, [w4, eval_art], text, memory=memory)
     for other, got in zip([w4, eval_art], many):
         assert got == pytest.approx(compare(eval_art, other, text), rel=1e-12)
+        assert got["ppl_b"] == pytest.approx(perplexity(other, text)["ppl"], rel=1e-9)
+    assert many[0]["ppl_a"] == pytest.approx(perplexity(eval_art, text)["ppl"], rel=1e-9)
     assert many[1]["top1_agreement"] == 1.0 and many[0]["kl"] > 1e-6
 
 
