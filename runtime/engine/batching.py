@@ -749,6 +749,7 @@ class BatchingEngine(QueueIntake):
         )
         if job.spec is not None and self.spec is not None:
             row.proposer, row.verifier = job.spec.proposer, job.spec.verifier
+            row.proposer.share_target_kv(self.kv, job.row)  # rows move (compaction, preemption)
             if speculate:
                 room = min(job.budget - len(job.tokens) - 1, self.max_length - 1 - pos)
                 row.cap = min(self.spec.num_draft_of(job.spec), room)

@@ -73,13 +73,16 @@ class SharedKVCache:
         rows: int,
         max_length: int,
         small_pages: bool = False,
+        buffers: list[np.ndarray] | None = None,
     ) -> None:
-        """`small_pages`: buffers committed 4 KiB at a time as written (`kv.memory`)."""
+        """`small_pages`: buffers committed 4 KiB at a time as written (`kv.memory`);
+        `buffers`: existing per-layer arrays of this layout's shapes to run in (another
+        graph's cache rows), instead of allocating them."""
         if manifest.kv.layout != "shared":
             raise ArtifactError("the in-place KV cache needs a `shared` KV layout artifact.")
         self.session, self.manifest = session, manifest
         self.rows, self.max_length = rows, max_length
-        self.kv = SharedKV(manifest, rows, max_length, small_pages=small_pages)  # owns them
+        self.kv = SharedKV(manifest, rows, max_length, buffers=buffers, small_pages=small_pages)
         self.lengths = np.zeros(rows, dtype=np.int64)
         # positions of each row written since its pages were last released (what it commits)
         self.written = np.zeros(rows, dtype=np.int64)

@@ -69,6 +69,11 @@ class RowCache:
         """Forget positions past ``n``."""
         self.bound.keep(0, n)
 
+    def assume(self, n: int) -> None:
+        """Treat the first ``n`` positions as cached: another graph with the same KV shapes
+        wrote them into these buffers (a draft running in its target's cache)."""
+        self.bound.lengths[0] = n
+
     def keep_positions(self, index: np.ndarray) -> None:
         """Keep exactly these cached positions, in this order (a tree's accepted path)."""
         self.bound.keep_positions(0, index)

@@ -142,6 +142,12 @@ class Proposer(Protocol):
         the adaptive draft length (``target``: the target's manifest)."""
         ...
 
+    def share_target_kv(self, cache: Any, row: int) -> bool:
+        """The request decodes in row ``row`` of the target's KV ``cache`` (after ``start``):
+        a drafter whose layers have the target's KV shapes may read the target's cached
+        positions instead of computing its own; True when it does."""
+        ...
+
     def finish(self, answer: Sequence[int]) -> None:
         """The request ended with ``answer`` (a corpus-backed drafter may learn it)."""
         ...
@@ -168,6 +174,9 @@ class ProposerBase:
 
     def draft_cost(self, target: Any) -> float:
         return 0.0
+
+    def share_target_kv(self, cache: Any, row: int) -> bool:
+        return False
 
     def finish(self, answer: Sequence[int]) -> None:
         return None

@@ -7,6 +7,14 @@ some of its drafts), keeps that much of its cache (a length move on the shared l
 the rest of the context in one run and then drafts K tokens one run each. A self-draft (``specport export
 MODEL --layers N``: the first N layers of the target) is the cheapest way to get one.
 
+A draft whose KV has the target's shapes (the target quantized: ``specport quantize TARGET
+--scheme w4a8``) runs in the target's own cache row instead (``share_target_kv``): the
+positions the target has cached are its context, so it never reads the prompt (on a long
+prompt that prefill cost more than the drafts saved), holds no KV of its own, and drafts from
+the target's keys and values, not its own approximations of them. It writes its drafts' keys
+and values past the target's cached length, where the target's verify run then writes its
+own: the target only ever reads positions it wrote, so its tokens do not change.
+
 Greedy decoding drafts the argmax and carries no probabilities; when sampling, each draft is
 drawn from the draft's processed distribution q (same settings as the target's sampler) and q
 travels in ``Drafts.probs`` so rejection sampling stays lossless.
@@ -21,6 +29,7 @@ import numpy as np
 
 from specport.artifact.manifest import Manifest
 from specport.core.errors import InputError
+from specport.runtime.kv.seq_cache import RowCache, open_cache
 from specport.runtime.sampler import Sampler, SamplingConfig, sample_from_probs
 from specport.runtime.speculative.base import Drafts, ProposerBase
 
@@ -49,6 +58,7 @@ class DraftModelProposer(ProposerBase):
         self.session = session
         self.manifest = manifest
         self._bound: Any = None  # the shared layout's bound buffers, kept across resets
+        self._target: tuple[Any, int] | None = None  # (target KV cache, row) it drafts in
         self.sampler: Sampler | None = None
         self.rng = np.random.default_rng()
         self.reset()
@@ -88,12 +98,35 @@ class DraftModelProposer(ProposerBase):
         )
 
     def reset(self) -> None:
-        from specport.runtime.kv.seq_cache import open_cache
-
-        self.cache = open_cache(self.session, self.manifest, bound=self._bound)
-        self._bound = self.cache.bound
+        self.cache: RowCache | None = None  # opened at the first propose without a target's
+        if self._bound is not None:
+            self.cache = open_cache(self.session, self.manifest, bound=self._bound)
+        self._target = None
         self.tokens: list[int] = []  # the tokens whose keys/values ``cache`` holds
         self.caught_up = 0  # tokens of context the last propose fed before drafting
+
+    def share_target_kv(self, cache: Any, row: int) -> bool:
+        """Draft in row ``row`` of the target's shared-layout ``cache`` when this draft's
+        layers are the target's first ones (``first_layers_of``) with its KV shapes and
+        dtypes (module docstring); otherwise keep its own cache."""
+        from specport.core.errors import ArtifactError, ContextLengthError
+        from specport.runtime.kv.cache import SharedKVCache
+
+        if self._target is not None and self._target[0] is cache and self._target[1] == row:
+            return True  # a server asks every step: its rows may have moved
+        buffers = getattr(cache, "buffers", None)
+        if buffers is None or not first_layers_of(getattr(cache, "manifest", None), self.manifest):
+            return False
+        views = [b[row : row + 1] for b in buffers]
+        try:
+            kv = SharedKVCache(self.session, self.manifest, 1, cache.max_length, buffers=views)
+        except (ArtifactError, ContextLengthError) as exc:
+            logger.debug("the draft keeps its own KV: %s", exc)
+            return False
+        self.cache = RowCache(kv, cache.max_length)
+        self.tokens = []
+        self._target = (cache, row)
+        return True
 
     def behind(self, row: list[int]) -> int:
         """Tokens of ``row`` the draft would read before its first draft: all it has not read
@@ -102,7 +135,11 @@ class DraftModelProposer(ProposerBase):
 
     def _kept(self, row: list[int]) -> int:
         """Positions of its cache that still hold ``row``'s tokens: their common prefix, less
-        the last token, which must be fed again to get logits."""
+        the last token, which must be fed again to get logits (in the target's cache: the
+        positions the target holds, which are ``row``'s)."""
+        if self._target is not None:
+            cache, r = self._target
+            return min(int(cache.lengths[r]), len(row) - 1)
         n = min(len(self.tokens), len(row))
         if self.tokens[:n] == row[:n]:  # the usual case: one list comparison
             common = n
@@ -117,13 +154,22 @@ class DraftModelProposer(ProposerBase):
 
         row = [int(t) for t in context[0]]
         limit = context_limit(self.manifest)
+        if self._target is not None:  # the target's buffer: its drafts go past its length
+            limit = min(limit, int(self._target[0].max_length))
         room = limit - len(row)
         k = min(int(num_draft), room)
         if k <= 0 or not row:
             return Drafts.empty(1)
+        if self.cache is None:  # its own cache, its buffers kept for the next requests
+            self.cache = open_cache(self.session, self.manifest, bound=self._bound)
+            self._bound = self.cache.bound
         common = self._kept(row)
-        self.cache.keep(common)
-        self.tokens = self.tokens[:common]
+        if self._target is not None:
+            self.cache.assume(common)
+            self.tokens = row[:common]
+        else:
+            self.cache.keep(common)
+            self.tokens = self.tokens[:common]
         feed = row[common:]
         self.caught_up = len(feed)  # the context its first run fed (a prompt: a prefill)
         drafts: list[int] = []
@@ -143,6 +189,30 @@ class DraftModelProposer(ProposerBase):
                 break
         q_arr = np.stack(probs)[None] if probs else None  # [1, K, V]
         return Drafts.from_lists([drafts], q_arr)
+
+
+def source_of(manifest: Any) -> tuple[Any, ...]:
+    """What an artifact was exported from: its source path, the config's hash and the GGUF's
+    hash when there is one (quantize keeps the source record)."""
+    src = getattr(manifest, "source", None) or {}
+    return (src.get("config_sha256"), src.get("path"), (src.get("gguf") or {}).get("sha256"))
+
+
+def first_layers_of(target: Any, draft: Any) -> bool:
+    """Whether ``draft``'s layers are ``target``'s first ones, so the keys and values the
+    target caches are what the draft's own layers would compute (up to its quantization):
+    both exported from the same source, the draft with at most as many layers (quantized,
+    or cut with ``export --layers N``), both on the shared KV layout."""
+    if target is None or draft is None or not source_of(target)[0]:
+        return False
+    mine, theirs = ((getattr(m, "config", None) or {}).get("num_layers") for m in (draft, target))
+    return (
+        source_of(draft) == source_of(target)
+        and isinstance(mine, int)
+        and isinstance(theirs, int)
+        and mine <= theirs
+        and draft.kv.layout == target.kv.layout == "shared"
+    )
 
 
 def _bits_per_weight(manifest: Any) -> float:

@@ -218,6 +218,9 @@ class HybridProposer(ProposerBase):
     def draft_cost(self, target: Any) -> float:
         return 0.0  # priced per step by the hybrid itself
 
+    def share_target_kv(self, cache: Any, row: int) -> bool:
+        return self.model is not None and self.model.share_target_kv(cache, row)
+
     def finish(self, answer: Sequence[int]) -> None:
         self.suffix.finish(answer)
         if self.model is not None:
@@ -470,21 +473,14 @@ def _drafter(model: Any, draft_model: Any | None) -> tuple[Proposer | None, Any,
 
 
 def quantized_self(target: Any, draft: Any) -> bool:
-    """Whether `draft` is the target's own model quantized: the same source (the path it was
-    exported from, its config's hash, the GGUF's hash when there is one; quantize keeps the
-    source record) and as many layers, with a `quant` record."""
+    """Whether `draft` is the target's own model quantized: the same source (`source_of`) and
+    as many layers, with a `quant` record."""
+    from specport.runtime.speculative.draft import source_of
 
-    def ident(m: Any) -> tuple[Any, ...]:
-        src = getattr(m, "source", None) or {}
-        return (
-            src.get("config_sha256"),
-            src.get("path"),
-            (src.get("gguf") or {}).get("sha256"),
-            (getattr(m, "config", None) or {}).get("num_layers"),
-        )
-
+    layers = [(getattr(m, "config", None) or {}).get("num_layers") for m in (draft, target)]
     return (
         bool(getattr(draft, "quant", None))
-        and ident(draft) == ident(target)
-        and bool(ident(target)[0])
+        and source_of(draft) == source_of(target)
+        and layers[0] == layers[1]
+        and bool(source_of(target)[0])
     )

@@ -213,3 +213,67 @@ def test_mtp_draft_vocabulary_drafts_only_its_tokens_and_stays_exact(arts, tmp_p
             mtp, prompt, 20, "mtp", 2, None, SamplingConfig(), (), None
         )
         assert toks == plain
+
+
+def _drafting(monkeypatch, share: bool) -> list[tuple[int, bool]]:
+    """Record, at every draft-model propose, the context it fed before drafting and whether
+    its cache is the target's; ``share=False`` keeps every draft in its own cache."""
+    from specport.runtime.speculative.draft import DraftModelProposer
+
+    seen: list[tuple[int, bool]] = []
+    real = DraftModelProposer.propose
+
+    def propose(self, context, num_draft):
+        drafts = real(self, context, num_draft)
+        seen.append((self.caught_up, self._target is not None))
+        return drafts
+
+    monkeypatch.setattr(DraftModelProposer, "propose", propose)
+    if not share:
+        monkeypatch.setattr(DraftModelProposer, "share_target_kv", lambda self, cache, row: False)
+    return seen
+
+
+def test_a_draft_cut_from_the_target_drafts_in_the_targets_cache(arts, monkeypatch):
+    """A draft made of the target's first layers runs in the target's KV row: it never reads
+    the prompt (one or two tokens per propose, the bonus and its last draft), holds no KV of
+    its own, and drafts what it drafts reading everything itself (same accepted counts)."""
+    model, draft = arts["shared"], arts["draft"]
+    runs = {}
+    for share in (True, False):
+        with monkeypatch.context() as patch:
+            seen = _drafting(patch, share)
+            for ids in _prompts(6, seed=2):
+                plain = model.generate(prompt_ids=ids, max_new_tokens=20, ignore_eos=True).tokens
+                toks, _, metrics = generate_speculative(
+                    model, ids, 20, "draft", 3, draft, SamplingConfig(), (), None, False
+                )
+                assert toks == plain, (share, ids)
+                spec = metrics["speculative"]
+                runs.setdefault(share, []).append((spec["drafted"], spec["accepted"]))
+        assert seen and all(shared == share for _, shared in seen)
+        if share:
+            assert max(fed for fed, _ in seen) <= 2  # the prompt was never fed to the draft
+        else:
+            assert max(fed for fed, _ in seen) > 2  # its own cache: it read the prompt
+    assert runs[True] == runs[False]
+
+
+def test_a_draft_from_another_source_keeps_its_own_cache(arts):
+    import dataclasses
+
+    from specport.runtime.kv.cache import open_kv_cache
+    from specport.runtime.speculative.draft import DraftModelProposer, first_layers_of
+
+    model, draft = arts["shared"], arts["draft"]
+    target = open_kv_cache(model.session, model.manifest, 1, MAX_LENGTH)
+    assert first_layers_of(model.manifest, draft.manifest)
+    assert not first_layers_of(draft.manifest, model.manifest)  # more layers than its target
+    assert not first_layers_of(arts["concat"].manifest, draft.manifest)  # no buffers to share
+    other = dataclasses.replace(draft.manifest, source={**draft.manifest.source, "path": "/x"})
+    proposer = DraftModelProposer(draft.session, other, model.manifest.vocab_size)
+    assert not first_layers_of(model.manifest, other)
+    assert proposer.share_target_kv(target, 0) is False
+    own = DraftModelProposer(draft.session, draft.manifest, model.manifest.vocab_size)
+    assert own.share_target_kv(target, 0) is True
+    assert all(np.shares_memory(a, b) for a, b in zip(own.cache.bound.buffers, target.buffers))
