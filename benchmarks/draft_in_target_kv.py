@@ -135,15 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         "--num-draft", type=int, default=None, help="drafts per step, fixed (default: adaptive)"
     )
     args = parser.parse_args(argv)
-    rows = measure(
-        args.target,
-        args.draft,
-        args.prompts,
-        args.limit,
-        args.rounds,
-        args.new_tokens,
-        args.threads,
-    )
+    import specport
+    from specport.bench.prompt_sets import PromptFileChoice, file_prompts, read_choice
+
+    records, _ = read_choice(PromptFileChoice(args.prompts, limit=args.limit))
+    model = specport.load(args.target, threads=args.threads)
+    drafter = specport.load(args.draft, threads=args.threads)
+    chosen, _ = file_prompts(model, model, records, args.new_tokens)
+    rows = measure(model, drafter, chosen, args.rounds, args.new_tokens, args.num_draft)
     print(table(rows))
     return 0
 
