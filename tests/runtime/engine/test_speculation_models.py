@@ -41,8 +41,25 @@ def arts(tmp_path_factory) -> dict[str, object]:
     return out
 
 
+@pytest.fixture
+def draft_reads(monkeypatch) -> list[tuple[int, int | None]]:
+    """(tokens the draft read before drafting, the target row it drafted in) per propose."""
+    from specport.runtime.speculative.draft import DraftModelProposer
+
+    seen: list[tuple[int, int | None]] = []
+    real = DraftModelProposer.propose
+
+    def propose(self, context, num_draft):
+        drafts = real(self, context, num_draft)
+        seen.append((self.caught_up, None if self._target is None else self._target[1]))
+        return drafts
+
+    monkeypatch.setattr(DraftModelProposer, "propose", propose)
+    return seen
+
+
 @pytest.mark.parametrize("method", ["draft", "mtp"])
-def test_model_proposers_staggered_and_cancelled_equal_plain_greedy(arts, method):
+def test_model_proposers_staggered_and_cancelled_equal_plain_greedy(arts, method, draft_reads):
     model = arts["mtp"] if method == "mtp" else arts["target"]
     want = [
         model.generate(prompt_ids=p, max_new_tokens=n, ignore_eos=True).tokens  # type: ignore[attr-defined]
@@ -67,6 +84,10 @@ def test_model_proposers_staggered_and_cancelled_equal_plain_greedy(arts, method
         stats = eng.stats()
         assert stats["errors"] == 0 and stats["spec_draft_tokens"] > 0
         assert 0 <= stats["spec_accepted_tokens"] <= stats["spec_draft_tokens"]
+        if method == "draft":  # cut from the target: it drafts in its request's own KV row
+            # (rebound each step, as rows move) and never reads a prompt
+            assert draft_reads and all(row is not None for _, row in draft_reads)
+            assert max(read for read, _ in draft_reads) == 1
     finally:
         eng.close()
 
