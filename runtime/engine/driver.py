@@ -152,7 +152,7 @@ def generate_rows(
         proposer = make_proposer() if make_proposer is not None else None
         if proposer is not None:
             proposer.start(sampling, stream=r, budget=budgets[r])  # independent (seeded) rows
-            proposer.share_target_kv(cache, r)  # a draft with the target's KV shapes runs in it
+            proposer.share_target_kv(cache, r)  # a draft cut or quantized from it: in its KV
         proposers.append(proposer)
     first = proposers[0]
     graph = None  # an MTP branch's own verdict (a tree-mask graph's branch is not used)

@@ -143,9 +143,10 @@ class Proposer(Protocol):
         ...
 
     def share_target_kv(self, cache: Any, row: int) -> bool:
-        """The request decodes in row ``row`` of the target's KV ``cache`` (after ``start``):
-        a drafter whose layers have the target's KV shapes may read the target's cached
-        positions instead of computing its own; True when it does."""
+        """The request decodes in row ``row`` of the target's KV ``cache`` (after ``start``,
+        and again whenever the row may have moved): a drafter whose layers are the target's
+        first ones (cut or quantized from it) may read the target's cached positions instead
+        of computing its own; True when it does."""
         ...
 
     def finish(self, answer: Sequence[int]) -> None:

@@ -89,8 +89,7 @@ class DraftModelProposer(ProposerBase):
         for its float self at about a quarter of the bytes (SmolLM2: 8.5 of 32 bits per
         weight; measured 0.35-0.45 of an fp32 step on AVX2, the int8 kernels being
         compute-bound there)."""
-        mine = (self.manifest.config or {}).get("num_layers")
-        theirs = (getattr(target, "config", None) or {}).get("num_layers")
+        mine, theirs = num_layers(self.manifest), num_layers(target)
         if not mine or not theirs:
             return 0.0
         return (
@@ -205,14 +204,20 @@ def first_layers_of(target: Any, draft: Any) -> bool:
     or cut with ``export --layers N``), both on the shared KV layout."""
     if target is None or draft is None or not source_of(target)[0]:
         return False
-    mine, theirs = ((getattr(m, "config", None) or {}).get("num_layers") for m in (draft, target))
+    mine, theirs = num_layers(draft), num_layers(target)
     return (
         source_of(draft) == source_of(target)
-        and isinstance(mine, int)
-        and isinstance(theirs, int)
+        and mine is not None
+        and theirs is not None
         and mine <= theirs
         and draft.kv.layout == target.kv.layout == "shared"
     )
+
+
+def num_layers(manifest: Any) -> int | None:
+    """The decoder layers an artifact runs (its config's ``num_layers``), None when unknown."""
+    n = (getattr(manifest, "config", None) or {}).get("num_layers")
+    return n if isinstance(n, int) else None
 
 
 def _bits_per_weight(manifest: Any) -> float:

@@ -475,12 +475,11 @@ def _drafter(model: Any, draft_model: Any | None) -> tuple[Proposer | None, Any,
 def quantized_self(target: Any, draft: Any) -> bool:
     """Whether `draft` is the target's own model quantized: the same source (`source_of`) and
     as many layers, with a `quant` record."""
-    from specport.runtime.speculative.draft import source_of
+    from specport.runtime.speculative.draft import num_layers, source_of
 
-    layers = [(getattr(m, "config", None) or {}).get("num_layers") for m in (draft, target)]
     return (
         bool(getattr(draft, "quant", None))
         and source_of(draft) == source_of(target)
-        and layers[0] == layers[1]
+        and num_layers(draft) == num_layers(target)
         and bool(source_of(target)[0])
     )
