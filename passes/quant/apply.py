@@ -46,6 +46,7 @@ from specport.artifact.manifest import (
     read_manifest,
 )
 from specport.core.errors import QuantizationError
+from specport.core.options import option
 from specport.core.weight_size import artifact_weight_size, model_weight_size
 from specport.passes.base import PassResult
 from specport.passes.mtp_graphs import write_mtp_graphs
@@ -79,7 +80,7 @@ from specport.passes.quant.vocab_split import (
     split_report,
     split_tied_head,
 )
-from specport.passes.quant.w8a8 import QuantizeW8A8Pass
+from specport.passes.quant.w8a8 import QuantizeW8A8Pass, kv_values_of
 from specport.passes.quant.weight_only import QuantizeWeightsNBitsPass
 
 logger = logging.getLogger(__name__)
@@ -133,6 +134,7 @@ def quantize_artifact(
     mixture: str | None = None,
     exact_speculation: bool = False,
     frequent_head_rows: int | None = None,
+    keep_kv_values: bool = False,
 ) -> Manifest:
     """Quantize artifact `src` into a new artifact `out`; returns the new manifest.
 
@@ -155,12 +157,20 @@ def quantize_artifact(
     the rest is planned by a budget, or 4-bit without one. None: a budget's planner chooses
     how many, 0 for a whole head, by token-frequency-weighted error (passes/quant/head_rows.py),
     and without a budget the head stays whole; 0: never split.
+    `keep_kv_values` (w8a8): no SmoothQuant scale goes into the value projection, so the KV
+    cache holds the source model's values (`quant.kv_values`: "source"), as a draft that
+    drafts in its float target's cache needs (runtime/speculative/draft.py).
     """
     src_p, out_p = Path(src), Path(out)
     target_bpw = check_budget_options(
         scheme, algo, form, mixed_precision, lm_head_bits, embedding_bits, bits_per_weight, mixture
     )
     check_frequent_head_rows(frequent_head_rows, scheme, target_bpw, lm_head_bits)
+    if keep_kv_values and scheme != "w8a8":
+        raise QuantizationError(
+            f"{option('keep_kv_values')} is a w8a8 option (only its SmoothQuant folds change "
+            f"the cached values); {scheme} keeps the source model's KV values already"
+        )
     if group_size is None:
         group_size = default_group_size(scheme, exact_speculation)
     if target_bpw is not None:
@@ -298,7 +308,11 @@ def quantize_artifact(
                 assert stats is not None
                 passes.append(
                     QuantizeW8A8Pass(
-                        stats, lm_head_bits=int(lm_head_bits), group_size=group_size, form=form
+                        stats,
+                        lm_head_bits=int(lm_head_bits),
+                        group_size=group_size,
+                        form=form,
+                        keep_kv_values=keep_kv_values,
                     )
                 )
             else:
@@ -393,6 +407,7 @@ def quantize_artifact(
             "symmetric": symmetric,
             "embedding_bits": embedding_bits,
             "mixed_precision": mixed_precision,
+            "kv_values": kv_values_of(reports),
             **({"token_exact_speculation": exact} if exact is not None else {}),
             "layers": {
                 k: v.get("bits") if isinstance(v, dict) else v for k, v in per_layer.items()

@@ -116,12 +116,14 @@ def _fold_into_norm(graph: ir.Graph, norm: ir.Node, idx: int, s: np.ndarray) -> 
 class _Producer:
     """Where x / s can be folded: x's channel j scales with column `columns[j]` of `weight`
     (and of `bias`), the weight that makes x's linear factor. `tie` makes s equal on
-    channels that share a column."""
+    channels that share a column. `cached`: the columns are the attention's values, which the
+    KV cache holds, so a fold changes what the cache holds."""
 
     weight: ir.Value
     bias: ir.Value | None
     columns: np.ndarray
     tie: Callable[[np.ndarray], np.ndarray] | None = None
+    cached: bool = False
 
 
 def _linear_producer(x: ir.Value, sites: list[WeightSite]) -> _Producer | None:
@@ -173,7 +175,7 @@ def _linear_producer(x: ir.Value, sites: list[WeightSite]) -> _Producer | None:
             m = v.reshape(kv_heads, group, dim).max(axis=1, keepdims=True)
             return np.repeat(m, group, axis=1).reshape(-1)
 
-        return _Producer(weight, bias, columns, tie)
+        return _Producer(weight, bias, columns, tie, cached=True)
     return None
 
 
@@ -300,10 +302,17 @@ class QuantizeW8A8Pass(Pass):
         group_size: int = 64,
         alphas: tuple[float, ...] = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
         form: str = "matmulnbits",
+        keep_kv_values: bool = False,
     ) -> None:
+        """`keep_kv_values`: leave unsmoothed the activations whose smoothing could only go
+        into the value projection (the attention output), so the KV cache holds the float
+        model's values; a draft that drafts in its float target's cache needs that
+        (runtime/speculative/draft.py). Costs no run time (no Mul); those projections are
+        quantized without SmoothQuant."""
         if form not in FORMS:
             raise QuantizationError(f"unknown W8A8 form {form!r}; choose one of {', '.join(FORMS)}")
         self.stats, self.smooth, self.lm_head_bits = stats, smooth, lm_head_bits
+        self.keep_kv_values = keep_kv_values
         self.group_size, self.alphas, self.form = group_size, alphas, form
         # Emits MatMulNBits nodes (the int8-activation body in `matmulnbits` form, and the head).
         self._nbits = QuantizeWeightsNBitsPass(8, group_size, "rtn", accuracy_level=4)
@@ -326,6 +335,7 @@ class QuantizeW8A8Pass(Pass):
                 groups.setdefault(site.x.name or "", []).append(site)
         layers: dict[str, Any] = {}
         counts = {"folded into norm": 0, "folded into producer": 0, "explicit Mul": 0}
+        into_values = kept_values = 0
         packed_groups = 0
         order = list(groups.items())
         folds = _fold_targets(order)
@@ -340,7 +350,11 @@ class QuantizeW8A8Pass(Pass):
         for i, (xname, sites) in enumerate(track(order, "quantizing weights (w8a8)")):
             norm, producer, target = folds[i]
             plan = _GroupPlan(xname, sites, sites[0].x, [site.weight_array() for site in sites])
-            if self.smooth:
+            keeps_values = (
+                self.keep_kv_values and norm is None and producer is not None and producer.cached
+            )
+            kept_values += keeps_values
+            if self.smooth and not keeps_values:
                 plan.alpha, plan.s, plan.err = SQ.search_smoothquant(
                     self.stats[xname].rows_sample(),
                     plan.weights,
@@ -360,6 +374,7 @@ class QuantizeW8A8Pass(Pass):
                         producer, owner.weights[target[1]], plan.s
                     )
                     plan.how = "folded into producer"
+                    into_values += producer.cached
                 else:
                     plan.x = self._divide(graph, xname, sites[0], plan.s)
                     plan.how = "explicit Mul"
@@ -405,6 +420,8 @@ class QuantizeW8A8Pass(Pass):
             "smoothing_folded": counts["folded into norm"],
             "smoothing_into_producer": counts["folded into producer"],
             "smoothing_explicit": counts["explicit Mul"],
+            "smoothing_into_values": into_values,
+            "unsmoothed_for_kv": kept_values,
             "packed_groups": packed_groups,
             "layers": layers,
         }
@@ -499,3 +516,13 @@ class QuantizeW8A8Pass(Pass):
         )
         mm = ir.node("MatMul", [xq, dqw.outputs[0]], name=f"{site.name}/MatMul")
         replace_node(graph, site.node, [dqw, mm], mm.outputs[0])
+
+
+def kv_values_of(reports: list[dict[str, Any]]) -> str:
+    """What a quantized artifact's KV cache holds, for the manifest's `quant.kv_values`:
+    "smoothed" when a W8A8 pass folded SmoothQuant scales into the value projection (the
+    cached values are the source's divided by them), else "source"."""
+    folded = sum(
+        int(r.get("smoothing_into_values", 0)) for r in reports if r.get("name") == "quantize_w8a8"
+    )
+    return "smoothed" if folded else "source"

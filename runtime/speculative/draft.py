@@ -201,7 +201,8 @@ def first_layers_of(target: Any, draft: Any) -> bool:
     """Whether ``draft``'s layers are ``target``'s first ones, so the keys and values the
     target caches are what the draft's own layers would compute (up to its quantization):
     both exported from the same source, the draft with at most as many layers (quantized,
-    or cut with ``export --layers N``), both on the shared KV layout."""
+    or cut with ``export --layers N``), both on the shared KV layout, both caching the source
+    model's float values (`cached_values`)."""
     if target is None or draft is None or not source_of(target)[0]:
         return False
     mine, theirs = num_layers(draft), num_layers(target)
@@ -211,7 +212,24 @@ def first_layers_of(target: Any, draft: Any) -> bool:
         and theirs is not None
         and mine <= theirs
         and draft.kv.layout == target.kv.layout == "shared"
+        and draft.kv.dtype == target.kv.dtype
+        and cached_values(draft) == cached_values(target) == "source"
     )
+
+
+def cached_values(manifest: Any) -> str:
+    """What an artifact's KV cache holds: "source" (the float model's keys and values, in
+    float), "smoothed" (W8A8 with SmoothQuant scales folded into the value projection: the
+    values divided by them; `quantize --keep-kv-values` avoids it) or "int8" (a quantized
+    cache, with its own scales). Only "source" caches can be shared between two artifacts.
+    W8A8 files made before the manifest said count as smoothed."""
+    kv = getattr(manifest, "kv", None)
+    dtypes = {getattr(kv, "dtype", "float32"), *(getattr(kv, "layer_dtypes", None) or [])}
+    if dtypes - {"float32", "float16", "bfloat16"}:
+        return "int8"
+    quant = getattr(manifest, "quant", None) or {}
+    default = "smoothed" if quant.get("scheme") == "w8a8" else "source"
+    return str(quant.get("kv_values", default))
 
 
 def num_layers(manifest: Any) -> int | None:

@@ -119,6 +119,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "AVX2; --group-size 16 makes a file exact on both)",
     )
     p.add_argument(
+        "--keep-kv-values",
+        action="store_true",
+        help="w8a8: fold no SmoothQuant scale into the value projection, so the KV cache holds "
+        "the source model's values and the file can draft in its float target's cache "
+        "(`--speculative draft --draft FILE`); no run-time cost",
+    )
+    p.add_argument(
         "--symmetric",
         action="store_true",
         help="symmetric 4-bit weights (no zero points): onnxruntime's int8-activation CPU kernel "
@@ -199,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         float_zero=args.float_zero,
         symmetric=args.symmetric,
         exact_speculation=args.exact_speculation,
+        keep_kv_values=args.keep_kv_values,
         frequent_head_rows=args.frequent_head_rows,
         embedding_bits=args.embedding_bits,
         form=args.form,

@@ -105,3 +105,46 @@ def test_tied_smoothing_is_equal_within_each_tie():
     )
     assert alpha is not None and s is not None
     assert np.all(s[:4] == s[0]) and np.all(s[4:] == s[4])
+
+
+def _cached(artifact, ids: list[int]) -> list[np.ndarray]:
+    """The keys and values a prefill of `ids` caches, per layer (manifest order)."""
+    import specport
+    from specport.runtime.kv.seq_cache import open_cache
+
+    model = specport.load(artifact, threads=1)
+    cache = open_cache(model.session, model.manifest, 32)
+    cache.step(ids)
+    return [b[0, :, : len(ids)].copy() for b in cache.bound.buffers]
+
+
+def test_keep_kv_values_leaves_the_cache_holding_the_source_values(tiny_zoo, calib_text, tmp_path):
+    """The output projection's smoothing folded into the value columns divides what the KV
+    cache holds by it; `keep_kv_values` leaves those values as the float model's (up to 8-bit
+    rounding), so a W8A8 draft can draft in its float target's cache, and the manifest says
+    which the cache holds."""
+    from specport import quantize
+    from specport.core.errors import QuantizationError
+    from tests.passes.quant._tiny import with_tokenizer
+
+    src = with_tokenizer(tiny_zoo.shared("llama"), tmp_path / "src")
+    ids = list(range(3, 15))
+    reference = _cached(src, ids)
+    values = slice(1, None, 2)  # keys and values alternate
+    error, said = {}, {}
+    for keep in (False, True):
+        out = tmp_path / f"w8-{keep}"
+        manifest = quantize(src, out, scheme="w8a8", calib_files=[calib_text], keep_kv_values=keep)
+        said[keep] = manifest.quant["kv_values"]
+        report = next(p for p in manifest.passes if p["name"] == "quantize_w8a8")
+        assert (report["smoothing_into_values"] == 0) == keep
+        assert (report["unsmoothed_for_kv"] > 0) == keep
+        got = _cached(out, ids)
+        error[keep] = max(
+            float(np.abs(a - r).max() / np.abs(r).max())
+            for a, r in zip(got[values], reference[values])
+        )
+    assert said == {False: "smoothed", True: "source"}
+    assert error[True] < 0.05 and error[False] > 4 * error[True], error
+    with pytest.raises(QuantizationError, match="w8a8 option"):
+        quantize(src, tmp_path / "w4", scheme="w4a8", keep_kv_values=True)
