@@ -19,6 +19,7 @@ from specport.core.options import option
 from specport.loaded import LoadedArtifact
 from specport.plain_calls import plain_batch
 from specport.results import GenerationResult
+from specport.self_draft import ensure_self_draft, is_self
 from specport.speculative_calls import speculative_batch, speculative_one
 from specport.text_stream import TextStream
 
@@ -31,9 +32,12 @@ class Model(LoadedArtifact):
         """The draft model for speculative="draft": a path is loaded once, on this model's
         provider, threads and spinning: opened with defaults it took a pool of one thread per
         core beside the target's, so a target given 4 of 8 cores drafted on 8. The runtime's
-        engines call this rather than load an artifact themselves."""
+        engines call this rather than load an artifact themselves. "self": the target's own
+        4-bit file, made once and cached (`specport.self_draft`)."""
         if not isinstance(draft, (str, os.PathLike)):
             return draft
+        if is_self(draft):
+            draft = ensure_self_draft(self.path, self.manifest)
         config = self.session_config
         if config is None:
             return Model.open(draft, provider=self.provider)

@@ -104,7 +104,11 @@ def add_speculative_options(
         default=num_draft_default,
         help=f"draft tokens per step with --speculative (default: {default_text})",
     )
-    p.add_argument("--draft", help="draft artifact for --speculative draft (same vocabulary)")
+    p.add_argument(
+        "--draft",
+        help="draft artifact for --speculative draft (same vocabulary), or self: the target's "
+        "own 4-bit file, made on first use and cached",
+    )
     add_suffix_corpus_option(p)
 
 

@@ -104,7 +104,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     spec.add_argument(
         "--draft",
         help="draft artifact for --speculative draft, and auto's model drafter (e.g. the "
-        "artifact quantized: `specport quantize A --scheme w4a8`)",
+        "artifact quantized: `specport quantize A --scheme w4a8`), or self: the target's own "
+        "4-bit file, made on first use and cached",
     )
     add_suffix_corpus_option(spec)
     spec.add_argument(

@@ -18,7 +18,6 @@ import argparse
 import sys
 from typing import Any
 
-import specport
 from specport.commands._args import (
     add_runtime_options,
     add_sampling_options,
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     options = generation_options(args, sampling)
     options["tree_width"] = args.tree_width
     if args.draft:  # loaded once, not per turn
-        options["draft"] = specport.load(args.draft, provider=model.provider, threads=args.threads)
+        options["draft"] = model.draft_model(args.draft)  # on the target's provider and threads
     recorder = start_recording(model, args, record_largest)
     try:
         with line_reader() as reader:

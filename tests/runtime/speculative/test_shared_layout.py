@@ -307,3 +307,34 @@ def test_a_draft_whose_cache_holds_other_values_keeps_its_own(arts):
         assert proposer.share_target_kv(target, 0) is False, why
     assert first_layers_of(model.manifest, variant(scheme="w8a8", kv_values="source"))
     assert first_layers_of(model.manifest, variant(scheme="w4a8"))
+
+
+def test_draft_self_is_made_once_kept_and_drafts_in_the_targets_cache(arts, tmp_path, monkeypatch):
+    """`draft="self"`: the target's own 4-bit file, quantized on first use into the cache
+    folder (never beside the target), reused after, drafting in the target's KV cache; a
+    target it cannot be made from is refused before any work."""
+    from specport.core.errors import InputError
+    from specport.runtime.speculative.draft import first_layers_of
+
+    monkeypatch.setenv("SPECPORT_CACHE", str(tmp_path))
+    model = arts["shared"]
+    before = sorted(p.name for p in model.path.iterdir())
+    draft = model.draft_model("self")
+    assert draft.path.parent == tmp_path / "drafts"
+    assert draft.manifest.quant["scheme"] == "w4a8" and draft.manifest.quant["float_zero_points"]
+    assert first_layers_of(model.manifest, draft.manifest)
+    made = (draft.path / "specport.json").stat().st_mtime_ns
+    assert model.draft_model("self").path == draft.path
+    assert (draft.path / "specport.json").stat().st_mtime_ns == made  # not made again
+    assert [p.name for p in (tmp_path / "drafts").iterdir()] == [draft.path.name]
+    assert sorted(p.name for p in model.path.iterdir()) == before
+    for ids in _prompts(4, seed=3):
+        plain = model.generate(prompt_ids=ids, max_new_tokens=16, ignore_eos=True).tokens
+        spec = model.generate(
+            prompt_ids=ids, max_new_tokens=16, ignore_eos=True, speculative="draft", draft="self"
+        )
+        assert spec.tokens == plain, ids
+    with pytest.raises(InputError, match="already w4a8"):
+        draft.draft_model("self")
+    with pytest.raises(InputError, match="shared"):
+        arts["concat"].draft_model("self")
