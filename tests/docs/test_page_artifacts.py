@@ -97,7 +97,7 @@ def reads_and_makes(cmd: Command) -> tuple[list[str], list[str]]:
     reads = rest if count is None else rest[:count]
     if sub == "export" and rest and not HUB_ID.fullmatch(rest[0]):
         reads.append(rest[0])  # a local source: ../shared, or made above (a hub id is fetched)
-    reads += _values(args, "--draft")
+    reads += [v for v in _values(args, "--draft") if v != "self"]  # self: made by the command
     reads += [p[len(_PEER) :] for p in _values(args, "--peer") if p.startswith(_PEER)]
     if sub == "loadtest":
         reads += _values(args, "--artifact")
