@@ -19,6 +19,7 @@ from specport.commands._args import (
 )
 from specport.core.errors import SpecportError, UsageError
 from specport.generation_args import METHODS
+from specport.self_draft import ensure_self_draft, is_self
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -327,7 +328,7 @@ def _run_speculative(args: argparse.Namespace) -> int:
         methods=list(dict.fromkeys(args.speculative or [])),
         num_draft=_num_draft(args),
         auto_num_draft=args.num_draft,  # not given: auto's own default, as generate runs it
-        draft=args.draft,
+        draft=_draft(args),
         prompts=args.prompt,
         prompt_ids=[parse_ids(args.prompt_ids)] if args.prompt_ids else [],
         prompt_set=args.prompt_set or "story",
@@ -501,6 +502,19 @@ def _run_engine_speculative(args: argparse.Namespace, requests: int) -> dict[str
         suffix_corpus=args.suffix_corpus,
     )
     return dict(run_spec_engine_bench(args.artifact, config))
+
+
+def _draft(args: argparse.Namespace) -> str | None:
+    """--draft as a folder: `self` is made (or found) here, so every engine and peer that
+    drafts with it (OpenVINO GenAI's `+draft` reads the folder's source) gets the same file."""
+    if not is_self(args.draft):
+        return args.draft
+    from pathlib import Path
+
+    from specport.artifact.manifest import read_manifest
+
+    target = Path(args.artifact)
+    return str(ensure_self_draft(target, read_manifest(target, check_hashes=False)))
 
 
 def _emit(args: argparse.Namespace, report: Any, table: Callable[[Any], str]) -> int:

@@ -354,6 +354,9 @@ def test_options_that_do_not_fit_the_artifact(cli, tiny_llama_artifact):
     assert code == 1 and "generate --prompt" in _one_line_error(err)
     code, _, err = cli("generate", a, "--chat", "hi")
     assert code == 1 and "--prompt" in _one_line_error(err)
+    for command in (("generate", a, "--prompt-ids", "1,2"), ("bench", a)):  # a concat export
+        code, _, err = cli(*command, "--speculative", "draft", "--draft", "self")
+        assert code in (1, 2) and "--kv-layout shared" in _one_line_error(err), command
 
 
 # ---- 9b. an artifact copied with hard links (`cp -al`): onnx_ir will not read its weights --
