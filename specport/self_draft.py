@@ -41,10 +41,17 @@ def is_self(draft: object) -> bool:
 
 def self_draft_dir(target: Path, manifest: Manifest) -> Path:
     """Where the self draft of `target` lives: the cache's drafts folder, named after the
-    target's folder and keyed by its weight files' hashes and the recipe."""
-    files = manifest.files or {}
+    target's folder and keyed by its files' hashes (an artifact whose manifest lists none:
+    its path and its files' sizes and times) and the recipe."""
+    files: Any = sorted((manifest.files or {}).items())
+    if not files:
+        files = [str(target.resolve())] + [
+            [f.name, f.stat().st_size, f.stat().st_mtime_ns]
+            for f in sorted(target.iterdir())
+            if f.is_file()
+        ]
     key = json.dumps(
-        {"files": sorted(files.items()), "recipe": RECIPE, "version": RECIPE_VERSION},
+        {"files": files, "recipe": RECIPE, "version": RECIPE_VERSION},
         sort_keys=True,
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
