@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specport.artifact.manifest import MANIFEST_NAME, Manifest
-from specport.core.errors import InputError
+from specport.core.errors import InputError, OutputError
 from specport.core.options import option
 from specport.core.settings import cache_dir
 
@@ -89,7 +89,13 @@ def ensure_self_draft(target: Path, manifest: Manifest) -> Path:
     from specport.core.progress import stage_callback
     from specport.passes.quant.apply import quantize_artifact
 
-    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(
+            f"{option('draft', SELF)} keeps its draft under {final.parent}, which cannot be "
+            f"made ({exc.strerror}); set SPECPORT_CACHE to a writable folder"
+        ) from exc
     building = final.with_name(f".{final.name}.building-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
     logger.warning("making the self draft once (%s), kept in %s", RECIPE, final)

@@ -59,6 +59,7 @@ class DraftModelProposer(ProposerBase):
         self.manifest = manifest
         self._bound: Any = None  # the shared layout's bound buffers, kept across resets
         self._target: tuple[Any, int] | None = None  # (target KV cache, row) it drafts in
+        self._verdict: tuple[Any, bool] | None = None  # (target manifest, first_layers_of)
         self.sampler: Sampler | None = None
         self.rng = np.random.default_rng()
         self.reset()
@@ -114,7 +115,10 @@ class DraftModelProposer(ProposerBase):
         if self._target is not None and self._target[0] is cache and self._target[1] == row:
             return True  # a server asks every step: its rows may have moved
         buffers = getattr(cache, "buffers", None)
-        if buffers is None or not first_layers_of(getattr(cache, "manifest", None), self.manifest):
+        target = getattr(cache, "manifest", None)
+        if self._verdict is None or self._verdict[0] is not target:  # once per target
+            self._verdict = (target, first_layers_of(target, self.manifest))
+        if buffers is None or not self._verdict[1]:
             return False
         views = [b[row : row + 1] for b in buffers]
         try:
