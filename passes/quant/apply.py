@@ -6,7 +6,8 @@ Schemes:
   w8a16  8-bit blockwise weights, MatMulNBits
   w8a8   int8 weights + int8 activations, SmoothQuant; form matmulnbits (default: MatMulNBits
          8-bit blocks of 64, accuracy_level 4, dynamic per-row-and-block activations), dynamic
-         (DynamicQuantizeMatMul) or qdq (static per-tensor activations)
+         (DynamicQuantizeMatMul) or qdq (static per-tensor activations); without calibration
+         text, matmulnbits round-to-nearest with no SmoothQuant (what llama.cpp's Q8_0 needs)
 The int8-activation schemes record whether the graph is row-invariant (a verify run computes
 each token as a one-token step does, so greedy speculation keeps plain greedy's tokens:
 `quant.token_exact_speculation`, passes/quant/row_invariance.py); `exact_speculation` makes it
@@ -305,7 +306,8 @@ def quantize_artifact(
                 args = (model_path, manifest, src_p, calib_files, bits, group_size)
                 passes.append(npu_qdq_pass(*args, max_docs=calib_docs, progress=progress))
             elif scheme == "w8a8":
-                assert stats is not None
+                if stats is None:
+                    logger.info("no calibration text: 8-bit round-to-nearest, no SmoothQuant")
                 passes.append(
                     QuantizeW8A8Pass(
                         stats,

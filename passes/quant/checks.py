@@ -111,11 +111,15 @@ def check_weight_options(
         raise QuantizationError(f"group size {group_size} is not supported; use 32, 64 or 128")
     if mixed not in ("auto", "off"):
         raise QuantizationError(f"{option('mixed_precision')} must be auto or off, not {mixed!r}")
-    needs = (scheme == "w8a8" or algo in NEEDS_CALIB or mixed == "auto") and form != "npu"
+    # w8a8 in the matmulnbits form quantizes activations at run time: without text it is
+    # round-to-nearest with no SmoothQuant; its other forms need static activation ranges
+    w8a8_static = scheme == "w8a8" and form != "matmulnbits"
+    weight_algo = scheme != "w8a8" and algo in NEEDS_CALIB  # w8a8's weights are always RTN
+    needs = (w8a8_static or weight_algo or mixed == "auto") and form != "npu"
     if needs and not calib_files:
         what = (
-            "w8a8 (static activation ranges)"
-            if scheme == "w8a8"
+            f"w8a8 {option('form', form)} (static activation ranges)"
+            if w8a8_static
             else (
                 f"algorithm {algo!r}" if algo in NEEDS_CALIB else option("mixed_precision", "auto")
             )

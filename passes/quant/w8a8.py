@@ -296,7 +296,7 @@ class QuantizeW8A8Pass(Pass):
 
     def __init__(
         self,
-        stats: Mapping[str, ActStats],
+        stats: Mapping[str, ActStats] | None,
         smooth: bool = True,
         lm_head_bits: int = 8,
         group_size: int = 64,
@@ -304,13 +304,22 @@ class QuantizeW8A8Pass(Pass):
         form: str = "matmulnbits",
         keep_kv_values: bool = False,
     ) -> None:
-        """`keep_kv_values`: leave unsmoothed the activations whose smoothing could only go
+        """`stats` None (no calibration text): round-to-nearest without SmoothQuant, in the
+        `matmulnbits` form only (its kernel quantizes activations at run time; the other forms
+        need static activation ranges). On a source whose weights lie on a 4-bit grid
+        (SmolLM2's Q4_1 GGUF) 8-bit blocks of 32 hold every block within a 34th of its step.
+        `keep_kv_values`: leave unsmoothed the activations whose smoothing could only go
         into the value projection (the attention output), so the KV cache holds the float
         model's values; a draft that drafts in its float target's cache needs that
         (runtime/speculative/draft.py). Costs no run time (no Mul); those projections are
         quantized without SmoothQuant."""
         if form not in FORMS:
             raise QuantizationError(f"unknown W8A8 form {form!r}; choose one of {', '.join(FORMS)}")
+        if stats is None and form != "matmulnbits":
+            raise QuantizationError(
+                f"the {form} W8A8 form needs calibration text (static activation ranges)"
+            )
+        smooth = smooth and stats is not None
         self.stats, self.smooth, self.lm_head_bits = stats, smooth, lm_head_bits
         self.keep_kv_values = keep_kv_values
         self.group_size, self.alphas, self.form = group_size, alphas, form
@@ -321,6 +330,8 @@ class QuantizeW8A8Pass(Pass):
         sites = [s for s in find_weight_matmuls(model) if not s.lm_head]
         if not sites:
             return "no MatMul with a constant weight"
+        if self.stats is None:
+            return None  # round-to-nearest, no smoothing: nothing to measure
         missing = [s.x.name for s in sites if s.x.name not in self.stats]
         return f"no calibration statistics for {missing[:3]}" if missing else None
 
@@ -355,6 +366,7 @@ class QuantizeW8A8Pass(Pass):
             )
             kept_values += keeps_values
             if self.smooth and not keeps_values:
+                assert self.stats is not None  # smooth is off without statistics
                 plan.alpha, plan.s, plan.err = SQ.search_smoothquant(
                     self.stats[xname].rows_sample(),
                     plan.weights,
@@ -387,6 +399,7 @@ class QuantizeW8A8Pass(Pass):
             if self.lm_head_bits != 8:
                 raise QuantizationError("the ascend W8A8 form keeps an 8-bit or float LM head")
             for head in heads:  # same layout as the body, no smoothing
+                assert self.stats is not None  # the ascend form needs statistics (__init__)
                 st = self.stats[head.x.name or ""]
                 lo, hi = float(st.lo.min()), float(st.hi.max())
                 xq = self._quantize_input(graph, head.x, head.x.name or "", head, lo, hi)
@@ -437,11 +450,14 @@ class QuantizeW8A8Pass(Pass):
     def _quantize_group(self, graph: ir.Graph, plan: _GroupPlan, layers: dict[str, Any]) -> int:
         """Quantize one activation's weights (their folded columns already scaled) and
         replace its MatMuls; returns the packed groups emitted."""
-        st, s, sites, x = self.stats[plan.xname], plan.s, plan.sites, plan.x
-        if s is not None:
-            lo, hi = float(np.min(st.lo / s)), float(np.max(st.hi / s))
-        else:
-            lo, hi = float(st.lo.min()), float(st.hi.max())
+        s, sites, x = plan.s, plan.sites, plan.x
+        lo = hi = float("nan")  # no calibration: the kernel quantizes x at run time
+        if self.stats is not None:
+            st = self.stats[plan.xname]
+            if s is not None:
+                lo, hi = float(np.min(st.lo / s)), float(np.max(st.hi / s))
+            else:
+                lo, hi = float(st.lo.min()), float(st.hi.max())
         xq = self._quantize_input(graph, x, plan.xname, sites[0], lo, hi)
         packed: list[tuple[WeightSite, BlockQuant]] = []
         for site, w in zip(sites, plan.weights):
@@ -457,7 +473,7 @@ class QuantizeW8A8Pass(Pass):
                 "form": self.form,
                 "smooth_alpha": plan.alpha,
                 "smoothing": plan.how,
-                "act_range": [round(lo, 6), round(hi, 6)],
+                "act_range": None if self.stats is None else [round(lo, 6), round(hi, 6)],
                 "sample_rel_error": None if plan.err is None else round(plan.err / len(sites), 8),
             }
         plan.weights = []  # released as soon as they are quantized

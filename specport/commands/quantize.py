@@ -58,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         default=[],
         metavar="FILE",
-        help="calibration text (docs separated by blank lines)",
+        help="calibration text (docs separated by blank lines); w8a8 without it: "
+        "round-to-nearest, no SmoothQuant",
     )
     p.add_argument(
         "--calib-docs",

@@ -57,7 +57,7 @@ def test_errors(quant_src, tmp_path):
     with pytest.raises(QuantizationError, match="needs calibration"):
         quantize_artifact(quant_src, tmp_path / "a", "w4a16", 32, "gptq", [])
     with pytest.raises(QuantizationError, match="needs calibration"):
-        quantize_artifact(quant_src, tmp_path / "b", "w8a8", 32, "default", [])
+        quantize_artifact(quant_src, tmp_path / "b", "w8a8", 32, "default", [], form="qdq")
     with pytest.raises(QuantizationError, match="group size 48"):
         quantize_artifact(quant_src, tmp_path / "c", "w4a16", 48, "rtn", [])
     with pytest.raises(QuantizationError, match="calibration file not found"):

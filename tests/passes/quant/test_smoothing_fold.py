@@ -122,7 +122,7 @@ def test_keep_kv_values_leaves_the_cache_holding_the_source_values(tiny_zoo, cal
     """The output projection's smoothing folded into the value columns divides what the KV
     cache holds by it; `keep_kv_values` leaves those values as the float model's (up to 8-bit
     rounding), so a W8A8 draft can draft in its float target's cache, and the manifest says
-    which the cache holds."""
+    which the cache holds. Without calibration text there is no smoothing at all."""
     from specport import quantize
     from specport.core.errors import QuantizationError
     from tests.passes.quant._tiny import with_tokenizer
@@ -146,5 +146,16 @@ def test_keep_kv_values_leaves_the_cache_holding_the_source_values(tiny_zoo, cal
         )
     assert said == {False: "smoothed", True: "source"}
     assert error[True] < 0.05 and error[False] > 4 * error[True], error
+    # without calibration text nothing is smoothed: round-to-nearest, the source's values
+    bare = quantize(src, tmp_path / "w8-rtn", scheme="w8a8")
+    assert bare.quant["kv_values"] == "source"
+    got = _cached(tmp_path / "w8-rtn", ids)
+    assert (
+        max(
+            float(np.abs(a - r).max() / np.abs(r).max())
+            for a, r in zip(got[values], reference[values])
+        )
+        < 0.05
+    )
     with pytest.raises(QuantizationError, match="w8a8 option"):
         quantize(src, tmp_path / "w4", scheme="w4a8", keep_kv_values=True)

@@ -141,6 +141,26 @@ def test_head_is_int8_matmulnbits_and_qdq_form_static(data, tmp_path):
     )
 
 
+def test_without_calibration_matmulnbits_is_unsmoothed_rtn(data, tmp_path):
+    """No calibration text: the dynamic MatMulNBits form needs no activation ranges, so it is
+    the same numbers as the unsmoothed pass with statistics; forms that need static ranges
+    say so."""
+    w1, w2, x = data
+    with_stats = _model(w1, w2)
+    QuantizeW8A8Pass({"x": _stats(x[0])}, smooth=False, group_size=G)(with_stats)
+    bare = _model(w1, w2)
+    report = QuantizeW8A8Pass(None, group_size=G)(bare).report
+    assert report["layers"]["mm1"]["act_range"] is None
+    assert report["smoothing_folded"] + report["smoothing_into_producer"] == 0
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+    want = _run(with_stats, tmp_path / "a", x)
+    assert np.array_equal(_run(bare, tmp_path / "b", x), want)
+    for form in ("dynamic", "qdq", "ascend"):
+        with pytest.raises(QuantizationError, match="needs calibration"):
+            QuantizeW8A8Pass(None, form=form)
+
+
 def test_unknown_form_refused(data):
     with pytest.raises(QuantizationError, match="form"):
         QuantizeW8A8Pass({}, form="int4")
