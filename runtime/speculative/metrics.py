@@ -187,7 +187,8 @@ class AdaptiveDraftLength:
 
     def best(self, expected: list[float]) -> tuple[int, float]:
         """(k, expected tokens per unit of cost) of the best k for a curve of expected tokens
-        at k = 0..len-1 drafts; k = 0 (plain decoding, value 1) when no draft pays."""
+        at k = 0..len-1 drafts, the shortest within ``SLACK`` of the best; k = 0 (plain
+        decoding, value 1) when no draft pays."""
         values = [1.0] + [expected[k] / self.step_cost(k) for k in range(1, len(expected))]
         top = max(values)
         if top <= 1.0:
