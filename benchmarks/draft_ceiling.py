@@ -23,24 +23,34 @@ from __future__ import annotations
 import argparse
 import time
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 
 import specport
-from specport.bench.prompt_sets import PromptFileChoice, file_prompts, read_choice
+from specport.bench.prompt_sets import BenchPrompt, PromptFileChoice, file_prompts, read_choice
+from specport.core.errors import SpecportError
 from specport.runtime.kv.seq_cache import open_cache
 
 WIDTHS = (1, 2, 3, 5, 9)  # tokens per run: one-token steps and verifies of 1, 2, 4, 8 drafts
 
 
-def agreement(target: object, drafts: list[object], prompts: list) -> dict[str, dict[str, float]]:
+def greedy_answers(target: Any, prompts: list[BenchPrompt]) -> list[tuple[BenchPrompt, list[int]]]:
+    """Each prompt with the target's plain greedy answer (128 new tokens)."""
+    return [
+        (bp, list(target.generate(prompt_ids=bp.ids, max_new_tokens=128).tokens)) for bp in prompts
+    ]
+
+
+def agreement(
+    drafts: list[Any], answers: list[tuple[BenchPrompt, list[int]]]
+) -> dict[str, dict[str, float]]:
     """Per draft and task: the share of the target's greedy answer tokens each draft's argmax
     gives, teacher-forced."""
     hits: dict[str, dict[str, list[int]]] = {
         d.path.name: defaultdict(lambda: [0, 0]) for d in drafts
     }
-    for bp in prompts:
-        answer = list(target.generate(prompt_ids=bp.ids, max_new_tokens=128).tokens)
+    for bp, answer in answers:
         seq = list(bp.ids) + answer
         for draft in drafts:
             cache = open_cache(draft.session, draft.manifest)
@@ -56,7 +66,7 @@ def agreement(target: object, drafts: list[object], prompts: list) -> dict[str, 
     return out
 
 
-def step_costs(models: list[object], context: int, rounds: int) -> dict[str, dict[int, float]]:
+def step_costs(models: list[Any], context: int, rounds: int) -> dict[str, dict[int, float]]:
     """Median ms of a run of w tokens after `context` tokens, per artifact and width."""
     caches = {}
     rng = np.random.default_rng(0)
@@ -100,11 +110,14 @@ def main() -> None:
     ap.add_argument("--context", type=int, nargs="+", default=[300, 800])
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
-    target = specport.load(args.target)
-    drafts = [specport.load(d) for d in args.drafts]
-    records, _ = read_choice(PromptFileChoice(args.prompts, limit=args.prompts_limit))
+    try:
+        target = specport.load(args.target)
+        drafts = [specport.load(d) for d in args.drafts]
+        records, _ = read_choice(PromptFileChoice(args.prompts, limit=args.prompts_limit))
+    except SpecportError as e:
+        ap.error(str(e))
     prompts, _ = file_prompts(target, target, records, 128)
-    agree = agreement(target, drafts, prompts)
+    agree = agreement(drafts, greedy_answers(target, prompts))
     cats = [*sorted({c for per in agree.values() for c in per if c != "all"}), "all"]
     print("teacher-forced agreement with the target's greedy answers (draft-alone acceptance)")
     print("draft".ljust(16) + "".join(c[:14].rjust(15) for c in cats))

@@ -20,18 +20,21 @@ from pathlib import Path
 
 import numpy as np
 
+from specport.core.errors import SpecportError
+
 
 def write_answers(artifact: str, prompts: str, limit: int, out: str) -> None:
     """The artifact's plain greedy answers (128 tokens) to a prompt file's first turns."""
     import specport
+    from benchmarks.draft_ceiling import greedy_answers
     from specport.bench.prompt_sets import PromptFileChoice, file_prompts, read_choice
 
     model = specport.load(artifact)
     records, _ = read_choice(PromptFileChoice(prompts, limit=limit))
-    rows = []
-    for bp in file_prompts(model, model, records, 128)[0]:
-        answer = list(model.generate(prompt_ids=bp.ids, max_new_tokens=128).tokens)
-        rows.append({"category": bp.category, "plen": len(bp.ids), "ids": list(bp.ids) + answer})
+    rows = [
+        {"category": bp.category, "plen": len(bp.ids), "ids": list(bp.ids) + answer}
+        for bp, answer in greedy_answers(model, file_prompts(model, model, records, 128)[0])
+    ]
     Path(out).write_text(json.dumps(rows))
 
 
@@ -45,8 +48,17 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.make:
-        write_answers(args.source, args.prompts, args.prompts_limit, args.out)
+        if not (args.prompts and args.out):
+            ap.error("--answers needs --prompts FILE and --out ANSWERS.json")
+        if Path(args.out).exists():
+            ap.error(f"{args.out} exists; name a new file")
+        try:
+            write_answers(args.source, args.prompts, args.prompts_limit, args.out)
+        except SpecportError as e:
+            ap.error(str(e))
         return
+    if not args.answers or not Path(args.answers).is_file() or not Path(args.source).is_file():
+        ap.error("give the GGUF file and an ANSWERS.json made with --answers")
     import torch
     from transformers import AutoModelForCausalLM
 
